@@ -1,0 +1,323 @@
+/**
+ * The ONLY module that touches node-llama-cpp internals (pinned: node-llama-cpp 3.21.1).
+ *
+ * Why internals: the public multi-sequence `evaluate()` path samples sequences in parallel on libuv threads while
+ * llama.cpp's lazy `output_reorder()` is not thread-safe, so a sequence can receive a token sampled from another
+ * sequence's logits (nlc-spike.md §2; docs/upstream.md). It also batches N−1 of N sequences, cannot cancel a queued
+ * prefill, and blocks slot reuse until the whole batch loop drains. This adapter exposes the native context's batch
+ * primitives (`initBatch` / `addToBatch` / `decodeBatch` / `sampleToken` / `disposeSequence`) so the engine loop can
+ * build exactly one batch per step and sample sequentially.
+ *
+ * Contract (checked by src/engine/llama-adapter.contract.test.ts, which must be re-run on any upgrade):
+ * - one native call at a time: the caller never calls into the context while `decode()` is pending;
+ * - `clearSequence()` frees a slot's KV at once (only between decodes);
+ * - a failed decode is rolled back by llama.cpp and the next decode works.
+ */
+import { getLlama, LlamaLogLevel, type Llama, type LlamaContext, type LlamaModel } from "node-llama-cpp";
+import type { ModelMetadata } from "../protocol/messages.js";
+
+/** Options of {@link LlamaAdapter.open}. */
+export interface LlamaAdapterOptions {
+  modelPath: string;
+  /** KV slots (llama.cpp sequences). */
+  sequences: number;
+  /** Capacity of one slot (tokens). */
+  contextSize: number;
+  /** Largest batch one decode may hold (tokens); must be ≥ sequences. */
+  batchSize: number;
+  /** CPU threads for ggml; set explicitly (node-llama-cpp's default oversubscribes small machines, nlc-spike §1). */
+  threads: number;
+  /** Flash attention; off by default because it adds batch-shape-dependent numerics (batch-variance.md). */
+  flashAttention: boolean;
+  /** KV cache element type for K and V ("f16", "f32", "q8_0", …). A quantized V needs flash attention. */
+  kvCacheType: "f16" | "f32" | "q8_0" | "q4_0";
+  /** "cpu" never touches a GPU; "auto" lets node-llama-cpp pick a prebuilt GPU backend if one works. */
+  gpu: "cpu" | "auto";
+  /** Receives llama.cpp's log lines at warn level and above. */
+  log?: (level: string, message: string) => void;
+}
+
+/** Sampling configuration of one sequence. */
+export interface SamplerConfig {
+  temperature: number;
+  topP: number;
+  topK: number;
+  /** Seed for the next token; the engine reseeds per position. */
+  seed: number;
+  /** Token ids to ban (logit bias -inf), e.g. end-of-generation tokens under `ignore_eos`. */
+  bannedTokens: number[];
+}
+
+/** Opaque per-sequence sampler. */
+export interface SamplerHandle {
+  configure(cfg: SamplerConfig): void;
+  dispose(): void;
+}
+
+/** One entry of a native batch. */
+export interface DecodeItem {
+  slot: number;
+  pos: number;
+  tokens: number[];
+  wantsLogits: boolean;
+}
+
+/* Shapes of the internals we use (node-llama-cpp 3.21.1 dist/bindings/AddonTypes.d.ts). */
+interface NativeContext {
+  initBatch(size: number): void;
+  addToBatch(sequenceId: number, firstTokenSequenceIndex: number, tokens: Uint32Array, logitIndexes: Uint32Array): Uint32Array;
+  decodeBatch(): Promise<void>;
+  sampleToken(batchLogitIndex: number, sampler: NativeSampler): Promise<number>;
+  disposeSequence(sequenceId: number): void;
+  setThreads(threads: number): void;
+}
+interface NativeSampler {
+  applyConfig(config: Record<string, unknown>): void;
+  dispose(): void;
+}
+interface NativeModel {
+  getTokenString(token: number): string | undefined;
+  getVocabularyType(): number;
+  isEogToken(token: number): boolean;
+}
+interface Internals {
+  ctx: NativeContext;
+  model: NativeModel;
+  SamplerClass: new (model: unknown) => NativeSampler;
+  disposeGuard: { createPreventDisposalHandle(): { dispose(): void } };
+}
+
+function internalsOf(llama: Llama, model: LlamaModel, context: LlamaContext): Internals {
+  const c = context as unknown as { _ctx?: NativeContext; _backendContextDisposeGuard?: Internals["disposeGuard"] };
+  const m = model as unknown as { _model?: NativeModel };
+  const l = llama as unknown as { _bindings?: { AddonSampler?: Internals["SamplerClass"] } };
+  if (!c._ctx || !c._backendContextDisposeGuard || !m._model || !l._bindings?.AddonSampler) {
+    throw new Error("node-llama-cpp internals changed: _ctx/_model/_bindings.AddonSampler not found (pinned 3.21.1 expected)");
+  }
+  return { ctx: c._ctx, model: m._model, SamplerClass: l._bindings.AddonSampler, disposeGuard: c._backendContextDisposeGuard };
+}
+
+/** llama.cpp vocabulary types (llama.h `enum llama_vocab_type`). */
+const VOCAB_SPM = 1;
+const VOCAB_BPE = 2;
+
+/** GPT-2's byte ↔ printable-character map, inverted: vocab character → byte. */
+function gpt2UnicodeToByte(): Map<string, number> {
+  const bytes: number[] = [];
+  for (let b = 33; b <= 126; b++) bytes.push(b);
+  for (let b = 161; b <= 172; b++) bytes.push(b);
+  for (let b = 174; b <= 255; b++) bytes.push(b);
+  const chars = bytes.map((b) => b);
+  let extra = 0;
+  for (let b = 0; b < 256; b++) {
+    if (!bytes.includes(b)) {
+      bytes.push(b);
+      chars.push(256 + extra++);
+    }
+  }
+  const map = new Map<string, number>();
+  bytes.forEach((b, i) => map.set(String.fromCodePoint(chars[i]!), b));
+  return map;
+}
+
+export class LlamaAdapter {
+  /** Raw bytes each token contributes to the output text; control tokens contribute none. */
+  private readonly tokenBytes: Uint8Array[];
+  /** End-of-generation token ids. */
+  readonly eogTokens: number[];
+  /** True while a decode is in flight (guards the one-native-call contract). */
+  private decoding = false;
+  /** Native sampler behind each handle. */
+  private readonly samplers = new WeakMap<SamplerHandle, NativeSampler>();
+
+  private constructor(
+    private readonly llama: Llama,
+    private readonly model: LlamaModel,
+    private readonly context: LlamaContext,
+    private readonly native: Internals,
+    readonly options: LlamaAdapterOptions,
+  ) {
+    const n = this.vocabSize;
+    this.tokenBytes = new Array<Uint8Array>(n);
+    this.eogTokens = [];
+    const vocabType = native.model.getVocabularyType();
+    const gpt2 = vocabType === VOCAB_BPE ? gpt2UnicodeToByte() : null;
+    const enc = new TextEncoder();
+    for (let t = 0; t < n; t++) {
+      if (native.model.isEogToken(t)) this.eogTokens.push(t);
+      this.tokenBytes[t] = this.computeTokenBytes(t, vocabType, gpt2, enc);
+    }
+  }
+
+  /** Load a model and create its context. @throws Error when the model or context cannot be created. */
+  static async open(opts: LlamaAdapterOptions): Promise<LlamaAdapter> {
+    const llama = await getLlama({
+      gpu: opts.gpu === "cpu" ? false : "auto",
+      build: "never", // no internet here: use the prebuilt binaries only
+      maxThreads: opts.threads,
+      logLevel: LlamaLogLevel.warn,
+      logger: (level, message) => opts.log?.(String(level), message),
+    });
+    const model = await llama.loadModel({ modelPath: opts.modelPath });
+    const kv = opts.kvCacheType.toUpperCase() as "F16";
+    const context = await model.createContext({
+      contextSize: opts.contextSize,
+      sequences: opts.sequences,
+      batchSize: opts.batchSize,
+      threads: opts.threads,
+      flashAttention: opts.flashAttention,
+      experimentalKvCacheKeyType: kv,
+      experimentalKvCacheValueType: kv,
+    });
+    const native = internalsOf(llama, model, context);
+    native.ctx.setThreads(opts.threads);
+    return new LlamaAdapter(llama, model, context, native, opts);
+  }
+
+  /** Metadata sent to the gateway in `ready`. */
+  metadata(): ModelMetadata {
+    const meta = this.model.fileInfo.metadata as unknown as Record<string, Record<string, unknown> | undefined>;
+    const general = meta["general"] ?? {};
+    const tokenizer = (meta["tokenizer"] ?? {}) as Record<string, unknown>;
+    const template = (tokenizer["chat_template"] as string | undefined) ?? null;
+    const bos = this.model.tokens.bos;
+    const eos = this.model.tokens.eos;
+    return {
+      path: this.options.modelPath,
+      name: (general["name"] as string | undefined) ?? null,
+      architecture: String(general["architecture"] ?? "unknown"),
+      trainContextSize: this.model.trainContextSize,
+      vocabSize: this.vocabSize,
+      chatTemplate: template,
+      bosToken: bos == null ? "" : (this.native.model.getTokenString(bos) ?? ""),
+      eosToken: eos == null ? "" : (this.native.model.getTokenString(eos) ?? ""),
+    };
+  }
+
+  /** Vocabulary size (tokens). */
+  get vocabSize(): number {
+    const meta = this.model.fileInfo.metadata as unknown as { tokenizer?: { ggml?: { tokens?: unknown[] } } };
+    return meta.tokenizer?.ggml?.tokens?.length ?? 0;
+  }
+
+  /** Capacity of one slot as created (tokens). */
+  get contextSize(): number {
+    return this.context.contextSize;
+  }
+
+  /** Tokenize prompt text, parsing special tokens (as llama.cpp's server does for chat prompts). */
+  tokenize(text: string): number[] {
+    const tokens = this.model.tokenize(text, true) as number[];
+    const bos = this.model.tokens.bos;
+    if (bos != null && this.model.tokens.shouldPrependBosToken && tokens[0] !== bos) tokens.unshift(bos);
+    return tokens;
+  }
+
+  /** Raw bytes of a token's text (empty for control tokens and ids outside the vocabulary). */
+  bytesOf(token: number): Uint8Array {
+    return this.tokenBytes[token] ?? new Uint8Array(0);
+  }
+
+  /** True for an end-of-generation token. */
+  isEndOfGeneration(token: number): boolean {
+    return this.native.model.isEogToken(token);
+  }
+
+  /** Create a sampler for one sequence. */
+  createSampler(cfg: SamplerConfig): SamplerHandle {
+    const sampler = new this.native.SamplerClass(this.native.model);
+    const handle: SamplerHandle = {
+      configure: (c) => {
+        sampler.applyConfig({
+          temperature: c.temperature,
+          topK: c.topK > 0 ? c.topK : 0,
+          topP: c.topP,
+          minP: 0,
+          seed: c.seed,
+          tokenBiasKeys: Uint32Array.from(c.bannedTokens),
+          tokenBiasValues: Float32Array.from(c.bannedTokens, () => -Infinity),
+        });
+      },
+      dispose: () => sampler.dispose(),
+    };
+    this.samplers.set(handle, sampler);
+    handle.configure(cfg);
+    return handle;
+  }
+
+  /**
+   * Decode one batch. Returns, per item, the batch logit index of its last token (or -1 without logits).
+   * @throws Error when llama.cpp refuses the batch (the batch is rolled back; the context stays usable).
+   */
+  async decode(items: DecodeItem[]): Promise<number[]> {
+    if (this.decoding) throw new Error("decode() while a decode is in flight (one native call at a time)");
+    const total = items.reduce((a, it) => a + it.tokens.length, 0);
+    if (total === 0) return [];
+    if (total > this.options.batchSize) throw new RangeError(`batch of ${total} tokens exceeds batchSize ${this.options.batchSize}`);
+    this.decoding = true;
+    const guard = this.native.disposeGuard.createPreventDisposalHandle();
+    try {
+      this.native.ctx.initBatch(total);
+      const logitIdx = items.map((it) => {
+        const idx = it.wantsLogits ? Uint32Array.of(it.tokens.length - 1) : new Uint32Array(0);
+        const r = this.native.ctx.addToBatch(it.slot, it.pos, Uint32Array.from(it.tokens), idx);
+        return it.wantsLogits ? (r[0] ?? -1) : -1;
+      });
+      await this.native.ctx.decodeBatch();
+      return logitIdx;
+    } finally {
+      guard.dispose();
+      this.decoding = false;
+    }
+  }
+
+  /** Sample the next token at a batch logit index. Call sequentially, never in parallel (output_reorder race). */
+  async sample(batchLogitIndex: number, sampler: SamplerHandle): Promise<number> {
+    return this.sampleWith(batchLogitIndex, sampler);
+  }
+
+  /** Free a slot's KV cells at once. Only between decodes. */
+  clearSequence(slot: number): void {
+    if (this.decoding) throw new Error("clearSequence() while a decode is in flight");
+    this.native.ctx.disposeSequence(slot);
+  }
+
+  /** Free the context and model. Only after the last decode settled. */
+  async dispose(): Promise<void> {
+    await this.context.dispose();
+    await this.model.dispose();
+    await this.llama.dispose();
+  }
+
+
+  private async sampleWith(idx: number, handle: SamplerHandle): Promise<number> {
+    const native = this.samplers.get(handle);
+    if (!native) throw new Error("sampler not created by this adapter");
+    const token = await this.native.ctx.sampleToken(idx, native);
+    if (token < 0) throw new Error(`sampling failed at batch logit index ${idx}`);
+    return token;
+  }
+
+  private computeTokenBytes(t: number, vocabType: number, gpt2: Map<string, number> | null, enc: TextEncoder): Uint8Array {
+    // Control tokens (ChatML markers, BOS/EOS) are not part of the output text.
+    const attrs = (this.model as unknown as { _model: { getTokenAttributes(t: number): number } })._model.getTokenAttributes(t);
+    const CONTROL = 1 << 3; // llama.h LLAMA_TOKEN_ATTR_CONTROL
+    if (attrs & CONTROL) return new Uint8Array(0);
+    const text = this.native.model.getTokenString(t) ?? "";
+    if (gpt2) {
+      const out: number[] = [];
+      for (const ch of text) {
+        const b = gpt2.get(ch);
+        if (b === undefined) return enc.encode(text); // an added token stored verbatim
+        out.push(b);
+      }
+      return Uint8Array.from(out);
+    }
+    if (vocabType === VOCAB_SPM) {
+      const m = /^<0x([0-9A-Fa-f]{2})>$/.exec(text);
+      if (m) return Uint8Array.of(parseInt(m[1]!, 16));
+      return enc.encode(text.replaceAll("\u2581", " "));
+    }
+    return enc.encode(text);
+  }
+}

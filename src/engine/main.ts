@@ -1,0 +1,98 @@
+/**
+ * Engine process entry point (spawned by the gateway; see docs/protocol.md).
+ *
+ * The engine runs in its own process because llama.cpp's GGML_ASSERT aborts the whole process, worker threads
+ * included (nlc-spike.md §4). Channel: frames on fd 3 (a duplex pipe); stdout/stderr carry logs only.
+ * Configuration: one JSON argument ({@link EngineConfig}).
+ *
+ * Modes: `serve` (default) loads the model and runs the step loop; `validate` only loads the model and creates a
+ * context, then exits 0 — the gateway runs it in a throwaway child at startup so a model that aborts llama.cpp is
+ * reported clearly before anything is served.
+ */
+import net from "node:net";
+import { encodeFrame, FrameDecoder } from "../protocol/framing.js";
+import { PROTOCOL_VERSION, type EngineMessage } from "../protocol/messages.js";
+import { parseGatewayMessage } from "../protocol/validate.js";
+import { LlamaAdapter, type LlamaAdapterOptions } from "./llama-adapter.js";
+import { StepLoop } from "./step-loop.js";
+
+/** Configuration passed by the gateway as the engine's single JSON argument. */
+export interface EngineConfig extends LlamaAdapterOptions {
+  mode: "serve" | "validate";
+  maxNumSeqs: number;
+  maxNumBatchedTokens: number;
+  /** Tokens per sequence. */
+  maxModelLen: number;
+}
+
+function logLine(level: string, msg: string, extra: Record<string, unknown> = {}): void {
+  process.stderr.write(JSON.stringify({ level, time: Date.now(), component: "engine", pid: process.pid, msg, ...extra }) + "\n");
+}
+
+async function main(): Promise<void> {
+  const config = JSON.parse(process.argv[2] ?? "{}") as EngineConfig;
+  const adapter = await LlamaAdapter.open({
+    ...config,
+    log: (level, message) => {
+      if (level === "warn" || level === "error" || level === "fatal") logLine(level, message.trim(), { source: "llama.cpp" });
+    },
+  });
+  if (config.mode === "validate") {
+    await adapter.dispose();
+    process.stdout.write(JSON.stringify({ ok: true, metadata: adapter.metadata() }) + "\n");
+    return;
+  }
+
+  const channel = new net.Socket({ fd: 3, readable: true, writable: true });
+  const send = (msg: EngineMessage): void => {
+    if (!channel.destroyed) channel.write(encodeFrame(msg));
+  };
+  const loop = new StepLoop(adapter, { maxNumSeqs: config.maxNumSeqs, maxNumBatchedTokens: config.maxNumBatchedTokens, maxModelLen: config.maxModelLen }, send);
+  loop.onInvariantViolation = (v) => logLine("error", "scheduler invariant violated", { violations: v });
+
+  const decoder = new FrameDecoder();
+  channel.on("data", (chunk: Buffer) => {
+    for (const frame of decoder.push(chunk)) {
+      if ("error" in frame) {
+        send({ v: PROTOCOL_VERSION, type: "protocol_error", message: frame.error });
+        continue;
+      }
+      const parsed = parseGatewayMessage(frame.message);
+      if (!parsed.ok) {
+        send({ v: PROTOCOL_VERSION, type: "protocol_error", message: parsed.error });
+        continue;
+      }
+      const m = parsed.message;
+      if (m.type === "ping") send({ v: PROTOCOL_VERSION, type: "pong", nonce: m.nonce, step: loop.steps });
+      else if (m.type === "shutdown") loop.stop();
+      else loop.submit(m);
+    }
+  });
+  // The gateway is gone: nobody can read our output; stop at the next boundary.
+  channel.on("close", () => loop.stop());
+  channel.on("error", () => loop.stop());
+
+  send({
+    v: PROTOCOL_VERSION,
+    type: "ready",
+    pid: process.pid,
+    model: adapter.metadata(),
+    limits: { maxNumSeqs: config.maxNumSeqs, maxNumBatchedTokens: config.maxNumBatchedTokens, maxModelLen: config.maxModelLen },
+    engine: "node-llama-cpp@3.21.1",
+  });
+  logLine("info", "engine ready", { model: config.modelPath, threads: config.threads, kvCacheType: config.kvCacheType, flashAttention: config.flashAttention });
+  await loop.run();
+  await adapter.dispose();
+  channel.end();
+}
+
+main().then(
+  () => {
+    process.exitCode = 0;
+  },
+  (err: unknown) => {
+    // Startup failed (model or context could not be created): report and exit non-zero; the gateway decides.
+    logLine("fatal", `engine failed: ${(err as Error)?.message ?? String(err)}`);
+    process.exitCode = 1;
+  },
+);

@@ -1,0 +1,234 @@
+/**
+ * The engine step loop: the single owner of engine state (root-cause.md §5 rule 1).
+ *
+ * Commands (add / abort) are only queued by `submit()`; the loop takes ONE snapshot of them per step and applies
+ * them at the step boundary (rule 2), plans one batch with the {@link Scheduler}, decodes it with the backend,
+ * samples sequentially, and emits exactly one `step` message for the step. No native call ever overlaps a decode:
+ * slots are cleared and samplers disposed only between decodes.
+ */
+import type { AddMessage, EngineMessage, RequestOutput, SamplingParams } from "../protocol/messages.js";
+import { PROTOCOL_VERSION } from "../protocol/messages.js";
+import type { DecodeItem, SamplerConfig, SamplerHandle } from "./llama-adapter.js";
+import { Scheduler, type Finished, type Outcome, type SchedulerConfig } from "./scheduler.js";
+
+/** What the loop needs from a model backend (the llama.cpp adapter, or a fake in tests). */
+export interface ModelBackend {
+  tokenize(text: string): number[];
+  bytesOf(token: number): Uint8Array;
+  isEndOfGeneration(token: number): boolean;
+  readonly eogTokens: number[];
+  readonly vocabSize: number;
+  createSampler(cfg: SamplerConfig): SamplerHandle;
+  /** Decode one batch; returns the batch logit index per item (-1 without logits). */
+  decode(items: DecodeItem[]): Promise<number[]>;
+  sample(batchLogitIndex: number, sampler: SamplerHandle): Promise<number>;
+  clearSequence(slot: number): void;
+}
+
+/** A command for the loop, applied at the next step boundary. */
+export type LoopCommand = AddMessage | { type: "abort"; ids: string[] };
+
+/** Engine-side data of one live request (the scheduler owns its tokens and slot). */
+interface RequestState {
+  /** Validated sampling parameters. */
+  readonly params: SamplingParams;
+  /** Sampler of the request's sequence, created at add. */
+  readonly sampler: SamplerHandle;
+  /** Incremental UTF-8 decoder: holds back an incomplete character, U+FFFD for impossible bytes. */
+  readonly decoder: TextDecoder;
+  /** Tokens banned for this request (EOG tokens under ignore_eos). */
+  readonly banned: number[];
+}
+
+/**
+ * Seed of the token at `position`, derived from the request seed (splitmix32-style mixing). A token's randomness
+ * depends only on (seed, position), so a generation resumed on a new engine samples what the first run would have.
+ */
+export function tokenSeed(seed: number, position: number): number {
+  let z = (seed ^ Math.imul(position + 1, 0x9e3779b9)) >>> 0;
+  z = Math.imul(z ^ (z >>> 16), 0x85ebca6b) >>> 0;
+  z = Math.imul(z ^ (z >>> 13), 0xc2b2ae35) >>> 0;
+  return (z ^ (z >>> 16)) >>> 0;
+}
+
+export class StepLoop {
+  /** Commands received since the last snapshot, in arrival order. */
+  private inbox: LoopCommand[] = [];
+  /** Engine-side state of every request the scheduler holds. */
+  private readonly requests = new Map<string, RequestState>();
+  /** Resolves the idle wait when a command arrives. */
+  private wake: (() => void) | null = null;
+  /** Set by stop(); the loop exits at the next boundary. */
+  private stopping = false;
+  /** Steps that decoded a batch. */
+  steps = 0;
+  /** Called after every step with the scheduler's invariant violations (tests fail on any). */
+  onInvariantViolation: ((violations: string[]) => void) | null = null;
+
+  readonly scheduler: Scheduler;
+
+  constructor(
+    private readonly backend: ModelBackend,
+    config: SchedulerConfig,
+    private readonly emit: (msg: EngineMessage) => void,
+  ) {
+    this.scheduler = new Scheduler(config);
+  }
+
+  /** Queue a command for the next step boundary. Never touches engine state. */
+  submit(cmd: LoopCommand): void {
+    this.inbox.push(cmd);
+    this.wake?.();
+  }
+
+  /** Ask the loop to exit at the next step boundary. */
+  stop(): void {
+    this.stopping = true;
+    this.wake?.();
+  }
+
+  /** Run until stop(). Never rejects: a failing step fails only its requests. */
+  async run(): Promise<void> {
+    while (!this.stopping) {
+      if (this.inbox.length === 0 && !this.scheduler.hasWork) {
+        await new Promise<void>((resolve) => (this.wake = resolve));
+        this.wake = null;
+        continue;
+      }
+      await this.step();
+    }
+  }
+
+  /** One step: snapshot, apply, plan, decode, sample, commit, emit. Exposed for tests that step by hand. */
+  async step(): Promise<void> {
+    const outputs = new Map<string, RequestOutput>();
+    const out = (id: string): RequestOutput => {
+      let o = outputs.get(id);
+      if (!o) outputs.set(id, (o = { id, tokens: [], text: "" }));
+      return o;
+    };
+    // 1. One snapshot of the commands; adds before aborts so an abort that raced its own add is never lost.
+    const snapshot = this.inbox;
+    this.inbox = [];
+    const abortIds: string[] = [];
+    for (const cmd of snapshot) {
+      if (cmd.type === "add") this.applyAdd(cmd);
+      else abortIds.push(...cmd.ids);
+    }
+    // 2. Aborts free their slots at once (no decode is in flight here).
+    this.finish(this.scheduler.abort(abortIds), out);
+    // 3. Admission and one batch.
+    const plan = this.scheduler.schedule();
+    for (const a of plan.admitted) out(a.id).admitted = { promptTokens: a.promptTokens };
+    let batchTokens = 0;
+    if (plan.items.length > 0) {
+      let logitIdx: number[] | null = null;
+      try {
+        logitIdx = await this.backend.decode(plan.items);
+      } catch (err) {
+        // 4a. A failed decode fails the requests of this step only; llama.cpp rolled the batch back.
+        this.finish(this.scheduler.failStep(plan, { code: "engine_error", message: `decode failed: ${(err as Error).message}` }), out);
+      }
+      if (logitIdx) {
+        this.steps += 1;
+        batchTokens = plan.totalTokens;
+        // 4b. Sample sequentially (parallel sampling races in llama.cpp's output_reorder, docs/upstream.md).
+        const sampled: { id: string; token: number }[] = [];
+        const failed: Finished[] = [];
+        for (let i = 0; i < plan.items.length; i++) {
+          const it = plan.items[i]!;
+          const st = this.requests.get(it.id);
+          if (!it.wantsLogits || !st) continue;
+          try {
+            if (st.params.temperature > 0) {
+              st.sampler.configure(this.samplerConfig(st, tokenSeed(st.params.seed, it.pos + it.tokens.length)));
+            }
+            const token = await this.backend.sample(logitIdx[i]!, st.sampler);
+            if (!Number.isInteger(token) || token < 0 || token >= this.backend.vocabSize) throw new Error(`sampled invalid token ${token}`);
+            sampled.push({ id: it.id, token });
+          } catch (err) {
+            failed.push({ id: it.id, reason: "error", promptTokens: 0, completionTokens: 0, error: { code: "engine_error", message: (err as Error).message } });
+          }
+        }
+        if (failed.length > 0) {
+          const fplan = { ...plan, items: plan.items.filter((it) => failed.some((f) => f.id === it.id)) };
+          this.finish(this.scheduler.failStep(fplan, failed[0]!.error!), out);
+        }
+        // 5. Record tokens and text, then decide who finished.
+        for (const { id, token } of sampled) {
+          const st = this.requests.get(id);
+          if (!st) continue;
+          const o = out(id);
+          o.tokens.push(token);
+          if (!this.backend.isEndOfGeneration(token)) o.text += st.decoder.decode(this.backend.bytesOf(token), { stream: true });
+        }
+        this.finish(this.scheduler.commit(plan, sampled, (t) => this.backend.isEndOfGeneration(t)), out);
+      }
+    }
+    const violations = this.scheduler.checkInvariants();
+    if (violations.length > 0) this.onInvariantViolation?.(violations);
+    // 6. Exactly one output message for the step.
+    if (outputs.size > 0 || batchTokens > 0) {
+      this.emit({
+        v: PROTOCOL_VERSION,
+        type: "step",
+        step: this.steps,
+        batchTokens,
+        outputs: [...outputs.values()],
+        stats: { waiting: this.scheduler.waitingCount, running: this.scheduler.runningCount, activeSequences: this.scheduler.activeSlots },
+      });
+    }
+  }
+
+  /** Number of requests the loop holds (for tests). */
+  get liveRequests(): number {
+    return this.requests.size;
+  }
+
+  private applyAdd(cmd: AddMessage): void {
+    const refuse = (code: string, message: string): void => {
+      this.emit({ v: PROTOCOL_VERSION, type: "request_error", id: cmd.id, code, message });
+    };
+    if (this.requests.has(cmd.id)) return refuse("duplicate_id", `request id ${cmd.id} is already live`);
+    let prompt: number[];
+    try {
+      prompt = "text" in cmd.prompt ? this.backend.tokenize(cmd.prompt.text) : [...cmd.prompt.tokens];
+    } catch (err) {
+      return refuse("invalid_prompt", `could not tokenize the prompt: ${(err as Error).message}`);
+    }
+    const generated = cmd.generated ?? [];
+    const all = [...prompt, ...generated];
+    const bad = all.find((t) => t >= this.backend.vocabSize);
+    if (bad !== undefined) return refuse("invalid_prompt", `token id ${bad} is outside the vocabulary (${this.backend.vocabSize})`);
+    const maxNew = cmd.params.maxTokens === null ? null : cmd.params.maxTokens - generated.length;
+    if (maxNew !== null && maxNew < 1) return refuse("invalid_prompt", "the resumed generation already reached max_tokens");
+    const refusal = this.scheduler.add({ id: cmd.id, inputTokens: all, promptLength: prompt.length, maxNewTokens: maxNew, ignoreEos: cmd.params.ignoreEos });
+    if (refusal) return refuse(refusal.code, refusal.message);
+    const banned = cmd.params.ignoreEos ? this.backend.eogTokens : [];
+    const stub = { params: cmd.params, banned } as RequestState;
+    const decoder = new TextDecoder("utf-8", { fatal: false, ignoreBOM: true });
+    // Re-prime the decoder with resumed tokens so a character split across the resume point completes.
+    for (const t of generated) if (!this.backend.isEndOfGeneration(t)) decoder.decode(this.backend.bytesOf(t), { stream: true });
+    const sampler = this.backend.createSampler(this.samplerConfig(stub, tokenSeed(cmd.params.seed, all.length)));
+    this.requests.set(cmd.id, { params: cmd.params, sampler, decoder, banned });
+  }
+
+  private samplerConfig(st: Pick<RequestState, "params" | "banned">, seed: number): SamplerConfig {
+    return { temperature: st.params.temperature, topP: st.params.topP, topK: st.params.topK, seed, bannedTokens: st.banned };
+  }
+
+  /** Apply an outcome: clear freed slots, dispose samplers, record terminal events. */
+  private finish(outcome: Outcome, out: (id: string) => RequestOutput): void {
+    for (const slot of outcome.freedSlots) this.backend.clearSequence(slot);
+    for (const f of outcome.finished) {
+      const st = this.requests.get(f.id);
+      this.requests.delete(f.id);
+      const o = out(f.id);
+      if (st) {
+        if (f.reason === "stop" || f.reason === "length") o.text += st.decoder.decode();
+        st.sampler.dispose();
+      }
+      o.finish = { reason: f.reason, promptTokens: f.promptTokens, completionTokens: f.completionTokens, ...(f.error ? { error: f.error } : {}) };
+    }
+  }
+}
