@@ -38,8 +38,9 @@ async function main(): Promise<void> {
     },
   });
   if (config.mode === "validate") {
+    const metadata = adapter.metadata();
     await adapter.dispose();
-    process.stdout.write(JSON.stringify({ ok: true, metadata: adapter.metadata() }) + "\n");
+    process.stdout.write(JSON.stringify({ ok: true, metadata }) + "\n");
     return;
   }
 

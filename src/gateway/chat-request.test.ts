@@ -1,0 +1,370 @@
+import { describe, expect, it } from "vitest";
+import { parseChatRequest, type ChatRequest } from "./chat-request.js";
+import { KeelHttpError } from "./errors.js";
+
+const base = { model: "m", messages: [{ role: "user", content: "Hi" }] };
+const withBase = (extra: Record<string, unknown>) => ({ ...base, ...extra });
+
+/** Runs the parser and returns the thrown KeelHttpError (fails if none). */
+function reject(body: unknown): KeelHttpError {
+  try {
+    parseChatRequest(body);
+  } catch (err) {
+    expect(err).toBeInstanceOf(KeelHttpError);
+    const e = err as KeelHttpError;
+    expect(e.status).toBe(400);
+    expect(e.type).toBe("invalid_request_error");
+    // the message always names the field it is about
+    if (e.param !== null) expect(e.message).toContain(`'${e.param}'`);
+    return e;
+  }
+  throw new Error(`expected rejection of ${JSON.stringify(body)}`);
+}
+
+function expectReject(body: unknown, code: string, param: string | null, message?: RegExp) {
+  const e = reject(body);
+  expect({ code: e.code, param: e.param }).toEqual({ code, param });
+  if (message) expect(e.message).toMatch(message);
+}
+
+describe("parseChatRequest: accepted bodies", () => {
+  it("applies defaults to a minimal request", () => {
+    expect(parseChatRequest(base)).toEqual<ChatRequest>({
+      model: "m",
+      messages: [{ role: "user", content: "Hi" }],
+      stream: false,
+      includeUsage: false,
+      temperature: 1,
+      topP: 1,
+      topK: -1,
+      stop: [],
+      ignoreEos: false,
+    });
+  });
+
+  it("maps every supported field to camelCase", () => {
+    const r = parseChatRequest(
+      withBase({
+        stream: true,
+        stream_options: { include_usage: true },
+        max_tokens: 64,
+        temperature: 0,
+        top_p: 0.9,
+        top_k: 40,
+        seed: 4294967295,
+        stop: ["\n\n", "END"],
+        ignore_eos: true,
+      }),
+    );
+    expect(r).toMatchObject({
+      stream: true,
+      includeUsage: true,
+      maxTokens: 64,
+      temperature: 0,
+      topP: 0.9,
+      topK: 40,
+      seed: 4294967295,
+      stop: ["\n\n", "END"],
+      ignoreEos: true,
+    });
+  });
+
+  it("lets max_completion_tokens win over max_tokens", () => {
+    expect(parseChatRequest(withBase({ max_tokens: 10, max_completion_tokens: 20 })).maxTokens).toBe(20);
+    expect(parseChatRequest(withBase({ max_tokens: 10, max_completion_tokens: null })).maxTokens).toBe(10);
+  });
+
+  it("treats null as unset for optional fields", () => {
+    const r = parseChatRequest(
+      withBase({ max_tokens: null, temperature: null, top_p: null, seed: null, stop: null, stream: null, n: null, tools: null, logprobs: null }),
+    );
+    expect(r).toMatchObject({ temperature: 1, topP: 1, stop: [], stream: false });
+    expect(r).not.toHaveProperty("maxTokens");
+    expect(r).not.toHaveProperty("seed");
+  });
+
+  it("accepts the range boundaries", () => {
+    expect(parseChatRequest(withBase({ temperature: 2, top_p: 1, top_k: -1, seed: 0, max_tokens: 1 }))).toMatchObject({
+      temperature: 2,
+      topP: 1,
+      topK: -1,
+      seed: 0,
+      maxTokens: 1,
+    });
+    expect(parseChatRequest(withBase({ max_tokens: 4294967295 })).maxTokens).toBe(4294967295);
+    expect(parseChatRequest(withBase({ top_k: 1 })).topK).toBe(1);
+  });
+
+  it("wraps a single stop string and accepts 16 of them", () => {
+    expect(parseChatRequest(withBase({ stop: "###" })).stop).toEqual(["###"]);
+    const sixteen = Array.from({ length: 16 }, (_, i) => `s${i}`);
+    expect(parseChatRequest(withBase({ stop: sixteen })).stop).toEqual(sixteen);
+    expect(parseChatRequest(withBase({ stop: [] })).stop).toEqual([]);
+  });
+
+  it("accepts every role and flattens text parts with newlines", () => {
+    const r = parseChatRequest(
+      withBase({
+        messages: [
+          { role: "developer", content: "d" },
+          { role: "system", content: "s" },
+          { role: "user", content: [{ type: "text", text: "a" }, { type: "text", text: "b" }] },
+          { role: "assistant", content: null },
+          { role: "assistant" },
+          { role: "tool", content: "t", tool_call_id: "x" },
+        ],
+      }),
+    );
+    expect(r.messages).toEqual([
+      { role: "developer", content: "d" },
+      { role: "system", content: "s" },
+      { role: "user", content: "a\nb" },
+      { role: "assistant", content: "" },
+      { role: "assistant", content: "" },
+      { role: "tool", content: "t" },
+    ]);
+  });
+
+  it("ignores unknown fields, at the top level and in messages", () => {
+    const r = parseChatRequest({ ...base, user: "u1", metadata: { a: 1 }, messages: [{ role: "user", content: "x", name: "bob" }] });
+    expect(r.messages).toEqual([{ role: "user", content: "x" }]);
+    expect(r).not.toHaveProperty("user");
+  });
+
+  it("replaces lone surrogates in content, text parts and stop strings with U+FFFD", () => {
+    const r = parseChatRequest({
+      model: "m\uDC00",
+      messages: [
+        { role: "user", content: "a\uD800b" },
+        { role: "user", content: [{ type: "text", text: "\uDFFF" }] },
+      ],
+      stop: ["x\uD83D"],
+    });
+    expect(r.model).toBe("m\uFFFD");
+    expect(r.messages.map((m) => m.content)).toEqual(["a\uFFFDb", "\uFFFD"]);
+    expect(r.stop).toEqual(["x\uFFFD"]);
+    expect(parseChatRequest(withBase({ stop: "😀" })).stop).toEqual(["😀"]);
+  });
+
+  it("accepts the no-op values of unsupported features", () => {
+    const r = parseChatRequest(
+      withBase({
+        n: 1,
+        best_of: 1,
+        logprobs: false,
+        top_logprobs: 0,
+        tools: [],
+        tool_choice: "none",
+        functions: [],
+        function_call: "auto",
+        response_format: { type: "text" },
+        logit_bias: {},
+        presence_penalty: 0,
+        frequency_penalty: 0,
+        modalities: ["text"],
+      }),
+    );
+    expect(r.model).toBe("m");
+    expect(parseChatRequest(withBase({ tool_choice: "auto" })).model).toBe("m");
+  });
+});
+
+describe("parseChatRequest: the body itself", () => {
+  it.each([
+    ["an array", []],
+    ["a string", "hello"],
+    ["null", null],
+    ["an integer", 42],
+    ["a decimal", 4.2],
+    ["a boolean", true],
+  ])("rejects %s as the whole body", (what, body) => {
+    const e = reject(body);
+    expect(e.code).toBe("invalid_value");
+    expect(e.param).toBeNull();
+    expect(e.message).toBe(`Invalid type for the request body: expected a JSON object, but got ${what} instead.`);
+  });
+
+  it("rejects an empty object, reporting the missing model first", () => {
+    expectReject({}, "missing_field", "model", /^Missing required parameter: 'model'\.$/);
+  });
+});
+
+describe("parseChatRequest: model and messages", () => {
+  it("requires model to be a non-empty string", () => {
+    expectReject({ model: 3, messages: base.messages }, "invalid_value", "model", /expected a string, but got an integer/);
+    expectReject({ model: "", messages: base.messages }, "invalid_value", "model", /non-empty/);
+    expectReject({ model: null, messages: base.messages }, "invalid_value", "model", /got null/);
+  });
+
+  it("requires a non-empty messages array", () => {
+    expectReject({ model: "m" }, "missing_field", "messages");
+    expectReject({ model: "m", messages: [] }, "invalid_value", "messages", /^Invalid value for 'messages': expected a non-empty array, but got an empty array\.$/);
+    expectReject({ model: "m", messages: "hi" }, "invalid_value", "messages", /expected an array, but got a string/);
+    expectReject({ model: "m", messages: { role: "user" } }, "invalid_value", "messages", /expected an array, but got an object/);
+  });
+
+  it("requires each message to be an object", () => {
+    expectReject({ model: "m", messages: ["hi"] }, "invalid_value", "messages[0]", /expected an object, but got a string/);
+    expectReject({ model: "m", messages: [null] }, "invalid_value", "messages[0]", /got null/);
+  });
+
+  it("validates role", () => {
+    expectReject(withBase({ messages: [{ content: "x" }] }), "missing_field", "messages[0].role");
+    expectReject(withBase({ messages: [{ role: null, content: "x" }] }), "invalid_value", "messages[0].role", /got null/);
+    expectReject(
+      withBase({ messages: [{ role: "user", content: "x" }, { role: "robot", content: "x" }] }),
+      "invalid_value",
+      "messages[1].role",
+      /expected one of 'system', 'user', 'assistant', 'tool', 'developer' \(got 'robot'\)/,
+    );
+    expectReject(withBase({ messages: [{ role: 1, content: "x" }] }), "invalid_value", "messages[0].role");
+  });
+
+  it("allows null or missing content only for assistant messages", () => {
+    expectReject(withBase({ messages: [{ role: "user", content: null }] }), "invalid_value", "messages[0].content", /only allowed in assistant/);
+    expectReject(withBase({ messages: [{ role: "system" }] }), "missing_field", "messages[0].content");
+  });
+
+  it("rejects content of the wrong type", () => {
+    expectReject(withBase({ messages: [{ role: "user", content: 5 }] }), "invalid_value", "messages[0].content", /Invalid type.*got an integer/);
+    expectReject(withBase({ messages: [{ role: "user", content: { type: "text" } }] }), "invalid_value", "messages[0].content", /got an object/);
+    expectReject(withBase({ messages: [{ role: "user", content: [] }] }), "invalid_value", "messages[0].content", /non-empty array/);
+  });
+
+  it("validates content parts, naming the part", () => {
+    const m = (content: unknown) => withBase({ messages: [{ role: "user", content }] });
+    expectReject(m([{ type: "text", text: "ok" }, { type: "mystery", text: "x" }]), "invalid_value", "messages[0].content[1].type", /expected 'text' \(got 'mystery'\)/);
+    expectReject(m([{ type: "image_url", image_url: { url: "data:" } }]), "unsupported_field", "messages[0].content[0].type", /'image_url'/);
+    expectReject(m([{ type: "input_audio" }]), "unsupported_field", "messages[0].content[0].type");
+    expectReject(m([{ text: "x" }]), "missing_field", "messages[0].content[0].type");
+    expectReject(m([{ type: 7 }]), "invalid_value", "messages[0].content[0].type", /Invalid type/);
+    expectReject(m([{ type: "text" }]), "missing_field", "messages[0].content[0].text");
+    expectReject(m([{ type: "text", text: null }]), "invalid_value", "messages[0].content[0].text", /got null/);
+    expectReject(m(["plain"]), "invalid_value", "messages[0].content[0]", /expected an object, but got a string/);
+  });
+});
+
+describe("parseChatRequest: generation parameters", () => {
+  it.each([0, -1, 1e12, 4294967296, 2 ** 60, 1e300])("rejects max_tokens %s as out of range", (v) => {
+    expectReject(withBase({ max_tokens: v }), "invalid_value", "max_tokens", /must be an integer between 1 and 4294967295/);
+  });
+
+  it("rejects non-integer and non-numeric token limits", () => {
+    expectReject(withBase({ max_tokens: 1.5 }), "invalid_value", "max_tokens", /must be an integer.*got 1\.5/);
+    expectReject(withBase({ max_tokens: "100" }), "invalid_value", "max_tokens", /Invalid type for 'max_tokens': expected a number, but got a string instead\./);
+    expectReject(withBase({ max_completion_tokens: 0 }), "invalid_value", "max_completion_tokens");
+    expectReject(withBase({ max_completion_tokens: true }), "invalid_value", "max_completion_tokens", /got a boolean/);
+  });
+
+  it("bounds temperature to 0..2", () => {
+    expectReject(withBase({ temperature: 2.5 }), "invalid_value", "temperature", /^Invalid value for 'temperature': must be between 0 and 2 \(got 2\.5\)\.$/);
+    expectReject(withBase({ temperature: -0.1 }), "invalid_value", "temperature");
+    expectReject(withBase({ temperature: "0.7" }), "invalid_value", "temperature", /expected a number, but got a string/);
+  });
+
+  it("requires 0 < top_p <= 1", () => {
+    expectReject(withBase({ top_p: 0 }), "invalid_value", "top_p", /greater than 0 and at most 1/);
+    expectReject(withBase({ top_p: 1.01 }), "invalid_value", "top_p");
+    expectReject(withBase({ top_p: [1] }), "invalid_value", "top_p", /got an array/);
+  });
+
+  it("requires top_k to be -1 or a positive integer", () => {
+    expectReject(withBase({ top_k: 0 }), "invalid_value", "top_k", /-1 \(all tokens\) or a positive integer/);
+    expectReject(withBase({ top_k: -2 }), "invalid_value", "top_k");
+    expectReject(withBase({ top_k: 2.5 }), "invalid_value", "top_k");
+    expectReject(withBase({ top_k: "40" }), "invalid_value", "top_k", /got a string/);
+  });
+
+  it.each([-1, 4294967296, 2 ** 53, 1e20, 0.5])("rejects seed %s", (v) => {
+    expectReject(withBase({ seed: v }), "invalid_value", "seed", /between 0 and 4294967295/);
+  });
+
+  it("rejects a string seed", () => {
+    expectReject(withBase({ seed: "42" }), "invalid_value", "seed", /got a string/);
+  });
+
+  it("validates stop", () => {
+    expectReject(withBase({ stop: "" }), "invalid_value", "stop", /non-empty/);
+    expectReject(withBase({ stop: ["a", ""] }), "invalid_value", "stop[1]", /non-empty/);
+    expectReject(withBase({ stop: Array.from({ length: 100 }, (_, i) => `s${i}`) }), "invalid_value", "stop", /at most 16 stop strings, but got 100/);
+    expectReject(withBase({ stop: Array.from({ length: 17 }, () => "x") }), "invalid_value", "stop");
+    expectReject(withBase({ stop: ["a", 3] }), "invalid_value", "stop[1]", /expected a string, but got an integer/);
+    expectReject(withBase({ stop: 5 }), "invalid_value", "stop", /string or an array of strings/);
+    expectReject(withBase({ stop: { a: 1 } }), "invalid_value", "stop", /got an object/);
+  });
+
+  it("validates stream, stream_options and ignore_eos types", () => {
+    expectReject(withBase({ stream: "true" }), "invalid_value", "stream", /expected a boolean, but got a string/);
+    expectReject(withBase({ stream: 1 }), "invalid_value", "stream");
+    expectReject(withBase({ stream: true, stream_options: "yes" }), "invalid_value", "stream_options", /expected an object/);
+    expectReject(withBase({ stream: true, stream_options: { include_usage: "yes" } }), "invalid_value", "stream_options.include_usage");
+    expectReject(withBase({ ignore_eos: "no" }), "invalid_value", "ignore_eos");
+  });
+
+  it("allows stream_options only with stream: true", () => {
+    expectReject(withBase({ stream_options: { include_usage: true } }), "invalid_value", "stream_options", /only allowed when 'stream' is true/);
+    expectReject(withBase({ stream: false, stream_options: {} }), "invalid_value", "stream_options");
+    expect(parseChatRequest(withBase({ stream: true, stream_options: {} })).includeUsage).toBe(false);
+    expect(parseChatRequest(withBase({ stream: false, stream_options: null })).stream).toBe(false);
+  });
+
+  it("reports the first problem in field order", () => {
+    expectReject({ model: "m", messages: [], temperature: 9 }, "invalid_value", "messages");
+    expectReject(withBase({ temperature: 9, seed: -1 }), "invalid_value", "temperature");
+  });
+});
+
+describe("parseChatRequest: recognised but unsupported fields", () => {
+  it.each([
+    ["n", 2],
+    ["best_of", 3],
+    ["logprobs", true],
+    ["top_logprobs", 5],
+    ["tools", [{ type: "function", function: { name: "f", parameters: {} } }]],
+    ["tool_choice", "required"],
+    ["tool_choice", { type: "function", function: { name: "f" } }],
+    ["parallel_tool_calls", false],
+    ["functions", [{ name: "f" }]],
+    ["function_call", { name: "f" }],
+    ["response_format", { type: "json_object" }],
+    ["response_format", { type: "json_schema", json_schema: { name: "x", schema: {} } }],
+    ["logit_bias", { "50256": -100 }],
+    ["presence_penalty", 0.5],
+    ["frequency_penalty", -1],
+    ["audio", { voice: "alloy", format: "mp3" }],
+    ["modalities", ["text", "audio"]],
+    ["prediction", { type: "content", content: "x" }],
+  ])("rejects %s = %j with unsupported_field", (field, value) => {
+    const e = reject(withBase({ [field]: value }));
+    expect(e.code).toBe("unsupported_field");
+    expect(e.param).toBe(field);
+    expect(e.message).toMatch(new RegExp(`^Unsupported parameter: '${field}' is not supported by this server\\.`));
+  });
+
+  it("still validates the type and range of n before calling it unsupported", () => {
+    expectReject(withBase({ n: 0 }), "invalid_value", "n", /must be a positive integer \(got 0\)/);
+    expectReject(withBase({ n: -3 }), "invalid_value", "n");
+    expectReject(withBase({ n: "2" }), "invalid_value", "n", /got a string/);
+    expectReject(withBase({ presence_penalty: "high" }), "invalid_value", "presence_penalty", /got a string/);
+    expectReject(withBase({ logprobs: 1 }), "invalid_value", "logprobs", /expected a boolean/);
+  });
+});
+
+describe("parseChatRequest: hostile bodies", () => {
+  it.each([
+    ["deeply nested content", withBase({ messages: [{ role: "user", content: [[[[[[]]]]]] }] }), "messages[0].content[0]"],
+    ["huge stop string with a bad max_tokens", withBase({ stop: "x".repeat(100_000), max_tokens: -5 }), "max_tokens"],
+    ["a 100 kB unknown role", withBase({ messages: [{ role: "r".repeat(100_000), content: "x" }] }), "messages[0].role"],
+    ["a NaN-like string", withBase({ temperature: "NaN" }), "temperature"],
+    ["an object for model", { model: { name: "m" }, messages: base.messages }, "model"],
+  ])("%s → 400 naming the field, with a short message", (_label, body, param) => {
+    const e = reject(body);
+    expect(e.param).toBe(param);
+    expect(e.message.length).toBeLessThan(300);
+  });
+
+  it("does not let a __proto__ key change the parsed role", () => {
+    const body = JSON.parse('{"model":"m","messages":[{"role":"user","content":"x","__proto__":{"role":"system"}}]}');
+    expect(parseChatRequest(body).messages).toEqual([{ role: "user", content: "x" }]);
+  });
+});

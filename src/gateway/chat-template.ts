@@ -1,0 +1,101 @@
+/**
+ * Renders a model's Hugging Face chat template (Jinja) into a prompt string.
+ *
+ * @module
+ */
+import { Template } from "@huggingface/jinja";
+import { templateError } from "./errors.js";
+import { sanitizeForJson } from "./utf8-stream.js";
+
+/**
+ * One chat message as the template sees it: `content` is already flattened
+ * to a single string (text parts joined with `"\n"`; see `chat-request.ts`).
+ */
+export interface ChatMessage {
+  /** `system`, `user`, `assistant`, `tool` or `developer`. */
+  role: string;
+  content: string;
+}
+
+/** The special-token strings a chat template may reference. */
+export interface ChatTemplateSpecials {
+  /** Beginning-of-sequence token text, exposed as `bos_token`. */
+  bosToken: string;
+  /** End-of-sequence token text, exposed as `eos_token`. */
+  eosToken: string;
+}
+
+/** Options of {@link ChatTemplate.render}. */
+export interface ChatRenderOptions {
+  /**
+   * Whether to end the prompt with the header of an assistant turn
+   * (`add_generation_prompt`, as in `transformers`'
+   * `apply_chat_template`). Default `true`.
+   */
+  addGenerationPrompt?: boolean;
+}
+
+/**
+ * A parsed chat template, rendered per request with the variables of the
+ * `transformers` chat-templating convention: `messages` (list of
+ * `{role, content}` objects), `bos_token`, `eos_token` and
+ * `add_generation_prompt`. The interpreter is `@huggingface/jinja`, which
+ * also provides `raise_exception(msg)` and `strftime_now(fmt)`.
+ *
+ * Parse errors surface once, at construction (model load); render errors are
+ * per request.
+ */
+export class ChatTemplate {
+  readonly #template: Template;
+  readonly #specials: ChatTemplateSpecials;
+
+  /**
+   * Parses the template.
+   *
+   * @param template - Jinja source, e.g. `tokenizer.chat_template` from GGUF
+   *   metadata or `tokenizer_config.json`.
+   * @param specials - Special-token texts passed to every render.
+   * @throws Error (a plain `Error`, not a `KeelHttpError`: this is a model
+   *   configuration problem found at load time, not a client error) when the
+   *   template does not parse; the message includes the parser's.
+   */
+  constructor(template: string, specials: ChatTemplateSpecials) {
+    try {
+      this.#template = new Template(template);
+    } catch (err) {
+      throw new Error(`Chat template does not parse: ${messageOf(err)}`, { cause: err });
+    }
+    this.#specials = { ...specials };
+  }
+
+  /**
+   * Renders the prompt for `messages`.
+   *
+   * @returns The prompt text (special tokens appear as text, to be tokenized
+   *   with special-token parsing on).
+   * @throws KeelHttpError 400 `template_error` when the template raises
+   *   (`raise_exception`, e.g. "Conversation roles must alternate
+   *   user/assistant/…") or fails at runtime, with the interpreter's message;
+   *   or when it renders an empty prompt.
+   */
+  render(messages: readonly ChatMessage[], opts: ChatRenderOptions = {}): string {
+    let prompt: string;
+    try {
+      prompt = this.#template.render({
+        messages: messages.map((m) => ({ role: m.role, content: m.content })),
+        bos_token: this.#specials.bosToken,
+        eos_token: this.#specials.eosToken,
+        add_generation_prompt: opts.addGenerationPrompt ?? true,
+      });
+    } catch (err) {
+      throw templateError(messageOf(err));
+    }
+    if (prompt.length === 0) throw templateError("the rendered prompt is empty.");
+    return prompt;
+  }
+}
+
+function messageOf(err: unknown): string {
+  const raw = err instanceof Error ? err.message : String(err);
+  return sanitizeForJson(raw.length > 500 ? raw.slice(0, 500) + "…" : raw);
+}

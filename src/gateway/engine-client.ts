@@ -1,0 +1,161 @@
+/**
+ * The gateway's side of the engine channel: spawns the engine process, frames messages on its fd 3, answers for
+ * its health (ready + recent pong), and restarts it with bounded exponential backoff when it dies.
+ *
+ * It never interprets engine state; it forwards typed messages to a listener (the request registry).
+ */
+import { spawn, type ChildProcess } from "node:child_process";
+import { fileURLToPath } from "node:url";
+import type { Duplex } from "node:stream";
+import { encodeFrame, FrameDecoder } from "../protocol/framing.js";
+import { PROTOCOL_VERSION, type EngineMessage, type GatewayMessage, type ReadyMessage } from "../protocol/messages.js";
+import type { EngineConfig } from "../engine/main.js";
+
+/** Path of the compiled engine entry point. */
+export const ENGINE_MAIN = fileURLToPath(new URL("../engine/main.js", import.meta.url));
+
+/** Callbacks of the engine client. */
+export interface EngineListener {
+  onReady(msg: ReadyMessage): void;
+  onMessage(msg: EngineMessage): void;
+  /** The engine process exited (code/signal); every request it held is gone. */
+  onExit(info: { code: number | null; signal: NodeJS.Signals | null }): void;
+  onLog(line: string, stream: "stdout" | "stderr"): void;
+}
+
+/** Options of the client. */
+export interface EngineClientOptions {
+  config: Omit<EngineConfig, "mode">;
+  /** Ping period (ms) and how stale the last pong may be before the engine counts as not ready (ms). */
+  pingIntervalMs: number;
+  readyStalenessMs: number;
+  /** Restart backoff bounds (ms). */
+  restartMinMs: number;
+  restartMaxMs: number;
+}
+
+export class EngineClient {
+  /** The running engine process, or null between a death and the restart. */
+  private child: ChildProcess | null = null;
+  /** Duplex pipe on the child's fd 3. */
+  private channel: Duplex | null = null;
+  /** Last `ready` of the current process; null until it arrives. */
+  ready: ReadyMessage | null = null;
+  /** When the last pong arrived (ms since epoch). */
+  private lastPongAt = 0;
+  private pingTimer: NodeJS.Timeout | null = null;
+  private restartTimer: NodeJS.Timeout | null = null;
+  /** Consecutive deaths without a ready in between (drives the backoff). */
+  private consecutiveFailures = 0;
+  /** Set by stop(): no more restarts. */
+  private stopping = false;
+  /** Engine processes started (1 = no restart yet). */
+  starts = 0;
+
+  constructor(
+    private readonly opts: EngineClientOptions,
+    private readonly listener: EngineListener,
+  ) {}
+
+  /** Start the engine process. */
+  start(): void {
+    this.stopping = false;
+    this.spawnEngine();
+    this.pingTimer = setInterval(() => this.send({ v: PROTOCOL_VERSION, type: "ping", nonce: Date.now() }), this.opts.pingIntervalMs);
+    this.pingTimer.unref();
+  }
+
+  /** Engine reported ready and answered a ping recently. */
+  get isReady(): boolean {
+    return this.ready !== null && Date.now() - this.lastPongAt <= this.opts.readyStalenessMs;
+  }
+
+  /** PID of the current engine process. */
+  get pid(): number | null {
+    return this.child?.pid ?? null;
+  }
+
+  /** Send a message; returns false (and drops it) when no engine is connected. */
+  send(msg: GatewayMessage): boolean {
+    if (!this.channel || this.channel.destroyed || !this.ready) return false;
+    this.channel.write(encodeFrame(msg));
+    return true;
+  }
+
+  /** Ask the engine to shut down and wait for it to exit (kills it after `timeoutMs`). */
+  async stop(timeoutMs = 5000): Promise<void> {
+    this.stopping = true;
+    if (this.pingTimer) clearInterval(this.pingTimer);
+    if (this.restartTimer) clearTimeout(this.restartTimer);
+    const child = this.child;
+    if (!child || child.exitCode !== null || child.signalCode !== null) return;
+    const exited = new Promise<void>((resolve) => child.once("exit", () => resolve()));
+    if (this.channel && !this.channel.destroyed) this.channel.write(encodeFrame({ v: PROTOCOL_VERSION, type: "shutdown" }));
+    const timer = setTimeout(() => child.kill("SIGKILL"), timeoutMs);
+    await exited;
+    clearTimeout(timer);
+  }
+
+  private spawnEngine(): void {
+    this.starts += 1;
+    this.ready = null;
+    const config: EngineConfig = { ...this.opts.config, mode: "serve" };
+    const child = spawn(process.execPath, [ENGINE_MAIN, JSON.stringify(config)], { stdio: ["ignore", "pipe", "pipe", "pipe"] });
+    this.child = child;
+    const channel = child.stdio[3] as Duplex;
+    this.channel = channel;
+    const decoder = new FrameDecoder();
+    channel.on("data", (chunk: Buffer) => {
+      for (const frame of decoder.push(chunk)) {
+        if ("error" in frame) {
+          this.listener.onLog(`engine sent a bad frame: ${frame.error}`, "stderr");
+          continue;
+        }
+        this.handle(frame.message as unknown as EngineMessage);
+      }
+    });
+    channel.on("error", () => undefined); // the exit handler does the bookkeeping
+    for (const [stream, name] of [[child.stdout, "stdout"], [child.stderr, "stderr"]] as const) {
+      let buf = "";
+      stream?.setEncoding("utf8");
+      stream?.on("data", (d: string) => {
+        buf += d;
+        let nl: number;
+        while ((nl = buf.indexOf("\n")) >= 0) {
+          const line = buf.slice(0, nl);
+          buf = buf.slice(nl + 1);
+          if (line.trim()) this.listener.onLog(line, name);
+        }
+      });
+    }
+    child.on("error", (err) => this.listener.onLog(`engine process error: ${err.message}`, "stderr"));
+    child.on("exit", (code, signal) => {
+      if (this.child !== child) return;
+      this.child = null;
+      this.channel = null;
+      this.ready = null;
+      this.listener.onExit({ code, signal });
+      if (this.stopping) return;
+      const delay = Math.min(this.opts.restartMaxMs, this.opts.restartMinMs * 2 ** this.consecutiveFailures);
+      this.consecutiveFailures += 1;
+      this.restartTimer = setTimeout(() => this.spawnEngine(), delay);
+      this.restartTimer.unref();
+    });
+  }
+
+  private handle(msg: EngineMessage): void {
+    if (msg.v !== PROTOCOL_VERSION) {
+      this.listener.onLog(`engine speaks protocol v${String(msg.v)}, expected v${PROTOCOL_VERSION}`, "stderr");
+      return;
+    }
+    if (msg.type === "ready") {
+      this.ready = msg;
+      this.lastPongAt = Date.now();
+      this.consecutiveFailures = 0;
+      this.listener.onReady(msg);
+      return;
+    }
+    if (msg.type === "pong") this.lastPongAt = Date.now();
+    this.listener.onMessage(msg);
+  }
+}

@@ -1,0 +1,72 @@
+/**
+ * The gateway's request lifecycle: a discriminated union of states and named transitions.
+ *
+ *   queued ──admit──▶ prefill ──firstToken──▶ decode ──finish──▶ finished
+ *     │                 │                        │
+ *     └──── cancel ─────┴──────── cancel ────────┘──▶ cancelling ──release──▶ finished
+ *
+ * `cancelling` means an abort was sent and the gateway keeps the request until the engine confirms the release
+ * (SGLang #36876: the front end must not drop state before the engine does). A transition that does not apply to
+ * the current state returns null and the caller ignores the event (late events are never asserted on).
+ */
+
+/** Where a request is when it is cancelled; also the `phase` label of the disconnect metric. */
+export type Phase = "queued" | "prefill" | "decode";
+
+/** Why the gateway cancels a request. */
+export type CancelCause = "client_disconnect" | "stop_string" | "shutdown";
+
+/** How a request ended, as reported to clients and metrics. */
+export type FinishReason = "stop" | "length" | "abort" | "error";
+
+export type Lifecycle =
+  /** `add` sent; the engine has not admitted it to a sequence yet. */
+  | { state: "queued" }
+  /** Admitted to a sequence; its prompt is being prefilled. */
+  | { state: "prefill" }
+  /** At least one token generated. */
+  | { state: "decode" }
+  /** Abort sent in `phase` because of `cause`; waiting for the engine's terminal event. */
+  | { state: "cancelling"; phase: Phase; cause: CancelCause }
+  /** Terminal: the engine released the request (or it never reached the engine). */
+  | { state: "finished"; reason: FinishReason };
+
+export const initial: Lifecycle = { state: "queued" };
+
+/** The engine admitted the request to a sequence. */
+export function admit(s: Lifecycle): Lifecycle | null {
+  return s.state === "queued" ? { state: "prefill" } : null;
+}
+
+/** The first token arrived. */
+export function firstToken(s: Lifecycle): Lifecycle | null {
+  return s.state === "prefill" || s.state === "queued" ? { state: "decode" } : null;
+}
+
+/** The gateway decided to abort the request. Only a live, not yet cancelling request can be cancelled. */
+export function cancel(s: Lifecycle, cause: CancelCause): Lifecycle | null {
+  if (s.state === "queued" || s.state === "prefill" || s.state === "decode") return { state: "cancelling", phase: s.state, cause };
+  return null;
+}
+
+/** The engine reported the request's terminal event. A cancelled request always ends as `abort` from the
+ * client's side unless it was a stop string, which OpenAI reports as `stop`. */
+export function finish(s: Lifecycle, reason: FinishReason): Lifecycle | null {
+  if (s.state === "finished") return null;
+  if (s.state === "cancelling") return { state: "finished", reason: s.cause === "stop_string" ? "stop" : "abort" };
+  return { state: "finished", reason };
+}
+
+/** Phase of a live state (for metrics), or null when finished. */
+export function phaseOf(s: Lifecycle): Phase | null {
+  switch (s.state) {
+    case "queued":
+    case "prefill":
+    case "decode":
+      return s.state;
+    case "cancelling":
+      return s.phase;
+    case "finished":
+      return null;
+  }
+}

@@ -1,0 +1,74 @@
+/**
+ * Prometheus metrics (prom-client). Every label set is created at 0 at start, so a fresh server shows each name.
+ * Names are documented in the README's Metrics section.
+ */
+import client from "prom-client";
+import type { Phase, FinishReason } from "./lifecycle.js";
+
+const PHASES: Phase[] = ["queued", "prefill", "decode"];
+const FINISH_REASONS: FinishReason[] = ["stop", "length", "abort", "error"];
+
+/** Sources that gauges read at scrape time. */
+export interface GaugeSources {
+  counts(): { waiting: number; running: number };
+  /** Sequences owned by live requests, as last reported by the engine. */
+  activeSequences(): number;
+}
+
+export class Metrics {
+  readonly registry = new client.Registry();
+  readonly engineSteps: client.Counter;
+  readonly clientDisconnects: client.Counter<"phase">;
+  readonly requestsFinished: client.Counter<"finish_reason">;
+  readonly engineRestarts: client.Counter<"reason">;
+
+  constructor(src: GaugeSources) {
+    const registers = [this.registry];
+    new client.Gauge({
+      name: "keel_requests_running",
+      help: "Requests admitted to an engine sequence (prefill or decode), including ones being cancelled",
+      registers,
+      collect() {
+        this.set(src.counts().running);
+      },
+    });
+    new client.Gauge({
+      name: "keel_requests_waiting",
+      help: "Requests handed to the engine and waiting for a sequence",
+      registers,
+      collect() {
+        this.set(src.counts().waiting);
+      },
+    });
+    new client.Gauge({
+      name: "keel_engine_sequences_active",
+      help: "Engine sequences owned by live requests (idle prefix-cache sequences excluded)",
+      registers,
+      collect() {
+        this.set(src.activeSequences());
+      },
+    });
+    this.engineSteps = new client.Counter({ name: "keel_engine_steps_total", help: "Engine steps that decoded a batch", registers });
+    this.clientDisconnects = new client.Counter({
+      name: "keel_client_disconnects_total",
+      help: "Clients that closed their connection before their response ended, by request phase",
+      labelNames: ["phase"],
+      registers,
+    });
+    for (const phase of PHASES) this.clientDisconnects.inc({ phase }, 0);
+    this.requestsFinished = new client.Counter({
+      name: "keel_requests_finished_total",
+      help: "Requests that ended, by finish_reason (stop, length, abort, error)",
+      labelNames: ["finish_reason"],
+      registers,
+    });
+    for (const finish_reason of FINISH_REASONS) this.requestsFinished.inc({ finish_reason }, 0);
+    this.engineRestarts = new client.Counter({
+      name: "keel_engine_restarts_total",
+      help: "Engine processes restarted after an exit, by reason",
+      labelNames: ["reason"],
+      registers,
+    });
+    for (const reason of ["exit", "signal"]) this.engineRestarts.inc({ reason }, 0);
+  }
+}

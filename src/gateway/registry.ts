@@ -1,0 +1,166 @@
+/**
+ * The request registry: one entry per request the gateway has handed to the engine, from `add` until the engine's
+ * terminal event. It records what is needed to resume a generation (prompt token ids, generated token ids,
+ * sampling parameters and seed), drives each request's {@link Lifecycle}, and routes engine outputs to the HTTP
+ * handler's sink. Outputs for ids it does not know are dropped silently (root-cause.md §5 rule 5).
+ */
+import type { AddMessage, RequestErrorMessage, SamplingParams, StepMessage } from "../protocol/messages.js";
+import { PROTOCOL_VERSION } from "../protocol/messages.js";
+import * as lc from "./lifecycle.js";
+import type { KeelHttpError } from "./errors.js";
+
+/** Token counts of a request (tokens). */
+export interface Usage {
+  promptTokens: number;
+  completionTokens: number;
+}
+
+/** Where the registry delivers a request's events; implemented by the chat route. */
+export interface RequestSink {
+  /** The engine admitted the request (its prefill starts). */
+  onAdmitted(): void;
+  /** New tokens and the text they completed (text may be "" while a character is incomplete). */
+  onOutput(tokens: number[], text: string): void;
+  /** The request ended. Not called for a request the gateway cancelled itself. */
+  onFinish(reason: lc.FinishReason, usage: Usage, error?: { code: string; message: string; httpError?: KeelHttpError }): void;
+}
+
+/** Registry-side record of one request. */
+interface Entry {
+  readonly id: string;
+  /** Current lifecycle state. */
+  lifecycle: lc.Lifecycle;
+  readonly sink: RequestSink;
+  /** Prompt token ids, known once the engine admitted the request. */
+  promptTokens: number[];
+  /** Token ids generated so far. */
+  readonly generated: number[];
+  readonly params: SamplingParams;
+  /** When the request was accepted (ms since epoch). */
+  readonly acceptedAt: number;
+}
+
+/** Events the registry reports for metrics and logs. */
+export interface RegistryObserver {
+  onCancel?(id: string, phase: lc.Phase, cause: lc.CancelCause): void;
+  onFinished?(id: string, reason: lc.FinishReason, usage: Usage, info: { phase: lc.Phase | null; error?: string }): void;
+  onAdmitted?(id: string, promptTokens: number): void;
+  onFirstToken?(id: string): void;
+}
+
+export class RequestRegistry {
+  /** Live requests by id. */
+  private readonly live = new Map<string, Entry>();
+
+  constructor(
+    private readonly send: (msg: AddMessage | { v: number; type: "abort"; ids: string[] }) => boolean,
+    private readonly observer: RegistryObserver = {},
+  ) {}
+
+  /** Number of live requests per phase (cancelling requests count in the phase they were cancelled in). */
+  counts(): { waiting: number; running: number } {
+    let waiting = 0;
+    let running = 0;
+    for (const e of this.live.values()) {
+      const p = lc.phaseOf(e.lifecycle);
+      if (p === "queued") waiting += 1;
+      else if (p !== null) running += 1;
+    }
+    return { waiting, running };
+  }
+
+  /** Live requests. */
+  get size(): number {
+    return this.live.size;
+  }
+
+  /** Phase of a live request, or null. */
+  phase(id: string): lc.Phase | null {
+    const e = this.live.get(id);
+    return e ? lc.phaseOf(e.lifecycle) : null;
+  }
+
+  /** Prompt tokens of a live, admitted request (0 before admission or when unknown). */
+  promptLength(id: string): number {
+    return this.live.get(id)?.promptTokens.length ?? 0;
+  }
+
+  /** Hand a request to the engine. Returns false when no engine is connected (nothing is recorded then). */
+  submit(id: string, prompt: AddMessage["prompt"], params: SamplingParams, sink: RequestSink): boolean {
+    if (this.live.has(id)) throw new Error(`request id ${id} is already live`);
+    const ok = this.send({ v: PROTOCOL_VERSION, type: "add", id, prompt, params });
+    if (!ok) return false;
+    this.live.set(id, { id, lifecycle: lc.initial, sink, promptTokens: [], generated: [], params, acceptedAt: Date.now() });
+    return true;
+  }
+
+  /**
+   * Cancel a live request: send one abort and keep the entry until the engine confirms. Idempotent; a request
+   * that is already cancelling or finished is left alone.
+   */
+  cancel(id: string, cause: lc.CancelCause): void {
+    const e = this.live.get(id);
+    if (!e) return;
+    const next = lc.cancel(e.lifecycle, cause);
+    if (!next || next.state !== "cancelling") return;
+    e.lifecycle = next;
+    this.observer.onCancel?.(id, next.phase, cause);
+    this.send({ v: PROTOCOL_VERSION, type: "abort", ids: [id] });
+  }
+
+  /** Apply one engine step output. */
+  handleStep(msg: StepMessage): void {
+    for (const o of msg.outputs) {
+      const e = this.live.get(o.id);
+      if (!e) continue; // late output for a request we no longer know: ignore
+      if (o.admitted) {
+        e.promptTokens = o.admitted.promptTokens;
+        const next = lc.admit(e.lifecycle);
+        if (next) {
+          e.lifecycle = next;
+          this.observer.onAdmitted?.(e.id, e.promptTokens.length);
+          e.sink.onAdmitted();
+        }
+      }
+      if (o.tokens.length > 0 || o.text.length > 0) {
+        e.generated.push(...o.tokens);
+        const next = lc.firstToken(e.lifecycle);
+        if (next) {
+          e.lifecycle = next;
+          this.observer.onFirstToken?.(e.id);
+        }
+        if (e.lifecycle.state !== "cancelling") e.sink.onOutput(o.tokens, o.text);
+      }
+      if (o.finish) {
+        const usage = { promptTokens: o.finish.promptTokens, completionTokens: e.generated.length };
+        this.end(e, o.finish.reason, usage, o.finish.error);
+      }
+    }
+  }
+
+  /** The engine refused an add. */
+  handleRequestError(msg: RequestErrorMessage, toHttp: (code: string, message: string) => KeelHttpError): void {
+    const e = this.live.get(msg.id);
+    if (!e) return;
+    this.end(e, "error", { promptTokens: 0, completionTokens: 0 }, { code: msg.code, message: msg.message, httpError: toHttp(msg.code, msg.message) });
+  }
+
+  /** The engine process died: every live request is gone with it. */
+  handleEngineExit(description: string): void {
+    for (const e of [...this.live.values()]) {
+      this.end(e, "error", { promptTokens: e.promptTokens.length, completionTokens: e.generated.length }, { code: "engine_fault", message: description });
+    }
+  }
+
+  /** Record the terminal event of an entry and forget it. */
+  private end(e: Entry, reason: lc.FinishReason, usage: Usage, error?: { code: string; message: string; httpError?: KeelHttpError }): void {
+    const phase = lc.phaseOf(e.lifecycle);
+    const wasCancelling = e.lifecycle.state === "cancelling";
+    const next = lc.finish(e.lifecycle, reason);
+    if (!next || next.state !== "finished") return;
+    e.lifecycle = next;
+    this.live.delete(e.id);
+    this.observer.onFinished?.(e.id, next.reason, usage, { phase, ...(error ? { error: error.message } : {}) });
+    if (!wasCancelling) e.sink.onFinish(next.reason, usage, error);
+  }
+}

@@ -1,0 +1,221 @@
+/**
+ * The gateway process: HTTP routes, the request registry and the engine supervisor. It never touches engine state;
+ * it sends the engine commands and applies the engine's outputs.
+ *
+ * Routes (ovms-compat.md §2, with OpenAI conventions where the two differ — see README):
+ *   POST /v3/chat/completions, /v3/v1/chat/completions, /v1/chat/completions
+ *   GET  /v3/models, /v3/v1/models, /v1/models
+ *   GET  /v2/health/live   — the HTTP loop answers (always 200 while the process runs)
+ *   GET  /v2/health/ready  — engine reported ready and answered a ping recently
+ *   GET  /metrics          — Prometheus text
+ */
+import Fastify, { type FastifyInstance } from "fastify";
+import pino, { type Logger } from "pino";
+import { handleChat } from "./chat-route.js";
+import { ChatTemplate } from "./chat-template.js";
+import { EngineClient } from "./engine-client.js";
+import { contextLengthExceeded, invalidJson, KeelHttpError, routeNotFound, toErrorBody, toHttpError } from "./errors.js";
+import { Metrics } from "./metrics.js";
+import { RequestRegistry } from "./registry.js";
+import type { EngineConfig } from "../engine/main.js";
+import { CHATML_TEMPLATE } from "../model/tiny-model.js";
+
+/** Gateway options (resolved CLI flags). */
+export interface GatewayOptions {
+  host: string;
+  port: number;
+  modelName: string;
+  engine: Omit<EngineConfig, "mode">;
+  /** Request body limit (bytes). */
+  bodyLimit: number;
+  logLevel: "debug" | "info" | "warn" | "error";
+  /** Ping period and readiness staleness (ms). */
+  pingIntervalMs?: number;
+  readyStalenessMs?: number;
+}
+
+/** A running gateway. */
+export interface Gateway {
+  app: FastifyInstance;
+  engine: EngineClient;
+  registry: RequestRegistry;
+  metrics: Metrics;
+  log: Logger;
+  /** Resolves when the engine reported ready for the first time. */
+  engineReady: Promise<void>;
+  close(): Promise<void>;
+}
+
+const utf8 = new TextDecoder("utf-8", { fatal: true });
+
+/** Build and start the gateway (HTTP listening, engine spawned). */
+export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
+  const log = pino({ level: opts.logLevel, base: { component: "gateway", pid: process.pid } });
+  let template: ChatTemplate | null = null;
+  let activeSequences = 0;
+  let lastEngineStep = 0;
+
+  // eslint-disable-next-line prefer-const
+  let engine: EngineClient;
+  const registry = new RequestRegistry((msg) => engine.send(msg), {
+    onFinished(id, reason, usage, info) {
+      metrics.requestsFinished.inc({ finish_reason: reason });
+      if (reason === "abort") log.info({ requestId: id, event: "aborted", phase: info.phase, ...usage }, "request aborted");
+    },
+    onAdmitted(id, promptTokens) {
+      log.debug({ requestId: id, event: "prefill_started", promptTokens }, "prefill started");
+    },
+    onFirstToken(id) {
+      log.debug({ requestId: id, event: "first_token" }, "first token");
+    },
+  });
+  const metrics = new Metrics({ counts: () => registry.counts(), activeSequences: () => activeSequences });
+
+  let resolveReady!: () => void;
+  const engineReady = new Promise<void>((r) => (resolveReady = r));
+  engine = new EngineClient(
+    {
+      config: opts.engine,
+      pingIntervalMs: opts.pingIntervalMs ?? 1000,
+      readyStalenessMs: opts.readyStalenessMs ?? 5000,
+      restartMinMs: 500,
+      restartMaxMs: 30_000,
+    },
+    {
+      onReady(msg) {
+        lastEngineStep = 0;
+        activeSequences = 0;
+        const m = msg.model;
+        try {
+          template = new ChatTemplate(m.chatTemplate ?? CHATML_TEMPLATE, { bosToken: m.bosToken, eosToken: m.eosToken });
+        } catch (err) {
+          log.error({ err: (err as Error).message }, "the model's chat template does not parse; using ChatML");
+          template = new ChatTemplate(CHATML_TEMPLATE, { bosToken: m.bosToken, eosToken: m.eosToken });
+        }
+        log.info({ event: "engine_ready", enginePid: msg.pid, model: m.path, limits: msg.limits, engine: msg.engine }, "engine ready");
+        resolveReady();
+      },
+      onMessage(msg) {
+        switch (msg.type) {
+          case "step":
+            if (msg.step > lastEngineStep) {
+              metrics.engineSteps.inc(msg.step - lastEngineStep);
+              lastEngineStep = msg.step;
+            }
+            activeSequences = msg.stats.activeSequences;
+            registry.handleStep(msg);
+            break;
+          case "request_error":
+            registry.handleRequestError(msg, (code, message) =>
+              code === "context_length_exceeded" ? contextLengthExceededFromEngine(message) : new KeelHttpError({ status: 400, type: "invalid_request_error", code, message }),
+            );
+            break;
+          case "protocol_error":
+            log.error({ event: "protocol_error", error: msg.message }, "engine rejected a message");
+            break;
+          case "fatal":
+            log.error({ event: "engine_fatal", error: msg.message }, "engine reported a fatal error");
+            break;
+          default:
+            break;
+        }
+      },
+      onExit({ code, signal }) {
+        activeSequences = 0;
+        if (closing) return;
+        log.error({ event: "engine_exit", code, signal, inFlight: registry.size }, "engine process exited; restarting");
+        metrics.engineRestarts.inc({ reason: signal ? "signal" : "exit" });
+        registry.handleEngineExit(`the engine process exited (${signal ?? `code ${code}`})`);
+      },
+      onLog(line, stream) {
+        // Engine lines are JSON already; pass them through at their level.
+        try {
+          const parsed = JSON.parse(line) as { level?: string; msg?: string };
+          const level = parsed.level === "fatal" || parsed.level === "error" ? "error" : parsed.level === "warn" ? "warn" : "info";
+          log[level]({ engine: parsed }, parsed.msg ?? "engine");
+        } catch {
+          log.info({ engineStream: stream }, line);
+        }
+      },
+    },
+  );
+  let closing = false;
+
+  const app = Fastify({ logger: false, bodyLimit: opts.bodyLimit, return503OnClosing: true });
+  // Bodies are parsed as strict UTF-8 JSON whatever the content type says (clients often omit it).
+  app.removeAllContentTypeParsers();
+  app.addContentTypeParser("*", { parseAs: "buffer" }, (_req, buf, done) => {
+    const raw = buf as Buffer;
+    if (raw.length === 0) return done(null, undefined);
+    let text: string;
+    try {
+      text = utf8.decode(raw);
+    } catch {
+      return done(invalidJson("(The request body is not valid UTF-8.)"), undefined);
+    }
+    try {
+      done(null, JSON.parse(text));
+    } catch (err) {
+      done(invalidJson(`(${(err as Error).message})`), undefined);
+    }
+  });
+  app.setErrorHandler((err, _req, reply) => {
+    const e = toHttpError(err, opts.bodyLimit);
+    if (e.status >= 500) log.error({ err: err instanceof Error ? err.message : String(err) }, "request failed");
+    void reply.status(e.status).send(toErrorBody(e));
+  });
+  app.setNotFoundHandler((req, reply) => {
+    void reply.status(404).send(toErrorBody(routeNotFound(req.method, req.url)));
+  });
+
+  const chatCtx = {
+    registry,
+    modelName: opts.modelName,
+    template: () => template,
+    isReady: () => engine.isReady,
+    log,
+    onDisconnect: (phase: "queued" | "prefill" | "decode") => metrics.clientDisconnects.inc({ phase }),
+  };
+  for (const path of ["/v3/chat/completions", "/v3/v1/chat/completions", "/v1/chat/completions"]) {
+    app.post(path, (req, reply) => handleChat(chatCtx, req, reply));
+  }
+  const modelsBody = () => ({
+    object: "list",
+    data: [{ id: opts.modelName, object: "model", created: startedAt, owned_by: "keel" }],
+  });
+  const startedAt = Math.floor(Date.now() / 1000);
+  for (const path of ["/v3/models", "/v3/v1/models", "/v1/models"]) app.get(path, async () => modelsBody());
+  app.get("/v2/health/live", async (_req, reply) => reply.status(200).send());
+  app.get("/v2/health/ready", async (_req, reply) => {
+    if (engine.isReady && !closing) return reply.status(200).send();
+    return reply.status(503).send(toErrorBody(new KeelHttpError({ status: 503, type: "service_unavailable_error", code: "not_ready", message: "The engine is not ready." })));
+  });
+  app.get("/metrics", async (_req, reply) => {
+    const text = await metrics.registry.metrics();
+    return reply.type(metrics.registry.contentType).send(text);
+  });
+
+  engine.start();
+  await app.listen({ host: opts.host, port: opts.port });
+  log.info({ event: "listening", address: app.server.address() }, "gateway listening");
+
+  return {
+    app,
+    engine,
+    registry,
+    metrics,
+    log,
+    engineReady,
+    async close() {
+      closing = true;
+      await app.close();
+      await engine.stop();
+    },
+  };
+}
+
+/** The engine's context-length refusal as an OpenAI 400 (its message already names the numbers). */
+function contextLengthExceededFromEngine(message: string): KeelHttpError {
+  const e = contextLengthExceeded(0, 0);
+  return new KeelHttpError({ status: e.status, type: e.type, code: e.code, message, param: "messages" });
+}

@@ -1,0 +1,37 @@
+import {mkdtempSync, readFileSync, rmSync} from "node:fs";
+import {tmpdir} from "node:os";
+import path from "node:path";
+import {afterAll, describe, expect, it, vi} from "vitest";
+import {readGgufHeader} from "./gguf-writer.js";
+import {main, parseMakeModelArgs} from "./make-model.js";
+import {buildTinyModel} from "./tiny-model.js";
+
+const tmp = mkdtempSync(path.join(tmpdir(), "keel-make-model-"));
+afterAll(() => rmSync(tmp, {recursive: true, force: true}));
+
+describe("make-model CLI", () => {
+    it("parses options", () => {
+        expect(parseMakeModelArgs(["--out", "x.gguf", "--layers", "2", "--kv-heads", "1", "--f16", "--broken", "expert-used"]))
+            .toEqual({out: "x.gguf", options: {layers: 2, kvHeads: 1, f16: true, broken: "expert-used"}});
+        expect(() => parseMakeModelArgs(["--layers", "2"])).toThrow(/--out/);
+        expect(() => parseMakeModelArgs(["--out", "x", "--layers", "two"])).toThrow(/integer/);
+        expect(() => parseMakeModelArgs(["--out", "x", "--bogus"])).toThrow(/unknown/);
+        expect(() => parseMakeModelArgs(["--out", "x", "--broken", "nope"])).toThrow(/broken/);
+    });
+
+    it("writes the same bytes as buildTinyModel and reports usage errors with exit code 2", () => {
+        const out = path.join(tmp, "m.gguf");
+        const stdout = vi.spyOn(process.stdout, "write").mockImplementation(() => true);
+        const stderr = vi.spyOn(process.stderr, "write").mockImplementation(() => true);
+        try {
+            expect(main(["--out", out, "--layers", "1", "--hidden", "32", "--ff", "64", "--merges", "50"])).toBe(0);
+            expect(main(["--nope"])).toBe(2);
+        } finally {
+            stdout.mockRestore();
+            stderr.mockRestore();
+        }
+        const buf = readFileSync(out);
+        expect(buf.equals(buildTinyModel({layers: 1, hidden: 32, ff: 64, merges: 50}))).toBe(true);
+        expect(readGgufHeader(buf).kv.get("llama.block_count")?.value).toBe(1);
+    });
+});

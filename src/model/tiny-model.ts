@@ -1,0 +1,276 @@
+/**
+ * Deterministic random-weight Llama-architecture GGUF models ("keel-tiny"): the demo / test model that Keel
+ * ships without downloading anything. The text such a model produces is gibberish, but it exercises the whole
+ * engine (tokenizer, chat template, KV cache, batching, sampling) exactly like a real model.
+ *
+ * Vocabulary: token ids 0..255 are the byte tokens (GPT-2 byte-unicode alphabet), then one token per BPE merge
+ * trained on {@link TRAINING_CORPUS}, then three control tokens: `<|endoftext|>` (BOS), `<|im_start|>`,
+ * `<|im_end|>` (EOS).
+ */
+import {createHash} from "node:crypto";
+import {GgmlTensorType, GgufValueType, GgufWriter} from "./gguf-writer.js";
+import {trainBpe, type BpeVocab} from "./bpe.js";
+import {TRAINING_CORPUS} from "./corpus.js";
+
+/**
+ * Version of the generator. Part of the default model's cache key: bump it whenever a change here, in bpe.ts,
+ * corpus.ts or gguf-writer.ts changes the bytes produced for the same options.
+ */
+export const TINY_MODEL_GENERATOR_VERSION = 1;
+
+/** Crafted invalid models that make llama.cpp hit a GGML_ASSERT (process abort), for startup-validation tests. */
+export type BrokenModelKind =
+    /** `llama.block_count = 0`: aborts in `loadModel`. */
+    | "zero-layers"
+    /** 4 query heads with 3 KV heads (not a divisor): loads, aborts in `createContext` (graph reserve). */
+    | "kv-heads-3"
+    /** `llama.expert_used_count = 2` on a dense model: aborts in `loadModel`. */
+    | "expert-used";
+
+/** Options of {@link buildTinyModel}. Every field is optional; defaults are {@link TINY_MODEL_DEFAULTS}. */
+export interface TinyModelOptions {
+    /** Transformer blocks. */
+    layers?: number;
+    /** Embedding width (`llama.embedding_length`); must be divisible by `heads`. */
+    hidden?: number;
+    /** SwiGLU inner width (`llama.feed_forward_length`). */
+    ff?: number;
+    /** Query heads; head dim = hidden / heads. */
+    heads?: number;
+    /** KV heads (GQA); must divide `heads` (unless `broken: "kv-heads-3"`). */
+    kvHeads?: number;
+    /** Trained context length (`llama.context_length`), in tokens. */
+    ctx?: number;
+    /** Maximum number of BPE merges (the corpus may yield fewer). */
+    merges?: number;
+    /** PRNG seed for all weights (uint32). */
+    seed?: number;
+    /** Store the matrices as F16 instead of F32 (norm vectors stay F32). */
+    f16?: boolean;
+    /** Jinja chat template stored as `tokenizer.chat_template`; default ChatML ({@link CHATML_TEMPLATE}). */
+    chatTemplate?: string;
+    /** Standard deviation of the output-head logits for a unit-RMS final hidden state. */
+    logitScale?: number;
+    /** Craft an invalid model instead (see {@link BrokenModelKind}). */
+    broken?: BrokenModelKind;
+}
+
+/** Fully resolved options (what the model was built with). */
+export type ResolvedTinyModelOptions = Required<Omit<TinyModelOptions, "broken">> & {broken?: BrokenModelKind};
+
+/** ChatML template (the format `<|im_start|>role\ncontent<|im_end|>\n`), with `add_generation_prompt` support. */
+export const CHATML_TEMPLATE =
+    "{%- for message in messages -%}" +
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' -}}" +
+    "{%- endfor -%}" +
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}";
+
+/** Default options of the tiny model (and of Keel's embedded default model). */
+export const TINY_MODEL_DEFAULTS: Readonly<Required<Omit<TinyModelOptions, "broken" | "chatTemplate">>> = Object.freeze({
+    layers: 4,
+    hidden: 256,
+    ff: 768,
+    heads: 4,
+    kvHeads: 2,
+    ctx: 2048,
+    merges: 760,
+    seed: 1234,
+    f16: false,
+    logitScale: 3
+});
+
+/** The three control tokens, in id order after the merge tokens. */
+export const TINY_MODEL_SPECIAL_TOKENS = Object.freeze(["<|endoftext|>", "<|im_start|>", "<|im_end|>"] as const);
+
+/** Ids of the control tokens and the vocabulary size of a tiny model. */
+export interface TinyModelSpecialIds {
+    /** `<|endoftext|>`, also BOS and padding. */
+    bos: number;
+    /** `<|im_start|>`. */
+    imStart: number;
+    /** `<|im_end|>`, the EOS / end-of-turn token. */
+    eos: number;
+    /** Total number of tokens. */
+    vocabSize: number;
+}
+
+const bpeCache = new Map<number, BpeVocab>();
+function vocabFor(merges: number): BpeVocab {
+    let v = bpeCache.get(merges);
+    if (!v) {
+        v = trainBpe(TRAINING_CORPUS, {maxMerges: merges});
+        bpeCache.set(merges, v);
+    }
+    return v;
+}
+
+/** Fills in defaults and validates. @throws Error on non-integer / non-positive sizes or inconsistent heads. */
+export function resolveTinyModelOptions(opts: TinyModelOptions = {}): ResolvedTinyModelOptions {
+    const r: ResolvedTinyModelOptions = {
+        ...TINY_MODEL_DEFAULTS,
+        chatTemplate: CHATML_TEMPLATE,
+        ...Object.fromEntries(Object.entries(opts).filter(([, v]) => v !== undefined))
+    };
+    for (const k of ["layers", "hidden", "ff", "heads", "kvHeads", "ctx"] as const) {
+        if (!Number.isInteger(r[k]) || r[k] <= 0) throw new Error(`tiny model: ${k} must be a positive integer, got ${r[k]}`);
+    }
+    if (!Number.isInteger(r.merges) || r.merges < 0) throw new Error(`tiny model: merges must be >= 0, got ${r.merges}`);
+    if (!Number.isInteger(r.seed) || r.seed < 0 || r.seed > 0xffffffff) throw new Error(`tiny model: seed must be a uint32`);
+    if (!(r.logitScale > 0)) throw new Error(`tiny model: logitScale must be > 0`);
+    if (r.hidden % r.heads !== 0) throw new Error(`tiny model: hidden (${r.hidden}) must be divisible by heads (${r.heads})`);
+    if ((r.hidden / r.heads) % 2 !== 0) throw new Error(`tiny model: head dim must be even (RoPE)`);
+    if (r.broken === undefined && r.heads % r.kvHeads !== 0) throw new Error(`tiny model: kvHeads must divide heads`);
+    if (r.broken !== undefined && !["zero-layers", "kv-heads-3", "expert-used"].includes(r.broken)) {
+        throw new Error(`tiny model: unknown broken kind "${String(r.broken)}"`);
+    }
+    return r;
+}
+
+/** Returns the control-token ids and vocabulary size for the given options (only `merges` matters). */
+export function tinyModelSpecialIds(opts: TinyModelOptions = {}): TinyModelSpecialIds {
+    const {merges} = resolveTinyModelOptions(opts);
+    const base = 256 + vocabFor(merges).merges.length;
+    return {bos: base, imStart: base + 1, eos: base + 2, vocabSize: base + 3};
+}
+
+/**
+ * Deterministic normal PRNG: xoshiro128** seeded through splitmix32, Box-Muller for N(0,1). Each tensor gets its
+ * own stream derived from (seed, tensor name), so changing e.g. the layer count does not change other tensors.
+ */
+class NormalRng {
+    private a = 0;
+    private b = 0;
+    private c = 0;
+    private d = 0;
+    private spare: number | null = null;
+
+    constructor(seed: number, stream: string) {
+        const h = createHash("sha256").update(`${seed >>> 0}:${stream}`).digest();
+        let x = h.readUInt32LE(0);
+        const state: number[] = [];
+        for (let i = 0; i < 4; i++) {
+            // splitmix32
+            x = (x + 0x9e3779b9) >>> 0;
+            let z = x;
+            z = Math.imul(z ^ (z >>> 16), 0x85ebca6b) >>> 0;
+            z = Math.imul(z ^ (z >>> 13), 0xc2b2ae35) >>> 0;
+            state.push((z ^ (z >>> 16)) >>> 0);
+        }
+        [this.a, this.b, this.c, this.d] = state as [number, number, number, number];
+        if ((this.a | this.b | this.c | this.d) === 0) this.a = 1;
+    }
+
+    /** Uniform uint32 (xoshiro128**). */
+    private nextU32(): number {
+        const result = Math.imul(rotl(Math.imul(this.b, 5) >>> 0, 7), 9) >>> 0;
+        const t = (this.b << 9) >>> 0;
+        this.c = (this.c ^ this.a) >>> 0;
+        this.d = (this.d ^ this.b) >>> 0;
+        this.b = (this.b ^ this.c) >>> 0;
+        this.a = (this.a ^ this.d) >>> 0;
+        this.c = (this.c ^ t) >>> 0;
+        this.d = rotl(this.d, 11);
+        return result;
+    }
+
+    /** Uniform in (0, 1). */
+    uniform(): number {
+        return (this.nextU32() + 0.5) / 4294967296;
+    }
+
+    /** Standard normal. */
+    normal(): number {
+        if (this.spare !== null) { const v = this.spare; this.spare = null; return v; }
+        const r = Math.sqrt(-2 * Math.log(this.uniform()));
+        const a = 2 * Math.PI * this.uniform();
+        this.spare = r * Math.sin(a);
+        return r * Math.cos(a);
+    }
+}
+
+function rotl(x: number, k: number): number {
+    return ((x << k) | (x >>> (32 - k))) >>> 0;
+}
+
+/**
+ * Builds a tiny random-weight Llama GGUF in memory.
+ *
+ * Weights: every matrix ~ N(0, 1/sqrt(fan_in)) (token embeddings N(0, 1)); norm weights 1. The output head is
+ * N(0, logitScale/sqrt(hidden)) with the rows of the three control tokens zeroed, so greedy decoding practically
+ * never produces EOS (a zero logit against the max of ~1000 random logits).
+ * The result is byte-identical for identical options (and generator version).
+ * @returns the complete GGUF file
+ * @throws Error on invalid options (see {@link resolveTinyModelOptions})
+ */
+export function buildTinyModel(opts: TinyModelOptions = {}): Buffer {
+    const o = resolveTinyModelOptions(opts);
+    const vocab = vocabFor(o.merges);
+    const tokens = [...vocab.byteTokens, ...vocab.mergedTokens, ...TINY_MODEL_SPECIAL_TOKENS];
+    if (new Set(tokens).size !== tokens.length) throw new Error("tiny model: duplicate token strings");
+    const ids = tinyModelSpecialIds(o);
+    const V = ids.vocabSize;
+    const TOKEN_NORMAL = 1, TOKEN_CONTROL = 3; // llama_token_type
+    const tokenTypes = tokens.map((_, i) => (i >= ids.bos ? TOKEN_CONTROL : TOKEN_NORMAL));
+
+    const H = o.hidden, F = o.ff, NH = o.heads, HD = H / NH;
+    const NKV = o.broken === "kv-heads-3" ? 3 : o.kvHeads;
+    const mat = o.f16 ? GgmlTensorType.F16 : GgmlTensorType.F32;
+
+    const w = new GgufWriter();
+    w.kv("general.architecture", GgufValueType.STRING, "llama")
+        .kv("general.name", GgufValueType.STRING, "keel-tiny-llama")
+        .kv("general.description", GgufValueType.STRING, "random-weight demo model generated by Keel")
+        .kv("general.file_type", GgufValueType.UINT32, o.f16 ? 1 : 0) // ALL_F32 / MOSTLY_F16
+        .kv("llama.vocab_size", GgufValueType.UINT32, V)
+        .kv("llama.context_length", GgufValueType.UINT32, o.ctx)
+        .kv("llama.embedding_length", GgufValueType.UINT32, H)
+        .kv("llama.block_count", GgufValueType.UINT32, o.broken === "zero-layers" ? 0 : o.layers)
+        .kv("llama.feed_forward_length", GgufValueType.UINT32, F)
+        .kv("llama.attention.head_count", GgufValueType.UINT32, NH)
+        .kv("llama.attention.head_count_kv", GgufValueType.UINT32, NKV)
+        .kv("llama.rope.dimension_count", GgufValueType.UINT32, HD) // must equal head dim for llama
+        .kv("llama.rope.freq_base", GgufValueType.FLOAT32, 10000)
+        .kv("llama.attention.layer_norm_rms_epsilon", GgufValueType.FLOAT32, 1e-5);
+    if (o.broken === "expert-used") w.kv("llama.expert_used_count", GgufValueType.UINT32, 2);
+    w.kv("tokenizer.ggml.model", GgufValueType.STRING, "gpt2")
+        .kv("tokenizer.ggml.pre", GgufValueType.STRING, "gpt-2")
+        .kvArray("tokenizer.ggml.tokens", GgufValueType.STRING, tokens)
+        .kvArray("tokenizer.ggml.token_type", GgufValueType.INT32, tokenTypes)
+        .kvArray("tokenizer.ggml.merges", GgufValueType.STRING, vocab.merges)
+        .kv("tokenizer.ggml.bos_token_id", GgufValueType.UINT32, ids.bos)
+        .kv("tokenizer.ggml.eos_token_id", GgufValueType.UINT32, ids.eos)
+        .kv("tokenizer.ggml.padding_token_id", GgufValueType.UINT32, ids.bos)
+        .kv("tokenizer.ggml.add_bos_token", GgufValueType.BOOL, false)
+        .kv("tokenizer.chat_template", GgufValueType.STRING, o.chatTemplate);
+
+    const gauss = (name: string, n: number, std: number): Float32Array => {
+        const rng = new NormalRng(o.seed, name);
+        const a = new Float32Array(n);
+        for (let i = 0; i < n; i++) a[i] = rng.normal() * std;
+        return a;
+    };
+    const ones = (n: number): Float32Array => new Float32Array(n).fill(1);
+    // Linear(in -> out): ne = [in, out], std 1/sqrt(in)
+    const linear = (name: string, fanIn: number, fanOut: number): void => {
+        w.tensor(name, [fanIn, fanOut], gauss(name, fanIn * fanOut, 1 / Math.sqrt(fanIn)), mat);
+    };
+
+    w.tensor("token_embd.weight", [H, V], gauss("token_embd.weight", H * V, 1), mat);
+    for (let l = 0; l < o.layers; l++) {
+        const p = `blk.${l}.`;
+        w.tensor(p + "attn_norm.weight", [H], ones(H));
+        linear(p + "attn_q.weight", H, NH * HD);
+        linear(p + "attn_k.weight", H, NKV * HD);
+        linear(p + "attn_v.weight", H, NKV * HD);
+        linear(p + "attn_output.weight", NH * HD, H);
+        w.tensor(p + "ffn_norm.weight", [H], ones(H));
+        linear(p + "ffn_gate.weight", H, F);
+        linear(p + "ffn_up.weight", H, F);
+        linear(p + "ffn_down.weight", F, H);
+    }
+    w.tensor("output_norm.weight", [H], ones(H));
+    const head = gauss("output.weight", H * V, o.logitScale / Math.sqrt(H));
+    for (const id of [ids.bos, ids.imStart, ids.eos]) head.fill(0, id * H, (id + 1) * H);
+    w.tensor("output.weight", [H, V], head, mat);
+    return w.toBuffer();
+}
