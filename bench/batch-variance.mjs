@@ -28,7 +28,7 @@ const RESULTS = path.join(ROOT, "bench", "results");
 
 function parseArgs(argv) {
     const o = {model: {}, kv: "f16", fa: "off", requests: 256, tokens: 96, rounds: 1, slots: 8, budget: 256, seed: 1,
-        ctx: 512, label: null, modelFile: null};
+        ctx: 768, label: null, modelFile: null};
     for (let i = 0; i < argv.length; i++) {
         const a = argv[i], v = () => argv[++i];
         if (a === "--model") o.model = JSON.parse(v());
@@ -48,7 +48,7 @@ async function importModelBuilder() {
     const files = fs.readdirSync(path.join(ROOT, "src", "model"))
         .filter((f) => f.endsWith(".ts") && !f.endsWith(".test.ts")).map((f) => path.join(ROOT, "src", "model", f));
     execFileSync(path.join(ROOT, "node_modules", ".bin", "tsc"), [...files, "--outDir", out, "--module", "nodenext",
-        "--moduleResolution", "nodenext", "--target", "es2022", "--skipLibCheck", "--types", "node", "--strict"], {stdio: "inherit"});
+        "--moduleResolution", "nodenext", "--target", "es2022", "--skipLibCheck", "--types", "node", "--strict", "--ignoreConfig"], {stdio: "inherit"});
     return import(pathToFileURL(path.join(out, "tiny-model.js")).href);
 }
 
@@ -239,7 +239,7 @@ async function main() {
         soloGap: {n: gaps.length, infinite: gaps.length - finite.length, min: Math.min(...finite),
             quantiles: quantiles(finite, [0.001, 0.01, 0.1, 0.5]),
             below: Object.fromEntries([1e-4, 1e-3, 1e-2, 1e-1].map((e) => [e, finite.filter((g) => g < e).length]))},
-        soloMs: Math.round(tSolo), rounds: rounds, flipDetails: flipDetails.slice(0, 50)
+        soloMs: Math.round(tSolo), roundStats: rounds, flipDetails: flipDetails.slice(0, 50)
     };
     fs.writeFileSync(path.join(RESULTS, `${label}.json`), JSON.stringify(summary, null, 1));
     const {flipDetails: _fd, ...short} = summary;

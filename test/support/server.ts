@@ -1,0 +1,113 @@
+/**
+ * Test support: start a real `keel serve` process on an ephemeral loopback port and talk to it over HTTP.
+ */
+import { spawn, type ChildProcess } from "node:child_process";
+import http from "node:http";
+import path from "node:path";
+import { fileURLToPath } from "node:url";
+
+export const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../..");
+const BIN = path.join(ROOT, "bin", "keel.mjs");
+
+/** A running server process. */
+export interface ServerHandle {
+  proc: ChildProcess;
+  port: number;
+  baseUrl: string;
+  /** Every stdout/stderr line the server wrote. */
+  logs: string[];
+  stop(): Promise<void>;
+}
+
+/** Start `keel serve` with extra flags; resolves once it listens and its engine is ready. */
+export async function startServer(flags: string[] = []): Promise<ServerHandle> {
+  const proc = spawn(process.execPath, ["--unhandled-rejections=strict", BIN, "serve", "--rest_port", "0", "--rest_bind_address", "127.0.0.1", ...flags], {
+    cwd: ROOT,
+    stdio: ["ignore", "pipe", "pipe"],
+  });
+  const logs: string[] = [];
+  let port = 0;
+  const ready = new Promise<void>((resolve, reject) => {
+    let engineReady = false;
+    const onLine = (line: string): void => {
+      logs.push(line);
+      try {
+        const j = JSON.parse(line) as { event?: string; address?: { port?: number } };
+        if (j.event === "listening" && j.address?.port) port = j.address.port;
+        if (j.event === "engine_ready") engineReady = true;
+      } catch {
+        /* not JSON */
+      }
+      if (port && engineReady) resolve();
+    };
+    for (const s of [proc.stdout!, proc.stderr!]) {
+      let buf = "";
+      s.setEncoding("utf8");
+      s.on("data", (d: string) => {
+        buf += d;
+        let i: number;
+        while ((i = buf.indexOf("\n")) >= 0) {
+          onLine(buf.slice(0, i));
+          buf = buf.slice(i + 1);
+        }
+      });
+    }
+    proc.once("exit", (code, sig) => reject(new Error(`server exited before ready (${code ?? sig}): ${logs.slice(-5).join("\n")}`)));
+  });
+  await ready;
+  const handle: ServerHandle = {
+    proc,
+    port,
+    baseUrl: `http://127.0.0.1:${port}`,
+    logs,
+    async stop() {
+      if (proc.exitCode !== null || proc.signalCode !== null) return;
+      const exited = new Promise<void>((r) => proc.once("exit", () => r()));
+      proc.kill("SIGTERM");
+      const t = setTimeout(() => proc.kill("SIGKILL"), 10_000);
+      await exited;
+      clearTimeout(t);
+    },
+  };
+  return handle;
+}
+
+/** Plain HTTP GET; resolves with status and body text. */
+export function get(baseUrl: string, p: string): Promise<{ status: number; body: string }> {
+  return new Promise((resolve, reject) => {
+    http
+      .get(baseUrl + p, (res) => {
+        let body = "";
+        res.setEncoding("utf8");
+        res.on("data", (d: string) => (body += d));
+        res.on("end", () => resolve({ status: res.statusCode ?? 0, body }));
+      })
+      .on("error", reject);
+  });
+}
+
+/** Parse Prometheus text into a map "name{labels}" → value. */
+export async function metrics(baseUrl: string): Promise<Map<string, number>> {
+  const { body } = await get(baseUrl, "/metrics");
+  const m = new Map<string, number>();
+  for (const line of body.split("\n")) {
+    if (!line || line.startsWith("#")) continue;
+    const sp = line.lastIndexOf(" ");
+    m.set(line.slice(0, sp), Number(line.slice(sp + 1)));
+  }
+  return m;
+}
+
+/**
+ * Poll a condition on the server's metrics until it holds, at most `attempts` times, `intervalMs` apart.
+ * Used only to observe a state the server reaches by itself (e.g. counts back to 0), never to order events.
+ */
+export async function waitForMetrics(baseUrl: string, pred: (m: Map<string, number>) => boolean, attempts = 200, intervalMs = 25): Promise<Map<string, number>> {
+  let last = new Map<string, number>();
+  for (let i = 0; i < attempts; i++) {
+    last = await metrics(baseUrl);
+    if (pred(last)) return last;
+    await new Promise((r) => setTimeout(r, intervalMs));
+  }
+  throw new Error(`metrics condition not reached: ${[...last].filter(([k]) => k.startsWith("keel_")).map(([k, v]) => `${k}=${v}`).join(", ")}`);
+}
