@@ -1,0 +1,106 @@
+/**
+ * Contract tests for the node-llama-cpp internals that LlamaAdapter relies on (pinned 3.21.1). Re-run on every
+ * upgrade: a change in the native batch API, in KV clearing, in failure rollback, or in the sequential-sampling
+ * workaround for the cross-sequence token race (docs/upstream.md) makes one of these fail.
+ */
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { ensureDefaultModel } from "../model/default-model.js";
+import { LlamaAdapter, type SamplerHandle } from "./llama-adapter.js";
+
+const SEQS = 4;
+let adapter: LlamaAdapter;
+
+beforeAll(async () => {
+  const modelPath = await ensureDefaultModel();
+  adapter = await LlamaAdapter.open({
+    modelPath,
+    sequences: SEQS,
+    contextSize: 512,
+    batchSize: 128,
+    threads: 1,
+    flashAttention: false,
+    kvCacheType: "f16",
+    gpu: "cpu",
+  });
+});
+
+afterAll(async () => {
+  await adapter?.dispose();
+});
+
+const greedy = () => adapter.createSampler({ temperature: 0, topP: 1, topK: 0, seed: 1, bannedTokens: [] });
+
+/** Greedy-generate `n` tokens for several prompts at once, one batch per step, sampling sequentially. */
+async function generateTogether(prompts: number[][], n: number): Promise<number[][]> {
+  const samplers: SamplerHandle[] = prompts.map(() => greedy());
+  const out: number[][] = prompts.map(() => []);
+  for (let s = 0; s < prompts.length; s++) adapter.clearSequence(s);
+  // Prefill all prompts in one batch.
+  let idx = await adapter.decode(prompts.map((p, s) => ({ slot: s, pos: 0, tokens: p, wantsLogits: true })));
+  for (let step = 0; step < n; step++) {
+    for (let s = 0; s < prompts.length; s++) out[s]!.push(await adapter.sample(idx[s]!, samplers[s]!));
+    if (step === n - 1) break;
+    idx = await adapter.decode(prompts.map((p, s) => ({ slot: s, pos: p.length + step, tokens: [out[s]!.at(-1)!], wantsLogits: true })));
+  }
+  samplers.forEach((x) => x.dispose());
+  return out;
+}
+
+describe("llama.cpp adapter contract (node-llama-cpp 3.21.1 internals)", () => {
+  const prompts = ["<|im_start|>user\nhello there<|im_end|>\n<|im_start|>assistant\n", "<|im_start|>user\nthe river in the morning<|im_end|>\n<|im_start|>assistant\n", "<|im_start|>user\nqueues and servers<|im_end|>\n<|im_start|>assistant\n", "<|im_start|>user\n{\"a\": 1}<|im_end|>\n<|im_start|>assistant\n"];
+
+  it("tokenizes ChatML markers as single special tokens and maps token bytes back to the text", () => {
+    const toks = adapter.tokenize("<|im_start|>user\nhé 🦊");
+    expect(adapter.bytesOf(toks[0]!)).toHaveLength(0); // control token: no text
+    const bytes = Buffer.concat(toks.slice(1).map((t) => Buffer.from(adapter.bytesOf(t))));
+    expect(bytes.toString("utf8")).toBe("user\nhé 🦊");
+  });
+
+  it("batched sequences with sequential sampling get exactly their solo tokens (no cross-sequence leak)", async () => {
+    const tokenized = prompts.map((p) => adapter.tokenize(p));
+    const solo: number[][] = [];
+    for (const p of tokenized) solo.push((await generateTogether([p], 24))[0]!);
+    const together = await generateTogether(tokenized, 24);
+    expect(together).toEqual(solo);
+    // The sequences really differ, so a token taken from another sequence would be visible.
+    expect(new Set(solo.map((s) => s.join(","))).size).toBe(prompts.length);
+  });
+
+  it("clearSequence frees a slot's KV at once: a new prompt on a reused slot matches a fresh run", async () => {
+    const a = adapter.tokenize(prompts[0]!);
+    const b = adapter.tokenize(prompts[1]!);
+    const fresh = (await generateTogether([b], 12))[0]!;
+    await generateTogether([a], 12); // slot 0 now holds a's KV
+    const reused = (await generateTogether([b], 12))[0]!; // cleared first by generateTogether
+    expect(reused).toEqual(fresh);
+  });
+
+  it("a refused batch throws, is rolled back, and the next decode works", async () => {
+    adapter.clearSequence(0);
+    // A token id outside the vocabulary makes llama.cpp refuse the whole batch (nlc-spike §4); the valid item
+    // in the same batch is collateral, which is why the step loop validates ids before batching.
+    await expect(
+      adapter.decode([
+        { slot: 1, pos: 0, tokens: [65], wantsLogits: true },
+        { slot: 0, pos: 0, tokens: [65, adapter.vocabSize + 10], wantsLogits: true },
+      ]),
+    ).rejects.toThrow();
+    adapter.clearSequence(1);
+    const again = (await generateTogether([adapter.tokenize(prompts[2]!)], 6))[0]!;
+    const solo = (await generateTogether([adapter.tokenize(prompts[2]!)], 6))[0]!;
+    expect(again).toEqual(solo);
+  });
+
+  it("refuses a second native call while a decode is in flight", async () => {
+    adapter.clearSequence(0);
+    const pending = adapter.decode([{ slot: 0, pos: 0, tokens: adapter.tokenize(prompts[3]!), wantsLogits: true }]);
+    await expect(adapter.decode([{ slot: 1, pos: 0, tokens: [65], wantsLogits: true }])).rejects.toThrow(/in flight/);
+    expect(() => adapter.clearSequence(1)).toThrow(/in flight/);
+    await pending;
+  });
+
+  it("lists end-of-generation tokens and bans them under ignore_eos", async () => {
+    expect(adapter.eogTokens.length).toBeGreaterThan(0);
+    expect(adapter.eogTokens.every((t) => adapter.isEndOfGeneration(t))).toBe(true);
+  });
+});
