@@ -1,0 +1,177 @@
+/**
+ * The HTTP surface against the real server and embedded model: routes, OpenAI response shapes, streaming vs unary
+ * text equality (UTF-8 held back, never thrown on), stop strings, usage, and OpenAI-shaped 4xx errors.
+ */
+import http from "node:http";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { chat } from "../support/chat-client.js";
+import { get, metrics, startServer, type ServerHandle } from "../support/server.js";
+
+let server: ServerHandle;
+
+beforeAll(async () => {
+  server = await startServer(["--max_num_seqs", "4", "--max_num_batched_tokens", "64"]);
+});
+afterAll(async () => {
+  await server?.stop();
+});
+
+const base = { model: "keel-tiny", temperature: 0, ignore_eos: true };
+
+function post(path: string, raw: string | Buffer, headers: Record<string, string> = { "content-type": "application/json" }): Promise<{ status: number; body: string }> {
+  return new Promise((resolve, reject) => {
+    const req = http.request(server.baseUrl + path, { method: "POST", headers: { ...headers, "content-length": Buffer.byteLength(raw) } }, (res) => {
+      let body = "";
+      res.setEncoding("utf8");
+      res.on("data", (d: string) => (body += d));
+      res.on("end", () => resolve({ status: res.statusCode ?? 0, body }));
+    });
+    req.on("error", reject);
+    req.end(raw);
+  });
+}
+
+describe("routes", () => {
+  it("serves the model list on /v3/models, /v3/v1/models and /v1/models", async () => {
+    for (const p of ["/v3/models", "/v3/v1/models", "/v1/models"]) {
+      const r = await get(server.baseUrl, p);
+      expect(r.status).toBe(200);
+      const j = JSON.parse(r.body) as { object: string; data: { id: string; object: string }[] };
+      expect(j.object).toBe("list");
+      expect(j.data.map((d) => d.id)).toEqual(["keel-tiny"]);
+    }
+  });
+
+  it("answers health live/ready and exposes every required metric at start", async () => {
+    expect((await get(server.baseUrl, "/v2/health/live")).status).toBe(200);
+    expect((await get(server.baseUrl, "/v2/health/ready")).status).toBe(200);
+    const m = await metrics(server.baseUrl);
+    for (const name of [
+      "keel_requests_running",
+      "keel_requests_waiting",
+      "keel_engine_sequences_active",
+      "keel_engine_steps_total",
+      'keel_client_disconnects_total{phase="queued"}',
+      'keel_client_disconnects_total{phase="prefill"}',
+      'keel_client_disconnects_total{phase="decode"}',
+      'keel_requests_finished_total{finish_reason="stop"}',
+      'keel_requests_finished_total{finish_reason="length"}',
+    ]) {
+      expect(m.has(name), name).toBe(true);
+    }
+  });
+
+  it("chat completions answer on all three paths", async () => {
+    for (const p of ["/v3/chat/completions", "/v3/v1/chat/completions", "/v1/chat/completions"]) {
+      const r = await chat(server.baseUrl, { ...base, messages: [{ role: "user", content: "hi" }], max_tokens: 3 }, {}, p);
+      expect(r.status).toBe(200);
+      expect(r.finishReason).toBe("length");
+    }
+  });
+
+  it("unknown routes are an OpenAI-shaped 404", async () => {
+    const r = await get(server.baseUrl, "/v3/nope");
+    expect(r.status).toBe(404);
+    expect(JSON.parse(r.body).error.type).toBe("invalid_request_error");
+  });
+});
+
+describe("chat completion shapes", () => {
+  it("unary: chat.completion with id, message, finish_reason and usage", async () => {
+    const r = await chat(server.baseUrl, { ...base, messages: [{ role: "user", content: "Tell me a story" }], max_tokens: 12 });
+    const j = r.body as Record<string, any>;
+    expect(j.object).toBe("chat.completion");
+    expect(j.id).toMatch(/^chatcmpl-/);
+    expect(j.model).toBe("keel-tiny");
+    expect(j.choices[0].message.role).toBe("assistant");
+    expect(j.choices[0].finish_reason).toBe("length");
+    expect(j.usage.completion_tokens).toBe(12);
+    expect(j.usage.prompt_tokens).toBeGreaterThan(5);
+    expect(j.usage.total_tokens).toBe(j.usage.prompt_tokens + 12);
+  });
+
+  it("streaming: role chunk, content chunks, final finish_reason chunk, usage chunk, [DONE]; deltas equal the unary text", async () => {
+    for (const content of ["Tell me a story", "ünïcödé 🦊 and 日本語", "{\"json\": [1, 2, 3]}"]) {
+      const req = { ...base, messages: [{ role: "user", content }], max_tokens: 64 };
+      const unary = await chat(server.baseUrl, req);
+      const stream = await chat(server.baseUrl, { ...req, stream: true, stream_options: { include_usage: true } });
+      expect(stream.done).toBe(true);
+      expect(stream.text).toBe(unary.text);
+      const first = stream.events[0] as any;
+      expect(first.object).toBe("chat.completion.chunk");
+      expect(first.choices[0].delta.role).toBe("assistant");
+      const last = stream.events.at(-1) as any;
+      expect(last.choices).toEqual([]);
+      expect(last.usage).toEqual((unary.body as any).usage);
+      const final = stream.events.at(-2) as any;
+      expect(final.choices[0].finish_reason).toBe("length");
+      expect(new Set(stream.events.map((e) => e["id"])).size).toBe(1);
+      // JSON never carries a lone surrogate: every chunk re-serialises to valid UTF-8.
+      expect(Buffer.from(stream.text, "utf8").toString("utf8")).toBe(stream.text);
+    }
+  });
+
+  it("a stop string ends the text before it with finish_reason stop, stream and unary alike", async () => {
+    const req = { ...base, messages: [{ role: "user", content: "Tell me a story" }], max_tokens: 40 };
+    const full = (await chat(server.baseUrl, req)).text;
+    const stop = full.slice(10, 13);
+    expect(stop.length).toBe(3);
+    const expected = full.slice(0, full.indexOf(stop));
+    const unary = await chat(server.baseUrl, { ...req, stop: [stop] });
+    expect(unary.text).toBe(expected);
+    expect(unary.finishReason).toBe("stop");
+    const stream = await chat(server.baseUrl, { ...req, stop, stream: true });
+    expect(stream.text).toBe(expected);
+    expect(stream.finishReason).toBe("stop");
+    expect(stream.done).toBe(true);
+  });
+
+  it("seeded sampling is reproducible and differs from greedy", async () => {
+    const req = { model: "keel-tiny", messages: [{ role: "user", content: "Tell me a story" }], max_tokens: 24, temperature: 1.5, seed: 42 };
+    const a = await chat(server.baseUrl, req);
+    const b = await chat(server.baseUrl, req);
+    const g = await chat(server.baseUrl, { ...req, temperature: 0 });
+    expect(a.text).toBe(b.text);
+    expect(a.text).not.toBe(g.text);
+  });
+});
+
+describe("errors are OpenAI-shaped 4xx", () => {
+  it("invalid JSON → 400 invalid_json (not OVMS's 412)", async () => {
+    const r = await post("/v3/chat/completions", "{not json");
+    expect(r.status).toBe(400);
+    expect(JSON.parse(r.body).error.code).toBe("invalid_json");
+  });
+
+  it("a body that is not valid UTF-8 → 400", async () => {
+    const r = await post("/v3/chat/completions", Buffer.from([0x7b, 0x22, 0xff, 0xfe, 0x22, 0x7d]));
+    expect(r.status).toBe(400);
+  });
+
+  it("unknown model → 404 model_not_found", async () => {
+    const r = await post("/v3/chat/completions", JSON.stringify({ model: "gpt-9", messages: [{ role: "user", content: "x" }] }));
+    expect(r.status).toBe(404);
+    expect(JSON.parse(r.body).error.code).toBe("model_not_found");
+  });
+
+  it("validation errors name the field", async () => {
+    const r = await post("/v3/chat/completions", JSON.stringify({ model: "keel-tiny", messages: [{ role: "user", content: "x" }], temperature: 7 }));
+    expect(r.status).toBe(400);
+    expect(JSON.parse(r.body).error.param).toBe("temperature");
+  });
+
+  it("a prompt longer than the context → 400 context_length_exceeded, stream or not", async () => {
+    const content = "word ".repeat(6000);
+    for (const stream of [false, true]) {
+      const r = await post("/v3/chat/completions", JSON.stringify({ model: "keel-tiny", messages: [{ role: "user", content }], stream }));
+      expect(r.status).toBe(400);
+      expect(JSON.parse(r.body).error.code).toBe("context_length_exceeded");
+    }
+  });
+
+  it("prompt + max_tokens over the capacity → 400 before queueing", async () => {
+    const r = await post("/v3/chat/completions", JSON.stringify({ model: "keel-tiny", messages: [{ role: "user", content: "hi" }], max_tokens: 5000 }));
+    expect(r.status).toBe(400);
+    expect(JSON.parse(r.body).error.code).toBe("context_length_exceeded");
+  });
+});
