@@ -1,0 +1,497 @@
+import { describe, expect, it } from "vitest";
+import fc from "fast-check";
+import type { AddMessage, EngineMessage, RequestErrorMessage, RequestOutput, SamplingParams, StepMessage } from "../protocol/messages.js";
+import { PROTOCOL_VERSION } from "../protocol/messages.js";
+import type { DecodeItem, SamplerConfig, SamplerHandle } from "./llama-adapter.js";
+import type { SchedulerConfig } from "./scheduler.js";
+import { StepLoop, tokenSeed, type ModelBackend } from "./step-loop.js";
+
+/** End-of-generation token of the fake vocabulary (tokens 0..255 are raw bytes). */
+const EOG = 300;
+const EOT = 301;
+
+interface Deferred<T> {
+  promise: Promise<T>;
+  resolve(v: T): void;
+  reject(e: Error): void;
+}
+
+function deferred<T>(): Deferred<T> {
+  let resolve!: (v: T) => void;
+  let reject!: (e: Error) => void;
+  const promise = new Promise<T>((res, rej) => {
+    resolve = res;
+    reject = rej;
+  });
+  return { promise, resolve, reject };
+}
+
+class FakeSampler implements SamplerHandle {
+  readonly configs: SamplerConfig[] = [];
+  /** Tokens sampled with this sampler (the sequence's generated history). */
+  readonly history: number[] = [];
+  disposed = 0;
+  constructor(
+    readonly index: number,
+    readonly created: SamplerConfig,
+  ) {}
+  configure(cfg: SamplerConfig): void {
+    this.configs.push(structuredClone(cfg));
+  }
+  dispose(): void {
+    this.disposed += 1;
+  }
+}
+
+/**
+ * A byte-level fake model: token t < 256 is the byte t; EOG/EOT are end-of-generation tokens. Tokenize maps each
+ * UTF-16 unit to its char code (ASCII prompts only). Decode records every batch and can fail or be held pending.
+ */
+class FakeBackend implements ModelBackend {
+  readonly eogTokens = [EOG, EOT];
+  readonly vocabSize = 512;
+  readonly batches: DecodeItem[][] = [];
+  readonly samplers: FakeSampler[] = [];
+  readonly cleared: { slot: number; duringDecode: boolean }[] = [];
+  /** Next decode rejects with this error. */
+  failNext: Error | null = null;
+  /** Next decode stays pending until the test resolves it. */
+  holdNext = false;
+  pending: Deferred<void> | null = null;
+  decodeInFlight = false;
+  /** Per-sampler scripted tokens; the default derives a letter from the sampler's history. */
+  script: ((s: FakeSampler, item: DecodeItem) => number) | null = null;
+  /** Items of the last decoded batch, by logit index. */
+  private logitItems: DecodeItem[] = [];
+
+  tokenize(text: string): number[] {
+    return [...text].map((c) => c.charCodeAt(0));
+  }
+  bytesOf(token: number): Uint8Array {
+    if (token < 256) return Uint8Array.of(token);
+    return new TextEncoder().encode(token === EOG ? "</s>" : "<|eot|>");
+  }
+  isEndOfGeneration(token: number): boolean {
+    return this.eogTokens.includes(token);
+  }
+  createSampler(cfg: SamplerConfig): SamplerHandle {
+    const s = new FakeSampler(this.samplers.length, structuredClone(cfg));
+    this.samplers.push(s);
+    return s;
+  }
+  async decode(items: DecodeItem[]): Promise<number[]> {
+    this.batches.push(items.map((it) => ({ slot: it.slot, pos: it.pos, tokens: [...it.tokens], wantsLogits: it.wantsLogits })));
+    this.decodeInFlight = true;
+    try {
+      if (this.holdNext) {
+        this.holdNext = false;
+        this.pending = deferred<void>();
+        await this.pending.promise;
+        this.pending = null;
+      }
+      if (this.failNext) {
+        const e = this.failNext;
+        this.failNext = null;
+        throw e;
+      }
+    } finally {
+      this.decodeInFlight = false;
+    }
+    this.logitItems = [];
+    return items.map((it) => {
+      if (!it.wantsLogits) return -1;
+      this.logitItems.push(it);
+      return this.logitItems.length - 1;
+    });
+  }
+  async sample(batchLogitIndex: number, sampler: SamplerHandle): Promise<number> {
+    const s = sampler as FakeSampler;
+    const item = this.logitItems[batchLogitIndex]!;
+    const token = this.script ? this.script(s, item) : 97 + ((s.index * 7 + s.history.length) % 26);
+    s.history.push(token);
+    return token;
+  }
+  clearSequence(slot: number): void {
+    this.cleared.push({ slot, duringDecode: this.decodeInFlight });
+  }
+}
+
+const params = (p: Partial<SamplingParams> = {}): SamplingParams => ({ maxTokens: 4, temperature: 0, topP: 1, topK: -1, seed: 42, ignoreEos: false, ...p });
+
+function add(id: string, text: string, p: Partial<SamplingParams> = {}, extra: Partial<AddMessage> = {}): AddMessage {
+  return { v: PROTOCOL_VERSION, type: "add", id, prompt: { text }, params: params(p), ...extra };
+}
+
+function setup(cfg: Partial<SchedulerConfig> = {}) {
+  const backend = new FakeBackend();
+  const messages: EngineMessage[] = [];
+  const loop = new StepLoop(backend, { maxNumSeqs: 2, maxNumBatchedTokens: 16, maxModelLen: 32, ...cfg }, (m) => messages.push(structuredClone(m)));
+  const violations: string[][] = [];
+  loop.onInvariantViolation = (v) => violations.push(v);
+  const steps = (): StepMessage[] => messages.filter((m): m is StepMessage => m.type === "step");
+  const outputsOf = (id: string): RequestOutput[] => steps().flatMap((m) => m.outputs.filter((o) => o.id === id));
+  /** Step and return the step messages that step emitted. */
+  const stepOnce = async (): Promise<StepMessage[]> => {
+    const before = messages.length;
+    await loop.step();
+    return messages.slice(before).filter((m): m is StepMessage => m.type === "step");
+  };
+  const drain = async (): Promise<void> => {
+    // The first step applies the inbox; then step until the scheduler is empty.
+    let i = 0;
+    do {
+      if (i++ > 200) throw new Error("loop does not drain");
+      await loop.step();
+    } while (loop.scheduler.hasWork);
+  };
+  return { backend, messages, loop, violations, steps, outputsOf, stepOnce, drain };
+}
+
+describe("tokenSeed", () => {
+  it("is deterministic", () => {
+    fc.assert(fc.property(fc.integer({ min: 0, max: 0xffffffff }), fc.nat(), (seed, pos) => tokenSeed(seed, pos) === tokenSeed(seed, pos)));
+  });
+
+  it("returns a uint32 that differs across positions and seeds", () => {
+    const seen = new Set<number>();
+    for (let pos = 0; pos < 5000; pos++) {
+      const v = tokenSeed(42, pos);
+      expect(Number.isInteger(v) && v >= 0 && v <= 0xffffffff).toBe(true);
+      seen.add(v);
+    }
+    expect(seen.size).toBe(5000);
+    expect(tokenSeed(1, 10)).not.toBe(tokenSeed(2, 10));
+    fc.assert(fc.property(fc.integer({ min: 0, max: 0xffffffff }), fc.nat(1e6), (seed, pos) => tokenSeed(seed, pos) !== tokenSeed(seed, pos + 1)));
+  });
+});
+
+describe("StepLoop", () => {
+  it("emits exactly one step message per step that did work, and none for an idle step", async () => {
+    const t = setup();
+    const none = await t.stepOnce();
+    expect(none).toEqual([]);
+    expect(t.messages).toEqual([]);
+    t.loop.submit(add("a", "hello", { maxTokens: 3 }));
+    t.loop.submit(add("b", "hi", { maxTokens: 2 }));
+    let calls = 0;
+    while (t.loop.scheduler.hasWork || calls === 0) {
+      const emitted = await t.stepOnce();
+      expect(emitted).toHaveLength(1);
+      calls += 1;
+    }
+    expect(calls).toBe(3);
+    expect(t.steps().map((m) => m.step)).toEqual([1, 2, 3]);
+    expect(t.loop.steps).toBe(3);
+    expect(await t.stepOnce()).toEqual([]);
+    // First step: both admitted and prefilled in one batch.
+    const first = t.steps()[0]!;
+    expect(first.batchTokens).toBe(7);
+    expect(first.outputs.map((o) => [o.id, o.admitted?.promptTokens.length, o.tokens.length])).toEqual([
+      ["a", 5, 1],
+      ["b", 2, 1],
+    ]);
+    expect(first.stats).toEqual({ waiting: 0, running: 2, activeSequences: 2 });
+    const finA = t.outputsOf("a").find((o) => o.finish)!.finish;
+    expect(finA).toEqual({ reason: "length", promptTokens: 5, completionTokens: 3 });
+    expect(t.outputsOf("a").flatMap((o) => o.tokens)).toHaveLength(3);
+    expect(t.outputsOf("b").find((o) => o.finish)!.finish).toEqual({ reason: "length", promptTokens: 2, completionTokens: 2 });
+    expect(t.steps().at(-1)!.stats).toEqual({ waiting: 0, running: 0, activeSequences: 0 });
+    expect(t.loop.liveRequests).toBe(0);
+    expect(t.backend.samplers.every((s) => s.disposed === 1)).toBe(true);
+    expect(t.violations).toEqual([]);
+  });
+
+  it("never mentions an id after its finish", async () => {
+    const t = setup({ maxNumSeqs: 1 });
+    t.loop.submit(add("a", "x", { maxTokens: 1 }));
+    t.loop.submit(add("b", "y", { maxTokens: 3 }));
+    await t.drain();
+    const msgs = t.steps();
+    for (const id of ["a", "b"]) {
+      const idx = msgs.findIndex((m) => m.outputs.some((o) => o.id === id && o.finish));
+      expect(idx).toBeGreaterThanOrEqual(0);
+      expect(msgs.slice(idx + 1).some((m) => m.outputs.some((o) => o.id === id))).toBe(false);
+      expect(t.outputsOf(id).filter((o) => o.finish)).toHaveLength(1);
+    }
+  });
+
+  it("applies adds and aborts submitted during a pending decode only at the next step boundary", async () => {
+    const t = setup({ maxNumSeqs: 1 });
+    t.loop.submit(add("a", "abc", { maxTokens: 10 }));
+    await t.stepOnce();
+    expect(t.loop.scheduler.phaseOf("a")).toBe("decode");
+    t.backend.holdNext = true;
+    const p = t.loop.step();
+    expect(t.backend.pending).not.toBeNull();
+    const clearedBefore = t.backend.cleared.length;
+    t.loop.submit({ type: "abort", ids: ["a"] });
+    t.loop.submit(add("b", "zz", { maxTokens: 2 }));
+    // Nothing applied mid-step.
+    expect(t.loop.scheduler.phaseOf("a")).toBe("decode");
+    expect(t.loop.scheduler.phaseOf("b")).toBeNull();
+    expect(t.backend.cleared.length).toBe(clearedBefore);
+    expect(t.backend.samplers).toHaveLength(1);
+    t.backend.pending!.resolve();
+    const [msg] = await p.then(() => t.steps().slice(-1));
+    // The in-flight batch's output for a still arrives (the abort is not applied yet), without a finish.
+    expect(msg!.outputs).toEqual([{ id: "a", tokens: [expect.any(Number)], text: expect.any(String) }]);
+    expect(t.loop.scheduler.phaseOf("a")).toBe("decode");
+    // Next boundary: the abort frees a's slot, then b is admitted into it.
+    const [next] = await t.stepOnce();
+    const outA = next!.outputs.find((o) => o.id === "a")!;
+    expect(outA.finish).toEqual({ reason: "abort", promptTokens: 3, completionTokens: 2 });
+    expect(outA.tokens).toEqual([]);
+    expect(next!.outputs.find((o) => o.id === "b")!.admitted).toEqual({ promptTokens: [122, 122] });
+    expect(t.backend.cleared.slice(clearedBefore)).toEqual([{ slot: 0, duringDecode: false }]);
+    expect(t.backend.batches.at(-1)).toEqual([{ slot: 0, pos: 0, tokens: [122, 122], wantsLogits: true }]);
+    expect(t.backend.cleared.every((c) => !c.duringDecode)).toBe(true);
+    expect(t.violations).toEqual([]);
+  });
+
+  it("drops a late abort for a request that finished in the in-flight step", async () => {
+    const t = setup();
+    t.loop.submit(add("a", "abc", { maxTokens: 2 }));
+    await t.stepOnce();
+    t.backend.holdNext = true;
+    const p = t.loop.step();
+    t.loop.submit({ type: "abort", ids: ["a"] });
+    t.backend.pending!.resolve();
+    await p;
+    expect(t.outputsOf("a").at(-1)!.finish).toEqual({ reason: "length", promptTokens: 3, completionTokens: 2 });
+    const count = t.messages.length;
+    expect(await t.stepOnce()).toEqual([]);
+    expect(t.messages.length).toBe(count);
+    expect(t.outputsOf("a").filter((o) => o.finish)).toHaveLength(1);
+  });
+
+  it("never calls clearSequence while a decode is pending, across many interleavings", async () => {
+    const t = setup({ maxNumSeqs: 2, maxNumBatchedTokens: 4 });
+    let n = 0;
+    for (let round = 0; round < 12; round++) {
+      t.loop.submit(add(`r${n++}`, "abcdef", { maxTokens: 3 }));
+      t.backend.holdNext = round % 2 === 0;
+      const p = t.loop.step();
+      if (t.backend.pending) {
+        t.loop.submit({ type: "abort", ids: [`r${n - 2}`, "unknown"] });
+        t.loop.submit(add(`r${n++}`, "xy", { maxTokens: 2 }));
+        t.backend.pending.resolve();
+      }
+      await p;
+    }
+    await t.drain();
+    expect(t.backend.cleared.length).toBeGreaterThan(0);
+    expect(t.backend.cleared.every((c) => !c.duringDecode)).toBe(true);
+    expect(t.loop.liveRequests).toBe(0);
+    for (let i = 0; i < n; i++) expect(t.outputsOf(`r${i}`).filter((o) => o.finish), `r${i}`).toHaveLength(1);
+    expect(t.violations).toEqual([]);
+  });
+
+  it("add + abort for the same id in one snapshot never leaks the request", async () => {
+    const t = setup();
+    t.loop.submit(add("x", "hello"));
+    t.loop.submit({ type: "abort", ids: ["x"] });
+    const [msg] = await t.stepOnce();
+    expect(msg!.outputs).toEqual([{ id: "x", tokens: [], text: "", finish: { reason: "abort", promptTokens: 5, completionTokens: 0 } }]);
+    expect(msg!.batchTokens).toBe(0);
+    expect(t.loop.liveRequests).toBe(0);
+    expect(t.loop.scheduler.hasWork).toBe(false);
+    expect(t.backend.batches).toEqual([]);
+    expect(t.backend.samplers.map((s) => s.disposed)).toEqual([1]);
+    expect(t.backend.cleared).toEqual([]);
+    expect(await t.stepOnce()).toEqual([]);
+  });
+
+  it("applies adds before aborts within a snapshot even when the abort arrived first", async () => {
+    const t = setup();
+    t.loop.submit({ type: "abort", ids: ["x"] });
+    t.loop.submit(add("x", "hello"));
+    const [msg] = await t.stepOnce();
+    expect(msg!.outputs).toEqual([{ id: "x", tokens: [], text: "", finish: { reason: "abort", promptTokens: 5, completionTokens: 0 } }]);
+    expect(t.loop.liveRequests).toBe(0);
+    expect(t.backend.samplers.map((s) => s.disposed)).toEqual([1]);
+  });
+
+  it("a failing decode fails only that step's requests with reason error; the next step works", async () => {
+    const t = setup({ maxNumSeqs: 2 });
+    t.loop.submit(add("a", "aa"));
+    t.loop.submit(add("b", "bb"));
+    t.loop.submit(add("w", "ww"));
+    t.backend.failNext = new Error("ggml exploded");
+    const [msg] = await t.stepOnce();
+    const fins = msg!.outputs.filter((o) => o.finish).map((o) => [o.id, o.finish!.reason, o.finish!.error?.code]);
+    expect(fins).toEqual([
+      ["a", "error", "engine_error"],
+      ["b", "error", "engine_error"],
+    ]);
+    expect(msg!.outputs.find((o) => o.id === "a")!.finish!.error!.message).toContain("ggml exploded");
+    expect(msg!.batchTokens).toBe(0);
+    expect(msg!.outputs.find((o) => o.id === "w")).toBeUndefined();
+    expect(t.backend.cleared.map((c) => c.slot).sort()).toEqual([0, 1]);
+    expect(t.loop.scheduler.phaseOf("w")).toBe("waiting");
+    expect(t.loop.liveRequests).toBe(1);
+    expect(t.backend.samplers.slice(0, 2).every((s) => s.disposed === 1)).toBe(true);
+    // The loop goes on: the waiting request and a new one are served.
+    t.loop.submit(add("c", "cc", { maxTokens: 1 }));
+    const [ok] = await t.stepOnce();
+    expect(ok!.batchTokens).toBe(4);
+    expect(ok!.outputs.map((o) => [o.id, o.tokens.length, o.finish?.reason])).toEqual([
+      ["w", 1, undefined],
+      ["c", 1, "length"],
+    ]);
+    await t.drain();
+    expect(t.outputsOf("w").at(-1)!.finish!.reason).toBe("length");
+    expect(t.violations).toEqual([]);
+  });
+
+  it("refuses a too-long prompt with request_error and no step", async () => {
+    const t = setup({ maxModelLen: 8 });
+    t.loop.submit(add("long", "12345678"));
+    t.loop.submit(add("budget", "1234", { maxTokens: 5 }));
+    await t.loop.step();
+    const errs = t.messages.filter((m): m is RequestErrorMessage => m.type === "request_error");
+    expect(errs.map((e) => [e.id, e.code])).toEqual([
+      ["long", "context_length_exceeded"],
+      ["budget", "context_length_exceeded"],
+    ]);
+    expect(errs.every((e) => e.v === PROTOCOL_VERSION && e.message.length > 0)).toBe(true);
+    expect(t.steps()).toEqual([]);
+    expect(t.loop.liveRequests).toBe(0);
+    expect(t.backend.samplers).toEqual([]);
+    // The same id can be used afterwards since it never became live.
+    t.loop.submit(add("long", "1234", { maxTokens: 4 }));
+    await t.loop.step();
+    expect(t.steps()).toHaveLength(1);
+  });
+
+  it("a sampler that cannot be created fails only that add; the rest of the snapshot and the step go on", async () => {
+    // BUG (reported to the lead): applyAdd calls scheduler.add() before backend.createSampler(); when
+    // createSampler throws, step() rejects (run() claims it never rejects), the rest of the snapshot is lost, and the
+    // scheduler keeps a request without engine state, which is prefilled but never sampled and then decoded with
+    // an undefined token.
+    const t = setup();
+    const create = t.backend.createSampler.bind(t.backend);
+    t.backend.createSampler = (cfg) => {
+      if (t.backend.samplers.length === 1 && !("thrown" in t.backend)) {
+        Object.assign(t.backend, { thrown: true });
+        throw new Error("llama_sampler_init failed");
+      }
+      return create(cfg);
+    };
+    t.loop.submit(add("ok1", "aa", { maxTokens: 2 }));
+    t.loop.submit(add("bad", "bb", { maxTokens: 2 }));
+    t.loop.submit(add("ok2", "cc", { maxTokens: 2 }));
+    await expect(t.loop.step()).resolves.toBeUndefined();
+    await t.drain();
+    const terminal = (id: string): number =>
+      t.outputsOf(id).filter((o) => o.finish).length + t.messages.filter((m) => m.type === "request_error" && m.id === id).length;
+    expect(terminal("bad")).toBe(1);
+    expect(t.outputsOf("ok1").at(-1)!.finish!.reason).toBe("length");
+    expect(t.outputsOf("ok2").at(-1)!.finish!.reason).toBe("length");
+    expect(t.loop.scheduler.hasWork).toBe(false);
+    expect(t.backend.batches.flat().every((it) => it.tokens.every((tok) => Number.isInteger(tok)))).toBe(true);
+  });
+
+  it("refuses out-of-vocabulary token prompts and duplicate live ids", async () => {
+    const t = setup();
+    t.loop.submit({ v: PROTOCOL_VERSION, type: "add", id: "oov", prompt: { tokens: [1, 9999] }, params: params() });
+    t.loop.submit(add("d", "abc"));
+    t.loop.submit(add("d", "abc"));
+    await t.loop.step();
+    const errs = t.messages.filter((m): m is RequestErrorMessage => m.type === "request_error");
+    expect(errs.map((e) => [e.id, e.code])).toEqual([
+      ["oov", "invalid_prompt"],
+      ["d", "duplicate_id"],
+    ]);
+    expect(t.loop.liveRequests).toBe(1);
+  });
+
+  it("holds back a UTF-8 character split across tokens, emits it when complete, U+FFFD for impossible bytes", async () => {
+    const t = setup();
+    // "A", "€" (E2 82 AC), "😀" (F0 9F 98 80), impossible 0xFF, "B", then a lone lead byte flushed at the end.
+    const bytes = [0x41, 0xe2, 0x82, 0xac, 0xf0, 0x9f, 0x98, 0x80, 0xff, 0x42, 0xc3];
+    t.backend.script = (s) => bytes[s.history.length]!;
+    t.loop.submit(add("u", "p", { maxTokens: bytes.length }));
+    await t.drain();
+    const outs = t.outputsOf("u");
+    expect(outs.map((o) => o.text)).toEqual(["A", "", "", "€", "", "", "", "😀", "\uFFFD", "B", "\uFFFD"]);
+    expect(outs.flatMap((o) => o.tokens)).toEqual(bytes);
+    expect(outs.at(-1)!.finish!.reason).toBe("length");
+    expect(outs.map((o) => o.text).join("")).toBe(new TextDecoder().decode(Uint8Array.from(bytes)));
+  });
+
+  it("concatenated text equals TextDecoder over all bytes (property)", async () => {
+    await fc.assert(
+      fc.asyncProperty(fc.array(fc.integer({ min: 0, max: 255 }), { minLength: 1, maxLength: 24 }), fc.boolean(), async (bytes, endWithEog) => {
+        const t = setup({ maxModelLen: 64 });
+        const script = endWithEog ? [...bytes, EOG] : bytes;
+        t.backend.script = (s) => script[s.history.length]!;
+        t.loop.submit(add("u", "p", { maxTokens: endWithEog ? null : bytes.length }));
+        await t.drain();
+        const outs = t.outputsOf("u");
+        const text = outs.map((o) => o.text).join("");
+        expect(text).toBe(new TextDecoder("utf-8", { ignoreBOM: true }).decode(Uint8Array.from(bytes)));
+        expect(outs.at(-1)!.finish!.reason).toBe(endWithEog ? "stop" : "length");
+        expect(outs.at(-1)!.finish!.completionTokens).toBe(script.length);
+        // Text is never emitted for an incomplete character: no step text ends in a replacement char unless the
+        // bytes really were invalid (checked through the whole-string equality above).
+      }),
+      { numRuns: 150 },
+    );
+  });
+
+  it("does not emit the text of an end-of-generation token", async () => {
+    const t = setup();
+    const script = [0x68, 0x69, EOT];
+    t.backend.script = (s) => script[s.history.length]!;
+    t.loop.submit(add("e", "p", { maxTokens: null }));
+    await t.drain();
+    const outs = t.outputsOf("e");
+    expect(outs.map((o) => o.text).join("")).toBe("hi");
+    expect(outs.at(-1)!.tokens).toEqual([EOT]);
+    expect(outs.at(-1)!.finish).toEqual({ reason: "stop", promptTokens: 1, completionTokens: 3 });
+  });
+
+  it("ignoreEos passes the EOG tokens as bannedTokens to the sampler config", async () => {
+    const t = setup();
+    const script = [0x61, EOG, 0x62];
+    t.backend.script = (s) => script[s.history.length]!;
+    t.loop.submit(add("ig", "pp", { ignoreEos: true, temperature: 0.8, maxTokens: 3, seed: 7 }));
+    t.loop.submit(add("no", "pp", { ignoreEos: false, temperature: 0.8, maxTokens: 3, seed: 7 }));
+    await t.drain();
+    const [ig, no] = t.backend.samplers;
+    expect(ig!.created.bannedTokens).toEqual([EOG, EOT]);
+    expect(ig!.configs.length).toBe(3);
+    expect(ig!.configs.every((c) => c.bannedTokens.join() === [EOG, EOT].join())).toBe(true);
+    expect(no!.created.bannedTokens).toEqual([]);
+    expect(no!.configs.every((c) => c.bannedTokens.length === 0)).toBe(true);
+    // EOG does not finish an ignore_eos request (if the sampler ever returned it), and its text is not emitted.
+    expect(t.outputsOf("ig").at(-1)!.finish).toEqual({ reason: "length", promptTokens: 2, completionTokens: 3 });
+    expect(t.outputsOf("ig").map((o) => o.text).join("")).toBe("ab");
+    expect(t.outputsOf("no").at(-1)!.finish!.reason).toBe("stop");
+    // Per-token seeds depend on (seed, position of the sampled token) only.
+    expect(ig!.created.seed).toBe(tokenSeed(7, 2));
+    expect(ig!.configs.map((c) => c.seed)).toEqual([tokenSeed(7, 2), tokenSeed(7, 3), tokenSeed(7, 4)]);
+    expect(ig!.configs.map((c) => [c.temperature, c.topP, c.topK])).toEqual(Array(3).fill([0.8, 1, -1]));
+  });
+
+  it("greedy requests are never reconfigured per token", async () => {
+    const t = setup();
+    t.loop.submit(add("g", "pp", { temperature: 0, maxTokens: 3, ignoreEos: true }));
+    await t.drain();
+    expect(t.backend.samplers[0]!.configs).toEqual([]);
+    expect(t.backend.samplers[0]!.created.bannedTokens).toEqual([EOG, EOT]);
+  });
+
+  it("resumes: generated tokens are prefilled, count towards maxTokens, and their text is not emitted again", async () => {
+    const t = setup();
+    t.backend.script = () => 0xa9; // completes the "é" whose lead byte was generated before the resume
+    t.loop.submit({ ...add("r", "ab", { maxTokens: 3, temperature: 1, seed: 5 }), generated: [0x78, 0xc3] });
+    await t.drain();
+    const outs = t.outputsOf("r");
+    expect(outs[0]!.admitted).toEqual({ promptTokens: [97, 98] });
+    expect(t.backend.batches[0]).toEqual([{ slot: 0, pos: 0, tokens: [97, 98, 0x78, 0xc3], wantsLogits: true }]);
+    expect(outs.map((o) => o.text).join("")).toBe("é");
+    expect(outs.at(-1)!.finish).toEqual({ reason: "length", promptTokens: 4, completionTokens: 1 });
+    expect(t.backend.samplers[0]!.configs.map((c) => c.seed)).toEqual([tokenSeed(5, 4)]);
+  });
+});
