@@ -87,6 +87,13 @@ async function main(): Promise<void> {
   channel.end();
 }
 
+// Last resort inside the engine process: report, then exit non-zero so the gateway restarts the engine. The
+// gateway process is never affected (root-cause.md §5 rule 4: no exit from a gateway or worker path).
+process.on("uncaughtException", (err) => {
+  logLine("fatal", `uncaught exception in the engine: ${err?.stack ?? String(err)}`);
+  process.exit(1);
+});
+
 main().then(
   () => {
     process.exitCode = 0;

@@ -111,7 +111,12 @@ export class EngineClient {
           this.listener.onLog(`engine sent a bad frame: ${frame.error}`, "stderr");
           continue;
         }
-        this.handle(frame.message as unknown as EngineMessage);
+        try {
+          this.handle(frame.message as unknown as EngineMessage);
+        } catch (err) {
+          // A bug in handling one message must not take the gateway down.
+          this.listener.onLog(`error while handling an engine message: ${(err as Error)?.stack ?? String(err)}`, "stderr");
+        }
       }
     });
     channel.on("error", () => undefined); // the exit handler does the bookkeeping

@@ -14,7 +14,7 @@
 export type Phase = "queued" | "prefill" | "decode";
 
 /** Why the gateway cancels a request. */
-export type CancelCause = "client_disconnect" | "stop_string" | "shutdown";
+export type CancelCause = "client_disconnect" | "stop_string" | "shutdown" | "internal_error";
 
 /** How a request ended, as reported to clients and metrics. */
 export type FinishReason = "stop" | "length" | "abort" | "error";
@@ -53,7 +53,9 @@ export function cancel(s: Lifecycle, cause: CancelCause): Lifecycle | null {
  * client's side unless it was a stop string, which OpenAI reports as `stop`. */
 export function finish(s: Lifecycle, reason: FinishReason): Lifecycle | null {
   if (s.state === "finished") return null;
-  if (s.state === "cancelling") return { state: "finished", reason: s.cause === "stop_string" ? "stop" : "abort" };
+  if (s.state === "cancelling") {
+    return { state: "finished", reason: s.cause === "stop_string" ? "stop" : s.cause === "internal_error" ? "error" : "abort" };
+  }
   return { state: "finished", reason };
 }
 

@@ -46,6 +46,7 @@ export interface RegistryObserver {
   onFinished?(id: string, reason: lc.FinishReason, usage: Usage, info: { phase: lc.Phase | null; error?: string }): void;
   onAdmitted?(id: string, promptTokens: number): void;
   onFirstToken?(id: string): void;
+  onInternalError?(id: string, message: string): void;
 }
 
 export class RequestRegistry {
@@ -113,6 +114,33 @@ export class RequestRegistry {
     for (const o of msg.outputs) {
       const e = this.live.get(o.id);
       if (!e) continue; // late output for a request we no longer know: ignore
+      try {
+        this.applyOutput(e, o);
+      } catch (err) {
+        // An exception while serving one request fails only that request (the engine releases it on abort).
+        this.failLocally(e, err);
+      }
+    }
+  }
+
+  /** Fail one request after a gateway-side exception: abort it in the engine and tell its sink, guarded. */
+  private failLocally(e: Entry, err: unknown): void {
+    const message = `internal error while serving the request: ${(err as Error)?.message ?? String(err)}`;
+    this.observer.onInternalError?.(e.id, message);
+    const sink = e.sink;
+    const wasLive = e.lifecycle.state !== "cancelling" && e.lifecycle.state !== "finished";
+    this.cancel(e.id, "internal_error");
+    if (wasLive) {
+      try {
+        sink.onFinish("error", { promptTokens: e.promptTokens.length, completionTokens: e.generated.length }, { code: "internal_error", message });
+      } catch {
+        /* the sink is broken; the abort already went out */
+      }
+    }
+  }
+
+  private applyOutput(e: Entry, o: StepMessage["outputs"][number]): void {
+    {
       if (o.admitted) {
         e.promptTokens = o.admitted.promptTokens;
         const next = lc.admit(e.lifecycle);
