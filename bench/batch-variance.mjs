@@ -3,7 +3,8 @@
 // with other requests?
 //
 //   node bench/batch-variance.mjs [--model '{"hidden":258,...}'] [--kv f16|f32] [--fa off|on] [--requests 256]
-//        [--tokens 96] [--rounds 1] [--slots 8] [--budget 256] [--seed 1] [--ctx 512] [--label name]
+//        [--tokens 96] [--rounds 1] [--slots 8] [--budget 256] [--seed 1] [--ctx 768] [--threads 1]
+//        [--sensitivity 64] [--label name]
 //
 // Plain JS on purpose (Node 20 cannot run .ts): it compiles src/model/*.ts with tsc into bench/results/.build/
 // and imports the model builder from there. Results (JSON) go to bench/results/<label>.json.
@@ -17,6 +18,9 @@
 // For each request we compare the mixed token sequence with the solo one ("flip" = any difference), and, token by
 // token while they still agree, the two largest probabilities (a fingerprint of the logits: equal bits => the
 // logits were very likely bit-identical). Solo runs also record the top-2 logit gap of every generated token.
+// Sensitivity check (--sensitivity K): for K prompts, one prompt token is replaced (a third of the way in, and
+// separately the first token) and the solo continuation is compared with the original one: the fraction that
+// changes shows how strongly the output depends on (distant) context through attention.
 import {execFileSync} from "node:child_process";
 import fs from "node:fs";
 import path from "node:path";
@@ -28,7 +32,7 @@ const RESULTS = path.join(ROOT, "bench", "results");
 
 function parseArgs(argv) {
     const o = {model: {}, kv: "f16", fa: "off", requests: 256, tokens: 96, rounds: 1, slots: 8, budget: 256, seed: 1,
-        ctx: 768, label: null, modelFile: null};
+        ctx: 768, threads: 1, sensitivity: 64, label: null, modelFile: null};
     for (let i = 0; i < argv.length; i++) {
         const a = argv[i], v = () => argv[++i];
         if (a === "--model") o.model = JSON.parse(v());
@@ -36,7 +40,7 @@ function parseArgs(argv) {
         else if (a === "--kv") o.kv = v();
         else if (a === "--fa") o.fa = v();
         else if (a === "--label") o.label = v();
-        else if (["--requests", "--tokens", "--rounds", "--slots", "--budget", "--seed", "--ctx"].includes(a)) o[a.slice(2)] = Number(v());
+        else if (["--requests", "--tokens", "--rounds", "--slots", "--budget", "--seed", "--ctx", "--threads", "--sensitivity"].includes(a)) o[a.slice(2)] = Number(v());
         else throw new Error("unknown arg " + a);
     }
     return o;
@@ -179,10 +183,10 @@ async function main() {
         fs.writeFileSync(modelPath, buf);
     }
     const label = o.label ?? `bv-${o.kv}-fa${o.fa}-${Date.now()}`;
-    const llama = await getLlama({gpu: false, build: "never", maxThreads: 1, logLevel: LlamaLogLevel.error});
+    const llama = await getLlama({gpu: false, build: "never", maxThreads: o.threads, logLevel: LlamaLogLevel.error});
     const model = await llama.loadModel({modelPath});
     const kvType = o.kv.toUpperCase();
-    const ctx = await model.createContext({contextSize: o.ctx, sequences: o.slots, batchSize: o.budget, threads: 1,
+    const ctx = await model.createContext({contextSize: o.ctx, sequences: o.slots, batchSize: o.budget, threads: o.threads,
         flashAttention: o.fa === "on", experimentalKvCacheKeyType: kvType, experimentalKvCacheValueType: kvType});
     const prompts = makePrompts(o.requests, o.seed, model);
     const promptLens = prompts.map((p) => p.length);
@@ -228,6 +232,28 @@ async function main() {
         rounds.push({round, flips: roundFlips, ms: Math.round(performance.now() - t1), decodes: run.decodes,
             avgBatchTokens: +(run.batchTokens / run.decodes).toFixed(2), mixedSteps: run.mixedSteps});
     }
+    // sensitivity: does replacing one context token change the continuation?
+    const special = new Set([model.tokens.bos, model.tokens.eos, ...model.tokenize("<|im_start|>", true)]);
+    const sens = {checked: 0, changedMid: 0, changedFirst: 0, firstDiffMid: [], firstDiffFirst: []};
+    const soloRun = async (p) => (await runSteps(ctx, [{prompt: p, arrival: 0}], {slots: 1, maxTokens: o.tokens,
+        budgetFn: () => o.budget, record: false})).results[0].tokens;
+    for (let i = 0; i < Math.min(o.sensitivity, prompts.length); i++) {
+        const p = prompts[i];
+        const userStart = p.findIndex((t, k) => k > 0 && special.has(p[k - 1]) && !special.has(t)); // after a marker
+        const mid = Math.max(userStart + 2, Math.floor(p.length / 3));
+        if (mid >= p.length - 6) continue;
+        const swap = (k) => { const q = [...p]; let t = (q[k] + 1 + (i % 97)) % model.tokens.bos; q[k] = special.has(t) ? 65 : t; return q; };
+        const a = await soloRun(swap(mid)), b = await soloRun(swap(0));
+        const fd = (x) => { for (let j = 0; j < x.length; j++) if (x[j] !== solo[i].tokens[j]) return j; return -1; };
+        sens.checked++;
+        const da = fd(a), db = fd(b);
+        if (da >= 0) { sens.changedMid++; sens.firstDiffMid.push(da); }
+        if (db >= 0) { sens.changedFirst++; sens.firstDiffFirst.push(db); }
+    }
+    const med = (xs) => (xs.length ? quantiles(xs, [0.5])[0.5] : null);
+    const sensitivity = {checked: sens.checked, changedWhenMidTokenReplaced: sens.changedMid,
+        changedWhenFirstTokenReplaced: sens.changedFirst, medianFirstDiffMid: med(sens.firstDiffMid),
+        medianFirstDiffFirst: med(sens.firstDiffFirst)};
     const total = o.requests * o.rounds;
     const finite = gaps.filter(Number.isFinite);
     const summary = {
@@ -239,6 +265,10 @@ async function main() {
         soloGap: {n: gaps.length, infinite: gaps.length - finite.length, min: Math.min(...finite),
             quantiles: quantiles(finite, [0.001, 0.01, 0.1, 0.5]),
             below: Object.fromEntries([1e-4, 1e-3, 1e-2, 1e-1].map((e) => [e, finite.filter((g) => g < e).length]))},
+        sensitivity, threads: o.threads,
+        throughput: {soloGenTokPerSec: Math.round(o.requests * o.tokens / (tSolo / 1000)),
+            mixedGenTokPerSec: Math.round(o.requests * o.tokens * o.rounds / (rounds.reduce((a, r) => a + r.ms, 0) / 1000)),
+            promptTokensTotal: promptLens.reduce((a, b) => a + b, 0)},
         soloMs: Math.round(tSolo), roundStats: rounds, flipDetails: flipDetails.slice(0, 50)
     };
     fs.writeFileSync(path.join(RESULTS, `${label}.json`), JSON.stringify(summary, null, 1));

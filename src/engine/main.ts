@@ -99,8 +99,9 @@ main().then(
     process.exitCode = 0;
   },
   (err: unknown) => {
-    // Startup failed (model or context could not be created): report and exit non-zero; the gateway decides.
+    // Startup failed, or the step loop hit a bug: report and exit non-zero (the open channel would otherwise keep
+    // a loop-less engine alive and answering pings); the gateway restarts the engine.
     logLine("fatal", `engine failed: ${(err as Error)?.message ?? String(err)}`);
-    process.exitCode = 1;
+    process.exit(1);
   },
 );

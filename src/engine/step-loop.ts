@@ -87,7 +87,10 @@ export class StepLoop {
     this.wake?.();
   }
 
-  /** Run until stop(). Never rejects: a failing step fails only its requests. */
+  /**
+   * Run until stop(). A failing decode or sampler fails only its requests; an unexpected exception in the loop
+   * itself rejects, and the engine process then exits so that the gateway restarts it (never a stuck loop).
+   */
   async run(): Promise<void> {
     while (!this.stopping) {
       if (this.inbox.length === 0 && !this.scheduler.hasWork) {
@@ -150,9 +153,9 @@ export class StepLoop {
             failed.push({ id: it.id, reason: "error", promptTokens: 0, completionTokens: 0, error: { code: "engine_error", message: (err as Error).message } });
           }
         }
-        if (failed.length > 0) {
-          const fplan = { ...plan, items: plan.items.filter((it) => failed.some((f) => f.id === it.id)) };
-          this.finish(this.scheduler.failStep(fplan, failed[0]!.error!), out);
+        for (const f of failed) {
+          const fplan = { ...plan, items: plan.items.filter((it) => it.id === f.id) };
+          this.finish(this.scheduler.failStep(fplan, f.error!), out);
         }
         // 5. Record tokens and text, then decide who finished.
         for (const { id, token } of sampled) {
@@ -202,14 +205,23 @@ export class StepLoop {
     if (bad !== undefined) return refuse("invalid_prompt", `token id ${bad} is outside the vocabulary (${this.backend.vocabSize})`);
     const maxNew = cmd.params.maxTokens === null ? null : cmd.params.maxTokens - generated.length;
     if (maxNew !== null && maxNew < 1) return refuse("invalid_prompt", "the resumed generation already reached max_tokens");
-    const refusal = this.scheduler.add({ id: cmd.id, inputTokens: all, promptLength: prompt.length, maxNewTokens: maxNew, ignoreEos: cmd.params.ignoreEos });
-    if (refusal) return refuse(refusal.code, refusal.message);
     const banned = cmd.params.ignoreEos ? this.backend.eogTokens : [];
-    const stub = { params: cmd.params, banned } as RequestState;
+    // Engine-side state first: a sampler that cannot be created refuses this add only, before the scheduler
+    // holds a request that nobody could sample.
+    let sampler: SamplerHandle;
+    try {
+      sampler = this.backend.createSampler(this.samplerConfig({ params: cmd.params, banned }, tokenSeed(cmd.params.seed, all.length)));
+    } catch (err) {
+      return refuse("engine_error", `could not create a sampler: ${(err as Error).message}`);
+    }
+    const refusal = this.scheduler.add({ id: cmd.id, inputTokens: all, promptLength: prompt.length, maxNewTokens: maxNew, ignoreEos: cmd.params.ignoreEos });
+    if (refusal) {
+      sampler.dispose();
+      return refuse(refusal.code, refusal.message);
+    }
     const decoder = new TextDecoder("utf-8", { fatal: false, ignoreBOM: true });
     // Re-prime the decoder with resumed tokens so a character split across the resume point completes.
     for (const t of generated) if (!this.backend.isEndOfGeneration(t)) decoder.decode(this.backend.bytesOf(t), { stream: true });
-    const sampler = this.backend.createSampler(this.samplerConfig(stub, tokenSeed(cmd.params.seed, all.length)));
     this.requests.set(cmd.id, { params: cmd.params, sampler, decoder, banned });
   }
 

@@ -7,6 +7,7 @@ const decode: Lifecycle = { state: "decode" };
 const cancellingDisconnect: Lifecycle = { state: "cancelling", phase: "prefill", cause: "client_disconnect" };
 const cancellingStop: Lifecycle = { state: "cancelling", phase: "decode", cause: "stop_string" };
 const cancellingShutdown: Lifecycle = { state: "cancelling", phase: "queued", cause: "shutdown" };
+const cancellingInternal: Lifecycle = { state: "cancelling", phase: "decode", cause: "internal_error" };
 const finished: Lifecycle = { state: "finished", reason: "length" };
 
 const states: [string, Lifecycle][] = [
@@ -16,11 +17,14 @@ const states: [string, Lifecycle][] = [
   ["cancelling(client_disconnect)", cancellingDisconnect],
   ["cancelling(stop_string)", cancellingStop],
   ["cancelling(shutdown)", cancellingShutdown],
+  ["cancelling(internal_error)", cancellingInternal],
   ["finished", finished],
 ];
 
 const reasons: FinishReason[] = ["stop", "length", "abort", "error"];
-const causes: CancelCause[] = ["client_disconnect", "stop_string", "shutdown"];
+const causes: CancelCause[] = ["client_disconnect", "stop_string", "shutdown", "internal_error"];
+/** What a cancelled request reports when the engine confirms its release. */
+const cancelledReason = (cause: CancelCause): FinishReason => (cause === "stop_string" ? "stop" : cause === "internal_error" ? "error" : "abort");
 
 describe("lifecycle", () => {
   it("starts queued", () => {
@@ -34,6 +38,7 @@ describe("lifecycle", () => {
     "cancelling(client_disconnect)": null,
     "cancelling(stop_string)": null,
     "cancelling(shutdown)": null,
+    "cancelling(internal_error)": null,
     finished: null,
   };
   it.each(states)("admit from %s", (name, s) => {
@@ -47,6 +52,7 @@ describe("lifecycle", () => {
     "cancelling(client_disconnect)": null,
     "cancelling(stop_string)": null,
     "cancelling(shutdown)": null,
+    "cancelling(internal_error)": null,
     finished: null,
   };
   it.each(states)("firstToken from %s", (name, s) => {
@@ -68,7 +74,7 @@ describe("lifecycle", () => {
     for (const reason of reasons) {
       const next = finish(s, reason);
       if (s.state === "finished") expect(next).toBeNull();
-      else if (s.state === "cancelling") expect(next).toEqual({ state: "finished", reason: s.cause === "stop_string" ? "stop" : "abort" });
+      else if (s.state === "cancelling") expect(next).toEqual({ state: "finished", reason: cancelledReason(s.cause) });
       else expect(next).toEqual({ state: "finished", reason });
     }
   });
@@ -80,6 +86,10 @@ describe("lifecycle", () => {
     expect(finish(cancellingStop, "length")).toEqual({ state: "finished", reason: "stop" });
   });
 
+  it("finish of a request cancelled for an internal error gives error", () => {
+    for (const reason of reasons) expect(finish(cancellingInternal, reason)).toEqual({ state: "finished", reason: "error" });
+  });
+
   const phaseTable: Record<string, string | null> = {
     queued: "queued",
     prefill: "prefill",
@@ -87,6 +97,7 @@ describe("lifecycle", () => {
     "cancelling(client_disconnect)": "prefill",
     "cancelling(stop_string)": "decode",
     "cancelling(shutdown)": "queued",
+    "cancelling(internal_error)": "decode",
     finished: null,
   };
   it.each(states)("phaseOf %s", (name, s) => {

@@ -39,6 +39,7 @@ function setup(accept = true) {
     onFinished: (id, reason, _usage, info) => events.push(`finished ${id} ${reason} ${info.phase}`),
     onAdmitted: (id, n) => events.push(`admitted ${id} ${n}`),
     onFirstToken: (id) => events.push(`first ${id}`),
+    onInternalError: (id, message) => events.push(`internal ${id} ${message}`),
   };
   let ok = accept;
   const reg = new RequestRegistry((m) => {
@@ -242,5 +243,32 @@ describe("RequestRegistry", () => {
     t.reg.handleStep(step(out("d", { tokens: [7], text: "z", finish: fin("stop") })));
     expect(sinks.d.log.outputs).toHaveLength(1);
     expect(sinks.d.log.finishes).toHaveLength(1);
+  });
+
+  it("a sink that throws fails only its own request: one abort, an internal_error finish, other requests unaffected", () => {
+    const t = setup();
+    const bad = sink();
+    const good = sink();
+    bad.onOutput = () => {
+      throw new Error("socket write failed");
+    };
+    t.reg.submit("bad", { text: "x" }, params, bad);
+    t.reg.submit("good", { text: "y" }, params, good);
+    expect(() =>
+      t.reg.handleStep(step(out("bad", { admitted: { promptTokens: [1] }, tokens: [2], text: "b" }), out("good", { admitted: { promptTokens: [1] }, tokens: [3], text: "g" }))),
+    ).not.toThrow();
+    expect(good.log.outputs).toEqual([{ tokens: [3], text: "g" }]);
+    expect(t.sent.filter((m) => m.type === "abort")).toEqual([{ v: PROTOCOL_VERSION, type: "abort", ids: ["bad"] }]);
+    expect(bad.log.finishes).toHaveLength(1);
+    expect(bad.log.finishes[0]!.reason).toBe("error");
+    expect(bad.log.finishes[0]!.error!.code).toBe("internal_error");
+    expect(bad.log.finishes[0]!.error!.message).toContain("socket write failed");
+    expect(t.events.some((e) => e.startsWith("internal bad "))).toBe(true);
+    // The entry stays until the engine confirms; then it ends as error without a second sink call.
+    expect(t.reg.size).toBe(2);
+    t.reg.handleStep(step(out("bad", { finish: fin("abort", 1, 1) })));
+    expect(t.reg.size).toBe(1);
+    expect(bad.log.finishes).toHaveLength(1);
+    expect(t.events).toContain("finished bad error decode");
   });
 });

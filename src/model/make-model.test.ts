@@ -24,14 +24,14 @@ describe("make-model CLI", () => {
         const stdout = vi.spyOn(process.stdout, "write").mockImplementation(() => true);
         const stderr = vi.spyOn(process.stderr, "write").mockImplementation(() => true);
         try {
-            expect(main(["--out", out, "--layers", "1", "--hidden", "32", "--ff", "64", "--merges", "50"])).toBe(0);
+            expect(main(["--out", out, "--layers", "1", "--hidden", "32", "--ff", "64", "--heads", "4", "--kv-heads", "2", "--merges", "50"])).toBe(0);
             expect(main(["--nope"])).toBe(2);
         } finally {
             stdout.mockRestore();
             stderr.mockRestore();
         }
         const buf = readFileSync(out);
-        expect(buf.equals(buildTinyModel({layers: 1, hidden: 32, ff: 64, merges: 50}))).toBe(true);
+        expect(buf.equals(buildTinyModel({layers: 1, hidden: 32, ff: 64, heads: 4, kvHeads: 2, merges: 50}))).toBe(true);
         expect(readGgufHeader(buf).kv.get("llama.block_count")?.value).toBe(1);
     });
 });

@@ -1,8 +1,8 @@
 import {describe, expect, it} from "vitest";
 import {GgufValueType, readGgufHeader} from "./gguf-writer.js";
-import {buildTinyModel, CHATML_TEMPLATE, resolveTinyModelOptions, TINY_MODEL_DEFAULTS, tinyModelSpecialIds} from "./tiny-model.js";
+import {buildTinyModel, CHATML_TEMPLATE, isBatchInvariantShape, resolveTinyModelOptions, TINY_MODEL_DEFAULTS, tinyModelSpecialIds} from "./tiny-model.js";
 
-const small = {layers: 2, hidden: 64, ff: 128, merges: 100} as const;
+const small = {layers: 2, hidden: 64, ff: 128, heads: 4, kvHeads: 2, merges: 100} as const;
 
 describe("buildTinyModel", () => {
     it("is byte-identical across builds and sensitive to the seed", () => {
@@ -20,10 +20,11 @@ describe("buildTinyModel", () => {
         expect(kv("general.architecture")).toBe("llama");
         expect(kv("general.name")).toBe("keel-tiny-llama");
         expect(kv("llama.block_count")).toBe(4);
-        expect(kv("llama.embedding_length")).toBe(256);
-        expect(kv("llama.feed_forward_length")).toBe(768);
-        expect(kv("llama.attention.head_count")).toBe(4);
-        expect(kv("llama.attention.head_count_kv")).toBe(2);
+        expect(kv("llama.embedding_length")).toBe(270);
+        expect(kv("llama.feed_forward_length")).toBe(810);
+        expect(kv("llama.attention.head_count")).toBe(9);
+        expect(kv("llama.attention.head_count_kv")).toBe(3);
+        expect(kv("llama.rope.dimension_count")).toBe(30);
         expect(kv("llama.context_length")).toBe(2048);
         expect(kv("tokenizer.ggml.model")).toBe("gpt2");
         expect(kv("tokenizer.ggml.pre")).toBe("gpt-2");
@@ -38,8 +39,8 @@ describe("buildTinyModel", () => {
         expect((kv("tokenizer.ggml.token_type") as number[]).filter((t) => t === 3)).toHaveLength(3);
         expect(h.kv.get("tokenizer.ggml.token_type")?.elemType).toBe(GgufValueType.INT32);
         expect(h.tensors).toHaveLength(2 + 4 * 9 + 1);
-        expect(h.tensors.find((t) => t.name === "output.weight")?.ne).toEqual([256, 1019]);
-        expect(h.tensors.find((t) => t.name === "blk.0.attn_k.weight")?.ne).toEqual([256, 128]);
+        expect(h.tensors.find((t) => t.name === "output.weight")?.ne).toEqual([270, 1019]);
+        expect(h.tensors.find((t) => t.name === "blk.0.attn_k.weight")?.ne).toEqual([270, 90]);
     });
 
     it("zeroes the output-head rows of the control tokens", () => {
@@ -63,11 +64,22 @@ describe("buildTinyModel", () => {
         expect(kv3.kv.get("llama.attention.head_count_kv")?.value).toBe(3);
         expect(kv3.tensors.find((t) => t.name === "blk.0.attn_k.weight")?.ne).toEqual([64, 48]);
         expect(readGgufHeader(buildTinyModel({...small, broken: "expert-used"})).kv.get("llama.expert_used_count")?.value).toBe(2);
+        // with the default 9 heads, 3 KV heads would be valid: the kind switches to 4 heads unless told otherwise
+        const kv3d = readGgufHeader(buildTinyModel({layers: 1, merges: 10, broken: "kv-heads-3"}));
+        expect(kv3d.kv.get("llama.attention.head_count")?.value).toBe(4);
+        expect(kv3d.kv.get("llama.attention.head_count_kv")?.value).toBe(3);
+        expect(() => buildTinyModel({heads: 9, hidden: 270, broken: "kv-heads-3"})).toThrow(/not divisible by 3/);
+    });
+
+    it("defaults to batch-invariant shapes", () => {
+        expect(isBatchInvariantShape()).toBe(true);
+        expect(isBatchInvariantShape({hidden: 256, heads: 4, kvHeads: 2, ff: 768})).toBe(false);
+        expect(isBatchInvariantShape({ff: 812})).toBe(false);
     });
 
     it("validates options", () => {
         expect(() => resolveTinyModelOptions({hidden: 100, heads: 3})).toThrow(/divisible/);
-        expect(() => resolveTinyModelOptions({heads: 4, kvHeads: 3})).toThrow(/kvHeads/);
+        expect(() => resolveTinyModelOptions({hidden: 256, heads: 4, kvHeads: 3})).toThrow(/kvHeads/);
         expect(() => resolveTinyModelOptions({layers: 0})).toThrow(/layers/);
         expect(() => resolveTinyModelOptions({broken: "nope" as never})).toThrow(/broken/);
     });

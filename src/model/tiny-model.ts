@@ -22,7 +22,11 @@ export const TINY_MODEL_GENERATOR_VERSION = 1;
 export type BrokenModelKind =
     /** `llama.block_count = 0`: aborts in `loadModel`. */
     | "zero-layers"
-    /** 4 query heads with 3 KV heads (not a divisor): loads, aborts in `createContext` (graph reserve). */
+    /**
+     * 3 KV heads for a head count that 3 does not divide: loads, aborts in `createContext` (graph reserve).
+     * Unless `heads` / `hidden` are given, this kind uses 4 heads and hidden 256 (the defaults' 9 heads would make
+     * 3 KV heads valid).
+     */
     | "kv-heads-3"
     /** `llama.expert_used_count = 2` on a dense model: aborts in `loadModel`. */
     | "expert-used";
@@ -65,19 +69,41 @@ export const CHATML_TEMPLATE =
     "{%- endfor -%}" +
     "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}";
 
-/** Default options of the tiny model (and of Keel's embedded default model). */
+/**
+ * Default options of the tiny model (and of Keel's embedded default model).
+ *
+ * The odd-looking shapes are deliberate: they make llama.cpp's CPU output bit-identical whatever the batch
+ * composition (see {@link isBatchInvariantShape} and docs/batch-variance.md). 9 query heads x head dim 30 =
+ * hidden 270, 3 KV heads (GQA 3:1), FFN 810: every matmul dimension is 2 mod 4.
+ */
 export const TINY_MODEL_DEFAULTS: Readonly<Required<Omit<TinyModelOptions, "broken" | "chatTemplate">>> = Object.freeze({
     layers: 4,
-    hidden: 256,
-    ff: 768,
-    heads: 4,
-    kvHeads: 2,
+    hidden: 270,
+    ff: 810,
+    heads: 9,
+    kvHeads: 3,
     ctx: 2048,
     merges: 760,
     seed: 1234,
     f16: false,
     logitScale: 3
 });
+
+/**
+ * True if the model's shapes keep llama.cpp's CPU backend on its batch-invariant matmul path.
+ *
+ * ggml's CPU `mul_mat` uses llamafile's tinyBLAS GEMM only when the batch has >= 2 columns, the inner dimension k
+ * is a multiple of the SIMD width (4/8/16 floats) and the output rows m a multiple of 4; otherwise it computes
+ * every output element with the same `vec_dot` whatever the batch size. A 1-token decode therefore sums in a
+ * different order than a batched one (-> last-bit logit differences -> flipped greedy near-ties) unless tinyBLAS
+ * can never be chosen. With hidden, FFN and head dim all = 2 (mod 4), every weight matmul (k = hidden or ff), the
+ * K*Q product (k = head dim) and the V*softmax product (m = head dim) decline tinyBLAS on every SIMD flavour.
+ */
+export function isBatchInvariantShape(opts: TinyModelOptions = {}): boolean {
+    const o = resolveTinyModelOptions(opts);
+    const headDim = o.hidden / o.heads;
+    return o.hidden % 4 === 2 && o.ff % 4 === 2 && headDim % 4 === 2;
+}
 
 /** The three control tokens, in id order after the merge tokens. */
 export const TINY_MODEL_SPECIAL_TOKENS = Object.freeze(["<|endoftext|>", "<|im_start|>", "<|im_end|>"] as const);
@@ -104,10 +130,11 @@ function vocabFor(merges: number): BpeVocab {
     return v;
 }
 
-/** Fills in defaults and validates. @throws Error on non-integer / non-positive sizes or inconsistent heads. */
+/** Fills in defaults and validates. @throws Error on bad sizes, inconsistent heads, or an unknown / impossible `broken`. */
 export function resolveTinyModelOptions(opts: TinyModelOptions = {}): ResolvedTinyModelOptions {
     const r: ResolvedTinyModelOptions = {
         ...TINY_MODEL_DEFAULTS,
+        ...(opts.broken === "kv-heads-3" ? {heads: 4, hidden: 256} : {}),
         chatTemplate: CHATML_TEMPLATE,
         ...Object.fromEntries(Object.entries(opts).filter(([, v]) => v !== undefined))
     };
@@ -120,6 +147,9 @@ export function resolveTinyModelOptions(opts: TinyModelOptions = {}): ResolvedTi
     if (r.hidden % r.heads !== 0) throw new Error(`tiny model: hidden (${r.hidden}) must be divisible by heads (${r.heads})`);
     if ((r.hidden / r.heads) % 2 !== 0) throw new Error(`tiny model: head dim must be even (RoPE)`);
     if (r.broken === undefined && r.heads % r.kvHeads !== 0) throw new Error(`tiny model: kvHeads must divide heads`);
+    if (r.broken === "kv-heads-3" && r.heads % 3 === 0) {
+        throw new Error(`tiny model: broken "kv-heads-3" needs a head count not divisible by 3, got ${r.heads}`);
+    }
     if (r.broken !== undefined && !["zero-layers", "kv-heads-3", "expert-used"].includes(r.broken)) {
         throw new Error(`tiny model: unknown broken kind "${String(r.broken)}"`);
     }

@@ -145,7 +145,7 @@ export interface RequestOutput {
 export interface StepMessage {
   v: number;
   type: "step";
-  /** 1-based step counter of this engine process. */
+  /** Steps that decoded a batch so far in this engine process (a step that only applied aborts repeats it). */
   step: number;
   /** Tokens decoded in this step (decode + prefill). */
   batchTokens: number;
