@@ -46,7 +46,7 @@ describe("keel serve flags", () => {
     it(`a model that aborts llama.cpp (${broken}) is caught at startup: clear message, exit 1`, () => {
       const dir = fs.mkdtempSync(path.join(os.tmpdir(), "keel-broken-"));
       const file = path.join(dir, `broken-${broken}.gguf`);
-      fs.writeFileSync(file, buildTinyModel({ broken, layers: 2, hidden: 64, ff: 128, merges: 50 }));
+      fs.writeFileSync(file, buildTinyModel({ broken, layers: 2, hidden: 64, ff: 128, heads: 4, kvHeads: 2, merges: 50 }));
       const r = keel("serve", "--model_path", file, "--rest_port", "0", "--rest_bind_address", "127.0.0.1");
       expect(r.status).toBe(1);
       expect(r.stderr).toContain(`the model ${file} cannot be loaded`);
