@@ -4,7 +4,8 @@
 //
 //   node bench/batch-variance.mjs [--model '{"hidden":258,...}'] [--kv f16|f32] [--fa off|on] [--requests 256]
 //        [--tokens 96] [--rounds 1] [--slots 8] [--budget 256] [--seed 1] [--ctx 768] [--threads 1]
-//        [--sensitivity 64] [--label name]
+//        [--mixed-threads N] [--sensitivity 64] [--label name]
+// (--mixed-threads: run the mixed rounds on a second context with another thread count; default: same context)
 //
 // Plain JS on purpose (Node 20 cannot run .ts): it compiles src/model/*.ts with tsc into bench/results/.build/
 // and imports the model builder from there. Results (JSON) go to bench/results/<label>.json.
@@ -32,7 +33,7 @@ const RESULTS = path.join(ROOT, "bench", "results");
 
 function parseArgs(argv) {
     const o = {model: {}, kv: "f16", fa: "off", requests: 256, tokens: 96, rounds: 1, slots: 8, budget: 256, seed: 1,
-        ctx: 768, threads: 1, sensitivity: 64, label: null, modelFile: null};
+        ctx: 768, threads: 1, mixedThreads: null, sensitivity: 64, label: null, modelFile: null};
     for (let i = 0; i < argv.length; i++) {
         const a = argv[i], v = () => argv[++i];
         if (a === "--model") o.model = JSON.parse(v());
@@ -40,6 +41,7 @@ function parseArgs(argv) {
         else if (a === "--kv") o.kv = v();
         else if (a === "--fa") o.fa = v();
         else if (a === "--label") o.label = v();
+        else if (a === "--mixed-threads") o.mixedThreads = Number(v());
         else if (["--requests", "--tokens", "--rounds", "--slots", "--budget", "--seed", "--ctx", "--threads", "--sensitivity"].includes(a)) o[a.slice(2)] = Number(v());
         else throw new Error("unknown arg " + a);
     }
@@ -183,11 +185,14 @@ async function main() {
         fs.writeFileSync(modelPath, buf);
     }
     const label = o.label ?? `bv-${o.kv}-fa${o.fa}-${Date.now()}`;
-    const llama = await getLlama({gpu: false, build: "never", maxThreads: o.threads, logLevel: LlamaLogLevel.error});
+    const llama = await getLlama({gpu: false, build: "never", maxThreads: Math.max(o.threads, o.mixedThreads ?? 1), logLevel: LlamaLogLevel.error});
     const model = await llama.loadModel({modelPath});
     const kvType = o.kv.toUpperCase();
     const ctx = await model.createContext({contextSize: o.ctx, sequences: o.slots, batchSize: o.budget, threads: o.threads,
         flashAttention: o.fa === "on", experimentalKvCacheKeyType: kvType, experimentalKvCacheValueType: kvType});
+    const mixedCtx = o.mixedThreads == null ? ctx : await model.createContext({contextSize: o.ctx, sequences: o.slots,
+        batchSize: o.budget, threads: o.mixedThreads, flashAttention: o.fa === "on", experimentalKvCacheKeyType: kvType,
+        experimentalKvCacheValueType: kvType});
     const prompts = makePrompts(o.requests, o.seed, model);
     const promptLens = prompts.map((p) => p.length);
     const t0 = performance.now();
@@ -207,7 +212,7 @@ async function main() {
         let t = 0;
         const reqs = prompts.map((p) => ({prompt: p, arrival: (t += Math.floor(r() * 6))}));
         const t1 = performance.now();
-        const run = await runSteps(ctx, reqs, {slots: o.slots, maxTokens: o.tokens,
+        const run = await runSteps(mixedCtx, reqs, {slots: o.slots, maxTokens: o.tokens,
             budgetFn: () => 8 + Math.floor(r() * (o.budget - 7)), record: true});
         let roundFlips = 0;
         run.results.forEach((m, i) => {
@@ -265,7 +270,7 @@ async function main() {
         soloGap: {n: gaps.length, infinite: gaps.length - finite.length, min: Math.min(...finite),
             quantiles: quantiles(finite, [0.001, 0.01, 0.1, 0.5]),
             below: Object.fromEntries([1e-4, 1e-3, 1e-2, 1e-1].map((e) => [e, finite.filter((g) => g < e).length]))},
-        sensitivity, threads: o.threads,
+        sensitivity, threads: o.threads, mixedThreads: o.mixedThreads ?? o.threads,
         throughput: {soloGenTokPerSec: Math.round(o.requests * o.tokens / (tSolo / 1000)),
             mixedGenTokPerSec: Math.round(o.requests * o.tokens * o.rounds / (rounds.reduce((a, r) => a + r.ms, 0) / 1000)),
             promptTokensTotal: promptLens.reduce((a, b) => a + b, 0)},
@@ -274,6 +279,7 @@ async function main() {
     fs.writeFileSync(path.join(RESULTS, `${label}.json`), JSON.stringify(summary, null, 1));
     const {flipDetails: _fd, ...short} = summary;
     console.log(JSON.stringify(short));
+    if (mixedCtx !== ctx) await mixedCtx.dispose();
     await ctx.dispose(); await model.dispose(); await llama.dispose();
     if (!o.modelFile) fs.rmSync(modelPath, {force: true});
 }

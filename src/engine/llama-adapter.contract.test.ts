@@ -99,6 +99,12 @@ describe("llama.cpp adapter contract (node-llama-cpp 3.21.1 internals)", () => {
     await pending;
   });
 
+  it("tokenLowerBound never exceeds the real token count", () => {
+    const texts = ["", "hello", "<|im_start|>user\nhi<|im_end|>\n", "<|im_end|>".repeat(50), "ünïcödé 🦊 日本語 ".repeat(20), "x".repeat(3000), "a<|im_start|>b<|endoftext|>c"];
+    for (const t of texts) expect(adapter.tokenLowerBound(t), JSON.stringify(t).slice(0, 40)).toBeLessThanOrEqual(adapter.tokenize(t).length);
+    expect(adapter.tokenLowerBound("<|im_end|>".repeat(50))).toBe(50);
+  });
+
   it("lists end-of-generation tokens and bans them under ignore_eos", async () => {
     expect(adapter.eogTokens.length).toBeGreaterThan(0);
     expect(adapter.eogTokens.every((t) => adapter.isEndOfGeneration(t))).toBe(true);

@@ -127,6 +127,10 @@ export class LlamaAdapter {
   readonly eogTokens: number[];
   /** True while a decode is in flight (guards the one-native-call contract). */
   private decoding = false;
+  /** Matches the text of any control token (ChatML markers, BOS/EOS), or null if the model has none. */
+  private readonly controlPattern: RegExp | null;
+  /** Longest byte length of a normal token's text. */
+  private readonly maxTokenBytes: number;
   /** Native sampler behind each handle. */
   private readonly samplers = new WeakMap<SamplerHandle, NativeSampler>();
 
@@ -143,10 +147,19 @@ export class LlamaAdapter {
     const vocabType = native.model.getVocabularyType();
     const gpt2 = vocabType === VOCAB_BPE ? gpt2UnicodeToByte() : null;
     const enc = new TextEncoder();
+    const controls: string[] = [];
+    let maxBytes = 1;
     for (let t = 0; t < n; t++) {
       if (native.model.isEogToken(t)) this.eogTokens.push(t);
       this.tokenBytes[t] = this.computeTokenBytes(t, vocabType, gpt2, enc);
+      if (this.tokenBytes[t]!.length === 0) {
+        const text = native.model.getTokenString(t);
+        if (text) controls.push(text);
+      } else maxBytes = Math.max(maxBytes, this.tokenBytes[t]!.length);
     }
+    this.maxTokenBytes = maxBytes;
+    const escaped = controls.sort((a, b) => b.length - a.length).map((c) => c.replace(/[.*+?^${}()|[\]\\]/g, "\\$&"));
+    this.controlPattern = escaped.length > 0 ? new RegExp(escaped.join("|"), "g") : null;
   }
 
   /** Load a model and create its context. @throws Error when the model or context cannot be created. */
@@ -211,6 +224,23 @@ export class LlamaAdapter {
     const bos = this.model.tokens.bos;
     if (bos != null && this.model.tokens.shouldPrependBosToken && tokens[0] !== bos) tokens.unshift(bos);
     return tokens;
+  }
+
+  /**
+   * Lower bound on the token count of `text` (see ModelBackend.tokenLowerBound): every control-token marker is one
+   * token, and every other token covers at most `maxTokenBytes` bytes of the remaining text.
+   */
+  tokenLowerBound(text: string): number {
+    let markers = 0;
+    let markerBytes = 0;
+    if (this.controlPattern) {
+      for (const m of text.matchAll(this.controlPattern)) {
+        markers += 1;
+        markerBytes += Buffer.byteLength(m[0]);
+      }
+    }
+    const rest = Buffer.byteLength(text) - markerBytes;
+    return markers + Math.ceil(rest / Math.max(1, this.maxTokenBytes));
   }
 
   /** Raw bytes of a token's text (empty for control tokens and ids outside the vocabulary). */

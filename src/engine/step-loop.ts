@@ -14,6 +14,12 @@ import { Scheduler, type Finished, type Outcome, type SchedulerConfig } from "./
 /** What the loop needs from a model backend (the llama.cpp adapter, or a fake in tests). */
 export interface ModelBackend {
   tokenize(text: string): number[];
+  /**
+   * A cheap lower bound on the tokens `tokenize(text)` would produce, computed without tokenizing. The loop refuses
+   * a prompt whose bound already exceeds the capacity, because tokenizing is synchronous and llama.cpp's
+   * special-token pass is quadratic in the number of markers (an 800 KB prompt of `<|im_end|>` took 44 s).
+   */
+  tokenLowerBound?(text: string): number;
   bytesOf(token: number): Uint8Array;
   isEndOfGeneration(token: number): boolean;
   readonly eogTokens: number[];
@@ -194,6 +200,15 @@ export class StepLoop {
     };
     if (this.requests.has(cmd.id)) return refuse("duplicate_id", `request id ${cmd.id} is already live`);
     let prompt: number[];
+    if ("text" in cmd.prompt && this.backend.tokenLowerBound) {
+      const atLeast = this.backend.tokenLowerBound(cmd.prompt.text);
+      if (atLeast >= this.scheduler.config.maxModelLen) {
+        return refuse(
+          "context_length_exceeded",
+          `This model's maximum context length is ${this.scheduler.config.maxModelLen} tokens. However, your messages resulted in at least ${atLeast} tokens.`,
+        );
+      }
+    }
     try {
       prompt = "text" in cmd.prompt ? this.backend.tokenize(cmd.prompt.text) : [...cmd.prompt.tokens];
     } catch (err) {

@@ -16,7 +16,7 @@ import type { SamplingParams } from "../protocol/messages.js";
 import type { ChatRequest } from "./chat-request.js";
 import { parseChatRequest } from "./chat-request.js";
 import type { ChatTemplate } from "./chat-template.js";
-import { engineError, KeelHttpError, modelNotFound, notReady, toErrorBody } from "./errors.js";
+import { contextLengthExceeded, engineError, KeelHttpError, modelNotFound, notReady, toErrorBody } from "./errors.js";
 import type { FinishReason } from "./lifecycle.js";
 import type { RequestRegistry, RequestSink, Usage } from "./registry.js";
 import { StopMatcher } from "./stop-strings.js";
@@ -30,7 +30,8 @@ export interface ChatRouteContext {
   /** Chat template of the current engine, or null while no engine is ready. */
   template(): ChatTemplate | null;
   isReady(): boolean;
-  /** Sequence capacity (tokens), used when max_tokens is absent. */
+  /** Sequence capacity (tokens) of the current engine, or null while none is ready. */
+  maxModelLen(): number | null;
   log: Logger;
   onDisconnect(phase: "queued" | "prefill" | "decode"): void;
 }
@@ -50,6 +51,11 @@ export async function handleChat(ctx: ChatRouteContext, req: FastifyRequest, rep
   if (body.model !== ctx.modelName) throw modelNotFound(body.model);
   const template = ctx.template();
   if (!ctx.isReady() || !template) throw notReady();
+  // Every message renders to at least one token, so this many messages cannot fit; refuse before rendering.
+  const capacity = ctx.maxModelLen();
+  if (capacity !== null && body.messages.length >= capacity) {
+    throw contextLengthExceeded(capacity, body.messages.length);
+  }
   const prompt = template.render(body.messages, { addGenerationPrompt: true });
   const params: SamplingParams = {
     maxTokens: body.maxTokens ?? null,
@@ -89,7 +95,7 @@ export async function handleChat(ctx: ChatRouteContext, req: FastifyRequest, rep
   const startStream = (): void => {
     if (headersSent || closed) return;
     headersSent = true;
-    res.writeHead(200, { "content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache", connection: "keep-alive", "x-request-id": id });
+    res.writeHead(200, { "content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache", "x-request-id": id });
     write(chunk({ role: "assistant", content: "" }, null));
   };
   const sendJson = (status: number, payload: unknown): void => {

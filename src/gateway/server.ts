@@ -141,7 +141,8 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
   );
   let closing = false;
 
-  const app = Fastify({ logger: false, bodyLimit: opts.bodyLimit, return503OnClosing: true });
+  // requestTimeout bounds how long a client may take to send its whole request (slow headers or body).
+  const app = Fastify({ logger: false, bodyLimit: opts.bodyLimit, return503OnClosing: true, requestTimeout: 30_000 });
   // Bodies are parsed as strict UTF-8 JSON whatever the content type says (clients often omit it).
   app.removeAllContentTypeParsers();
   app.addContentTypeParser("*", { parseAs: "buffer" }, (_req, buf, done) => {
@@ -159,7 +160,12 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       done(invalidJson(`(${(err as Error).message})`), undefined);
     }
   });
-  app.setErrorHandler((err, _req, reply) => {
+  app.setErrorHandler((err, req, reply) => {
+    if (req.raw.aborted || (err as { code?: string }).code === "ECONNRESET") {
+      // The client left while sending its body: a client abort (499-style), not a server error.
+      log.info({ event: "client_aborted_request", url: req.url }, "client aborted while sending the request");
+      return;
+    }
     const e = toHttpError(err, opts.bodyLimit);
     if (e.status >= 500) log.error({ err: err instanceof Error ? err.message : String(err) }, "request failed");
     void reply.status(e.status).send(toErrorBody(e));
@@ -173,6 +179,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     modelName: opts.modelName,
     template: () => template,
     isReady: () => engine.isReady,
+    maxModelLen: () => engine.ready?.limits.maxModelLen ?? null,
     log,
     onDisconnect: (phase: "queued" | "prefill" | "decode") => metrics.clientDisconnects.inc({ phase }),
   };

@@ -21,6 +21,21 @@ export const DEFAULT_MODEL_NAME = "keel-tiny";
 /** Options the embedded default model is built with. */
 export const DEFAULT_MODEL_OPTIONS: Readonly<TinyModelOptions> = Object.freeze({...TINY_MODEL_DEFAULTS});
 
+/**
+ * Context settings under which the default model is batch-invariant on the CPU backend (measured: 0 of 2048
+ * mixed-batch requests differed from their solo runs, not even in the last bit of a probability; see
+ * docs/batch-variance.md). Spread into node-llama-cpp's `model.createContext({...})`. Keep flash attention off:
+ * it also measured 0 with 1 thread, but the CPU flash-attention kernel picks code paths by batch shape (a split-KV
+ * reduction for single-token queries once the padded KV length, which depends on the other sequences in the
+ * batch, reaches 512; the split follows the thread count), so invariance is not guaranteed there. F32 KV also
+ * measured 0; F16 is the default and uses half the memory. Thread count does not matter (1 vs 2 measured).
+ */
+export const DEFAULT_MODEL_CONTEXT_SETTINGS = Object.freeze({
+    flashAttention: false,
+    experimentalKvCacheKeyType: "F16",
+    experimentalKvCacheValueType: "F16"
+} as const);
+
 /** What the server should say about the default model in logs and metadata. */
 export interface DefaultModelDescription {
     name: string;

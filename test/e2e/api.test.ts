@@ -169,6 +169,20 @@ describe("errors are OpenAI-shaped 4xx", () => {
     }
   });
 
+  it("a prompt of 80,000 special markers or 20,000 messages is refused at once and the server stays ready", async () => {
+    // llama.cpp's special-token pass is quadratic in markers: tokenizing these would stall the engine for tens
+    // of seconds; the engine's lower bound refuses them before tokenizing.
+    const markers = await post("/v3/chat/completions", JSON.stringify({ model: "keel-tiny", messages: [{ role: "user", content: "<|im_end|>".repeat(80_000) }] }));
+    expect(markers.status).toBe(400);
+    expect(JSON.parse(markers.body).error.code).toBe("context_length_exceeded");
+    const many = await post("/v3/chat/completions", JSON.stringify({ model: "keel-tiny", messages: Array.from({ length: 20_000 }, () => ({ role: "user", content: "" })) }));
+    expect(many.status).toBe(400);
+    expect(JSON.parse(many.body).error.code).toBe("context_length_exceeded");
+    expect((await get(server.baseUrl, "/v2/health/ready")).status).toBe(200);
+    const ok = await chat(server.baseUrl, { ...base, messages: [{ role: "user", content: "hi" }], max_tokens: 2 });
+    expect(ok.status).toBe(200);
+  });
+
   it("prompt + max_tokens over the capacity → 400 before queueing", async () => {
     const r = await post("/v3/chat/completions", JSON.stringify({ model: "keel-tiny", messages: [{ role: "user", content: "hi" }], max_tokens: 5000 }));
     expect(r.status).toBe(400);
