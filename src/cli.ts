@@ -28,6 +28,11 @@ const int = (name: string, min: number, max = Number.MAX_SAFE_INTEGER) => (v: st
   }
   return n;
 };
+const gb = (name: string) => (v: string): number => {
+  const n = Number(v);
+  if (v.trim() === "" || !Number.isFinite(n) || n < 0 || n > 1 << 20) throw new Error(`--${name} must be a number of GB >= 0, got "${v}"`);
+  return n;
+};
 const oneOf = (name: string, values: string[]) => (v: string): string => {
   if (!values.includes(v)) throw new Error(`--${name} must be one of ${values.join(", ")}, got "${v}"`);
   return v;
@@ -48,6 +53,10 @@ export const SERVE_FLAGS: FlagSpec[] = [
   { name: "max_model_len", help: "tokens per sequence (default: min(model's trained context, 4096))", default: undefined, parse: int("max_model_len", 2, 1 << 20) },
   { name: "engine_threads", help: "CPU threads of the engine (1 measured best on a 2-core machine; bench/threads.ts)", default: "1", parse: int("engine_threads", 1, 512) },
   { name: "target_device", help: "CPU, or AUTO to let llama.cpp use a prebuilt GPU backend", default: "CPU", parse: oneOf("target_device", ["CPU", "AUTO", "GPU"]) },
+  { name: "max_queued_requests", help: "requests allowed to wait for a sequence; beyond it 429 with Retry-After", default: "256", parse: int("max_queued_requests", 0, 1_000_000) },
+  { name: "enable_prefix_caching", help: "keep finished requests' KV and reuse the longest common prefix", default: "true", parse: bool("enable_prefix_caching") },
+  { name: "kv_cache_precision", help: "KV cache precision: f16, or u8 (q8_0 K and V, with flash attention)", default: "f16", parse: oneOf("kv_cache_precision", ["f16", "u8"]) },
+  { name: "cache_size", help: "KV cache budget in GB over all sequences (fractions allowed); 0 = max_model_len per sequence", default: "0", parse: gb("cache_size") },
   { name: "log_level", help: "DEBUG, INFO, WARNING or ERROR", default: "INFO", parse: oneOf("log_level", ["DEBUG", "INFO", "WARNING", "ERROR"]) },
   { name: "max_request_body", help: "request body limit in bytes", default: String(8 * 1024 * 1024), parse: int("max_request_body", 1024) },
   { name: "flash_attention", help: "flash attention in llama.cpp (off keeps greedy output independent of batching)", default: "false", parse: bool("flash_attention") },
@@ -125,13 +134,16 @@ async function serve(argv: string[]): Promise<void> {
   const demo = flags["model_path"] === undefined;
   const modelPath = demo ? await ensureDefaultModel() : path.resolve(flags["model_path"] as string);
   const maxNumSeqs = flags["max_num_seqs"] as number;
+  const u8 = flags["kv_cache_precision"] === "u8";
   const base = {
     modelPath,
     sequences: maxNumSeqs,
     batchSize: flags["max_num_batched_tokens"] as number,
     threads: flags["engine_threads"] as number,
-    flashAttention: flags["flash_attention"] as boolean,
-    kvCacheType: "f16" as const,
+    // A quantized V cache needs flash attention in llama.cpp (nlc-spike §4).
+    flashAttention: u8 ? true : (flags["flash_attention"] as boolean),
+    kvCacheType: u8 ? ("q8_0" as const) : ("f16" as const),
+    prefixCaching: flags["enable_prefix_caching"] as boolean,
     gpu: (flags["target_device"] === "CPU" ? "cpu" : "auto") as "cpu" | "auto",
     maxNumSeqs,
     maxNumBatchedTokens: flags["max_num_batched_tokens"] as number,
@@ -143,7 +155,27 @@ async function serve(argv: string[]): Promise<void> {
     process.stderr.write(`keel serve: ${(err as Error).message}\n`);
     process.exit(1);
   }
-  const maxModelLen = (flags["max_model_len"] as number | undefined) ?? Math.min(meta.trainContextSize, 4096);
+  let maxModelLen = (flags["max_model_len"] as number | undefined) ?? Math.min(meta.trainContextSize, 4096);
+  const cacheGb = flags["cache_size"] as number;
+  let capacityNote = "max_model_len";
+  if (cacheGb > 0) {
+    // Split the KV budget evenly across sequences (node-llama-cpp gives each sequence its own KV partition).
+    const bytesPerElement = u8 ? 34 / 32 : 2; // q8_0 blocks: 32 values in 34 bytes
+    if (meta.kvElementsPerToken === null) {
+      process.stderr.write("keel serve: --cache_size needs the model's KV shape, which its GGUF metadata does not give\n");
+      process.exit(2);
+    }
+    const bytesPerToken = meta.kvElementsPerToken * bytesPerElement;
+    const perSequence = Math.floor((cacheGb * 1e9) / maxNumSeqs / bytesPerToken);
+    if (perSequence < 16) {
+      process.stderr.write(`keel serve: --cache_size ${cacheGb} GB gives ${perSequence} tokens per sequence for ${maxNumSeqs} sequences (${bytesPerToken} bytes per token); raise it or lower --max_num_seqs\n`);
+      process.exit(2);
+    }
+    if (perSequence < maxModelLen) {
+      maxModelLen = perSequence;
+      capacityNote = `cache_size ${cacheGb} GB / ${maxNumSeqs} sequences / ${bytesPerToken} bytes per token`;
+    }
+  }
   const logLevel = ({ DEBUG: "debug", INFO: "info", WARNING: "warn", ERROR: "error" } as const)[flags["log_level"] as "INFO"];
   const modelName = (flags["model_name"] as string | undefined) ?? (demo ? DEFAULT_MODEL_NAME : path.basename(modelPath).replace(/\.gguf$/i, ""));
   const gw = await startGateway({
@@ -152,8 +184,13 @@ async function serve(argv: string[]): Promise<void> {
     modelName,
     engine: { ...base, contextSize: maxModelLen, maxModelLen },
     bodyLimit: flags["max_request_body"] as number,
+    maxQueuedRequests: flags["max_queued_requests"] as number,
     logLevel,
   });
+  gw.log.info(
+    { event: "capacity", tokensPerSequence: maxModelLen, sequences: maxNumSeqs, limitedBy: capacityNote, kvCachePrecision: flags["kv_cache_precision"], prefixCaching: base.prefixCaching },
+    `KV capacity: ${maxModelLen} tokens per sequence x ${maxNumSeqs} sequences`,
+  );
   if (demo) gw.log.warn({ event: "demo_model", model: modelPath }, "serving the embedded random-weight demo model: its output is gibberish by design");
   const shutdown = (sig: string): void => {
     gw.log.info({ event: "shutdown", signal: sig }, "shutting down");

@@ -69,6 +69,7 @@ interface NativeContext {
   decodeBatch(): Promise<void>;
   sampleToken(batchLogitIndex: number, sampler: NativeSampler): Promise<number>;
   disposeSequence(sequenceId: number): void;
+  removeTokenCellsFromSequence(sequenceId: number, startPos: number, endPos: number): boolean;
   setThreads(threads: number): void;
 }
 interface NativeSampler {
@@ -95,6 +96,31 @@ function internalsOf(llama: Llama, model: LlamaModel, context: LlamaContext): In
     throw new Error("node-llama-cpp internals changed: _ctx/_model/_bindings.AddonSampler not found (pinned 3.21.1 expected)");
   }
   return { ctx: c._ctx, model: m._model, SamplerClass: l._bindings.AddonSampler, disposeGuard: c._backendContextDisposeGuard };
+}
+
+/**
+ * GGUF architectures whose memory includes recurrent state (llama.cpp `llm_arch_is_recurrent` / `_is_hybrid`):
+ * such state cannot be partially removed (`llama_memory_seq_rm` fails for a partial range).
+ */
+const RECURRENT_ARCHITECTURES = new Set([
+  "mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7", "jamba", "falcon-h1", "granitehybrid", "plamo2",
+  "lfm2", "lfm2moe", "nemotron_h", "qwen3next", "qwen35", "qwen35moe", "kimi-linear",
+]);
+
+/** KV elements per token (K + V over all layers) from GGUF hyperparameters; null when they are missing. */
+function kvElementsPerToken(meta: Record<string, Record<string, unknown> | undefined>): number | null {
+  const arch = String(meta["general"]?.["architecture"] ?? "");
+  const h = meta[arch] as Record<string, unknown> | undefined;
+  const att = (h?.["attention"] ?? {}) as Record<string, unknown>;
+  const num = (v: unknown): number | null => (typeof v === "number" && Number.isFinite(v) ? v : null);
+  const layers = num(h?.["block_count"]);
+  const heads = num(att["head_count"]);
+  const kvHeads = num(att["head_count_kv"]) ?? heads;
+  const embd = num(h?.["embedding_length"]);
+  if (layers === null || heads === null || kvHeads === null || embd === null || heads === 0) return null;
+  const keyLen = num(att["key_length"]) ?? embd / heads;
+  const valueLen = num(att["value_length"]) ?? embd / heads;
+  return layers * kvHeads * (keyLen + valueLen);
 }
 
 /** llama.cpp vocabulary types (llama.h `enum llama_vocab_type`). */
@@ -202,6 +228,7 @@ export class LlamaAdapter {
       trainContextSize: this.model.trainContextSize,
       vocabSize: this.vocabSize,
       chatTemplate: template,
+      kvElementsPerToken: kvElementsPerToken(meta),
       bosToken: bos == null ? "" : (this.native.model.getTokenString(bos) ?? ""),
       eosToken: eos == null ? "" : (this.native.model.getTokenString(eos) ?? ""),
     };
@@ -304,6 +331,29 @@ export class LlamaAdapter {
   /** Sample the next token at a batch logit index. Call sequentially, never in parallel (output_reorder race). */
   async sample(batchLogitIndex: number, sampler: SamplerHandle): Promise<number> {
     return this.sampleWith(batchLogitIndex, sampler);
+  }
+
+  /**
+   * Keep the first `keep` tokens of a slot's KV and drop the rest (keep = 0 clears it). Returns false when llama.cpp
+   * cannot trim this memory partially (recurrent state); the slot is then cleared completely. Only between decodes.
+   */
+  trimSequence(slot: number, keep: number): boolean {
+    if (this.decoding) throw new Error("trimSequence() while a decode is in flight");
+    if (keep <= 0) {
+      this.native.ctx.disposeSequence(slot);
+      return true;
+    }
+    const ok = this.native.ctx.removeTokenCellsFromSequence(slot, keep, -1);
+    if (!ok) this.native.ctx.disposeSequence(slot);
+    return ok;
+  }
+
+  /**
+   * False for models with recurrent state (SSM / linear attention, alone or hybrid), whose state cannot be rewound
+   * to a shorter prefix: the scheduler then never asks for a partial trim.
+   */
+  get supportsPartialTrim(): boolean {
+    return !RECURRENT_ARCHITECTURES.has(this.metadata().architecture);
   }
 
   /** Free a slot's KV cells at once. Only between decodes. */

@@ -23,6 +23,8 @@ export interface EngineConfig extends LlamaAdapterOptions {
   maxNumBatchedTokens: number;
   /** Tokens per sequence. */
   maxModelLen: number;
+  /** Keep finished requests' KV for prefix reuse. */
+  prefixCaching: boolean;
 }
 
 function logLine(level: string, msg: string, extra: Record<string, unknown> = {}): void {
@@ -48,7 +50,17 @@ async function main(): Promise<void> {
   const send = (msg: EngineMessage): void => {
     if (!channel.destroyed) channel.write(encodeFrame(msg));
   };
-  const loop = new StepLoop(adapter, { maxNumSeqs: config.maxNumSeqs, maxNumBatchedTokens: config.maxNumBatchedTokens, maxModelLen: config.maxModelLen }, send);
+  const loop = new StepLoop(
+    adapter,
+    {
+      maxNumSeqs: config.maxNumSeqs,
+      maxNumBatchedTokens: config.maxNumBatchedTokens,
+      maxModelLen: config.maxModelLen,
+      prefixCaching: config.prefixCaching,
+      partialTrim: adapter.supportsPartialTrim,
+    },
+    send,
+  );
   loop.onInvariantViolation = (v) => logLine("error", "scheduler invariant violated", { violations: v });
 
   const decoder = new FrameDecoder();

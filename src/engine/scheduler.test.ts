@@ -88,7 +88,7 @@ describe("admission", () => {
     const s = mk();
     s.add(seq("r", 5, { inputTokens: [1, 2, 3, 4, 5], promptLength: 3 }));
     const plan = s.schedule();
-    expect(plan.admitted).toEqual([{ id: "r", promptTokens: [1, 2, 3] }]);
+    expect(plan.admitted).toEqual([{ id: "r", promptTokens: [1, 2, 3], cachedTokens: 0 }]);
     expect(plan.items[0]!.tokens).toEqual([1, 2, 3, 4, 5]);
   });
 });
@@ -362,9 +362,10 @@ describe("failStep", () => {
     s.add(seq("a", 4));
     s.add(seq("b", 4));
     s.add(seq("w", 2));
-    const plan = s.schedule();
-    // Budget 2: only a gets a chunk; b holds a slot but has no item; w waits.
-    expect(plan.items.map((it) => it.id)).toEqual(["a"]);
+    const full = s.schedule();
+    // Budget 2 shared fairly: a and b get one prefill token each; w waits. Fail only a's part of the batch.
+    expect(full.items.map((it) => [it.id, it.tokens.length])).toEqual([["a", 1], ["b", 1]]);
+    const plan = { ...full, items: full.items.filter((it) => it.id === "a") };
     const err = { code: "engine_error", message: "boom" };
     const out = s.failStep(plan, err);
     expect(out.finished).toEqual([{ id: "a", reason: "error", promptTokens: 4, completionTokens: 0, error: err }]);
@@ -428,8 +429,10 @@ describe("scheduler property: random interleavings at saturation", () => {
         fc.integer({ min: 0, max: 5 }),
         fc.integer({ min: 8, max: 20 }),
         fc.array(opArb, { minLength: 1, maxLength: 60 }),
-        (maxNumSeqs, extraBudget, maxModelLen, ops) => {
-          const cfg = { maxNumSeqs, maxNumBatchedTokens: maxNumSeqs + extraBudget, maxModelLen };
+        fc.constantFrom(undefined, { partialTrim: true }, { partialTrim: false }),
+        (maxNumSeqs, extraBudget, maxModelLen, ops, caching) => {
+          // caching: prefix cache off, on, or on for a recurrent model (no partial trim).
+          const cfg = { maxNumSeqs, maxNumBatchedTokens: maxNumSeqs + extraBudget, maxModelLen, ...(caching ? { prefixCaching: true, ...caching } : {}) };
           const s = new Scheduler(cfg);
           const reqs: ModelReq[] = [];
           const byId = new Map<string, ModelReq>();
@@ -452,11 +455,15 @@ describe("scheduler property: random interleavings at saturation", () => {
               r!.terminal.push(f);
               r!.live = false;
               if (r!.admitted) {
-                freedExpected += 1;
-                if (r!.slot !== null) expect(out.freedSlots).toContain(r!.slot);
+                // With the prefix cache a cleanly finished slot keeps its KV; a failed one is always freed.
+                if (!caching || f.reason === "error") {
+                  freedExpected += 1;
+                  if (r!.slot !== null) expect(out.freedSlots).toContain(r!.slot);
+                }
               }
             }
-            expect(out.freedSlots).toHaveLength(freedExpected);
+            if (!caching) expect(out.freedSlots).toHaveLength(freedExpected);
+            else expect(out.freedSlots.length).toBeGreaterThanOrEqual(freedExpected);
             expect(new Set(out.freedSlots).size).toBe(out.freedSlots.length);
           };
 
@@ -588,5 +595,80 @@ describe("scheduler property: random interleavings at saturation", () => {
       ),
       { numRuns: 400 },
     );
+  });
+});
+
+describe("prefix cache", () => {
+  const cached = (cfg: Partial<SchedulerConfig> = {}) => mk({ maxNumSeqs: 2, maxNumBatchedTokens: 16, maxModelLen: 64, prefixCaching: true, ...cfg });
+  /** Run one request to completion (prefill + `gen` greedy tokens 100, 101, …). */
+  function runToEnd(s: Scheduler, id: string, input: number[], gen: number): void {
+    s.add(seq(id, input.length, { inputTokens: input, maxNewTokens: gen }));
+    for (let i = 0; i < 20 && s.phaseOf(id) !== null; i++) {
+      const plan = s.schedule();
+      const sampled = plan.items.filter((it) => it.wantsLogits && it.id === id).map((it) => ({ id, token: 100 + it.pos }));
+      s.commit(plan, sampled, () => false);
+      expect(s.checkInvariants()).toEqual([]);
+    }
+    expect(s.phaseOf(id)).toBeNull();
+  }
+
+  it("keeps a finished request's KV and reuses the longest common prefix, prefilling only the suffix", () => {
+    const s = cached();
+    runToEnd(s, "a", [1, 2, 3, 4, 5, 6], 2); // slot holds 1..6 + first generated token
+    expect(s.cachedSlots).toBe(1);
+    expect(s.activeSlots).toBe(0);
+    s.add(seq("b", 8, { inputTokens: [1, 2, 3, 4, 9, 9, 9, 9] }));
+    const plan = s.schedule();
+    expect(plan.admitted).toEqual([{ id: "b", promptTokens: [1, 2, 3, 4, 9, 9, 9, 9], cachedTokens: 4 }]);
+    const slot = plan.items[0]!.slot;
+    expect(plan.kvOps).toEqual([{ slot, keep: 4 }]);
+    expect(plan.items[0]).toMatchObject({ pos: 4, tokens: [9, 9, 9, 9], wantsLogits: true });
+    expect(s.prefixHitTokens).toBe(4);
+    expect(s.cachedSlots).toBe(0);
+  });
+
+  it("an identical prompt still prefills its last token (logits are needed)", () => {
+    const s = cached();
+    runToEnd(s, "a", [1, 2, 3], 1);
+    s.add(seq("b", 3, { inputTokens: [1, 2, 3] }));
+    const plan = s.schedule();
+    expect(plan.admitted[0]!.cachedTokens).toBe(2);
+    expect(plan.items[0]).toMatchObject({ pos: 2, tokens: [3] });
+  });
+
+  it("prefers an empty slot over evicting a cache entry when nothing is shared", () => {
+    const s = cached();
+    runToEnd(s, "a", [1, 2, 3], 1);
+    s.add(seq("b", 3, { inputTokens: [7, 8, 9] }));
+    const plan = s.schedule();
+    expect(plan.kvOps).toEqual([]);
+    expect(plan.admitted[0]!.cachedTokens).toBe(0);
+    expect(s.cachedSlots).toBe(1);
+  });
+
+  it("recurrent models (no partial trim) reuse a slot only when all cached tokens prefix the input, else clear it", () => {
+    const s = cached({ maxNumSeqs: 1, partialTrim: false });
+    runToEnd(s, "a", [1, 2, 3], 1); // cache holds [1, 2, 3] (the sampled token was never decoded)
+    s.add(seq("b", 5, { inputTokens: [1, 2, 3, 4, 5] }));
+    let plan = s.schedule();
+    expect(plan.kvOps).toEqual([]);
+    expect(plan.admitted[0]!.cachedTokens).toBe(3);
+    s.abort(["b"]);
+    // b's KV ([1..3] + chunk) is cached now; a request sharing only part of it must get a cleared slot.
+    s.add(seq("c", 3, { inputTokens: [1, 2, 7] }));
+    plan = s.schedule();
+    expect(plan.kvOps).toEqual([{ slot: 0, keep: 0 }]);
+    expect(plan.admitted[0]!.cachedTokens).toBe(0);
+    expect(plan.items[0]).toMatchObject({ pos: 0, tokens: [1, 2, 7] });
+  });
+
+  it("a failed step does not leave its KV in the cache", () => {
+    const s = cached({ maxNumSeqs: 1 });
+    s.add(seq("a", 3, { inputTokens: [1, 2, 3] }));
+    const plan = s.schedule();
+    s.commit(plan, [], () => false);
+    const out = s.failStep(s.schedule(), { code: "engine_error", message: "x" });
+    expect(out.freedSlots).toEqual([0]);
+    expect(s.cachedSlots).toBe(0);
   });
 });

@@ -21,6 +21,17 @@ export interface SchedulerConfig {
   maxNumBatchedTokens: number;
   /** Capacity of one slot: input + generated tokens. */
   maxModelLen: number;
+  /**
+   * Keep a finished request's KV in its slot and admit new requests to the free slot with the longest common
+   * token prefix, prefilling only the suffix (default false).
+   */
+  prefixCaching?: boolean;
+  /**
+   * Whether a slot's KV can be trimmed to a shorter prefix (default true). False for recurrent / hybrid models:
+   * their state is never partially evicted (root-cause.md §5 rule 3), so a cached slot is reused only when ALL of
+   * its tokens are a prefix of the new input, and is cleared completely otherwise.
+   */
+  partialTrim?: boolean;
 }
 
 /** A request as handed to the scheduler, already tokenized. */
@@ -72,11 +83,19 @@ export interface BatchItem {
   kind: "decode" | "prefill";
 }
 
+/** A KV operation on a slot, applied before the step's decode: keep the first `keep` tokens (0 = clear all). */
+export interface KvOp {
+  slot: number;
+  keep: number;
+}
+
 /** The plan of one step. */
 export interface StepPlan {
+  /** KV trims/clears for slots reused from the prefix cache; apply before decoding `items`. */
+  kvOps: KvOp[];
   items: BatchItem[];
-  /** Requests admitted to a slot in this step, with their prompt tokens (for the step output). */
-  admitted: { id: string; promptTokens: number[] }[];
+  /** Requests admitted to a slot in this step, with their prompt tokens and the tokens reused from the cache. */
+  admitted: { id: string; promptTokens: number[]; cachedTokens: number }[];
   /** Sum of tokens over items. */
   totalTokens: number;
 }
@@ -115,7 +134,8 @@ export interface AddRefusal {
 
 /** Validate a scheduler configuration. @throws RangeError naming the offending limit. */
 export function validateSchedulerConfig(cfg: SchedulerConfig): void {
-  for (const [k, v] of Object.entries(cfg)) {
+  for (const k of ["maxNumSeqs", "maxNumBatchedTokens", "maxModelLen"] as const) {
+    const v = cfg[k];
     if (!Number.isInteger(v) || v < 1) throw new RangeError(`${k} must be a positive integer, got ${v}`);
   }
   if (cfg.maxNumBatchedTokens < cfg.maxNumSeqs) {
@@ -126,19 +146,47 @@ export function validateSchedulerConfig(cfg: SchedulerConfig): void {
   }
 }
 
+/** What a slot holds. */
+type SlotState =
+  /** No KV. */
+  | { kind: "empty" }
+  /** Owned by a live request. */
+  | { kind: "owned"; id: string }
+  /** Idle, holding the KV of `tokens` from a finished request (the prefix cache). */
+  | { kind: "cached"; tokens: number[]; releasedAt: number };
+
+/** Length of the common prefix of two token arrays. */
+function commonPrefix(a: readonly number[], b: readonly number[]): number {
+  const n = Math.min(a.length, b.length);
+  let i = 0;
+  while (i < n && a[i] === b[i]) i++;
+  return i;
+}
+
 export class Scheduler {
   /** Requests not yet admitted, in arrival order (FCFS). */
   private readonly waiting: Sequence[] = [];
   /** Requests owning a slot, in admission order. */
   private readonly running: Sequence[] = [];
-  /** Owner of each slot (request id) or null when free. */
-  private readonly slotOwner: (string | null)[];
+  /** What each slot holds. */
+  private readonly slots: SlotState[];
+  /** Logical clock for least-recently-released choice among cached slots. */
+  private clock = 0;
+  /** Prefill tokens saved by prefix reuse since start. */
+  prefixHitTokens = 0;
+  /** Rotating start of the prefill round-robin, so no prefilling sequence starves. */
+  private prefillCursor = 0;
   /** Every live request by id (waiting or running). */
   private readonly live = new Map<string, Sequence>();
 
   constructor(readonly config: SchedulerConfig) {
     validateSchedulerConfig(config);
-    this.slotOwner = new Array<string | null>(config.maxNumSeqs).fill(null);
+    this.slots = Array.from({ length: config.maxNumSeqs }, (): SlotState => ({ kind: "empty" }));
+  }
+
+  /** Idle slots holding reusable KV (not owned by any live request). */
+  get cachedSlots(): number {
+    return this.slots.filter((s) => s.kind === "cached").length;
   }
 
   /** Requests waiting for a slot. */
@@ -153,7 +201,7 @@ export class Scheduler {
 
   /** Slots owned by live requests. */
   get activeSlots(): number {
-    return this.slotOwner.filter((o) => o !== null).length;
+    return this.slots.filter((o) => o.kind === "owned").length;
   }
 
   /** True when a step would do work. */
@@ -225,16 +273,21 @@ export class Scheduler {
 
   /** Admit waiting requests to free slots, then plan one batch. */
   schedule(): StepPlan {
-    const plan: StepPlan = { items: [], admitted: [], totalTokens: 0 };
-    // 1. Admission, FCFS into free slots.
+    const plan: StepPlan = { kvOps: [], items: [], admitted: [], totalTokens: 0 };
+    // 1. Admission, FCFS into free slots; each goes to the free slot whose cached KV shares its longest prefix.
     while (this.waiting.length > 0) {
-      const slot = this.slotOwner.indexOf(null);
-      if (slot < 0) break;
-      const s = this.waiting.shift()!;
-      s.slot = slot;
-      this.slotOwner[slot] = s.id;
+      const s = this.waiting[0]!;
+      const choice = this.chooseSlot(s.tokens.slice(0, s.inputLength));
+      if (choice === null) break;
+      this.waiting.shift();
+      const prev = this.slots[choice.slot]!;
+      if (prev.kind === "cached" && choice.keep < prev.tokens.length) plan.kvOps.push({ slot: choice.slot, keep: choice.keep });
+      s.slot = choice.slot;
+      s.processed = choice.keep;
+      this.prefixHitTokens += choice.keep;
+      this.slots[choice.slot] = { kind: "owned", id: s.id };
       this.running.push(s);
-      plan.admitted.push({ id: s.id, promptTokens: s.tokens.slice(0, s.promptLength) });
+      plan.admitted.push({ id: s.id, promptTokens: s.tokens.slice(0, s.promptLength), cachedTokens: choice.keep });
     }
     let budget = this.config.maxNumBatchedTokens;
     // 2. One token per decoding sequence (budget ≥ maxNumSeqs guarantees room for all of them).
@@ -243,11 +296,17 @@ export class Scheduler {
       plan.items.push({ id: s.id, slot: s.slot!, pos: s.processed, tokens: [s.tokens[s.processed]!], wantsLogits: true, kind: "decode" });
       budget -= 1;
     }
-    // 3. Prefill chunks from what is left, in admission order.
-    for (const s of this.running) {
+    // 3. Prefill chunks from what is left, shared fairly: each prefilling sequence gets an equal share of the
+    //    remaining budget, starting from a cursor that rotates every step so leftovers do not always go first.
+    const prefilling = this.running.filter((s) => s.processed < s.inputLength);
+    const start = prefilling.length > 0 ? this.prefillCursor % prefilling.length : 0;
+    this.prefillCursor += 1;
+    const order = [...prefilling.slice(start), ...prefilling.slice(0, start)];
+    for (let k = 0; k < order.length; k++) {
       if (budget <= 0) break;
-      if (s.processed >= s.inputLength) continue;
-      const n = Math.min(budget, s.inputLength - s.processed);
+      const s = order[k]!;
+      const share = Math.ceil(budget / (order.length - k));
+      const n = Math.min(share, s.inputLength - s.processed);
       const end = s.processed + n;
       plan.items.push({
         id: s.id,
@@ -320,14 +379,39 @@ export class Scheduler {
     for (const s of this.running) {
       if (seen.has(s.id)) v.push(`${s.id} is both waiting and running, or running twice`);
       seen.add(s.id);
-      if (s.slot === null || this.slotOwner[s.slot] !== s.id) v.push(`running ${s.id} does not own its slot`);
+      const st = s.slot === null ? null : this.slots[s.slot];
+      if (!st || st.kind !== "owned" || st.id !== s.id) v.push(`running ${s.id} does not own its slot`);
       if (s.processed > s.tokens.length || s.tokens.length > this.config.maxModelLen) v.push(`${s.id} exceeds its capacity`);
     }
     if (seen.size !== this.live.size) v.push(`live map has ${this.live.size} entries, queues hold ${seen.size}`);
-    this.slotOwner.forEach((owner, slot) => {
-      if (owner !== null && this.live.get(owner)?.slot !== slot) v.push(`slot ${slot} owned by non-live ${owner}`);
+    this.slots.forEach((st, slot) => {
+      if (st.kind === "owned" && this.live.get(st.id)?.slot !== slot) v.push(`slot ${slot} owned by non-live ${st.id}`);
+      if (st.kind === "cached" && (!this.config.prefixCaching || st.tokens.length > this.config.maxModelLen)) v.push(`slot ${slot} caches KV it should not`);
     });
     return v;
+  }
+
+  /**
+   * The free slot for an input, and how many of its cached tokens to keep. Prefers the longest reusable prefix;
+   * on a tie an empty slot (keeps the cache), then the least recently released cached slot. Null if none is free.
+   */
+  private chooseSlot(input: readonly number[]): { slot: number; keep: number } | null {
+    let best: { slot: number; keep: number; rank: number } | null = null;
+    this.slots.forEach((st, slot) => {
+      if (st.kind === "owned") return;
+      let keep = 0;
+      if (st.kind === "cached") {
+        const common = commonPrefix(st.tokens, input);
+        // At least one input token must be prefilled to get logits for the first new token.
+        const usable = Math.min(common, input.length - 1);
+        if (this.config.partialTrim === false) keep = common === st.tokens.length && st.tokens.length < input.length ? common : 0;
+        else keep = usable;
+      }
+      // rank: longer reuse first; then empty before cached; then older cached first.
+      const rank = keep * 1e9 + (st.kind === "empty" ? 5e8 : 5e8 - Math.min(st.releasedAt, 5e8 - 1));
+      if (!best || rank > best.rank) best = { slot, keep, rank };
+    });
+    return best === null ? null : { slot: (best as { slot: number }).slot, keep: (best as { keep: number }).keep };
   }
 
   /** Remove a live request from wherever it is and record its terminal event. */
@@ -339,8 +423,13 @@ export class Scheduler {
     } else {
       const i = this.running.indexOf(s);
       if (i >= 0) this.running.splice(i, 1);
-      this.slotOwner[s.slot] = null;
-      out.freedSlots.push(s.slot);
+      // Keep the KV of a request that ended cleanly as a prefix cache entry; a failed step's KV is suspect.
+      if (this.config.prefixCaching && fin.reason !== "error" && s.processed > 0) {
+        this.slots[s.slot] = { kind: "cached", tokens: s.tokens.slice(0, s.processed), releasedAt: ++this.clock };
+      } else {
+        this.slots[s.slot] = { kind: "empty" };
+        out.freedSlots.push(s.slot);
+      }
       s.slot = null;
     }
     out.finished.push(fin);

@@ -190,12 +190,12 @@ describe("StepLoop", () => {
       ["a", 5, 1],
       ["b", 2, 1],
     ]);
-    expect(first.stats).toEqual({ waiting: 0, running: 2, activeSequences: 2 });
+    expect(first.stats).toEqual({ waiting: 0, running: 2, activeSequences: 2, cachedSequences: 0, prefixCacheHitTokens: 0 });
     const finA = t.outputsOf("a").find((o) => o.finish)!.finish;
     expect(finA).toEqual({ reason: "length", promptTokens: 5, completionTokens: 3 });
     expect(t.outputsOf("a").flatMap((o) => o.tokens)).toHaveLength(3);
     expect(t.outputsOf("b").find((o) => o.finish)!.finish).toEqual({ reason: "length", promptTokens: 2, completionTokens: 2 });
-    expect(t.steps().at(-1)!.stats).toEqual({ waiting: 0, running: 0, activeSequences: 0 });
+    expect(t.steps().at(-1)!.stats).toEqual({ waiting: 0, running: 0, activeSequences: 0, cachedSequences: 0, prefixCacheHitTokens: 0 });
     expect(t.loop.liveRequests).toBe(0);
     expect(t.backend.samplers.every((s) => s.disposed === 1)).toBe(true);
     expect(t.violations).toEqual([]);
@@ -241,7 +241,7 @@ describe("StepLoop", () => {
     const outA = next!.outputs.find((o) => o.id === "a")!;
     expect(outA.finish).toEqual({ reason: "abort", promptTokens: 3, completionTokens: 2 });
     expect(outA.tokens).toEqual([]);
-    expect(next!.outputs.find((o) => o.id === "b")!.admitted).toEqual({ promptTokens: [122, 122] });
+    expect(next!.outputs.find((o) => o.id === "b")!.admitted).toEqual({ promptTokens: [122, 122], cachedTokens: 0 });
     expect(t.backend.cleared.slice(clearedBefore)).toEqual([{ slot: 0, duringDecode: false }]);
     expect(t.backend.batches.at(-1)).toEqual([{ slot: 0, pos: 0, tokens: [122, 122], wantsLogits: true }]);
     expect(t.backend.cleared.every((c) => !c.duringDecode)).toBe(true);
@@ -489,7 +489,7 @@ describe("StepLoop", () => {
     t.loop.submit({ ...add("r", "ab", { maxTokens: 3, temperature: 1, seed: 5 }), generated: [0x78, 0xc3] });
     await t.drain();
     const outs = t.outputsOf("r");
-    expect(outs[0]!.admitted).toEqual({ promptTokens: [97, 98] });
+    expect(outs[0]!.admitted).toEqual({ promptTokens: [97, 98], cachedTokens: 0 });
     expect(t.backend.batches[0]).toEqual([{ slot: 0, pos: 0, tokens: [97, 98, 0x78, 0xc3], wantsLogits: true }]);
     expect(outs.map((o) => o.text).join("")).toBe("é");
     expect(outs.at(-1)!.finish).toEqual({ reason: "length", promptTokens: 4, completionTokens: 1 });

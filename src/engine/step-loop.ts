@@ -29,6 +29,8 @@ export interface ModelBackend {
   decode(items: DecodeItem[]): Promise<number[]>;
   sample(batchLogitIndex: number, sampler: SamplerHandle): Promise<number>;
   clearSequence(slot: number): void;
+  /** Keep the first `keep` tokens of a slot's KV (0 = clear). False if the memory cannot be trimmed partially. */
+  trimSequence?(slot: number, keep: number): boolean;
 }
 
 /** A command for the loop, applied at the next step boundary. */
@@ -128,7 +130,17 @@ export class StepLoop {
     this.finish(this.scheduler.abort(abortIds), out);
     // 3. Admission and one batch.
     const plan = this.scheduler.schedule();
-    for (const a of plan.admitted) out(a.id).admitted = { promptTokens: a.promptTokens };
+    for (const a of plan.admitted) out(a.id).admitted = { promptTokens: a.promptTokens, cachedTokens: a.cachedTokens };
+    // 3b. Trim reused prefix-cache slots to the shared prefix before decoding into them.
+    for (const op of plan.kvOps) {
+      const ok = this.backend.trimSequence ? this.backend.trimSequence(op.slot, op.keep) : (this.backend.clearSequence(op.slot), op.keep === 0);
+      if (ok) continue;
+      // The slot could not keep its prefix (it was cleared): fail only the request that was placed there.
+      const victim = plan.items.filter((it) => it.slot === op.slot);
+      plan.items = plan.items.filter((it) => it.slot !== op.slot);
+      plan.totalTokens = plan.items.reduce((a, it) => a + it.tokens.length, 0);
+      this.finish(this.scheduler.failStep({ ...plan, items: victim }, { code: "engine_error", message: "the prefix cache slot could not be trimmed" }), out);
+    }
     let batchTokens = 0;
     if (plan.items.length > 0) {
       let logitIdx: number[] | null = null;
@@ -184,7 +196,13 @@ export class StepLoop {
         step: this.steps,
         batchTokens,
         outputs: [...outputs.values()],
-        stats: { waiting: this.scheduler.waitingCount, running: this.scheduler.runningCount, activeSequences: this.scheduler.activeSlots },
+        stats: {
+          waiting: this.scheduler.waitingCount,
+          running: this.scheduler.runningCount,
+          activeSequences: this.scheduler.activeSlots,
+          cachedSequences: this.scheduler.cachedSlots,
+          prefixCacheHitTokens: this.scheduler.prefixHitTokens,
+        },
       });
     }
   }

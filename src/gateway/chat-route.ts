@@ -16,7 +16,7 @@ import type { SamplingParams } from "../protocol/messages.js";
 import type { ChatRequest } from "./chat-request.js";
 import { parseChatRequest } from "./chat-request.js";
 import type { ChatTemplate } from "./chat-template.js";
-import { contextLengthExceeded, engineError, KeelHttpError, modelNotFound, notReady, toErrorBody } from "./errors.js";
+import { contextLengthExceeded, engineError, KeelHttpError, modelNotFound, notReady, queueFull, toErrorBody } from "./errors.js";
 import type { FinishReason } from "./lifecycle.js";
 import type { RequestRegistry, RequestSink, Usage } from "./registry.js";
 import { StopMatcher } from "./stop-strings.js";
@@ -32,6 +32,9 @@ export interface ChatRouteContext {
   isReady(): boolean;
   /** Sequence capacity (tokens) of the current engine, or null while none is ready. */
   maxModelLen(): number | null;
+  /** Bound of the waiting queue; a request beyond it gets 429 at once. */
+  maxQueuedRequests: number;
+  onRejected(reason: "queue_full" | "not_ready"): void;
   log: Logger;
   onDisconnect(phase: "queued" | "prefill" | "decode"): void;
 }
@@ -50,7 +53,16 @@ export async function handleChat(ctx: ChatRouteContext, req: FastifyRequest, rep
   const body: ChatRequest = parseChatRequest(req.body);
   if (body.model !== ctx.modelName) throw modelNotFound(body.model);
   const template = ctx.template();
-  if (!ctx.isReady() || !template) throw notReady();
+  if (!ctx.isReady() || !template) {
+    ctx.onRejected("not_ready");
+    throw notReady();
+  }
+  // 429 at the door (TGI's router): the queue is bounded, so saturation answers at once instead of piling up.
+  if (ctx.registry.counts().waiting >= ctx.maxQueuedRequests) {
+    ctx.onRejected("queue_full");
+    void reply.header("retry-after", "1");
+    throw queueFull();
+  }
   // Every message renders to at least one token, so this many messages cannot fit; refuse before rendering.
   const capacity = ctx.maxModelLen();
   if (capacity !== null && body.messages.length >= capacity) {

@@ -13,6 +13,8 @@ export interface GaugeSources {
   counts(): { waiting: number; running: number };
   /** Sequences owned by live requests, as last reported by the engine. */
   activeSequences(): number;
+  /** Idle sequences holding reusable KV, as last reported by the engine. */
+  cachedSequences(): number;
 }
 
 export class Metrics {
@@ -21,6 +23,8 @@ export class Metrics {
   readonly clientDisconnects: client.Counter<"phase">;
   readonly requestsFinished: client.Counter<"finish_reason">;
   readonly engineRestarts: client.Counter<"reason">;
+  readonly prefixCacheHitTokens: client.Counter;
+  readonly requestsRejected: client.Counter<"reason">;
 
   constructor(src: GaugeSources) {
     const registers = [this.registry];
@@ -48,6 +52,26 @@ export class Metrics {
         this.set(src.activeSequences());
       },
     });
+    new client.Gauge({
+      name: "keel_prefix_cache_sequences",
+      help: "Idle engine sequences holding reusable KV (prefix cache); not counted in keel_engine_sequences_active",
+      registers,
+      collect() {
+        this.set(src.cachedSequences());
+      },
+    });
+    this.prefixCacheHitTokens = new client.Counter({
+      name: "keel_prefix_cache_hit_tokens_total",
+      help: "Prompt tokens reused from the prefix cache instead of being prefilled",
+      registers,
+    });
+    this.requestsRejected = new client.Counter({
+      name: "keel_requests_rejected_total",
+      help: "Requests refused at the door, by reason (queue_full, not_ready)",
+      labelNames: ["reason"],
+      registers,
+    });
+    for (const reason of ["queue_full", "not_ready"]) this.requestsRejected.inc({ reason }, 0);
     this.engineSteps = new client.Counter({ name: "keel_engine_steps_total", help: "Engine steps that decoded a batch", registers });
     this.clientDisconnects = new client.Counter({
       name: "keel_client_disconnects_total",

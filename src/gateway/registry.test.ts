@@ -53,7 +53,7 @@ function setup(accept = true) {
 let stepNo = 0;
 function step(...outputs: RequestOutput[]): StepMessage {
   stepNo += 1;
-  return { v: PROTOCOL_VERSION, type: "step", step: stepNo, batchTokens: 1, outputs, stats: { waiting: 0, running: 0, activeSequences: 0 } };
+  return { v: PROTOCOL_VERSION, type: "step", step: stepNo, batchTokens: 1, outputs, stats: { waiting: 0, running: 0, activeSequences: 0, cachedSequences: 0, prefixCacheHitTokens: 0 } };
 }
 const out = (id: string, o: Partial<RequestOutput> = {}): RequestOutput => ({ id, tokens: [], text: "", ...o });
 const fin = (reason: FinishInfo["reason"], promptTokens = 3, completionTokens = 0, error?: FinishInfo["error"]): FinishInfo => ({
@@ -93,7 +93,7 @@ describe("RequestRegistry", () => {
     const t = setup();
     const s = sink();
     t.reg.submit("a", { text: "hi" }, params, s);
-    t.reg.handleStep(step(out("a", { admitted: { promptTokens: [5, 6, 7] } })));
+    t.reg.handleStep(step(out("a", { admitted: { promptTokens: [5, 6, 7], cachedTokens: 0 } })));
     expect(s.log.admitted).toBe(1);
     expect(t.reg.phase("a")).toBe("prefill");
     expect(t.reg.promptLength("a")).toBe(3);
@@ -117,7 +117,7 @@ describe("RequestRegistry", () => {
     const t = setup();
     const s = sink();
     t.reg.submit("a", { text: "hi" }, params, s);
-    t.reg.handleStep(step(out("a", { admitted: { promptTokens: [1] }, tokens: [9], text: "q" })));
+    t.reg.handleStep(step(out("a", { admitted: { promptTokens: [1], cachedTokens: 0 }, tokens: [9], text: "q" })));
     expect(s.log.admitted).toBe(1);
     expect(s.log.outputs).toEqual([{ tokens: [9], text: "q" }]);
     expect(t.reg.phase("a")).toBe("decode");
@@ -127,7 +127,7 @@ describe("RequestRegistry", () => {
     const t = setup();
     const s = sink();
     t.reg.submit("a", { text: "hi" }, params, s);
-    t.reg.handleStep(step(out("a", { admitted: { promptTokens: [1, 2] }, finish: fin("error", 2, 0, { code: "engine_error", message: "decode failed" }) })));
+    t.reg.handleStep(step(out("a", { admitted: { promptTokens: [1, 2], cachedTokens: 0 }, finish: fin("error", 2, 0, { code: "engine_error", message: "decode failed" }) })));
     expect(s.log.finishes).toEqual([{ reason: "error", usage: { promptTokens: 2, completionTokens: 0 }, error: { code: "engine_error", message: "decode failed" } }]);
   });
 
@@ -135,7 +135,7 @@ describe("RequestRegistry", () => {
     const t = setup();
     const s = sink();
     t.reg.submit("a", { text: "hi" }, params, s);
-    t.reg.handleStep(step(out("a", { admitted: { promptTokens: [1, 2] }, tokens: [3], text: "c" })));
+    t.reg.handleStep(step(out("a", { admitted: { promptTokens: [1, 2], cachedTokens: 0 }, tokens: [3], text: "c" })));
     t.reg.cancel("a", "client_disconnect");
     t.reg.cancel("a", "client_disconnect");
     t.reg.cancel("a", "shutdown");
@@ -165,7 +165,7 @@ describe("RequestRegistry", () => {
     t.reg.submit("q", { text: "hi" }, params, s);
     t.reg.cancel("q", "client_disconnect");
     expect(t.reg.counts()).toEqual({ waiting: 1, running: 0 });
-    t.reg.handleStep(step(out("q", { admitted: { promptTokens: [1] } })));
+    t.reg.handleStep(step(out("q", { admitted: { promptTokens: [1], cachedTokens: 0 } })));
     expect(s.log.admitted).toBe(0);
     expect(t.reg.counts()).toEqual({ waiting: 1, running: 0 });
     t.reg.handleStep(step(out("q", { finish: fin("abort", 1, 0) })));
@@ -177,7 +177,7 @@ describe("RequestRegistry", () => {
     const t = setup();
     const s = sink();
     t.reg.submit("a", { text: "hi" }, params, s);
-    t.reg.handleStep(step(out("a", { admitted: { promptTokens: [1] }, tokens: [2], text: "x" })));
+    t.reg.handleStep(step(out("a", { admitted: { promptTokens: [1], cachedTokens: 0 }, tokens: [2], text: "x" })));
     t.reg.cancel("a", "stop_string");
     t.reg.handleStep(step(out("a", { finish: fin("abort", 1, 1) })));
     expect(t.events.at(-1)).toBe("finished a stop decode");
@@ -195,7 +195,7 @@ describe("RequestRegistry", () => {
     const s = sink();
     t.reg.submit("a", { text: "hi" }, params, s);
     expect(() =>
-      t.reg.handleStep(step(out("ghost", { admitted: { promptTokens: [1] }, tokens: [1], text: "boo", finish: fin("stop") }), out("a", { tokens: [7], text: "k" }))),
+      t.reg.handleStep(step(out("ghost", { admitted: { promptTokens: [1], cachedTokens: 0 }, tokens: [1], text: "boo", finish: fin("stop") }), out("a", { tokens: [7], text: "k" }))),
     ).not.toThrow();
     expect(s.log.outputs).toEqual([{ tokens: [7], text: "k" }]);
     expect(t.reg.size).toBe(1);
@@ -223,7 +223,7 @@ describe("RequestRegistry", () => {
     const t = setup();
     const sinks = { q: sink(), p: sink(), d: sink(), c: sink() };
     for (const [id, s] of Object.entries(sinks)) t.reg.submit(id, { text: id }, params, s);
-    t.reg.handleStep(step(out("p", { admitted: { promptTokens: [1, 2] } }), out("d", { admitted: { promptTokens: [1] }, tokens: [5, 6], text: "ab" }), out("c", { admitted: { promptTokens: [1] } })));
+    t.reg.handleStep(step(out("p", { admitted: { promptTokens: [1, 2], cachedTokens: 0 } }), out("d", { admitted: { promptTokens: [1], cachedTokens: 0 }, tokens: [5, 6], text: "ab" }), out("c", { admitted: { promptTokens: [1], cachedTokens: 0 } })));
     t.reg.cancel("c", "client_disconnect");
     t.reg.handleEngineExit("engine exited with signal SIGABRT");
     expect(t.reg.size).toBe(0);
@@ -255,7 +255,7 @@ describe("RequestRegistry", () => {
     t.reg.submit("bad", { text: "x" }, params, bad);
     t.reg.submit("good", { text: "y" }, params, good);
     expect(() =>
-      t.reg.handleStep(step(out("bad", { admitted: { promptTokens: [1] }, tokens: [2], text: "b" }), out("good", { admitted: { promptTokens: [1] }, tokens: [3], text: "g" }))),
+      t.reg.handleStep(step(out("bad", { admitted: { promptTokens: [1], cachedTokens: 0 }, tokens: [2], text: "b" }), out("good", { admitted: { promptTokens: [1], cachedTokens: 0 }, tokens: [3], text: "g" }))),
     ).not.toThrow();
     expect(good.log.outputs).toEqual([{ tokens: [3], text: "g" }]);
     expect(t.sent.filter((m) => m.type === "abort")).toEqual([{ v: PROTOCOL_VERSION, type: "abort", ids: ["bad"] }]);

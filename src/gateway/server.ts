@@ -29,6 +29,8 @@ export interface GatewayOptions {
   /** Request body limit (bytes). */
   bodyLimit: number;
   logLevel: "debug" | "info" | "warn" | "error";
+  /** Largest number of requests waiting for a sequence before new ones get 429 (the bounded queue). */
+  maxQueuedRequests: number;
   /** Ping period and readiness staleness (ms). */
   pingIntervalMs?: number;
   readyStalenessMs?: number;
@@ -53,7 +55,9 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
   const log = pino({ level: opts.logLevel, base: { component: "gateway", pid: process.pid } });
   let template: ChatTemplate | null = null;
   let activeSequences = 0;
+  let cachedSequences = 0;
   let lastEngineStep = 0;
+  let lastPrefixHits = 0;
 
   // eslint-disable-next-line prefer-const
   let engine: EngineClient;
@@ -69,7 +73,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       log.debug({ requestId: id, event: "first_token" }, "first token");
     },
   });
-  const metrics = new Metrics({ counts: () => registry.counts(), activeSequences: () => activeSequences });
+  const metrics = new Metrics({ counts: () => registry.counts(), activeSequences: () => activeSequences, cachedSequences: () => cachedSequences });
 
   let resolveReady!: () => void;
   const engineReady = new Promise<void>((r) => (resolveReady = r));
@@ -84,7 +88,9 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     {
       onReady(msg) {
         lastEngineStep = 0;
+        lastPrefixHits = 0;
         activeSequences = 0;
+        cachedSequences = 0;
         const m = msg.model;
         try {
           template = new ChatTemplate(m.chatTemplate ?? CHATML_TEMPLATE, { bosToken: m.bosToken, eosToken: m.eosToken });
@@ -103,6 +109,11 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
               lastEngineStep = msg.step;
             }
             activeSequences = msg.stats.activeSequences;
+            cachedSequences = msg.stats.cachedSequences;
+            if (msg.stats.prefixCacheHitTokens > lastPrefixHits) {
+              metrics.prefixCacheHitTokens.inc(msg.stats.prefixCacheHitTokens - lastPrefixHits);
+              lastPrefixHits = msg.stats.prefixCacheHitTokens;
+            }
             registry.handleStep(msg);
             break;
           case "request_error":
@@ -122,6 +133,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       },
       onExit({ code, signal }) {
         activeSequences = 0;
+        cachedSequences = 0;
         if (closing) return;
         log.error({ event: "engine_exit", code, signal, inFlight: registry.size }, "engine process exited; restarting");
         metrics.engineRestarts.inc({ reason: signal ? "signal" : "exit" });
@@ -180,6 +192,8 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     template: () => template,
     isReady: () => engine.isReady,
     maxModelLen: () => engine.ready?.limits.maxModelLen ?? null,
+    maxQueuedRequests: opts.maxQueuedRequests,
+    onRejected: (reason: "queue_full" | "not_ready") => metrics.requestsRejected.inc({ reason }),
     log,
     onDisconnect: (phase: "queued" | "prefill" | "decode") => metrics.clientDisconnects.inc({ phase }),
   };

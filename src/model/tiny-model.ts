@@ -121,7 +121,8 @@ export interface TinyModelSpecialIds {
 }
 
 const bpeCache = new Map<number, BpeVocab>();
-function vocabFor(merges: number): BpeVocab {
+/** The byte-level BPE vocabulary trained on {@link TRAINING_CORPUS} with at most `merges` merges (memoized). */
+export function vocabFor(merges: number): BpeVocab {
     let v = bpeCache.get(merges);
     if (!v) {
         v = trainBpe(TRAINING_CORPUS, {maxMerges: merges});
@@ -167,7 +168,7 @@ export function tinyModelSpecialIds(opts: TinyModelOptions = {}): TinyModelSpeci
  * Deterministic normal PRNG: xoshiro128** seeded through splitmix32, Box-Muller for N(0,1). Each tensor gets its
  * own stream derived from (seed, tensor name), so changing e.g. the layer count does not change other tensors.
  */
-class NormalRng {
+export class NormalRng {
     private a = 0;
     private b = 0;
     private c = 0;

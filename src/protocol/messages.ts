@@ -83,6 +83,11 @@ export interface ModelMetadata {
   vocabSize: number;
   /** The model's own Jinja chat template, if it has one. */
   chatTemplate: string | null;
+  /**
+   * KV cache elements stored per token over all layers (K and V), from the GGUF hyperparameters, or null when
+   * unknown. Multiply by the element size of the KV precision to get bytes per token.
+   */
+  kvElementsPerToken: number | null;
   /** Text of the BOS and EOS tokens, for chat templates. */
   bosToken: string;
   eosToken: string;
@@ -132,8 +137,11 @@ export interface FinishInfo {
 /** What happened to one request in one step. */
 export interface RequestOutput {
   id: string;
-  /** Set once, in the step where the request was admitted to a sequence (its prefill begins). */
-  admitted?: { promptTokens: number[] };
+  /**
+   * Set once, in the step where the request was admitted to a sequence (its prefill begins): the prompt's token
+   * ids and how many leading tokens were reused from the prefix cache (not prefilled again).
+   */
+  admitted?: { promptTokens: number[]; cachedTokens: number };
   /** Tokens sampled for the request in this step (0 or 1 today). */
   tokens: number[];
   /** Text that became complete in this step (UTF-8 held back until a character is whole). */
@@ -150,8 +158,11 @@ export interface StepMessage {
   /** Tokens decoded in this step (decode + prefill). */
   batchTokens: number;
   outputs: RequestOutput[];
-  /** Scheduler state after the step. */
-  stats: { waiting: number; running: number; activeSequences: number };
+  /**
+   * Scheduler state after the step: requests waiting / running, sequences owned by live requests, idle sequences
+   * holding reusable KV, and prefill tokens saved by prefix reuse since the engine started (cumulative).
+   */
+  stats: { waiting: number; running: number; activeSequences: number; cachedSequences: number; prefixCacheHitTokens: number };
 }
 
 /** engine → gateway: an `add` was refused before it reached the scheduler (e.g. prompt too long). */

@@ -1,0 +1,34 @@
+import {writeFileSync} from "node:fs";
+import {getLlama, LlamaLogLevel} from "node-llama-cpp";
+import {buildTinyRecurrentModel} from "/tmp/rec/out/model/tiny-recurrent-model.js";
+const arch = (process.argv[2] ?? "mamba");
+const file = `/tmp/rec/${arch}.gguf`;
+const buf = buildTinyRecurrentModel({arch});
+writeFileSync(file, buf);
+console.log("bytes", buf.length);
+const llama = await getLlama({gpu: false, build: "never", maxThreads: 1, logLevel: LlamaLogLevel.warn});
+const model = await llama.loadModel({modelPath: file});
+const ctx = await model.createContext({contextSize: 256, sequences: 2, batchSize: 64, threads: 1, flashAttention: false});
+const native = ctx._ctx;
+const toks = Array.from(model.tokenize("<|im_start|>user\nHello there<|im_end|>\n<|im_start|>assistant\n", true));
+console.log("prompt", toks);
+native.initBatch(toks.length);
+const idx = native.addToBatch(0, 0, Uint32Array.from(toks), Uint32Array.of(toks.length - 1))[0];
+await native.decodeBatch();
+const s = new llama._bindings.AddonSampler(model._model);
+s.applyConfig({temperature: 0});
+let t = await native.sampleToken(idx, s);
+const out = [t];
+let pos = toks.length;
+for (let i = 0; i < 20; i++) {
+  native.initBatch(1);
+  const j = native.addToBatch(0, pos++, Uint32Array.of(t), Uint32Array.of(0))[0];
+  await native.decodeBatch();
+  t = await native.sampleToken(j, s); out.push(t);
+}
+console.log("out", out, JSON.stringify(model.detokenize(out)));
+console.log("min/max", native.getSequenceKvCacheMinPosition(0), native.getSequenceKvCacheMaxPosition(0));
+console.log("rm partial", native.removeTokenCellsFromSequence(0, 5, -1));
+console.log("rm tail-noop", native.removeTokenCellsFromSequence(0, pos, -1));
+console.log("rm full", native.removeTokenCellsFromSequence(0, 0, -1));
+console.log("min/max", native.getSequenceKvCacheMinPosition(0), native.getSequenceKvCacheMaxPosition(0));
