@@ -64,6 +64,8 @@ export class StepLoop {
   private inbox: LoopCommand[] = [];
   /** Engine-side state of every request the scheduler holds. */
   private readonly requests = new Map<string, RequestState>();
+  /** Step counter when an abort for a live or pending request arrived. */
+  private readonly abortArrivedAtStep = new Map<string, number>();
   /** Resolves the idle wait when a command arrives. */
   private wake: (() => void) | null = null;
   /** Set by stop(); the loop exits at the next boundary. */
@@ -85,6 +87,13 @@ export class StepLoop {
 
   /** Queue a command for the next step boundary. Never touches engine state. */
   submit(cmd: LoopCommand): void {
+    if (cmd.type === "abort") {
+      // Remember when each abort arrived, to report how many steps it took to apply (recipes.md I4/I5).
+      for (const id of cmd.ids) {
+        const known = this.requests.has(id) || this.inbox.some((c) => c.type === "add" && c.id === id);
+        if (known && !this.abortArrivedAtStep.has(id)) this.abortArrivedAtStep.set(id, this.steps);
+      }
+    }
     this.inbox.push(cmd);
     this.wake?.();
   }
@@ -273,7 +282,15 @@ export class StepLoop {
         if (f.reason === "stop" || f.reason === "length") o.text += st.decoder.decode();
         st.sampler.dispose();
       }
-      o.finish = { reason: f.reason, promptTokens: f.promptTokens, completionTokens: f.completionTokens, ...(f.error ? { error: f.error } : {}) };
+      const arrived = this.abortArrivedAtStep.get(f.id);
+      this.abortArrivedAtStep.delete(f.id);
+      o.finish = {
+        reason: f.reason,
+        promptTokens: f.promptTokens,
+        completionTokens: f.completionTokens,
+        ...(f.reason === "abort" && arrived !== undefined ? { stepsAfterAbort: this.steps - arrived } : {}),
+        ...(f.error ? { error: f.error } : {}),
+      };
     }
   }
 }

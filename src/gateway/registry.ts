@@ -38,12 +38,14 @@ interface Entry {
   readonly params: SamplingParams;
   /** When the request was accepted (ms since epoch). */
   readonly acceptedAt: number;
+  /** Engine step counter when the gateway cancelled it (for abort latency in steps), or null. */
+  cancelledAtStep: number | null;
 }
 
 /** Events the registry reports for metrics and logs. */
 export interface RegistryObserver {
   onCancel?(id: string, phase: lc.Phase, cause: lc.CancelCause): void;
-  onFinished?(id: string, reason: lc.FinishReason, usage: Usage, info: { phase: lc.Phase | null; error?: string }): void;
+  onFinished?(id: string, reason: lc.FinishReason, usage: Usage, info: { phase: lc.Phase | null; error?: string; abortLatencySteps?: number }): void;
   onAdmitted?(id: string, promptTokens: number): void;
   onFirstToken?(id: string): void;
   onInternalError?(id: string, message: string): void;
@@ -56,6 +58,8 @@ export class RequestRegistry {
   constructor(
     private readonly send: (msg: AddMessage | { v: number; type: "abort"; ids: string[] }) => boolean,
     private readonly observer: RegistryObserver = {},
+    /** The engine's step counter as last reported (0 when unknown). */
+    private readonly currentStep: () => number = () => 0,
   ) {}
 
   /** Number of live requests per phase (cancelling requests count in the phase they were cancelled in). */
@@ -91,7 +95,7 @@ export class RequestRegistry {
     if (this.live.has(id)) throw new Error(`request id ${id} is already live`);
     const ok = this.send({ v: PROTOCOL_VERSION, type: "add", id, prompt, params });
     if (!ok) return false;
-    this.live.set(id, { id, lifecycle: lc.initial, sink, promptTokens: [], generated: [], params, acceptedAt: Date.now() });
+    this.live.set(id, { id, lifecycle: lc.initial, sink, promptTokens: [], generated: [], params, acceptedAt: Date.now(), cancelledAtStep: null });
     return true;
   }
 
@@ -105,6 +109,7 @@ export class RequestRegistry {
     const next = lc.cancel(e.lifecycle, cause);
     if (!next || next.state !== "cancelling") return;
     e.lifecycle = next;
+    e.cancelledAtStep = this.currentStep();
     this.observer.onCancel?.(id, next.phase, cause);
     this.send({ v: PROTOCOL_VERSION, type: "abort", ids: [id] });
   }
@@ -161,7 +166,7 @@ export class RequestRegistry {
       }
       if (o.finish) {
         const usage = { promptTokens: o.finish.promptTokens, completionTokens: e.generated.length };
-        this.end(e, o.finish.reason, usage, o.finish.error);
+        this.end(e, o.finish.reason, usage, o.finish.error, o.finish.stepsAfterAbort);
       }
     }
   }
@@ -181,14 +186,17 @@ export class RequestRegistry {
   }
 
   /** Record the terminal event of an entry and forget it. */
-  private end(e: Entry, reason: lc.FinishReason, usage: Usage, error?: { code: string; message: string; httpError?: KeelHttpError }): void {
+  private end(e: Entry, reason: lc.FinishReason, usage: Usage, error?: { code: string; message: string; httpError?: KeelHttpError }, stepsAfterAbort?: number): void {
     const phase = lc.phaseOf(e.lifecycle);
     const wasCancelling = e.lifecycle.state === "cancelling";
     const next = lc.finish(e.lifecycle, reason);
     if (!next || next.state !== "finished") return;
     e.lifecycle = next;
     this.live.delete(e.id);
-    this.observer.onFinished?.(e.id, next.reason, usage, { phase, ...(error ? { error: error.message } : {}) });
+    // Abort latency in engine steps: measured by the engine from the abort's arrival when it reports it, else
+    // from the gateway's view of the step counter (which lags by the messages in flight).
+    const latency = stepsAfterAbort !== undefined ? { abortLatencySteps: stepsAfterAbort } : e.cancelledAtStep === null ? {} : { abortLatencySteps: this.currentStep() - e.cancelledAtStep };
+    this.observer.onFinished?.(e.id, next.reason, usage, { phase, ...latency, ...(error ? { error: error.message } : {}) });
     if (!wasCancelling) e.sink.onFinish(next.reason, usage, error);
   }
 }

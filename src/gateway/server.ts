@@ -64,7 +64,9 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
   const registry = new RequestRegistry((msg) => engine.send(msg), {
     onFinished(id, reason, usage, info) {
       metrics.requestsFinished.inc({ finish_reason: reason });
-      if (reason === "abort") log.info({ requestId: id, event: "aborted", phase: info.phase, ...usage }, "request aborted");
+      if (reason === "abort") {
+        log.info({ requestId: id, event: "aborted", phase: info.phase, abortLatencySteps: info.abortLatencySteps, ...usage }, "request aborted");
+      }
     },
     onAdmitted(id, promptTokens) {
       log.debug({ requestId: id, event: "prefill_started", promptTokens }, "prefill started");
@@ -72,7 +74,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     onFirstToken(id) {
       log.debug({ requestId: id, event: "first_token" }, "first token");
     },
-  });
+  }, () => lastEngineStep);
   const metrics = new Metrics({ counts: () => registry.counts(), activeSequences: () => activeSequences, cachedSequences: () => cachedSequences });
 
   let resolveReady!: () => void;

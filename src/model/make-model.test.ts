@@ -5,6 +5,7 @@ import {afterAll, describe, expect, it, vi} from "vitest";
 import {readGgufHeader} from "./gguf-writer.js";
 import {main, parseMakeModelArgs} from "./make-model.js";
 import {buildTinyModel} from "./tiny-model.js";
+import {buildTinyRecurrentModel} from "./tiny-recurrent-model.js";
 
 const tmp = mkdtempSync(path.join(tmpdir(), "keel-make-model-"));
 afterAll(() => rmSync(tmp, {recursive: true, force: true}));
@@ -33,5 +34,23 @@ describe("make-model CLI", () => {
         const buf = readFileSync(out);
         expect(buf.equals(buildTinyModel({layers: 1, hidden: 32, ff: 64, heads: 4, kvHeads: 2, merges: 50}))).toBe(true);
         expect(readGgufHeader(buf).kv.get("llama.block_count")?.value).toBe(1);
+    });
+
+    it("--arch mamba|jamba writes a recurrent-state model", () => {
+        expect(parseMakeModelArgs(["--out", "x", "--arch", "jamba", "--layers", "4", "--attention-layers", "1,3", "--state-size", "8"]))
+            .toEqual({out: "x", options: {layers: 4}, recurrent: {arch: "jamba", layers: 4, attentionLayers: [1, 3], stateSize: 8}});
+        expect(() => parseMakeModelArgs(["--out", "x", "--arch", "mamba", "--f16"])).toThrow(/not supported/);
+        expect(() => parseMakeModelArgs(["--out", "x", "--dt-rank", "4"])).toThrow(/--arch/);
+        expect(() => parseMakeModelArgs(["--out", "x", "--arch", "rwkv"])).toThrow(/unknown architecture/);
+        const out = path.join(tmp, "mamba.gguf");
+        const stdout = vi.spyOn(process.stdout, "write").mockImplementation(() => true);
+        try {
+            expect(main(["--out", out, "--arch", "mamba", "--layers", "2", "--merges", "50"])).toBe(0);
+        } finally {
+            stdout.mockRestore();
+        }
+        const buf = readFileSync(out);
+        expect(buf.equals(buildTinyRecurrentModel({arch: "mamba", layers: 2, merges: 50}))).toBe(true);
+        expect(readGgufHeader(buf).kv.get("general.architecture")?.value).toBe("mamba");
     });
 });

@@ -6,10 +6,18 @@
  * keel make-model --out x.gguf [--layers N] [--hidden N] [--ff N] [--heads N] [--kv-heads N] [--ctx N]
  *                 [--merges N] [--seed N] [--logit-scale X] [--f16] [--chat-template-file t.jinja]
  *                 [--broken zero-layers|kv-heads-3|expert-used]
+ * keel make-model --out x.gguf --arch mamba|jamba [--layers N] [--hidden N] [--state-size N] [--conv-kernel N]
+ *                 [--dt-rank N] [--heads N] [--kv-heads N] [--ff N] [--attention-layers 1,3] [--ctx N] [--merges N]
+ *                 [--seed N] [--logit-scale X] [--chat-template-file t.jinja]
  * ```
+ * `--arch mamba|jamba` writes a model with recurrent state (tiny-recurrent-model.ts, docs/recurrent-model.md).
  */
 import {readFileSync, writeFileSync} from "node:fs";
 import {buildTinyModel, tinyModelSpecialIds, resolveTinyModelOptions, type BrokenModelKind, type TinyModelOptions} from "./tiny-model.js";
+import {
+    buildTinyRecurrentModel, resolveTinyRecurrentModelOptions, tinyRecurrentModelSpecialIds, type TinyRecurrentArch,
+    type TinyRecurrentModelOptions
+} from "./tiny-recurrent-model.js";
 
 /** Usage text of the `make-model` command. */
 export const MAKE_MODEL_USAGE = `usage: keel make-model --out FILE.gguf [options]
@@ -17,12 +25,18 @@ export const MAKE_MODEL_USAGE = `usage: keel make-model --out FILE.gguf [options
   --logit-scale X          std of the output logits (default from TINY_MODEL_DEFAULTS)
   --f16                    store matrices as F16
   --chat-template-file F   Jinja chat template (default ChatML)
-  --broken KIND            zero-layers | kv-heads-3 | expert-used (crafted models that abort llama.cpp)`;
+  --broken KIND            zero-layers | kv-heads-3 | expert-used (crafted models that abort llama.cpp)
+  --arch ARCH              llama (default) | mamba | jamba (recurrent-state models; no --f16 / --broken)
+  --state-size N  --conv-kernel N  --dt-rank N          SSM sizes (mamba / jamba only)
+  --attention-layers I,J   jamba: indices of the attention layers (default 1)`;
 
 /** Parsed command line of `make-model`. */
 export interface MakeModelArgs {
     out: string;
+    /** Llama options (`--arch llama`, the default); unused when {@link recurrent} is set. */
     options: TinyModelOptions;
+    /** Set for `--arch mamba|jamba`: the recurrent model's options (the shared flags are copied here). */
+    recurrent?: TinyRecurrentModelOptions;
 }
 
 const INT_FLAGS = {
@@ -30,12 +44,16 @@ const INT_FLAGS = {
     "--ctx": "ctx", "--merges": "merges", "--seed": "seed"
 } as const;
 
+const RECURRENT_INT_FLAGS = {"--state-size": "stateSize", "--conv-kernel": "convKernel", "--dt-rank": "dtRank"} as const;
+
 /**
  * Parses `make-model` arguments (without the command name).
  * @throws Error with a message for the user on unknown flags, missing values, bad numbers or a missing --out
  */
 export function parseMakeModelArgs(argv: readonly string[]): MakeModelArgs {
     const options: TinyModelOptions = {};
+    const recurrentOnly: TinyRecurrentModelOptions = {};
+    let arch: "llama" | TinyRecurrentArch = "llama";
     let out: string | undefined;
     for (let i = 0; i < argv.length; i++) {
         const flag = argv[i]!;
@@ -46,6 +64,21 @@ export function parseMakeModelArgs(argv: readonly string[]): MakeModelArgs {
         };
         if (flag === "--out" || flag === "-o") out = value();
         else if (flag === "--f16") options.f16 = true;
+        else if (flag === "--arch") {
+            const a = value();
+            if (a !== "llama" && a !== "mamba" && a !== "jamba") throw new Error(`--arch: unknown architecture "${a}" (llama | mamba | jamba)`);
+            arch = a;
+        } else if (flag === "--attention-layers") {
+            const raw = value();
+            const list = raw.split(",").map((x) => Number(x.trim()));
+            if (raw.trim() === "" || list.some((v) => !Number.isInteger(v))) throw new Error(`${flag}: "${raw}" is not a comma-separated list of integers`);
+            recurrentOnly.attentionLayers = list;
+        } else if (flag in RECURRENT_INT_FLAGS) {
+            const raw = value();
+            const v = Number(raw);
+            if (!Number.isInteger(v)) throw new Error(`${flag}: "${raw}" is not an integer`);
+            recurrentOnly[RECURRENT_INT_FLAGS[flag as keyof typeof RECURRENT_INT_FLAGS]] = v;
+        }
         else if (flag === "--broken") options.broken = value() as BrokenModelKind;
         else if (flag === "--chat-template-file") options.chatTemplate = readFileSync(value(), "utf8");
         else if (flag === "--logit-scale") {
@@ -60,6 +93,14 @@ export function parseMakeModelArgs(argv: readonly string[]): MakeModelArgs {
         } else throw new Error(`unknown option ${flag}`);
     }
     if (out === undefined) throw new Error("--out is required");
+    if (arch !== "llama") {
+        if (options.f16 || options.broken !== undefined) throw new Error(`--f16 and --broken are not supported with --arch ${arch}`);
+        const {f16: _f16, broken: _broken, ...shared} = options;
+        const recurrent: TinyRecurrentModelOptions = {arch, ...shared, ...recurrentOnly};
+        resolveTinyRecurrentModelOptions(recurrent);
+        return {out, options, recurrent};
+    }
+    if (Object.keys(recurrentOnly).length > 0) throw new Error("--state-size, --conv-kernel, --dt-rank and --attention-layers need --arch mamba|jamba");
     resolveTinyModelOptions(options); // validate early, with the same messages as the builder
     return {out, options};
 }
@@ -82,6 +123,14 @@ export function main(argv: readonly string[]): number {
         return 2;
     }
     try {
+        if (args.recurrent) {
+            const buf = buildTinyRecurrentModel(args.recurrent);
+            writeFileSync(args.out, buf);
+            const ids = tinyRecurrentModelSpecialIds(args.recurrent);
+            process.stdout.write(JSON.stringify({out: args.out, bytes: buf.length, ...ids, options: resolveTinyRecurrentModelOptions(args.recurrent)},
+                (k, v: unknown) => (k === "chatTemplate" ? undefined : v)) + "\n");
+            return 0;
+        }
         const buf = buildTinyModel(args.options);
         writeFileSync(args.out, buf);
         const ids = tinyModelSpecialIds(args.options);

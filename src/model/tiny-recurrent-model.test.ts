@@ -5,12 +5,12 @@ import {mkdtempSync, rmSync, writeFileSync} from "node:fs";
 import {tmpdir} from "node:os";
 import path from "node:path";
 import {afterAll, beforeAll, describe, expect, it} from "vitest";
-import {getLlama, LlamaLogLevel, type Llama, type LlamaContext, type LlamaModel} from "node-llama-cpp";
+import {getLlama, LlamaLogLevel, type Llama, type LlamaContext, type LlamaModel, type Token} from "node-llama-cpp";
 import {readGgufHeader} from "./gguf-writer.js";
 import {buildTinyModel, tinyModelSpecialIds} from "./tiny-model.js";
 import {
     buildTinyRecurrentModel, isBatchInvariantRecurrentShape, resolveTinyRecurrentModelOptions,
-    tinyRecurrentModelSpecialIds, TINY_RECURRENT_MODEL_DEFAULTS, type TinyRecurrentArch
+    tinyRecurrentModelSpecialIds, TINY_RECURRENT_MODEL_DEFAULTS, type TinyRecurrentArch, type TinyRecurrentModelOptions
 } from "./tiny-recurrent-model.js";
 
 /* eslint-disable @typescript-eslint/no-explicit-any */
@@ -85,10 +85,24 @@ describe("buildTinyRecurrentModel (no llama.cpp)", () => {
     });
 });
 
-describe.each(["mamba", "jamba"] as const)("tiny %s model under llama.cpp", (arch) => {
-    let model: LlamaModel;
-    let ctx: LlamaContext;
-    let native: Native;
+/** A model + 2-sequence context driven through node-llama-cpp's native context, as Keel's step engine does. */
+interface Harness {
+    model: LlamaModel;
+    native: Native;
+    tok(text: string): number[];
+    /** Greedy: prefill `tokens` on `seq` from `pos` (one batch), then decode `n` tokens. Tokens and top-1 probs. */
+    greedy(seq: number, tokens: number[], pos: number, n: number): Promise<{tokens: number[]; probs: number[]}>;
+    /** Requests through a step loop (budget 5: chunked prefill mixed with decodes); request i (= sequence i) joins at starts[i]. */
+    stepLoop(prompts: number[][], starts: number[], n: number): Promise<{tokens: number[]; probs: number[]}[]>;
+    dispose(): Promise<void>;
+}
+
+async function openHarness(opts: TinyRecurrentModelOptions): Promise<Harness> {
+    const file = path.join(tmp, `${Object.values(opts).join("-")}.gguf`);
+    writeFileSync(file, buildTinyRecurrentModel(opts));
+    const model = await llama.loadModel({modelPath: file});
+    const ctx: LlamaContext = await model.createContext({contextSize: 256, sequences: 2, batchSize: 64, threads: 1, flashAttention: false});
+    const native = (ctx as any)._ctx as Native;
     const samplers: any[] = [];
     const newSampler = (): unknown => {
         const s = new (llama as any)._bindings.AddonSampler((model as any)._model);
@@ -97,22 +111,6 @@ describe.each(["mamba", "jamba"] as const)("tiny %s model under llama.cpp", (arc
         return s;
     };
 
-    beforeAll(async () => {
-        const file = path.join(tmp, `${arch}.gguf`);
-        writeFileSync(file, buildTinyRecurrentModel({arch}));
-        model = await llama.loadModel({modelPath: file});
-        ctx = await model.createContext({contextSize: 256, sequences: 2, batchSize: 64, threads: 1, flashAttention: false});
-        native = (ctx as any)._ctx as Native;
-    });
-    afterAll(async () => {
-        for (const s of samplers) s.dispose();
-        await ctx?.dispose();
-        await model?.dispose();
-    });
-
-    const tok = (t: string): number[] => Array.from(model.tokenize(chat(t), true));
-
-    /** Greedy: prefill `tokens` on `seq` from `pos` (one batch), then decode `n` tokens. Tokens and top-1 probs. */
     async function greedy(seq: number, tokens: number[], pos: number, n: number): Promise<{tokens: number[]; probs: number[]}> {
         const sampler = newSampler();
         native.initBatch(tokens.length);
@@ -132,7 +130,6 @@ describe.each(["mamba", "jamba"] as const)("tiny %s model under llama.cpp", (arc
         return {tokens: out, probs};
     }
 
-    /** Two requests through a step loop (budget 5: chunked prefill mixed with decodes); request i joins at starts[i]. */
     async function stepLoop(prompts: number[][], starts: number[], n: number): Promise<{tokens: number[]; probs: number[]}[]> {
         const reqs = prompts.map((prompt, seq) => ({prompt, seq, start: starts[seq]!, pos: 0, out: [] as number[], probs: [] as number[],
             sampler: newSampler()}));
@@ -164,6 +161,39 @@ describe.each(["mamba", "jamba"] as const)("tiny %s model under llama.cpp", (arc
         return reqs.map((r) => ({tokens: r.out, probs: r.probs}));
     }
 
+    return {
+        model, native, greedy, stepLoop,
+        tok: (t) => Array.from(model.tokenize(chat(t), true)),
+        dispose: async () => {
+            for (const s of samplers) s.dispose();
+            await ctx.dispose();
+            await model.dispose();
+        }
+    };
+}
+
+const BATCH_PROMPTS = ["Once upon a time there was a fox who lived by the sea and watched the ships", "{\"name\": \"Alice\", \"age\": 30}"];
+
+/** Solo runs of both prompts vs. both together in one step loop (sequence 1 joining at step 3). */
+async function soloVsBatched(h: Harness): Promise<{solo: {tokens: number[]; probs: number[]}[]; batched: {tokens: number[]; probs: number[]}[]}> {
+    const [p0, p1] = BATCH_PROMPTS.map((t) => h.tok(t)) as [number[], number[]];
+    const solo0 = (await h.stepLoop([p0], [0], 20))[0]!;
+    const solo1 = await h.greedy(1, p1, 0, 20);
+    h.native.disposeSequence(1);
+    return {solo: [solo0, solo1], batched: await h.stepLoop([p0, p1], [0, 3], 20)};
+}
+
+describe.each(["mamba", "jamba"] as const)("tiny %s model under llama.cpp", (arch) => {
+    let h: Harness;
+    let model: LlamaModel;
+    let native: Native;
+    let tok: Harness["tok"], greedy: Harness["greedy"];
+    beforeAll(async () => {
+        h = await openHarness({arch});
+        ({model, native, tok, greedy} = h);
+    });
+    afterAll(async () => h?.dispose());
+
     it("(a) loads and generates deterministic greedy tokens (no EOS)", async () => {
         const p = tok("The weather this week has been strange.");
         const a = await greedy(0, p, 0, 24);
@@ -172,20 +202,13 @@ describe.each(["mamba", "jamba"] as const)("tiny %s model under llama.cpp", (arc
         native.disposeSequence(0);
         expect(b).toEqual(a);
         expect(new Set(a.tokens).size).toBeGreaterThan(5);
-        expect(a.tokens.some((t) => model.isSpecialToken(t))).toBe(false);
+        expect(a.tokens.some((t) => model.isSpecialToken(t as unknown as Token))).toBe(false);
     });
 
     it("(b) two sequences batched together give the same tokens (and probabilities) as each alone", async () => {
-        const p0 = tok("Once upon a time there was a fox who lived by the sea and watched the ships");
-        const p1 = tok("{\"name\": \"Alice\", \"age\": 30}");
-        const solo0 = (await stepLoop([p0], [0], 20))[0]!;
-        const solo1 = await greedy(1, p1, 0, 20);
-        native.disposeSequence(1);
-        const [b0, b1] = await stepLoop([p0, p1], [0, 3], 20);
-        expect(b0!.tokens).toEqual(solo0.tokens);
-        expect(b1!.tokens).toEqual(solo1.tokens);
-        expect(b0!.probs).toEqual(solo0.probs); // bit-identical: no tinyBLAS, sequential scan
-        expect(b1!.probs).toEqual(solo1.probs);
+        const {solo, batched} = await soloVsBatched(h);
+        expect(batched.map((r) => r.tokens)).toEqual(solo.map((r) => r.tokens));
+        expect(batched.map((r) => r.probs)).toEqual(solo.map((r) => r.probs)); // bit-identical: no tinyBLAS, sequential scan
     });
 
     it("(c) seq_rm: a partial trim is refused, a no-op tail trim and a full clear succeed", async () => {
@@ -226,6 +249,9 @@ describe.each(["mamba", "jamba"] as const)("tiny %s model under llama.cpp", (arc
         const fresh = await greedy(1, b, 0, 16); // sequence 1 never held anything
         native.disposeSequence(1);
         await greedy(0, a, 0, 10);
+        // control: the same prompt on top of the stale state (as if the sequence had not been cleared) differs
+        const stale = await greedy(0, b, a.length + 9, 16);
+        expect(stale.tokens).not.toEqual(fresh.tokens);
         expect(native.removeTokenCellsFromSequence(0, 0, -1)).toBe(true);
         const reused = await greedy(0, b, 0, 16);
         native.disposeSequence(0);
@@ -247,5 +273,18 @@ describe.each(["mamba", "jamba"] as const)("tiny %s model under llama.cpp", (arc
         native.disposeSequence(1);
         expect(reused.tokens).toEqual(scratch.tokens);
         expect(reused.probs).toEqual(scratch.probs);
+    });
+});
+
+describe("batch invariance needs the default shapes", () => {
+    it("negative control: mamba with hidden 64 (tinyBLAS-eligible) is not bit-identical solo vs batched", async () => {
+        const h = await openHarness({arch: "mamba", hidden: 64, dtRank: 4});
+        try {
+            expect(isBatchInvariantRecurrentShape({hidden: 64, dtRank: 4})).toBe(false);
+            const {solo, batched} = await soloVsBatched(h);
+            expect(batched.map((r) => r.probs)).not.toEqual(solo.map((r) => r.probs));
+        } finally {
+            await h.dispose();
+        }
     });
 });

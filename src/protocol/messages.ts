@@ -132,6 +132,11 @@ export interface FinishInfo {
   completionTokens: number;
   /** Present when reason is "error". */
   error?: { code: string; message: string };
+  /**
+   * For an abort: engine steps decoded between the abort's arrival and the release (0 when no step was in
+   * flight, 1 when it arrived during a decode). Aborts are applied at the next step boundary.
+   */
+  stepsAfterAbort?: number;
 }
 
 /** What happened to one request in one step. */

@@ -1,0 +1,170 @@
+/**
+ * Disconnect storm under saturation (recipes 1, 4, 5, 6, 9, 11, 13, 15 of ../shared/cases/recipes.md), end to end:
+ * 4 sequences, a small prefill budget, a long shared system prompt (prefix reuse active), 16 concurrent clients,
+ * 240 requests, about a third hard-closed (FIN or RST) at random phases — before headers, at admission (prefill),
+ * mid-decode, at the instant of natural finish (max_tokens 1–2) — and the rest compared with control runs.
+ *
+ * Asserts I1 (same process), I3 (every bystander identical to its control), I4 (sequences, queue and KV back to
+ * baseline; every abort applied within 2 engine steps), I5 (one terminal record per aborted request), and that the
+ * metrics show queueing, prefix-cache hits and disconnects happened. No timing expectations (those are in bench/).
+ */
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { chat, type ChatResult, type CloseMode } from "../support/chat-client.js";
+import { get, metrics, startServer, waitForMetrics, type ServerHandle } from "../support/server.js";
+
+const SYSTEM = Array.from({ length: 12 }, (_, i) => `Rule ${i + 1}: answer briefly, keep the queue moving, and never drop a request.`).join(" ");
+const QUESTIONS = [
+  "What is a queue?",
+  "Describe the river in the morning.",
+  "Tell a story about a fox.",
+  "Why do requests get cancelled?",
+  "How is memory measured?",
+  "Explain prefill and decode.",
+  "What is a KV cache?",
+  "Write a line of JSON.",
+];
+const MAX_TOKENS = [1, 2, 8, 24];
+const TOTAL = 240;
+const CONCURRENCY = 16;
+
+/** Deterministic PRNG (mulberry32) so a failing storm can be replayed. */
+function prng(seed: number): () => number {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+const body = (q: string, maxTokens: number) => ({
+  model: "keel-tiny",
+  messages: [
+    { role: "system", content: SYSTEM },
+    { role: "user", content: q },
+  ],
+  temperature: 0,
+  ignore_eos: true,
+  max_tokens: maxTokens,
+  stream: true,
+});
+
+let server: ServerHandle;
+const control = new Map<string, string>();
+const key = (q: string, n: number) => `${n}|${q}`;
+
+beforeAll(async () => {
+  server = await startServer(["--max_num_seqs", "4", "--max_num_batched_tokens", "32", "--max_queued_requests", "1000"]);
+  for (const q of QUESTIONS) {
+    for (const n of MAX_TOKENS) {
+      const r = await chat(server.baseUrl, body(q, n));
+      expect(r.done).toBe(true);
+      control.set(key(q, n), r.text);
+    }
+  }
+});
+
+afterAll(async () => {
+  await server?.stop();
+});
+
+type Plan = { q: string; n: number; victim: null | { at: "sent" | "admitted" | "chunk" | "finish"; chunk: number; mode: CloseMode } };
+
+describe("disconnect storm under saturation", () => {
+  it(`${TOTAL} requests at concurrency ${CONCURRENCY}, a third hard-closed at random phases: bystanders identical, nothing leaks`, async () => {
+    const rand = prng(20261201);
+    const plans: Plan[] = Array.from({ length: TOTAL }, () => {
+      const q = QUESTIONS[Math.floor(rand() * QUESTIONS.length)]!;
+      const n = MAX_TOKENS[Math.floor(rand() * MAX_TOKENS.length)]!;
+      if (rand() >= 1 / 3) return { q, n, victim: null };
+      const kinds = ["sent", "admitted", "chunk", "finish"] as const;
+      const at = kinds[Math.floor(rand() * kinds.length)]!;
+      return { q, n, victim: { at, chunk: 1 + Math.floor(rand() * 6), mode: rand() < 0.5 ? "fin" : "rst" } };
+    });
+    const before = await metrics(server.baseUrl);
+    const pid = server.proc.pid;
+
+    // Watch the queue while the storm runs (observation only).
+    let maxWaiting = 0;
+    let storming = true;
+    const watcher = (async () => {
+      while (storming) {
+        const m = await metrics(server.baseUrl);
+        maxWaiting = Math.max(maxWaiting, m.get("keel_requests_waiting") ?? 0);
+      }
+    })();
+
+    const results: { plan: Plan; r: ChatResult }[] = [];
+    let next = 0;
+    async function worker(): Promise<void> {
+      while (next < plans.length) {
+        const plan = plans[next++]!;
+        const v = plan.victim;
+        const r = await chat(server.baseUrl, body(plan.q, plan.n), {
+          onSent: (ctl) => v?.at === "sent" && ctl.close(v.mode),
+          onEvent: (_e, i, ctl) => {
+            if (!v) return;
+            if (v.at === "admitted" && i === 0) ctl.close(v.mode);
+            if (v.at === "chunk" && i === v.chunk) ctl.close(v.mode);
+            // max_tokens 1–2: the first content chunk is also the moment of natural finish.
+            if (v.at === "finish" && i === 1) ctl.close(v.mode);
+          },
+        });
+        results.push({ plan, r });
+      }
+    }
+    await Promise.all(Array.from({ length: CONCURRENCY }, () => worker()));
+    storming = false;
+    await watcher;
+
+    // I3: every bystander, and every victim that happened to finish before its close, equals its control.
+    let bystanders = 0;
+    for (const { plan, r } of results) {
+      if (r.closedByClient) continue;
+      bystanders += 1;
+      expect(r.status, `${plan.q} n=${plan.n}`).toBe(200);
+      expect(r.done).toBe(true);
+      expect(r.text, `${plan.q} n=${plan.n}`).toBe(control.get(key(plan.q, plan.n)));
+    }
+    const closed = results.filter((x) => x.r.closedByClient).length;
+    expect(bystanders + closed).toBe(TOTAL);
+    expect(closed).toBeGreaterThan(TOTAL / 5);
+
+    // I1, I2, I4: same process, ready, everything back to baseline.
+    expect(server.proc.exitCode).toBeNull();
+    expect(server.proc.pid).toBe(pid);
+    expect((await get(server.baseUrl, "/v2/health/ready")).status).toBe(200);
+    const after = await waitForMetrics(
+      server.baseUrl,
+      (m) => m.get("keel_requests_running") === 0 && m.get("keel_requests_waiting") === 0 && m.get("keel_engine_sequences_active") === 0,
+    );
+
+    // Metrics show the regime we meant to test: queueing, prefix reuse, disconnects in several phases.
+    expect(maxWaiting).toBeGreaterThan(0);
+    expect(after.get("keel_prefix_cache_hit_tokens_total")!).toBeGreaterThan(before.get("keel_prefix_cache_hit_tokens_total")!);
+    const delta = (p: string) => after.get(`keel_client_disconnects_total{phase="${p}"}`)! - before.get(`keel_client_disconnects_total{phase="${p}"}`)!;
+    expect(delta("queued") + delta("prefill") + delta("decode")).toBeGreaterThan(TOTAL / 10);
+    expect([delta("queued"), delta("prefill"), delta("decode")].filter((d) => d > 0).length).toBeGreaterThanOrEqual(2);
+
+    // I4 in engine steps and I5: each aborted request has exactly one terminal record, within 2 steps of its abort.
+    const aborted = server.logs
+      .map((l) => {
+        try {
+          return JSON.parse(l) as { event?: string; requestId?: string; abortLatencySteps?: number };
+        } catch {
+          return {};
+        }
+      })
+      .filter((j) => j.event === "aborted");
+    const ids = aborted.map((a) => a.requestId);
+    expect(new Set(ids).size).toBe(ids.length);
+    expect(aborted.length).toBe(after.get('keel_requests_finished_total{finish_reason="abort"}')!);
+    for (const a of aborted) expect(a.abortLatencySteps, a.requestId).toBeLessThanOrEqual(2);
+
+    // I6: a fresh request still gives its control text.
+    const fresh = await chat(server.baseUrl, body(QUESTIONS[0]!, 24));
+    expect(fresh.text).toBe(control.get(key(QUESTIONS[0]!, 24)));
+  });
+});
