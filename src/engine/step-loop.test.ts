@@ -239,7 +239,7 @@ describe("StepLoop", () => {
     // Next boundary: the abort frees a's slot, then b is admitted into it.
     const [next] = await t.stepOnce();
     const outA = next!.outputs.find((o) => o.id === "a")!;
-    expect(outA.finish).toEqual({ reason: "abort", promptTokens: 3, completionTokens: 2 });
+    expect(outA.finish).toEqual({ reason: "abort", promptTokens: 3, completionTokens: 2, stepsAfterAbort: 1 });
     expect(outA.tokens).toEqual([]);
     expect(next!.outputs.find((o) => o.id === "b")!.admitted).toEqual({ promptTokens: [122, 122], cachedTokens: 0 });
     expect(t.backend.cleared.slice(clearedBefore)).toEqual([{ slot: 0, duringDecode: false }]);
@@ -291,7 +291,7 @@ describe("StepLoop", () => {
     t.loop.submit(add("x", "hello"));
     t.loop.submit({ type: "abort", ids: ["x"] });
     const [msg] = await t.stepOnce();
-    expect(msg!.outputs).toEqual([{ id: "x", tokens: [], text: "", finish: { reason: "abort", promptTokens: 5, completionTokens: 0 } }]);
+    expect(msg!.outputs).toEqual([{ id: "x", tokens: [], text: "", finish: { reason: "abort", promptTokens: 5, completionTokens: 0, stepsAfterAbort: 0 } }]);
     expect(msg!.batchTokens).toBe(0);
     expect(t.loop.liveRequests).toBe(0);
     expect(t.loop.scheduler.hasWork).toBe(false);
