@@ -51,15 +51,16 @@ export const SERVE_FLAGS: FlagSpec[] = [
   { name: "max_num_seqs", help: "sequences decoded together (KV slots)", default: "8", parse: int("max_num_seqs", 1, 256) },
   { name: "max_num_batched_tokens", help: "token budget of one engine step (>= max_num_seqs)", default: "256", parse: int("max_num_batched_tokens", 1, 65536) },
   { name: "max_model_len", help: "tokens per sequence (default: min(model's trained context, 4096))", default: undefined, parse: int("max_model_len", 2, 1 << 20) },
-  { name: "engine_threads", help: "CPU threads of the engine (1 measured best on a 2-core machine; bench/threads.ts)", default: "1", parse: int("engine_threads", 1, 512) },
-  { name: "target_device", help: "CPU, or AUTO to let llama.cpp use a prebuilt GPU backend", default: "CPU", parse: oneOf("target_device", ["CPU", "AUTO", "GPU"]) },
+  { name: "engine_threads", help: "CPU threads of the engine (1 measured best on a 2-core machine; bench/threads.mjs)", default: "1", parse: int("engine_threads", 1, 512) },
+  { name: "target_device", help: "CPU, or AUTO/GPU to let llama.cpp use a prebuilt GPU backend", default: "CPU", parse: oneOf("target_device", ["CPU", "AUTO", "GPU"]) },
   { name: "max_queued_requests", help: "requests allowed to wait for a sequence; beyond it 429 with Retry-After", default: "256", parse: int("max_queued_requests", 0, 1_000_000) },
   { name: "enable_prefix_caching", help: "keep finished requests' KV and reuse the longest common prefix", default: "true", parse: bool("enable_prefix_caching") },
   { name: "kv_cache_precision", help: "KV cache precision: f16, or u8 (q8_0 K and V, with flash attention)", default: "f16", parse: oneOf("kv_cache_precision", ["f16", "u8"]) },
   { name: "cache_size", help: "KV cache budget in GB over all sequences (fractions allowed); 0 = max_model_len per sequence", default: "0", parse: gb("cache_size") },
+  { name: "shutdown_timeout", help: "seconds in-flight requests may take to finish after SIGTERM/SIGINT", default: "30", parse: int("shutdown_timeout", 0, 86_400) },
   { name: "log_level", help: "DEBUG, INFO, WARNING or ERROR", default: "INFO", parse: oneOf("log_level", ["DEBUG", "INFO", "WARNING", "ERROR"]) },
   { name: "max_request_body", help: "request body limit in bytes", default: String(8 * 1024 * 1024), parse: int("max_request_body", 1024) },
-  { name: "flash_attention", help: "flash attention in llama.cpp (off keeps greedy output independent of batching)", default: "false", parse: bool("flash_attention") },
+  { name: "flash_attention", help: "flash attention in llama.cpp (off: the embedded model's greedy output does not depend on batching)", default: "false", parse: bool("flash_attention") },
 ];
 
 function usage(): string {
@@ -155,6 +156,11 @@ async function serve(argv: string[]): Promise<void> {
     process.stderr.write(`keel serve: ${(err as Error).message}\n`);
     process.exit(1);
   }
+  if ((flags["max_model_len"] as number | undefined) !== undefined && (flags["max_model_len"] as number) > meta.trainContextSize) {
+    // As vLLM: a context longer than the model was trained for gives garbage and costs memory.
+    process.stderr.write(`keel serve: --max_model_len ${flags["max_model_len"]} exceeds the model's trained context of ${meta.trainContextSize} tokens\n`);
+    process.exit(2);
+  }
   let maxModelLen = (flags["max_model_len"] as number | undefined) ?? Math.min(meta.trainContextSize, 4096);
   const cacheGb = flags["cache_size"] as number;
   let capacityNote = "max_model_len";
@@ -178,7 +184,9 @@ async function serve(argv: string[]): Promise<void> {
   }
   const logLevel = ({ DEBUG: "debug", INFO: "info", WARNING: "warn", ERROR: "error" } as const)[flags["log_level"] as "INFO"];
   const modelName = (flags["model_name"] as string | undefined) ?? (demo ? DEFAULT_MODEL_NAME : path.basename(modelPath).replace(/\.gguf$/i, ""));
-  const gw = await startGateway({
+  let gw: Awaited<ReturnType<typeof startGateway>>;
+  try {
+    gw = await startGateway({
     host: flags["rest_bind_address"] as string,
     port: flags["rest_port"] as number,
     modelName,
@@ -187,17 +195,27 @@ async function serve(argv: string[]): Promise<void> {
     maxQueuedRequests: flags["max_queued_requests"] as number,
     logLevel,
   });
+  } catch (err) {
+    const e = err as NodeJS.ErrnoException;
+    const what = e.code === "EADDRINUSE" ? `port ${flags["rest_port"]} on ${flags["rest_bind_address"]} is already in use` : e.message;
+    process.stderr.write(`keel serve: cannot listen: ${what}\n`);
+    process.exit(1);
+  }
   gw.log.info(
     { event: "capacity", tokensPerSequence: maxModelLen, sequences: maxNumSeqs, limitedBy: capacityNote, kvCachePrecision: flags["kv_cache_precision"], prefixCaching: base.prefixCaching },
     `KV capacity: ${maxModelLen} tokens per sequence x ${maxNumSeqs} sequences`,
   );
   if (demo) gw.log.warn({ event: "demo_model", model: modelPath }, "serving the embedded random-weight demo model: its output is gibberish by design");
+  // Graceful drain on the first SIGTERM/SIGINT; a second one stops waiting for in-flight requests.
+  let signals = 0;
   const shutdown = (sig: string): void => {
-    gw.log.info({ event: "shutdown", signal: sig }, "shutting down");
-    void gw.close().then(() => process.exit(0));
+    signals += 1;
+    gw.log.info({ event: "shutdown", signal: sig, count: signals }, "shutting down");
+    if (signals === 1) void gw.drain((flags["shutdown_timeout"] as number) * 1000).then(() => process.exit(0));
+    else void gw.drain(0).then(() => process.exit(0));
   };
-  process.once("SIGTERM", () => shutdown("SIGTERM"));
-  process.once("SIGINT", () => shutdown("SIGINT"));
+  process.on("SIGTERM", () => shutdown("SIGTERM"));
+  process.on("SIGINT", () => shutdown("SIGINT"));
 }
 
 /** Entry point of the `keel` bin. */

@@ -55,6 +55,7 @@ export async function handleChat(ctx: ChatRouteContext, req: FastifyRequest, rep
   const template = ctx.template();
   if (!ctx.isReady() || !template) {
     ctx.onRejected("not_ready");
+    void reply.header("retry-after", "1");
     throw notReady();
   }
   // 429 at the door (TGI's router): the queue is bounded, so saturation answers at once instead of piling up.

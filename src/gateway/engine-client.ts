@@ -100,7 +100,9 @@ export class EngineClient {
     this.starts += 1;
     this.ready = null;
     const config: EngineConfig = { ...this.opts.config, mode: "serve" };
-    const child = spawn(process.execPath, [ENGINE_MAIN, JSON.stringify(config)], { stdio: ["ignore", "pipe", "pipe", "pipe"] });
+    // Own process group: a terminal's Ctrl-C reaches only the gateway, which then stops the engine in order.
+    // If the gateway dies, the engine sees its channel close and exits by itself.
+    const child = spawn(process.execPath, [ENGINE_MAIN, JSON.stringify(config)], { stdio: ["ignore", "pipe", "pipe", "pipe"], detached: true });
     this.child = child;
     const channel = child.stdio[3] as Duplex;
     this.channel = channel;

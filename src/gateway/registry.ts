@@ -7,7 +7,12 @@
 import type { AddMessage, RequestErrorMessage, SamplingParams, StepMessage } from "../protocol/messages.js";
 import { PROTOCOL_VERSION } from "../protocol/messages.js";
 import * as lc from "./lifecycle.js";
-import type { KeelHttpError } from "./errors.js";
+import { KeelHttpError } from "./errors.js";
+
+/** 503 for requests ended by a shutdown. */
+function shuttingDown(message: string): KeelHttpError {
+  return new KeelHttpError({ status: 503, type: "service_unavailable_error", code: "shutting_down", message });
+}
 
 /** Token counts of a request (tokens). */
 export interface Usage {
@@ -176,6 +181,25 @@ export class RequestRegistry {
     const e = this.live.get(msg.id);
     if (!e) return;
     this.end(e, "error", { promptTokens: 0, completionTokens: 0 }, { code: msg.code, message: msg.message, httpError: toHttp(msg.code, msg.message) });
+  }
+
+  /**
+   * End every live request now (shutdown): each client gets a 503-shaped error (a final stream event, or a 503),
+   * and each request is aborted in the engine. Returns how many were ended.
+   */
+  endAll(message: string): number {
+    let n = 0;
+    for (const e of [...this.live.values()]) {
+      if (e.lifecycle.state === "cancelling" || e.lifecycle.state === "finished") continue;
+      n += 1;
+      try {
+        e.sink.onFinish("error", { promptTokens: e.promptTokens.length, completionTokens: e.generated.length }, { code: "shutting_down", message, httpError: shuttingDown(message) });
+      } catch {
+        /* a broken sink must not stop the shutdown */
+      }
+      this.cancel(e.id, "shutdown");
+    }
+    return n;
   }
 
   /** The engine process died: every live request is gone with it. */

@@ -45,6 +45,12 @@ export interface Gateway {
   log: Logger;
   /** Resolves when the engine reported ready for the first time. */
   engineReady: Promise<void>;
+  /**
+   * Graceful drain: readiness turns 503, new requests get 503 with Retry-After, in-flight requests may finish for
+   * up to `timeoutMs`; the rest are then ended (stream: a final error event; unary: 503) and aborted; the engine
+   * stops and the HTTP server closes. Resolves when everything is down.
+   */
+  drain(timeoutMs: number): Promise<void>;
   close(): Promise<void>;
 }
 
@@ -136,7 +142,10 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       onExit({ code, signal }) {
         activeSequences = 0;
         cachedSequences = 0;
-        if (closing) return;
+        if (closing) {
+          registry.handleEngineExit("the server is shutting down");
+          return;
+        }
         log.error({ event: "engine_exit", code, signal, inFlight: registry.size }, "engine process exited; restarting");
         metrics.engineRestarts.inc({ reason: signal ? "signal" : "exit" });
         registry.handleEngineExit(`the engine process exited (${signal ?? `code ${code}`})`);
@@ -153,7 +162,10 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       },
     },
   );
+  /** Set once the HTTP server and engine are being stopped. */
   let closing = false;
+  /** Set by drain(): readiness 503 and new requests refused with 503 + Retry-After. */
+  let draining = false;
 
   // requestTimeout bounds how long a client may take to send its whole request (slow headers or body).
   const app = Fastify({ logger: false, bodyLimit: opts.bodyLimit, return503OnClosing: true, requestTimeout: 30_000 });
@@ -192,7 +204,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     registry,
     modelName: opts.modelName,
     template: () => template,
-    isReady: () => engine.isReady,
+    isReady: () => engine.isReady && !draining && !closing,
     maxModelLen: () => engine.ready?.limits.maxModelLen ?? null,
     maxQueuedRequests: opts.maxQueuedRequests,
     onRejected: (reason: "queue_full" | "not_ready") => metrics.requestsRejected.inc({ reason }),
@@ -210,7 +222,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
   for (const path of ["/v3/models", "/v3/v1/models", "/v1/models"]) app.get(path, async () => modelsBody());
   app.get("/v2/health/live", async (_req, reply) => reply.status(200).send());
   app.get("/v2/health/ready", async (_req, reply) => {
-    if (engine.isReady && !closing) return reply.status(200).send();
+    if (engine.isReady && !closing && !draining) return reply.status(200).send();
     return reply.status(503).send(toErrorBody(new KeelHttpError({ status: 503, type: "service_unavailable_error", code: "not_ready", message: "The engine is not ready." })));
   });
   app.get("/metrics", async (_req, reply) => {
@@ -218,8 +230,9 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     return reply.type(metrics.registry.contentType).send(text);
   });
 
-  engine.start();
+  // Listen first: liveness answers while the engine loads, and a busy port fails before an engine is spawned.
   await app.listen({ host: opts.host, port: opts.port });
+  engine.start();
   log.info({ event: "listening", address: app.server.address() }, "gateway listening");
 
   return {
@@ -229,10 +242,26 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     metrics,
     log,
     engineReady,
+    async drain(timeoutMs: number) {
+      draining = true;
+      log.info({ event: "drain_started", inFlight: registry.size, timeoutMs }, "draining: new requests get 503");
+      const deadline = Date.now() + timeoutMs;
+      // 1. Let in-flight requests finish (observed through the registry; bounded by the timeout).
+      while (registry.size > 0 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 50));
+      // 2. End what is left cleanly and abort it in the engine.
+      const left = registry.endAll("the server is shutting down");
+      if (left > 0) log.warn({ event: "drain_timeout", aborted: left }, "shutdown timeout reached: remaining requests aborted");
+      const settle = Date.now() + 2000;
+      while (registry.size > 0 && Date.now() < settle) await new Promise((r) => setTimeout(r, 20));
+      closing = true;
+      await engine.stop();
+      await app.close();
+      log.info({ event: "drain_finished" }, "shutdown complete");
+    },
     async close() {
       closing = true;
-      await app.close();
       await engine.stop();
+      await app.close();
     },
   };
 }

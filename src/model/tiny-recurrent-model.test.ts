@@ -4,7 +4,7 @@
 import {mkdtempSync, rmSync, writeFileSync} from "node:fs";
 import {tmpdir} from "node:os";
 import path from "node:path";
-import {afterAll, beforeAll, describe, expect, it} from "vitest";
+import {afterAll, afterEach, beforeAll, describe, expect, it} from "vitest";
 import {getLlama, LlamaLogLevel, type Llama, type LlamaContext, type LlamaModel, type Token} from "node-llama-cpp";
 import {readGgufHeader} from "./gguf-writer.js";
 import {buildTinyModel, tinyModelSpecialIds} from "./tiny-model.js";
@@ -193,6 +193,7 @@ describe.each(["mamba", "jamba"] as const)("tiny %s model under llama.cpp", (arc
         ({model, native, tok, greedy} = h);
     });
     afterAll(async () => h?.dispose());
+    afterEach(() => { native.disposeSequence(0); native.disposeSequence(1); }); // each check starts from empty sequences
 
     it("(a) loads and generates deterministic greedy tokens (no EOS)", async () => {
         const p = tok("The weather this week has been strange.");
@@ -202,6 +203,9 @@ describe.each(["mamba", "jamba"] as const)("tiny %s model under llama.cpp", (arc
         native.disposeSequence(0);
         expect(b).toEqual(a);
         expect(new Set(a.tokens).size).toBeGreaterThan(5);
+        // node-llama-cpp's public classification (llm_arch_is_recurrent / llm_arch_is_hybrid of the bundled llama.cpp)
+        expect(model.fileInsights.isRecurrent).toBe(arch === "mamba");
+        expect(model.fileInsights.isHybrid).toBe(arch === "jamba");
         expect(a.tokens.some((t) => model.isSpecialToken(t as unknown as Token))).toBe(false);
     });
 
@@ -231,6 +235,8 @@ describe.each(["mamba", "jamba"] as const)("tiny %s model under llama.cpp", (arc
         native.addToBatch(0, 5, Uint32Array.of(g.tokens[0]!), Uint32Array.of(0));
         logs.length = 0;
         await expect(native.decodeBatch()).rejects.toThrow(/Eval has failed/);
+        // llama.cpp's log lines reach JS asynchronously
+        for (let i = 0; i < 100 && !logs.join("").includes("inconsistent"); i++) await new Promise((r) => setTimeout(r, 10));
         expect(logs.join("\n")).toMatch(/inconsistent sequence positions[\s\S]*X = \d+[\s\S]*Y = 5/);
         // trimming from past the end removes nothing and succeeds; full clears succeed
         const end = native.getSequenceKvCacheMaxPosition(0) + 1;
@@ -241,6 +247,21 @@ describe.each(["mamba", "jamba"] as const)("tiny %s model under llama.cpp", (arc
         expect(native.removeTokenCellsFromSequence(0, -1, -1)).toBe(true);
         expect(native.getSequenceKvCacheMaxPosition(0)).toBe(-1);
         native.disposeSequence(0); // seq_rm(-1, -1) on an empty sequence: fine
+    });
+
+    it("(c2) a head trim seq_rm(seq, 0, p1) returns true but leaves the recurrent state as it was", async () => {
+        // llama_memory_recurrent::seq_rm only refuses ranges with 0 < p0 <= last pos; with p0 == 0 it erases the
+        // cell only if the range covers the last position, so this "succeeds" without removing anything. On the
+        // hybrid, the attention KV cache then does drop positions 0..4: the two halves of the memory disagree.
+        const p = tok("Questions and answers. Where is the station?");
+        const ref = await greedy(1, p, 0, 16);
+        const g = await greedy(0, p, 0, 8);
+        const len = p.length + 7;
+        expect(native.removeTokenCellsFromSequence(0, 0, 5)).toBe(true);
+        expect(native.getSequenceKvCacheMaxPosition(0)).toBe(len - 1);
+        const cont = await greedy(0, [g.tokens[7]!], len, 8);
+        if (arch === "mamba") expect(cont.tokens).toEqual(ref.tokens.slice(8)); // nothing was removed
+        else expect(cont.tokens).not.toEqual(ref.tokens.slice(8)); // attention lost tokens 0..4, the SSM state did not
     });
 
     it("(d) after a full clear, a new prompt on the same sequence matches a fresh run", async () => {
@@ -265,7 +286,7 @@ describe.each(["mamba", "jamba"] as const)("tiny %s model under llama.cpp", (arc
         const cached = [...p1, ...g.tokens.slice(0, 9)];
         expect(native.getSequenceKvCacheMaxPosition(0)).toBe(cached.length - 1);
         // turn 2's prompt extends the cached tokens
-        const next = [...cached, g.tokens[9]!, ...tok("And tomorrow?").slice(0)];
+        const next = [...cached, g.tokens[9]!, ...tok("And tomorrow?")];
         expect(native.removeTokenCellsFromSequence(0, cached.length, -1)).toBe(true); // no-op trim of the tail
         const reused = await greedy(0, next.slice(cached.length), cached.length, 16);
         native.disposeSequence(0);

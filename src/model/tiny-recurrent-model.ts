@@ -21,6 +21,15 @@ import {
     CHATML_TEMPLATE, NormalRng, TINY_MODEL_SPECIAL_TOKENS, tinyModelSpecialIds, vocabFor, type TinyModelSpecialIds
 } from "./tiny-model.js";
 
+/**
+ * Standard deviation of the token embeddings. Small on purpose: the residual stream then carries little of the
+ * current token, so the (normalized) SSM / attention branches, i.e. the sequence history, dominate the logits.
+ * With N(0, 1) embeddings and the Mamba skip term D = 1, a random Mamba model "forgets": a prompt decoded on top
+ * of a stale state often gave the same 16 greedy tokens as a fresh run (7 of 20 prompt pairs), which would make
+ * the clear-vs-reuse tests blind. With 0.1 and D = 0: 0 of 20 identical, 14 of 20 differ at the first token.
+ */
+const EMBED_STD = 0.1;
+
 /** Version of this generator; bump when a change alters the bytes produced for the same options. */
 export const TINY_RECURRENT_MODEL_GENERATOR_VERSION = 1;
 
@@ -154,9 +163,10 @@ export function isBatchInvariantRecurrentShape(opts: TinyRecurrentModelOptions =
  * Builds a tiny random-weight `mamba` or `jamba` GGUF in memory (byte-identical for identical options).
  *
  * Weights (Mamba reference init where it matters for a stable recurrence): matrices ~ N(0, 1/sqrt(fan_in)),
- * token embeddings N(0, 1), norms 1, `ssm_a` = -[1..d_state] per channel (S4D-real, stored as A = -exp(A_log)
- * the way convert_hf_to_gguf.py stores it), `ssm_d` = 1, the dt bias = softplus^-1(dt) with dt log-uniform in
- * [0.001, 0.1], conv bias N(0, 0.1). Output head N(0, logitScale/sqrt(hidden)) with the control-token rows zeroed.
+ * token embeddings N(0, 0.1) (see {@link EMBED_STD}), norms 1, `ssm_a` = -[1..d_state] per channel (S4D-real,
+ * stored as A = -exp(A_log) the way convert_hf_to_gguf.py stores it), `ssm_d` = 0 (no skip: the output of a
+ * Mamba block is all state), the dt bias = softplus^-1(dt) with dt log-uniform in [0.001, 0.1], conv bias
+ * N(0, 0.1). Output head N(0, logitScale/sqrt(hidden)) with the control-token rows zeroed.
  * @returns the complete GGUF file
  * @throws Error on invalid options (see {@link resolveTinyRecurrentModelOptions})
  */
@@ -220,7 +230,7 @@ export function buildTinyRecurrentModel(opts: TinyRecurrentModelOptions = {}): B
         w.tensor(name, [fanIn, fanOut], gauss(name, fanIn * fanOut, 1 / Math.sqrt(fanIn)));
     };
 
-    w.tensor("token_embd.weight", [H, V], gauss("token_embd.weight", H * V, 1));
+    w.tensor("token_embd.weight", [H, V], gauss("token_embd.weight", H * V, EMBED_STD));
     for (let l = 0; l < o.layers; l++) {
         const p = `blk.${l}.`;
         w.tensor(p + "attn_norm.weight", [H], ones(H));
@@ -251,7 +261,7 @@ export function buildTinyRecurrentModel(opts: TinyRecurrentModelOptions = {}): B
             const a = new Float32Array(N * DI);
             for (let d = 0; d < DI; d++) for (let s = 0; s < N; s++) a[d * N + s] = -(s + 1);
             w.tensor(p + "ssm_a", [N, DI], a); // no ".weight" suffix (llama.cpp's naming)
-            w.tensor(p + "ssm_d", [DI], ones(DI));
+            w.tensor(p + "ssm_d", [DI], new Float32Array(DI) /* D = 0: no skip path */);
             linear(p + "ssm_out.weight", DI, H);
         }
         if (A === "jamba") {

@@ -54,6 +54,23 @@ describe("keel serve flags", () => {
     });
   }
 
+  it("--max_model_len beyond the model's trained context exits 2", () => {
+    const r = keel("serve", "--max_model_len", "1048576", "--rest_port", "0", "--rest_bind_address", "127.0.0.1");
+    expect(r.status).toBe(2);
+    expect(r.stderr).toMatch(/exceeds the model's trained context of 2048 tokens/);
+  });
+
+  it("a port already in use exits 1 with a clear message", async () => {
+    const net = await import("node:net");
+    const blocker = net.createServer();
+    await new Promise<void>((r) => blocker.listen(0, "127.0.0.1", () => r()));
+    const port = (blocker.address() as { port: number }).port;
+    const r = keel("serve", "--rest_port", String(port), "--rest_bind_address", "127.0.0.1");
+    blocker.close();
+    expect(r.status).toBe(1);
+    expect(r.stderr).toContain(`port ${port} on 127.0.0.1 is already in use`);
+  });
+
   it("a file that is not a model is refused at startup with exit 1", () => {
     const dir = fs.mkdtempSync(path.join(os.tmpdir(), "keel-notmodel-"));
     const file = path.join(dir, "not-a-model.gguf");

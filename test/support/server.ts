@@ -24,6 +24,8 @@ export async function startServer(flags: string[] = []): Promise<ServerHandle> {
   const proc = spawn(process.execPath, ["--unhandled-rejections=strict", BIN, "serve", "--rest_port", "0", "--rest_bind_address", "127.0.0.1", ...flags], {
     cwd: ROOT,
     stdio: ["ignore", "pipe", "pipe"],
+    // Its own process group, like a job started from a terminal (tests send Ctrl-C to the group).
+    detached: true,
   });
   const logs: string[] = [];
   let port = 0;
