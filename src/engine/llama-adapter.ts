@@ -104,7 +104,7 @@ function internalsOf(llama: Llama, model: LlamaModel, context: LlamaContext): In
  */
 const RECURRENT_ARCHITECTURES = new Set([
   "mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7", "jamba", "falcon-h1", "granitehybrid", "plamo2",
-  "lfm2", "lfm2moe", "nemotron_h", "qwen3next", "qwen35", "qwen35moe", "kimi-linear",
+  "lfm2", "lfm2moe", "nemotron_h", "nemotron_h_moe", "qwen3next", "qwen35", "qwen35moe", "kimi-linear", "minimax-01",
 ]);
 
 /** KV elements per token (K + V over all layers) from GGUF hyperparameters; null when they are missing. */
@@ -353,6 +353,9 @@ export class LlamaAdapter {
    * to a shorter prefix: the scheduler then never asks for a partial trim.
    */
   get supportsPartialTrim(): boolean {
+    // node-llama-cpp's insights mirror llama.cpp's llm_arch_is_recurrent / _is_hybrid; the name list is a fallback.
+    const insights = this.model.fileInsights as unknown as { isRecurrent?: boolean; isHybrid?: boolean };
+    if (insights.isRecurrent || insights.isHybrid) return false;
     return !RECURRENT_ARCHITECTURES.has(this.metadata().architecture);
   }
 

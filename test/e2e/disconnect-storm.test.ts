@@ -8,7 +8,11 @@
  * baseline; every abort applied within 2 engine steps), I5 (one terminal record per aborted request), and that the
  * metrics show queueing, prefix-cache hits and disconnects happened. No timing expectations (those are in bench/).
  */
+import fs from "node:fs";
+import os from "node:os";
+import path from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { buildTinyRecurrentModel } from "../../src/model/tiny-recurrent-model.js";
 import { chat, type ChatResult, type CloseMode } from "../support/chat-client.js";
 import { get, metrics, startServer, waitForMetrics, type ServerHandle } from "../support/server.js";
 
@@ -51,28 +55,45 @@ const body = (q: string, maxTokens: number) => ({
   stream: true,
 });
 
-let server: ServerHandle;
-const control = new Map<string, string>();
 const key = (q: string, n: number) => `${n}|${q}`;
-
-beforeAll(async () => {
-  server = await startServer(["--max_num_seqs", "4", "--max_num_batched_tokens", "32", "--max_queued_requests", "1000"]);
-  for (const q of QUESTIONS) {
-    for (const n of MAX_TOKENS) {
-      const r = await chat(server.baseUrl, body(q, n));
-      expect(r.done).toBe(true);
-      control.set(key(q, n), r.text);
-    }
-  }
-});
-
-afterAll(async () => {
-  await server?.stop();
-});
 
 type Plan = { q: string; n: number; victim: null | { at: "sent" | "admitted" | "chunk" | "finish"; chunk: number; mode: CloseMode } };
 
-describe("disconnect storm under saturation", () => {
+/** The models the storm runs on: the embedded attention model, and a hybrid (attention + Mamba) model whose
+ * recurrent state the scheduler must never trim partially (root-cause.md §5 rule 3). */
+const MODELS: { name: string; flags: () => string[]; recurrent: boolean }[] = [
+  { name: "keel-tiny (attention)", flags: () => [], recurrent: false },
+  {
+    name: "tiny jamba (hybrid: attention + Mamba)",
+    recurrent: true,
+    flags: () => {
+      const dir = fs.mkdtempSync(path.join(os.tmpdir(), "keel-jamba-"));
+      const file = path.join(dir, "tiny-jamba.gguf");
+      fs.writeFileSync(file, buildTinyRecurrentModel({ arch: "jamba" }));
+      return ["--model_path", file, "--model_name", "keel-tiny"];
+    },
+  },
+];
+
+for (const model of MODELS) describe(`disconnect storm under saturation — ${model.name}`, () => {
+  let server: ServerHandle;
+  const control = new Map<string, string>();
+
+  beforeAll(async () => {
+    server = await startServer(["--max_num_seqs", "4", "--max_num_batched_tokens", "32", "--max_queued_requests", "1000", ...model.flags()]);
+    for (const q of QUESTIONS) {
+      for (const n of MAX_TOKENS) {
+        const r = await chat(server.baseUrl, body(q, n));
+        expect(r.done).toBe(true);
+        control.set(key(q, n), r.text);
+      }
+    }
+  });
+
+  afterAll(async () => {
+    await server?.stop();
+  });
+
   it(`${TOTAL} requests at concurrency ${CONCURRENCY}, a third hard-closed at random phases: bystanders identical, nothing leaks`, async () => {
     const rand = prng(20261201);
     const plans: Plan[] = Array.from({ length: TOTAL }, () => {
@@ -143,7 +164,9 @@ describe("disconnect storm under saturation", () => {
 
     // Metrics show the regime we meant to test: queueing, prefix reuse, disconnects in several phases.
     expect(maxWaiting).toBeGreaterThan(0);
-    expect(after.get("keel_prefix_cache_hit_tokens_total")!).toBeGreaterThan(before.get("keel_prefix_cache_hit_tokens_total")!);
+    // The attention model reuses shared prefixes; the hybrid one only reuses a cache that is a full prefix of the
+    // new prompt (rare here), so for it the bystander equality above is what proves the state was never trimmed.
+    if (!model.recurrent) expect(after.get("keel_prefix_cache_hit_tokens_total")!).toBeGreaterThan(before.get("keel_prefix_cache_hit_tokens_total")!);
     const delta = (p: string) => after.get(`keel_client_disconnects_total{phase="${p}"}`)! - before.get(`keel_client_disconnects_total{phase="${p}"}`)!;
     expect(delta("queued") + delta("prefill") + delta("decode")).toBeGreaterThan(TOTAL / 10);
     expect([delta("queued"), delta("prefill"), delta("decode")].filter((d) => d > 0).length).toBeGreaterThanOrEqual(2);
