@@ -17,10 +17,12 @@
 //      timestamps: TTFT = request written → first non-empty content chunk (long requests, and short requests that
 //      overlap a long one, reported separately); ITL = gaps between consecutive content chunks of the short
 //      (decode-only) requests that overlap a long request ("ITL p99 (all)" counts every gap).
-//   3. abort-to-free — ABORTS streams hard-closed (socket.destroy()) at random points (before the response, or
-//      after a random number of content chunks) while bystander clients keep the 8 sequences busy and a queue
+//   3. abort-to-free — ABORTS streams from ABORT_CLIENTS clients hard-closed (socket.destroy()) at random points
+//      (1/8 right after sending, 1/8 when the response headers arrive with a long prompt still prefilling, the rest
+//      after 1..64 content chunks) while BYSTANDERS clients keep generating, so all 8 sequences are busy and a queue
 //      forms. From the server's own log lines: abortLatencySteps of the "aborted" lines (p50/max), and the ms from
-//      each "client_disconnect" line to the "aborted" line of the same requestId (pino "time", ms resolution).
+//      each "client_disconnect" line to the "aborted" line of the same requestId (pino "time", ms resolution), overall
+//      and by the phase the "client_disconnect" line names.
 //   4. prefix reuse — --enable_prefix_caching true vs false: PREFIX_REQS requests (PREFIX_CONC at a time, 16 tokens
 //      each) that share a ~PREFIX_SYS-token system prompt with distinct short questions, after one warm-up request
 //      with the same system prompt (not measured). TTFT p50/p99, keel_prefix_cache_hit_tokens_total from /metrics,
@@ -30,7 +32,8 @@
 //   npx tsc -p tsconfig.build.json && node bench/scheduler.mjs
 //   node bench/scheduler.mjs throughput abort          # only some sections (throughput, ttft, abort, prefix)
 //   ABORTS=80 LONG_REQS=24 node bench/scheduler.mjs     # bigger runs; every knob below is an env variable
-// Defaults finish in about 2-3 minutes on a 2-core machine; a watchdog stops everything at MAX_SECONDS (420).
+// Defaults finish in about 100 s on the 2-core dev machine (102 s measured while other jobs shared the CPU); a
+// watchdog kills the servers and exits with code 3 at MAX_SECONDS (default 420).
 // Numbers depend on what else runs on the machine (the engine uses 1 thread; the gateway, the clients and this
 // script share the other core). Prompt lengths are calibrated once against the server's usage.prompt_tokens.
 import { spawn } from "node:child_process";
@@ -95,7 +98,7 @@ const textOf = (tokens, rng = rand) => words(Math.max(1, Math.round(tokens / tok
 const servers = new Set();
 async function startServer(flags) {
   const proc = spawn(process.execPath, [BIN, "serve", "--rest_port", "0", "--rest_bind_address", "127.0.0.1", ...flags], { cwd: ROOT, stdio: ["ignore", "pipe", "pipe"] });
-  const s = { proc, port: 0, flags, logs: [], raw: [] };
+  const s = { proc, port: 0, flags, logs: [], raw: [], enginePids: new Set() };
   servers.add(s);
   await new Promise((resolve, reject) => {
     let ready = false;
@@ -109,7 +112,10 @@ async function startServer(flags) {
       }
       s.logs.push(j);
       if (j.event === "listening" && j.address?.port) s.port = j.address.port;
-      if (j.event === "engine_ready") ready = true;
+      if (j.event === "engine_ready") {
+        ready = true;
+        if (j.enginePid) s.enginePids.add(j.enginePid);
+      }
       if (s.port && ready) resolve();
     };
     for (const st of [proc.stdout, proc.stderr]) {
@@ -145,8 +151,18 @@ async function withServer(flags, fn) {
     await stopServer(s);
   }
 }
+// Last resort (watchdog, Ctrl-C): SIGKILL the servers this script started and their engines (own process groups).
 const killAll = () => {
-  for (const s of servers) if (s.proc.exitCode === null && s.proc.signalCode === null) s.proc.kill("SIGKILL");
+  for (const s of servers) {
+    if (s.proc.exitCode === null && s.proc.signalCode === null) s.proc.kill("SIGKILL");
+    for (const pid of s.enginePids) {
+      try {
+        process.kill(pid, "SIGKILL");
+      } catch {
+        /* already gone */
+      }
+    }
+  }
 };
 process.on("exit", killAll);
 for (const sig of ["SIGINT", "SIGTERM"]) process.on(sig, () => process.exit(130));
@@ -186,9 +202,10 @@ const waitFor = async (pred, ms = 10_000) => {
 /**
  * One streaming chat request over raw node:http. Resolves with client-side timestamps (performance.now() ms):
  * sent (request fully written), chunks[] (arrival of each non-empty content chunk), end; plus usage and requestId.
- * `closeAfterChunks`: hard-close (socket.destroy) once this many content chunks arrived (0 = as soon as it is sent).
+ * `closeAfterChunks`: hard-close (socket.destroy) once this many content chunks arrived (0 = as soon as it is sent);
+ * `closeOnHeaders`: hard-close when the response headers arrive (Keel sends them at admission, before prefill ends).
  */
-function chat(port, { messages, maxTokens, closeAfterChunks = null, timeoutMs = 120_000 }) {
+function chat(port, { messages, maxTokens, closeAfterChunks = null, closeOnHeaders = false, timeoutMs = 120_000 }) {
   return new Promise((resolve) => {
     const r = { status: 0, t0: performance.now(), sent: NaN, chunks: [], end: NaN, usage: null, requestId: null, closed: false, done: false, error: null };
     const payload = JSON.stringify({ model: "keel-tiny", messages, stream: true, stream_options: { include_usage: true }, max_tokens: maxTokens, temperature: 0, ignore_eos: true });
@@ -220,6 +237,7 @@ function chat(port, { messages, maxTokens, closeAfterChunks = null, timeoutMs = 
     req.on("response", (res) => {
       r.status = res.statusCode;
       r.requestId = res.headers["x-request-id"] ?? null;
+      if (closeOnHeaders) return hardClose();
       let buf = "";
       res.setEncoding("utf8");
       res.on("data", (d) => {
@@ -403,11 +421,14 @@ async function abort() {
     const aborters = Array.from({ length: CFG.ABORT_CLIENTS }, async () => {
       while (next < CFG.ABORTS) {
         const i = next++;
-        // 1 in 8 closes right after sending (queued / prefill), the rest after 1..64 content chunks.
-        const after = rand() < 0.125 ? 0 : 1 + Math.floor(rand() * 64);
-        const long = rand() < 0.25; // some with ~600-token prompts so that closes land in prefill too
-        const r = await chat(s.port, { messages: userMsg(`aborter ${i}: ${long ? textOf(600) : words(10)}`), maxTokens: 256, closeAfterChunks: after });
-        closes.push({ after, closed: r.closed, requestId: r.requestId });
+        // 1 in 8 closes right after sending (queued), 1 in 8 on the response headers with a ~1200-token prompt
+        // (prefill), the rest after 1..64 content chunks (decode; a quarter of them with ~600-token prompts).
+        const u = rand();
+        const mode = u < 0.125 ? "send" : u < 0.25 ? "headers" : "chunks";
+        const after = mode === "send" ? 0 : mode === "chunks" ? 1 + Math.floor(rand() * 64) : null;
+        const promptTok = mode === "headers" ? 1200 : mode === "chunks" && rand() < 0.25 ? 600 : 0;
+        const r = await chat(s.port, { messages: userMsg(`aborter ${i} ${Math.floor(rand() * 1e9)}: ${promptTok ? textOf(promptTok) : words(10)}`), maxTokens: 256, closeAfterChunks: after, closeOnHeaders: mode === "headers" });
+        closes.push({ mode, closed: r.closed, requestId: r.requestId });
         await sleep(rand() * 50);
       }
     });
@@ -447,7 +468,9 @@ async function abort() {
       "ms max": m.length ? Math.max(...m) : null,
     });
     const rows = [row("all", steps, ms, abortedLines.length)];
-    for (const [ph, v] of Object.entries(byPhase)) rows.push(row(ph, v.steps, v.ms, abortedLines.filter((a) => (disc.get(a.requestId)?.phase ?? a.phase ?? "?") === ph).length));
+    const order = ["queued", "prefill", "decode"];
+    const phases = Object.entries(byPhase).sort(([a], [b]) => (order.indexOf(a) + 4) % 4 - (order.indexOf(b) + 4) % 4);
+    for (const [ph, v] of phases) rows.push(row(ph, v.steps, v.ms, abortedLines.filter((a) => (disc.get(a.requestId)?.phase ?? a.phase ?? "?") === ph).length));
     const disconnects = await metric(s.port, "keel_client_disconnects_total");
     const finishedAbort = Number((await getText(s.port, "/metrics")).match(/keel_requests_finished_total\{finish_reason="abort"\} (\d+)/)?.[1] ?? NaN);
     console.log(

@@ -57,6 +57,7 @@ export const SERVE_FLAGS: FlagSpec[] = [
   { name: "enable_prefix_caching", help: "keep finished requests' KV and reuse the longest common prefix", default: "true", parse: bool("enable_prefix_caching") },
   { name: "kv_cache_precision", help: "KV cache precision: f16, or u8 (q8_0 K and V, with flash attention)", default: "f16", parse: oneOf("kv_cache_precision", ["f16", "u8"]) },
   { name: "cache_size", help: "KV cache budget in GB over all sequences (fractions allowed); 0 = max_model_len per sequence", default: "0", parse: gb("cache_size") },
+  { name: "engine_stall_timeout", help: "seconds without engine progress while there is work before the engine is restarted", default: "30", parse: int("engine_stall_timeout", 1, 86_400) },
   { name: "shutdown_timeout", help: "seconds in-flight requests may take to finish after SIGTERM/SIGINT", default: "30", parse: int("shutdown_timeout", 0, 86_400) },
   { name: "log_level", help: "DEBUG, INFO, WARNING or ERROR", default: "INFO", parse: oneOf("log_level", ["DEBUG", "INFO", "WARNING", "ERROR"]) },
   { name: "max_request_body", help: "request body limit in bytes", default: String(8 * 1024 * 1024), parse: int("max_request_body", 1024) },
@@ -193,6 +194,7 @@ async function serve(argv: string[]): Promise<void> {
     engine: { ...base, contextSize: maxModelLen, maxModelLen },
     bodyLimit: flags["max_request_body"] as number,
     maxQueuedRequests: flags["max_queued_requests"] as number,
+    engineStallTimeoutMs: (flags["engine_stall_timeout"] as number) * 1000,
     logLevel,
   });
   } catch (err) {

@@ -25,6 +25,23 @@ export interface EngineConfig extends LlamaAdapterOptions {
   maxModelLen: number;
   /** Keep finished requests' KV for prefix reuse. */
   prefixCaching: boolean;
+  /** 1 for the first engine process of a gateway, then 2, 3, … after restarts (fault injection keys on it). */
+  generation?: number;
+}
+
+/**
+ * Test-only fault injection, read from the KEEL_FAULT_INJECTION environment variable (JSON); off unless set.
+ * See docs/fault-injection.md.
+ */
+interface FaultInjection {
+  /** Abort the process (as a GGML_ASSERT would) before decoding step N — first engine process only. */
+  crashAtStep?: number;
+  /** Abort the process whenever a request whose prompt contains this text is in the batch — every process. */
+  crashOnPrompt?: string;
+  /** Make the decode of step N throw — first engine process only. */
+  throwAtStep?: number;
+  /** Make step N hang forever (for the watchdog) — first engine process only. */
+  hangAtStep?: number;
 }
 
 function logLine(level: string, msg: string, extra: Record<string, unknown> = {}): void {
@@ -62,6 +79,20 @@ async function main(): Promise<void> {
     send,
   );
   loop.onInvariantViolation = (v) => logLine("error", "scheduler invariant violated", { violations: v });
+  const faults = process.env["KEEL_FAULT_INJECTION"] ? (JSON.parse(process.env["KEEL_FAULT_INJECTION"]) as FaultInjection) : null;
+  /** Prompt text of live requests, for crashOnPrompt. */
+  const promptText = new Map<string, string>();
+  if (faults) {
+    logLine("warn", "fault injection is ON (test-only)", { faults, generation: config.generation ?? 1 });
+    const first = (config.generation ?? 1) === 1;
+    loop.beforeDecode = async (plan) => {
+      const step = loop.steps + 1;
+      if (first && faults.crashAtStep === step) process.abort();
+      if (faults.crashOnPrompt && plan.items.some((it) => promptText.get(it.id)?.includes(faults.crashOnPrompt!))) process.abort();
+      if (first && faults.throwAtStep === step) throw new Error(`injected failure at step ${step}`);
+      if (first && faults.hangAtStep === step) await new Promise<never>(() => undefined);
+    };
+  }
 
   const decoder = new FrameDecoder();
   channel.on("data", (chunk: Buffer) => {
@@ -78,7 +109,13 @@ async function main(): Promise<void> {
       const m = parsed.message;
       if (m.type === "ping") send({ v: PROTOCOL_VERSION, type: "pong", nonce: m.nonce, step: loop.steps });
       else if (m.type === "shutdown") loop.stop();
-      else loop.submit(m);
+      else {
+        if (faults && m.type === "add") {
+          const text = "text" in m.prompt ? m.prompt.text : Buffer.concat(m.prompt.tokens.map((t) => Buffer.from(adapter.bytesOf(t)))).toString("utf8");
+          promptText.set(m.id, text);
+        }
+        loop.submit(m);
+      }
     }
   });
   // The gateway is gone: nobody can read our output; stop at the next boundary.

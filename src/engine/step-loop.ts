@@ -9,7 +9,7 @@
 import type { AddMessage, EngineMessage, RequestOutput, SamplingParams } from "../protocol/messages.js";
 import { PROTOCOL_VERSION } from "../protocol/messages.js";
 import type { DecodeItem, SamplerConfig, SamplerHandle } from "./llama-adapter.js";
-import { Scheduler, type Finished, type Outcome, type SchedulerConfig } from "./scheduler.js";
+import { Scheduler, type Finished, type Outcome, type SchedulerConfig, type StepPlan } from "./scheduler.js";
 
 /** What the loop needs from a model backend (the llama.cpp adapter, or a fake in tests). */
 export interface ModelBackend {
@@ -72,6 +72,11 @@ export class StepLoop {
   private stopping = false;
   /** Steps that decoded a batch. */
   steps = 0;
+  /**
+   * Test-only fault injection (docs/fault-injection.md): called before each decode with the batch; it may throw
+   * (a failed step), never resolve (a hung step) or kill the process.
+   */
+  beforeDecode: ((plan: StepPlan) => void | Promise<void>) | null = null;
   /** Called after every step with the scheduler's invariant violations (tests fail on any). */
   onInvariantViolation: ((violations: string[]) => void) | null = null;
 
@@ -154,6 +159,7 @@ export class StepLoop {
     if (plan.items.length > 0) {
       let logitIdx: number[] | null = null;
       try {
+        if (this.beforeDecode) await this.beforeDecode(plan);
         logitIdx = await this.backend.decode(plan.items);
       } catch (err) {
         // 4a. A failed decode fails the requests of this step only; llama.cpp rolled the batch back.

@@ -75,6 +75,16 @@ export class EngineClient {
     return this.child?.pid ?? null;
   }
 
+  /** When the engine last answered a ping (ms since epoch). */
+  get lastPong(): number {
+    return this.lastPongAt;
+  }
+
+  /** Kill the engine process (watchdog); the exit handler restarts it. */
+  kill(): void {
+    this.child?.kill("SIGKILL");
+  }
+
   /** Send a message; returns false (and drops it) when no engine is connected. */
   send(msg: GatewayMessage): boolean {
     if (!this.channel || this.channel.destroyed || !this.ready) return false;
@@ -99,7 +109,7 @@ export class EngineClient {
   private spawnEngine(): void {
     this.starts += 1;
     this.ready = null;
-    const config: EngineConfig = { ...this.opts.config, mode: "serve" };
+    const config: EngineConfig = { ...this.opts.config, mode: "serve", generation: this.starts };
     // Own process group: a terminal's Ctrl-C reaches only the gateway, which then stops the engine in order.
     // If the gateway dies, the engine sees its channel close and exits by itself.
     const child = spawn(process.execPath, [ENGINE_MAIN, JSON.stringify(config)], { stdio: ["ignore", "pipe", "pipe", "pipe"], detached: true });

@@ -4,7 +4,11 @@
  *   queued ──admit──▶ prefill ──firstToken──▶ decode ──finish──▶ finished
  *     │                 │                        │
  *     └──── cancel ─────┴──────── cancel ────────┘──▶ cancelling ──release──▶ finished
+ *     │                 │                        │
+ *     └── engineDied ───┴────── engineDied ──────┘──▶ recovering ──resubmit──▶ queued
  *
+ * `recovering` means the engine died while it held the request; the gateway kept what it needs (prompt and
+ * generated token ids, sampling parameters, seed) and resubmits it as a continuation to the restarted engine.
  * `cancelling` means an abort was sent and the gateway keeps the request until the engine confirms the release
  * (SGLang #36876: the front end must not drop state before the engine does). A transition that does not apply to
  * the current state returns null and the caller ignores the event (late events are never asserted on).
@@ -26,6 +30,8 @@ export type Lifecycle =
   | { state: "prefill" }
   /** At least one token generated. */
   | { state: "decode" }
+  /** The engine died while holding the request (it was in `phase`); waiting to be resubmitted. */
+  | { state: "recovering"; phase: Phase }
   /** Abort sent in `phase` because of `cause`; waiting for the engine's terminal event. */
   | { state: "cancelling"; phase: Phase; cause: CancelCause }
   /** Terminal: the engine released the request (or it never reached the engine). */
@@ -43,9 +49,22 @@ export function firstToken(s: Lifecycle): Lifecycle | null {
   return s.state === "prefill" || s.state === "queued" ? { state: "decode" } : null;
 }
 
+/** The engine process died while holding the request. A cancelling request is released by the death itself. */
+export function engineDied(s: Lifecycle): Lifecycle | null {
+  if (s.state === "queued" || s.state === "prefill" || s.state === "decode") return { state: "recovering", phase: s.state };
+  return null;
+}
+
+/** The request was resubmitted to a restarted engine as a continuation. */
+export function resubmit(s: Lifecycle): Lifecycle | null {
+  return s.state === "recovering" ? { state: "queued" } : null;
+}
+
 /** The gateway decided to abort the request. Only a live, not yet cancelling request can be cancelled. */
 export function cancel(s: Lifecycle, cause: CancelCause): Lifecycle | null {
   if (s.state === "queued" || s.state === "prefill" || s.state === "decode") return { state: "cancelling", phase: s.state, cause };
+  // Not in any engine: cancelling needs no engine confirmation, so it finishes at once (see finish()).
+  if (s.state === "recovering") return { state: "cancelling", phase: s.phase, cause };
   return null;
 }
 
@@ -67,6 +86,7 @@ export function phaseOf(s: Lifecycle): Phase | null {
     case "decode":
       return s.state;
     case "cancelling":
+    case "recovering":
       return s.phase;
     case "finished":
       return null;

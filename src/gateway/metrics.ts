@@ -15,6 +15,8 @@ export interface GaugeSources {
   activeSequences(): number;
   /** Idle sequences holding reusable KV, as last reported by the engine. */
   cachedSequences(): number;
+  /** Seconds since the engine's last step. */
+  lastStepAgeSeconds(): number;
 }
 
 export class Metrics {
@@ -24,6 +26,8 @@ export class Metrics {
   readonly requestsFinished: client.Counter<"finish_reason">;
   readonly engineRestarts: client.Counter<"reason">;
   readonly prefixCacheHitTokens: client.Counter;
+  readonly requestsResumed: client.Counter;
+  readonly requestsFailed: client.Counter<"reason">;
   readonly requestsRejected: client.Counter<"reason">;
 
   constructor(src: GaugeSources) {
@@ -93,6 +97,26 @@ export class Metrics {
       labelNames: ["reason"],
       registers,
     });
-    for (const reason of ["exit", "signal"]) this.engineRestarts.inc({ reason }, 0);
+    for (const reason of ["exit", "signal", "watchdog"]) this.engineRestarts.inc({ reason }, 0);
+    this.requestsResumed = new client.Counter({
+      name: "keel_requests_resumed_total",
+      help: "Requests resubmitted as continuations to a restarted engine",
+      registers,
+    });
+    this.requestsFailed = new client.Counter({
+      name: "keel_requests_failed_total",
+      help: "Requests that ended with an error, by reason (engine_fault: isolated as the engine's killer; engine_error; shutdown)",
+      labelNames: ["reason"],
+      registers,
+    });
+    for (const reason of ["engine_fault", "engine_error", "shutdown"]) this.requestsFailed.inc({ reason }, 0);
+    new client.Gauge({
+      name: "keel_engine_last_step_age_seconds",
+      help: "Seconds since the engine's last step",
+      registers,
+      collect() {
+        this.set(src.lastStepAgeSeconds());
+      },
+    });
   }
 }

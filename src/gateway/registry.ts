@@ -45,20 +45,37 @@ interface Entry {
   readonly acceptedAt: number;
   /** Engine step counter when the gateway cancelled it (for abort latency in steps), or null. */
   cancelledAtStep: number | null;
+  /** The prompt as first submitted (rendered text), used to resubmit a request that was never admitted. */
+  readonly prompt: AddMessage["prompt"];
+  /** Engine deaths this request was in flight for (culprit isolation). */
+  deaths: number;
+  /** True while the current engine process holds the request. */
+  inEngine: boolean;
 }
 
 /** Events the registry reports for metrics and logs. */
 export interface RegistryObserver {
   onCancel?(id: string, phase: lc.Phase, cause: lc.CancelCause): void;
-  onFinished?(id: string, reason: lc.FinishReason, usage: Usage, info: { phase: lc.Phase | null; error?: string; abortLatencySteps?: number }): void;
+  onFinished?(id: string, reason: lc.FinishReason, usage: Usage, info: { phase: lc.Phase | null; error?: string; errorCode?: string; abortLatencySteps?: number }): void;
   onAdmitted?(id: string, promptTokens: number): void;
   onFirstToken?(id: string): void;
   onInternalError?(id: string, message: string): void;
+  /** A request was resubmitted to a restarted engine as a continuation. */
+  onResumed?(id: string, generatedTokens: number, deaths: number): void;
+  /** A request was isolated as the one whose presence kills the engine. */
+  onCulprit?(id: string, deaths: number): void;
 }
 
 export class RequestRegistry {
   /** Live requests by id. */
   private readonly live = new Map<string, Entry>();
+  /**
+   * Suspects (requests in flight for ≥ 2 engine deaths) resubmitted together as one bisection group; the other
+   * suspects wait in `recovering` until this group has ended. Empty when no bisection is running.
+   */
+  private readonly quarantine = new Set<string>();
+  /** Deaths after which an isolated request is failed with `engine_fault`. */
+  faultThreshold = 2;
 
   constructor(
     private readonly send: (msg: AddMessage | { v: number; type: "abort"; ids: string[] }) => boolean,
@@ -100,7 +117,19 @@ export class RequestRegistry {
     if (this.live.has(id)) throw new Error(`request id ${id} is already live`);
     const ok = this.send({ v: PROTOCOL_VERSION, type: "add", id, prompt, params });
     if (!ok) return false;
-    this.live.set(id, { id, lifecycle: lc.initial, sink, promptTokens: [], generated: [], params, acceptedAt: Date.now(), cancelledAtStep: null });
+    this.live.set(id, {
+      id,
+      lifecycle: lc.initial,
+      sink,
+      promptTokens: [],
+      generated: [],
+      params,
+      acceptedAt: Date.now(),
+      cancelledAtStep: null,
+      prompt,
+      deaths: 0,
+      inEngine: true,
+    });
     return true;
   }
 
@@ -116,7 +145,9 @@ export class RequestRegistry {
     e.lifecycle = next;
     e.cancelledAtStep = this.currentStep();
     this.observer.onCancel?.(id, next.phase, cause);
-    this.send({ v: PROTOCOL_VERSION, type: "abort", ids: [id] });
+    // A request no engine holds (recovering) is released at once; otherwise wait for the engine's confirmation.
+    if (e.inEngine) this.send({ v: PROTOCOL_VERSION, type: "abort", ids: [id] });
+    else this.end(e, "abort", { promptTokens: e.promptTokens.length, completionTokens: e.generated.length });
   }
 
   /** Apply one engine step output. */
@@ -170,7 +201,7 @@ export class RequestRegistry {
         if (e.lifecycle.state !== "cancelling") e.sink.onOutput(o.tokens, o.text);
       }
       if (o.finish) {
-        const usage = { promptTokens: o.finish.promptTokens, completionTokens: e.generated.length };
+        const usage = { promptTokens: e.promptTokens.length > 0 ? e.promptTokens.length : o.finish.promptTokens, completionTokens: e.generated.length };
         this.end(e, o.finish.reason, usage, o.finish.error, o.finish.stepsAfterAbort);
       }
     }
@@ -202,11 +233,86 @@ export class RequestRegistry {
     return n;
   }
 
-  /** The engine process died: every live request is gone with it. */
+  /** The engine process died and will not come back (shutdown): every live request ends with an error. */
   handleEngineExit(description: string): void {
     for (const e of [...this.live.values()]) {
       this.end(e, "error", { promptTokens: e.promptTokens.length, completionTokens: e.generated.length }, { code: "engine_fault", message: description });
     }
+  }
+
+  /**
+   * The engine process died and is being restarted. Requests it held move to `recovering` (cancelling ones are
+   * released by the death); each counts one more death. Culprit isolation: blame must be earned — a request that
+   * was the only suspect in flight when the engine died, after `faultThreshold` deaths, is failed with
+   * `engine_fault`; everyone else is resumed. Returns the ids failed as culprits.
+   */
+  handleEngineDeath(description: string): string[] {
+    const inFlight = [...this.live.values()].filter((e) => e.inEngine);
+    const culprits: string[] = [];
+    for (const e of inFlight) {
+      e.inEngine = false;
+      if (e.lifecycle.state === "cancelling") {
+        this.end(e, "abort", { promptTokens: e.promptTokens.length, completionTokens: e.generated.length });
+        continue;
+      }
+      e.deaths += 1;
+      const next = lc.engineDied(e.lifecycle);
+      if (next) e.lifecycle = next;
+    }
+    const suspectsInFlight = inFlight.filter((e) => e.lifecycle.state === "recovering" && e.deaths >= this.faultThreshold);
+    const others = inFlight.filter((e) => e.lifecycle.state === "recovering" && e.deaths < this.faultThreshold);
+    if (suspectsInFlight.length === 1 && others.length === 0) {
+      const e = suspectsInFlight[0]!;
+      this.quarantine.delete(e.id);
+      culprits.push(e.id);
+      this.observer.onCulprit?.(e.id, e.deaths);
+      e.lifecycle = { state: "decode" }; // leave recovering so end() reports it as an error, not a resume
+      const message = `this request crashed the engine ${e.deaths} times (${description}); it was isolated and failed so that other requests could continue`;
+      this.end(e, "error", { promptTokens: e.promptTokens.length, completionTokens: e.generated.length }, {
+        code: "engine_fault",
+        message,
+        httpError: new KeelHttpError({ status: 500, type: "server_error", code: "engine_fault", message }),
+      });
+    }
+    this.quarantine.clear();
+    return culprits;
+  }
+
+  /**
+   * A (re)started engine is ready: resubmit recovering requests as continuations (prompt token ids + generated
+   * token ids; the engine prefills both and emits only new text). Requests with fewer than `faultThreshold` deaths
+   * go at once; suspects are bisected — half of them at a time, the rest held until that half has ended.
+   */
+  resumeRecovering(): void {
+    const recovering = [...this.live.values()].filter((e) => e.lifecycle.state === "recovering");
+    const fresh = recovering.filter((e) => e.deaths < this.faultThreshold);
+    for (const e of fresh) this.resubmit(e);
+    if (this.quarantine.size > 0) return;
+    const suspects = recovering
+      .filter((e) => e.deaths >= this.faultThreshold)
+      .sort((a, b) => b.deaths - a.deaths || a.acceptedAt - b.acceptedAt);
+    const group = suspects.slice(0, Math.ceil(suspects.length / 2));
+    for (const e of group) {
+      if (this.resubmit(e)) this.quarantine.add(e.id);
+    }
+  }
+
+  /** Requests waiting to be resubmitted after an engine death. */
+  get recoveringCount(): number {
+    let n = 0;
+    for (const e of this.live.values()) if (e.lifecycle.state === "recovering") n += 1;
+    return n;
+  }
+
+  private resubmit(e: Entry): boolean {
+    const prompt = e.promptTokens.length > 0 ? { tokens: e.promptTokens } : e.prompt;
+    const ok = this.send({ v: PROTOCOL_VERSION, type: "add", id: e.id, prompt, params: e.params, ...(e.generated.length > 0 ? { generated: [...e.generated] } : {}) });
+    if (!ok) return false;
+    const next = lc.resubmit(e.lifecycle);
+    if (next) e.lifecycle = next;
+    e.inEngine = true;
+    this.observer.onResumed?.(e.id, e.generated.length, e.deaths);
+    return true;
   }
 
   /** Record the terminal event of an entry and forget it. */
@@ -217,10 +323,12 @@ export class RequestRegistry {
     if (!next || next.state !== "finished") return;
     e.lifecycle = next;
     this.live.delete(e.id);
+    // A bisection group that has fully ended releases the next group of suspects.
+    if (this.quarantine.delete(e.id) && this.quarantine.size === 0) queueMicrotask(() => this.resumeRecovering());
     // Abort latency in engine steps: measured by the engine from the abort's arrival when it reports it, else
     // from the gateway's view of the step counter (which lags by the messages in flight).
     const latency = stepsAfterAbort !== undefined ? { abortLatencySteps: stepsAfterAbort } : e.cancelledAtStep === null ? {} : { abortLatencySteps: this.currentStep() - e.cancelledAtStep };
-    this.observer.onFinished?.(e.id, next.reason, usage, { phase, ...latency, ...(error ? { error: error.message } : {}) });
+    this.observer.onFinished?.(e.id, next.reason, usage, { phase, ...latency, ...(error ? { error: error.message, errorCode: error.code } : {}) });
     if (!wasCancelling) e.sink.onFinish(next.reason, usage, error);
   }
 }

@@ -29,6 +29,8 @@ export interface GatewayOptions {
   /** Request body limit (bytes). */
   bodyLimit: number;
   logLevel: "debug" | "info" | "warn" | "error";
+  /** No step progress for this long (ms) while there is work → the engine is killed and restarted (default 30 s). */
+  engineStallTimeoutMs?: number;
   /** Largest number of requests waiting for a sequence before new ones get 429 (the bounded queue). */
   maxQueuedRequests: number;
   /** Ping period and readiness staleness (ms). */
@@ -68,8 +70,13 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
   // eslint-disable-next-line prefer-const
   let engine: EngineClient;
   const registry = new RequestRegistry((msg) => engine.send(msg), {
+    onResumed(id, generatedTokens, deaths) {
+      metrics.requestsResumed.inc();
+      log.info({ requestId: id, event: "resumed", generatedTokens, deaths }, "request resumed on the restarted engine");
+    },
     onFinished(id, reason, usage, info) {
       metrics.requestsFinished.inc({ finish_reason: reason });
+      if (reason === "error") metrics.requestsFailed.inc({ reason: info.errorCode === "engine_fault" ? "engine_fault" : info.errorCode === "shutting_down" ? "shutdown" : "engine_error" });
       if (reason === "abort") {
         log.info({ requestId: id, event: "aborted", phase: info.phase, abortLatencySteps: info.abortLatencySteps, ...usage }, "request aborted");
       }
@@ -81,7 +88,13 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       log.debug({ requestId: id, event: "first_token" }, "first token");
     },
   }, () => lastEngineStep);
-  const metrics = new Metrics({ counts: () => registry.counts(), activeSequences: () => activeSequences, cachedSequences: () => cachedSequences });
+  const metrics = new Metrics({
+    counts: () => registry.counts(),
+    activeSequences: () => activeSequences,
+    cachedSequences: () => cachedSequences,
+    lastStepAgeSeconds: () => (Date.now() - lastStepAt) / 1000,
+  });
+  let lastStepAt = Date.now();
 
   let resolveReady!: () => void;
   const engineReady = new Promise<void>((r) => (resolveReady = r));
@@ -106,12 +119,21 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
           log.error({ err: (err as Error).message }, "the model's chat template does not parse; using ChatML");
           template = new ChatTemplate(CHATML_TEMPLATE, { bosToken: m.bosToken, eosToken: m.eosToken });
         }
-        log.info({ event: "engine_ready", enginePid: msg.pid, model: m.path, limits: msg.limits, engine: msg.engine }, "engine ready");
+        lastProgressAt = Date.now();
+        const recovering = registry.recoveringCount;
+        log.info({ event: "engine_ready", enginePid: msg.pid, model: m.path, limits: msg.limits, engine: msg.engine, recovering }, "engine ready");
+        if (diedAt !== null) {
+          log.info({ event: "engine_recovered", downtimeMs: Date.now() - diedAt, resuming: recovering }, "engine restarted; resuming in-flight requests");
+          diedAt = null;
+        }
+        registry.resumeRecovering();
         resolveReady();
       },
       onMessage(msg) {
         switch (msg.type) {
           case "step":
+            lastProgressAt = Date.now();
+            lastStepAt = lastProgressAt;
             if (msg.step > lastEngineStep) {
               metrics.engineSteps.inc(msg.step - lastEngineStep);
               lastEngineStep = msg.step;
@@ -146,9 +168,13 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
           registry.handleEngineExit("the server is shutting down");
           return;
         }
-        log.error({ event: "engine_exit", code, signal, inFlight: registry.size }, "engine process exited; restarting");
-        metrics.engineRestarts.inc({ reason: signal ? "signal" : "exit" });
-        registry.handleEngineExit(`the engine process exited (${signal ?? `code ${code}`})`);
+        const reason = killedByWatchdog ? "watchdog" : signal ? "signal" : "exit";
+        killedByWatchdog = false;
+        diedAt = Date.now();
+        log.error({ event: "engine_exit", code, signal, reason, inFlight: registry.size }, "engine process exited; restarting and resuming");
+        metrics.engineRestarts.inc({ reason });
+        const culprits = registry.handleEngineDeath(`the engine process exited (${signal ?? `code ${code}`})`);
+        for (const id of culprits) log.error({ event: "culprit_isolated", requestId: id }, "request isolated as the engine's killer and failed");
       },
       onLog(line, stream) {
         // Engine lines are JSON already; pass them through at their level.
@@ -164,6 +190,31 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
   );
   /** Set once the HTTP server and engine are being stopped. */
   let closing = false;
+  /** When the engine last made progress (a step), or work appeared; the watchdog compares against it. */
+  let lastProgressAt = Date.now();
+  /** When the current engine process died (for the recovery-time log), or null. */
+  let diedAt: number | null = null;
+  /** Set when the watchdog killed the engine, so the exit is counted with reason "watchdog". */
+  let killedByWatchdog = false;
+  // Watchdog: work pending but no step for engineStallTimeoutMs, or no pong for long → kill, restart, resume.
+  const stallMs = opts.engineStallTimeoutMs ?? 30_000;
+  const watchdog = setInterval(() => {
+    const now = Date.now();
+    const work = registry.size > registry.recoveringCount;
+    if (!engine.ready || !work) {
+      lastProgressAt = now;
+      return;
+    }
+    const stalled = now - lastProgressAt > stallMs;
+    const deaf = now - engine.lastPong > Math.max(stallMs, 10_000);
+    if (stalled || deaf) {
+      log.error({ event: "engine_stalled", stalledMs: now - lastProgressAt, pongAgeMs: now - engine.lastPong }, "engine made no progress; killing it to restart and resume");
+      killedByWatchdog = true;
+      lastProgressAt = now;
+      engine.kill();
+    }
+  }, Math.min(500, Math.max(50, stallMs / 4)));
+  watchdog.unref();
   /** Set by drain(): readiness 503 and new requests refused with 503 + Retry-After. */
   let draining = false;
 
@@ -244,6 +295,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     engineReady,
     async drain(timeoutMs: number) {
       draining = true;
+      clearInterval(watchdog);
       log.info({ event: "drain_started", inFlight: registry.size, timeoutMs }, "draining: new requests get 503");
       const deadline = Date.now() + timeoutMs;
       // 1. Let in-flight requests finish (observed through the registry; bounded by the timeout).
@@ -260,6 +312,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     },
     async close() {
       closing = true;
+      clearInterval(watchdog);
       await engine.stop();
       await app.close();
     },

@@ -16,16 +16,19 @@ export interface ServerHandle {
   baseUrl: string;
   /** Every stdout/stderr line the server wrote. */
   logs: string[];
+  /** PID of the current engine process (from the latest engine_ready log line). */
+  enginePid(): number;
   stop(): Promise<void>;
 }
 
 /** Start `keel serve` with extra flags; resolves once it listens and its engine is ready. */
-export async function startServer(flags: string[] = []): Promise<ServerHandle> {
+export async function startServer(flags: string[] = [], env: Record<string, string> = {}): Promise<ServerHandle> {
   const proc = spawn(process.execPath, ["--unhandled-rejections=strict", BIN, "serve", "--rest_port", "0", "--rest_bind_address", "127.0.0.1", ...flags], {
     cwd: ROOT,
     stdio: ["ignore", "pipe", "pipe"],
     // Its own process group, like a job started from a terminal (tests send Ctrl-C to the group).
     detached: true,
+    env: { ...process.env, ...env },
   });
   const logs: string[] = [];
   let port = 0;
@@ -62,6 +65,18 @@ export async function startServer(flags: string[] = []): Promise<ServerHandle> {
     port,
     baseUrl: `http://127.0.0.1:${port}`,
     logs,
+    enginePid() {
+      let pid = 0;
+      for (const l of logs) {
+        try {
+          const j = JSON.parse(l) as { event?: string; enginePid?: number };
+          if (j.event === "engine_ready" && j.enginePid) pid = j.enginePid;
+        } catch {
+          /* not JSON */
+        }
+      }
+      return pid;
+    },
     async stop() {
       if (proc.exitCode !== null || proc.signalCode !== null) return;
       const exited = new Promise<void>((r) => proc.once("exit", () => r()));
@@ -112,4 +127,13 @@ export async function waitForMetrics(baseUrl: string, pred: (m: Map<string, numb
     await new Promise((r) => setTimeout(r, intervalMs));
   }
   throw new Error(`metrics condition not reached: ${[...last].filter(([k]) => k.startsWith("keel_")).map(([k, v]) => `${k}=${v}`).join(", ")}`);
+}
+
+/** Poll readiness until it is 200 (bounded); used after an engine restart the server performs by itself. */
+export async function waitForReady(baseUrl: string, attempts = 400, intervalMs = 25): Promise<void> {
+  for (let i = 0; i < attempts; i++) {
+    if ((await get(baseUrl, "/v2/health/ready")).status === 200) return;
+    await new Promise((r) => setTimeout(r, intervalMs));
+  }
+  throw new Error("server did not become ready");
 }
