@@ -359,6 +359,11 @@ export class LlamaAdapter {
     return !RECURRENT_ARCHITECTURES.has(this.metadata().architecture);
   }
 
+  /** A failed decode is rolled back by llama.cpp for attention KV; recurrent state gives no such guarantee. */
+  get canRollBack(): boolean {
+    return this.supportsPartialTrim;
+  }
+
   /** Free a slot's KV cells at once. Only between decodes. */
   clearSequence(slot: number): void {
     if (this.decoding) throw new Error("clearSequence() while a decode is in flight");

@@ -42,6 +42,8 @@ interface FaultInjection {
   throwAtStep?: number;
   /** Make step N hang forever (for the watchdog) — first engine process only. */
   hangAtStep?: number;
+  /** Make every decode throw while a request whose prompt contains this text is in the batch — every process. */
+  failOnPrompt?: string;
 }
 
 function logLine(level: string, msg: string, extra: Record<string, unknown> = {}): void {
@@ -85,12 +87,20 @@ async function main(): Promise<void> {
   if (faults) {
     logLine("warn", "fault injection is ON (test-only)", { faults, generation: config.generation ?? 1 });
     const first = (config.generation ?? 1) === 1;
-    loop.beforeDecode = async (plan) => {
-      const step = loop.steps + 1;
-      if (first && faults.crashAtStep === step) process.abort();
-      if (faults.crashOnPrompt && plan.items.some((it) => promptText.get(it.id)?.includes(faults.crashOnPrompt!))) process.abort();
-      if (first && faults.throwAtStep === step) throw new Error(`injected failure at step ${step}`);
-      if (first && faults.hangAtStep === step) await new Promise<never>(() => undefined);
+    /** Step-keyed faults fire once, on the first decode attempt of that step. */
+    const fired = new Set<string>();
+    const once = (kind: string, step: number, when: number | undefined): boolean => {
+      if (!first || when !== step || fired.has(kind)) return false;
+      fired.add(kind);
+      return true;
+    };
+    const hit = (items: { id: string }[], marker: string | undefined): boolean => marker !== undefined && items.some((it) => promptText.get(it.id)?.includes(marker));
+    loop.beforeDecode = async (items, step) => {
+      if (once("crash", step, faults.crashAtStep)) process.abort();
+      if (hit(items, faults.crashOnPrompt)) process.abort();
+      if (once("throw", step, faults.throwAtStep)) throw new Error(`injected failure at step ${step}`);
+      if (hit(items, faults.failOnPrompt)) throw new Error("injected failure: a poisoned request is in the batch");
+      if (once("hang", step, faults.hangAtStep)) await new Promise<never>(() => undefined);
     };
   }
 

@@ -9,7 +9,7 @@
 import type { AddMessage, EngineMessage, RequestOutput, SamplingParams } from "../protocol/messages.js";
 import { PROTOCOL_VERSION } from "../protocol/messages.js";
 import type { DecodeItem, SamplerConfig, SamplerHandle } from "./llama-adapter.js";
-import { Scheduler, type Finished, type Outcome, type SchedulerConfig, type StepPlan } from "./scheduler.js";
+import { Scheduler, type BatchItem, type Outcome, type Sampled, type SchedulerConfig } from "./scheduler.js";
 
 /** What the loop needs from a model backend (the llama.cpp adapter, or a fake in tests). */
 export interface ModelBackend {
@@ -31,6 +31,8 @@ export interface ModelBackend {
   clearSequence(slot: number): void;
   /** Keep the first `keep` tokens of a slot's KV (0 = clear). False if the memory cannot be trimmed partially. */
   trimSequence?(slot: number, keep: number): boolean;
+  /** False when a failed decode may leave state behind (recurrent memory): the loop then never retries. */
+  readonly canRollBack?: boolean;
 }
 
 /** A command for the loop, applied at the next step boundary. */
@@ -76,7 +78,7 @@ export class StepLoop {
    * Test-only fault injection (docs/fault-injection.md): called before each decode with the batch; it may throw
    * (a failed step), never resolve (a hung step) or kill the process.
    */
-  beforeDecode: ((plan: StepPlan) => void | Promise<void>) | null = null;
+  beforeDecode: ((items: BatchItem[], step: number) => void | Promise<void>) | null = null;
   /** Called after every step with the scheduler's invariant violations (tests fail on any). */
   onInvariantViolation: ((violations: string[]) => void) | null = null;
 
@@ -157,39 +159,15 @@ export class StepLoop {
     }
     let batchTokens = 0;
     if (plan.items.length > 0) {
-      let logitIdx: number[] | null = null;
-      try {
-        if (this.beforeDecode) await this.beforeDecode(plan);
-        logitIdx = await this.backend.decode(plan.items);
-      } catch (err) {
-        // 4a. A failed decode fails the requests of this step only; llama.cpp rolled the batch back.
-        this.finish(this.scheduler.failStep(plan, { code: "engine_error", message: `decode failed: ${(err as Error).message}` }), out);
+      // 4. Decode the batch and sample it; a failing decode is retried once, then bisected so that only the
+      //    request whose presence makes it fail is failed (llama.cpp rolls a failed decode back).
+      const { sampled, decoded, failed } = await this.decodeAndSample(plan.items, this.steps + 1);
+      for (const f of failed) {
+        this.finish(this.scheduler.failStep({ ...plan, items: [f.item] }, { code: "engine_error", message: f.message }), out);
       }
-      if (logitIdx) {
+      if (decoded.length > 0) {
         this.steps += 1;
-        batchTokens = plan.totalTokens;
-        // 4b. Sample sequentially (parallel sampling races in llama.cpp's output_reorder, docs/upstream.md).
-        const sampled: { id: string; token: number }[] = [];
-        const failed: Finished[] = [];
-        for (let i = 0; i < plan.items.length; i++) {
-          const it = plan.items[i]!;
-          const st = this.requests.get(it.id);
-          if (!it.wantsLogits || !st) continue;
-          try {
-            if (st.params.temperature > 0) {
-              st.sampler.configure(this.samplerConfig(st, tokenSeed(st.params.seed, it.pos + it.tokens.length)));
-            }
-            const token = await this.backend.sample(logitIdx[i]!, st.sampler);
-            if (!Number.isInteger(token) || token < 0 || token >= this.backend.vocabSize) throw new Error(`sampled invalid token ${token}`);
-            sampled.push({ id: it.id, token });
-          } catch (err) {
-            failed.push({ id: it.id, reason: "error", promptTokens: 0, completionTokens: 0, error: { code: "engine_error", message: (err as Error).message } });
-          }
-        }
-        for (const f of failed) {
-          const fplan = { ...plan, items: plan.items.filter((it) => it.id === f.id) };
-          this.finish(this.scheduler.failStep(fplan, f.error!), out);
-        }
+        batchTokens = decoded.reduce((a, it) => a + it.tokens.length, 0);
         // 5. Record tokens and text, then decide who finished.
         for (const { id, token } of sampled) {
           const st = this.requests.get(id);
@@ -198,7 +176,7 @@ export class StepLoop {
           o.tokens.push(token);
           if (!this.backend.isEndOfGeneration(token)) o.text += st.decoder.decode(this.backend.bytesOf(token), { stream: true });
         }
-        this.finish(this.scheduler.commit(plan, sampled, (t) => this.backend.isEndOfGeneration(t)), out);
+        this.finish(this.scheduler.commit({ ...plan, items: decoded }, sampled, (t) => this.backend.isEndOfGeneration(t)), out);
       }
     }
     const violations = this.scheduler.checkInvariants();
@@ -220,6 +198,59 @@ export class StepLoop {
         },
       });
     }
+  }
+
+  /**
+   * Decode `items` and sample those that want logits, sequentially (parallel sampling races in llama.cpp's
+   * output_reorder, docs/upstream.md). Policy on a failed decode (documented in docs/fault-injection.md):
+   * retry once; if it fails again, split the batch in halves and handle each the same way, so a batch that fails
+   * because of one request costs only that request. A backend that cannot roll a failed decode back (recurrent
+   * state) rethrows instead: the engine process exits and the gateway restarts it and resumes every request.
+   */
+  private async decodeAndSample(
+    items: BatchItem[],
+    step: number,
+  ): Promise<{ sampled: Sampled[]; decoded: BatchItem[]; failed: { item: BatchItem; message: string }[] }> {
+    let logitIdx: number[] | null = null;
+    let lastError: unknown = null;
+    for (let attempt = 0; attempt < 2 && logitIdx === null; attempt++) {
+      try {
+        if (this.beforeDecode) await this.beforeDecode(items, step);
+        logitIdx = await this.backend.decode(items);
+      } catch (err) {
+        lastError = err;
+        if (this.backend.canRollBack === false) throw err;
+      }
+    }
+    if (logitIdx === null) {
+      const message = `decode failed: ${(lastError as Error)?.message ?? String(lastError)}`;
+      if (items.length === 1) return { sampled: [], decoded: [], failed: [{ item: items[0]!, message }] };
+      const half = Math.ceil(items.length / 2);
+      const a = await this.decodeAndSample(items.slice(0, half), step);
+      const b = await this.decodeAndSample(items.slice(half), step);
+      return { sampled: [...a.sampled, ...b.sampled], decoded: [...a.decoded, ...b.decoded], failed: [...a.failed, ...b.failed] };
+    }
+    const sampled: Sampled[] = [];
+    const decoded: BatchItem[] = [];
+    const failed: { item: BatchItem; message: string }[] = [];
+    for (let i = 0; i < items.length; i++) {
+      const it = items[i]!;
+      const st = this.requests.get(it.id);
+      if (!it.wantsLogits || !st) {
+        decoded.push(it);
+        continue;
+      }
+      try {
+        if (st.params.temperature > 0) st.sampler.configure(this.samplerConfig(st, tokenSeed(st.params.seed, it.pos + it.tokens.length)));
+        const token = await this.backend.sample(logitIdx[i]!, st.sampler);
+        if (!Number.isInteger(token) || token < 0 || token >= this.backend.vocabSize) throw new Error(`sampled invalid token ${token}`);
+        sampled.push({ id: it.id, token });
+        decoded.push(it);
+      } catch (err) {
+        failed.push({ item: it, message: (err as Error).message });
+      }
+    }
+    return { sampled, decoded, failed };
   }
 
   /** Number of requests the loop holds (for tests). */
