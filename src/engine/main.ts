@@ -95,12 +95,24 @@ async function main(): Promise<void> {
       return true;
     };
     const hit = (items: { id: string }[], marker: string | undefined): boolean => marker !== undefined && items.some((it) => promptText.get(it.id)?.includes(marker));
+    const inject = (kind: string, step: number): void => logLine("warn", "fault injected", { fault: kind, step });
     loop.beforeDecode = async (items, step) => {
-      if (once("crash", step, faults.crashAtStep)) process.abort();
-      if (hit(items, faults.crashOnPrompt)) process.abort();
-      if (once("throw", step, faults.throwAtStep)) throw new Error(`injected failure at step ${step}`);
-      if (hit(items, faults.failOnPrompt)) throw new Error("injected failure: a poisoned request is in the batch");
-      if (once("hang", step, faults.hangAtStep)) await new Promise<never>(() => undefined);
+      if (once("crash", step, faults.crashAtStep) || hit(items, faults.crashOnPrompt)) {
+        inject("crash", step);
+        process.abort();
+      }
+      if (once("throw", step, faults.throwAtStep)) {
+        inject("throw", step);
+        throw new Error(`injected failure at step ${step}`);
+      }
+      if (hit(items, faults.failOnPrompt)) {
+        inject("fail", step);
+        throw new Error("injected failure: a poisoned request is in the batch");
+      }
+      if (once("hang", step, faults.hangAtStep)) {
+        inject("hang", step);
+        await new Promise<never>(() => undefined);
+      }
     };
   }
 

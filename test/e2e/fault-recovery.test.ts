@@ -119,6 +119,35 @@ describe("culprit isolation", () => {
   });
 });
 
+describe("step errors that are not deaths", () => {
+  it("a step that throws once is retried: every stream is identical to control, no restart", async () => {
+    server = await startServer(["--max_num_seqs", "4"], { KEEL_FAULT_INJECTION: JSON.stringify({ throwAtStep: 40 }) });
+    const s = server;
+    const results = await Promise.all(PROMPTS.slice(0, 4).map((p) => chat(s.baseUrl, body(p))));
+    const expected = await controls(s, PROMPTS.slice(0, 4));
+    expectIdentical(results, expected);
+    const m = await metrics(s.baseUrl);
+    expect(m.get('keel_engine_restarts_total{reason="signal"}')! + m.get('keel_engine_restarts_total{reason="exit"}')!).toBe(0);
+    // The fault really fired, and the retry hid it from every client.
+    expect(s.logs.some((l) => l.includes('"fault":"throw"') && l.includes('"step":40'))).toBe(true);
+  });
+
+  it("a batch that fails whenever one request is in it: only that request fails, the others are identical", async () => {
+    server = await startServer(["--max_num_seqs", "4"], { KEEL_FAULT_INJECTION: JSON.stringify({ failOnPrompt: "POISON" }) });
+    const s = server;
+    const innocents = PROMPTS.slice(0, 3);
+    const expected = await controls(s, innocents);
+    const results = await Promise.all([...innocents.map((p) => chat(s.baseUrl, body(p))), chat(s.baseUrl, body("POISON batch"))]);
+    const poisoned = results.pop()!;
+    expectIdentical(results, expected);
+    const err = (poisoned.events.at(-1) as { error?: { code?: string } } | undefined)?.error ?? (poisoned.body as { error?: { code?: string } } | null)?.error;
+    expect(err?.code).toBe("engine_error");
+    expect(s.enginePid()).toBeGreaterThan(0);
+    const m = await metrics(s.baseUrl);
+    expect(m.get('keel_engine_restarts_total{reason="signal"}')! + m.get('keel_engine_restarts_total{reason="exit"}')!).toBe(0);
+  });
+});
+
 describe("watchdog", () => {
   it("a hung step is detected, the engine restarted, and every stream finishes identical to control", async () => {
     server = await startServer(["--max_num_seqs", "4", "--engine_stall_timeout", "2"], { KEEL_FAULT_INJECTION: JSON.stringify({ hangAtStep: 60 }) });
