@@ -103,7 +103,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       config: opts.engine,
       pingIntervalMs: opts.pingIntervalMs ?? 1000,
       readyStalenessMs: opts.readyStalenessMs ?? 5000,
-      restartMinMs: 500,
+      restartMinMs: 100,
       restartMaxMs: 30_000,
     },
     {
