@@ -22,6 +22,9 @@ import type { RequestRegistry, RequestSink, Usage } from "./registry.js";
 import { StopMatcher } from "./stop-strings.js";
 import type { Logger } from "pino";
 
+/** Bytes of stream output a client may leave unread before it is treated as gone (per stream). */
+export const MAX_UNREAD_BYTES = 1024 * 1024;
+
 /** What the chat route needs from the server. */
 export interface ChatRouteContext {
   registry: RequestRegistry;
@@ -104,6 +107,12 @@ export async function handleChat(ctx: ChatRouteContext, req: FastifyRequest, rep
   const write = (s: string): void => {
     if (closed || res.destroyed) return;
     res.write(s);
+    // Backpressure bound: a client that stops reading may hold at most MAX_UNREAD_BYTES of unsent stream; past that
+    // it is treated as gone (its request is aborted, its socket closed) instead of buffering without limit.
+    if (res.writableLength > MAX_UNREAD_BYTES) {
+      log.warn({ event: "slow_client", unreadBytes: res.writableLength }, "client is not reading its stream; aborting it");
+      res.destroy();
+    }
   };
   const startStream = (): void => {
     if (headersSent || closed) return;
@@ -182,7 +191,6 @@ export async function handleChat(ctx: ChatRouteContext, req: FastifyRequest, rep
     },
     onFinish(reason, usage, error) {
       if (reason === "error") {
-        log.warn({ event: "failed", code: error?.code, error: error?.message }, "request failed");
         failResponse(error?.httpError ?? engineError(error?.message));
         return;
       }

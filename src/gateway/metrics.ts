@@ -27,6 +27,13 @@ export class Metrics {
   readonly engineRestarts: client.Counter<"reason">;
   readonly prefixCacheHitTokens: client.Counter;
   readonly requestsResumed: client.Counter;
+  readonly requestsQueued: client.Counter;
+  readonly promptTokens: client.Counter;
+  readonly generationTokens: client.Counter;
+  readonly timeToFirstToken: client.Histogram;
+  readonly interTokenLatency: client.Histogram;
+  readonly e2eLatency: client.Histogram;
+  readonly queueTime: client.Histogram;
   readonly requestsFailed: client.Counter<"reason">;
   readonly requestsRejected: client.Counter<"reason">;
 
@@ -98,6 +105,15 @@ export class Metrics {
       registers,
     });
     for (const reason of ["exit", "signal", "watchdog"]) this.engineRestarts.inc({ reason }, 0);
+    this.requestsQueued = new client.Counter({ name: "keel_requests_queued_total", help: "Requests handed to the engine's queue", registers });
+    this.promptTokens = new client.Counter({ name: "keel_prompt_tokens_total", help: "Prompt tokens of finished requests", registers });
+    this.generationTokens = new client.Counter({ name: "keel_generation_tokens_total", help: "Tokens generated for finished requests", registers });
+    // Buckets in seconds, from vLLM's choices for the same histograms (fine below 100 ms, coarse above 10 s).
+    const latencyBuckets = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80];
+    this.timeToFirstToken = new client.Histogram({ name: "keel_time_to_first_token_seconds", help: "Time from acceptance to the first generated token (TTFT)", buckets: latencyBuckets, registers });
+    this.interTokenLatency = new client.Histogram({ name: "keel_inter_token_latency_seconds", help: "Time between consecutive generated tokens of a request (ITL)", buckets: latencyBuckets, registers });
+    this.e2eLatency = new client.Histogram({ name: "keel_e2e_request_latency_seconds", help: "Time from acceptance to the request's end, whatever the reason", buckets: latencyBuckets, registers });
+    this.queueTime = new client.Histogram({ name: "keel_request_queue_time_seconds", help: "Time from acceptance to admission to an engine sequence", buckets: latencyBuckets, registers });
     this.requestsResumed = new client.Counter({
       name: "keel_requests_resumed_total",
       help: "Requests resubmitted as continuations to a restarted engine",

@@ -51,14 +51,29 @@ interface Entry {
   deaths: number;
   /** True while the current engine process holds the request. */
   inEngine: boolean;
+  /** When the request was first admitted to a sequence (ms since epoch), or null. */
+  admittedAt: number | null;
+  /** When its latest token arrived (ms since epoch), or null. */
+  lastTokenAt: number | null;
 }
 
 /** Events the registry reports for metrics and logs. */
 export interface RegistryObserver {
   onCancel?(id: string, phase: lc.Phase, cause: lc.CancelCause): void;
-  onFinished?(id: string, reason: lc.FinishReason, usage: Usage, info: { phase: lc.Phase | null; error?: string; errorCode?: string; abortLatencySteps?: number }): void;
-  onAdmitted?(id: string, promptTokens: number): void;
-  onFirstToken?(id: string): void;
+  onFinished?(
+    id: string,
+    reason: lc.FinishReason,
+    usage: Usage,
+    info: { phase: lc.Phase | null; error?: string; errorCode?: string; abortLatencySteps?: number; e2eMs: number },
+  ): void;
+  /** First admission to a sequence: queue time (ms) and prompt tokens reused from the prefix cache. */
+  onAdmitted?(id: string, promptTokens: number, info: { queueMs: number; cachedTokens: number }): void;
+  /** First generated token: time to first token from acceptance (ms). */
+  onFirstToken?(id: string, ttftMs: number): void;
+  /** Later tokens: how many, and the mean inter-token latency over them (ms). */
+  onTokens?(id: string, count: number, itlMs: number): void;
+  /** The request was handed to the engine's queue. */
+  onQueued?(id: string): void;
   onInternalError?(id: string, message: string): void;
   /** A request was resubmitted to a restarted engine as a continuation. */
   onResumed?(id: string, generatedTokens: number, deaths: number): void;
@@ -129,7 +144,10 @@ export class RequestRegistry {
       prompt,
       deaths: 0,
       inEngine: true,
+      admittedAt: null,
+      lastTokenAt: null,
     });
+    this.observer.onQueued?.(id);
     return true;
   }
 
@@ -182,21 +200,29 @@ export class RequestRegistry {
 
   private applyOutput(e: Entry, o: StepMessage["outputs"][number]): void {
     {
+      const now = Date.now();
       if (o.admitted) {
         e.promptTokens = o.admitted.promptTokens;
         const next = lc.admit(e.lifecycle);
         if (next) {
           e.lifecycle = next;
-          this.observer.onAdmitted?.(e.id, e.promptTokens.length);
+          // Timings are reported once per request: a resumed request is admitted again but queued only once.
+          if (e.admittedAt === null) {
+            e.admittedAt = now;
+            this.observer.onAdmitted?.(e.id, e.promptTokens.length, { queueMs: now - e.acceptedAt, cachedTokens: o.admitted.cachedTokens });
+          }
           e.sink.onAdmitted();
         }
       }
       if (o.tokens.length > 0 || o.text.length > 0) {
+        const before = e.generated.length;
         e.generated.push(...o.tokens);
         const next = lc.firstToken(e.lifecycle);
-        if (next) {
-          e.lifecycle = next;
-          this.observer.onFirstToken?.(e.id);
+        if (next) e.lifecycle = next;
+        if (o.tokens.length > 0) {
+          if (before === 0) this.observer.onFirstToken?.(e.id, now - e.acceptedAt);
+          else if (e.lastTokenAt !== null) this.observer.onTokens?.(e.id, o.tokens.length, (now - e.lastTokenAt) / o.tokens.length);
+          e.lastTokenAt = now;
         }
         if (e.lifecycle.state !== "cancelling") e.sink.onOutput(o.tokens, o.text);
       }
@@ -328,7 +354,7 @@ export class RequestRegistry {
     // Abort latency in engine steps: measured by the engine from the abort's arrival when it reports it, else
     // from the gateway's view of the step counter (which lags by the messages in flight).
     const latency = stepsAfterAbort !== undefined ? { abortLatencySteps: stepsAfterAbort } : e.cancelledAtStep === null ? {} : { abortLatencySteps: this.currentStep() - e.cancelledAtStep };
-    this.observer.onFinished?.(e.id, next.reason, usage, { phase, ...latency, ...(error ? { error: error.message, errorCode: error.code } : {}) });
+    this.observer.onFinished?.(e.id, next.reason, usage, { phase, e2eMs: Date.now() - e.acceptedAt, ...latency, ...(error ? { error: error.message, errorCode: error.code } : {}) });
     if (!wasCancelling) e.sink.onFinish(next.reason, usage, error);
   }
 }

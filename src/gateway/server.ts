@@ -76,16 +76,29 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     },
     onFinished(id, reason, usage, info) {
       metrics.requestsFinished.inc({ finish_reason: reason });
+      metrics.promptTokens.inc(usage.promptTokens);
+      metrics.generationTokens.inc(usage.completionTokens);
+      metrics.e2eLatency.observe(info.e2eMs / 1000);
+      if (reason === "error") log.warn({ requestId: id, event: "failed", phase: info.phase, code: info.errorCode, error: info.error, e2eMs: info.e2eMs, ...usage }, "request failed");
       if (reason === "error") metrics.requestsFailed.inc({ reason: info.errorCode === "engine_fault" ? "engine_fault" : info.errorCode === "shutting_down" ? "shutdown" : "engine_error" });
       if (reason === "abort") {
-        log.info({ requestId: id, event: "aborted", phase: info.phase, abortLatencySteps: info.abortLatencySteps, ...usage }, "request aborted");
+        log.info({ requestId: id, event: "aborted", phase: info.phase, abortLatencySteps: info.abortLatencySteps, e2eMs: info.e2eMs, ...usage }, "request aborted");
       }
     },
-    onAdmitted(id, promptTokens) {
-      log.debug({ requestId: id, event: "prefill_started", promptTokens }, "prefill started");
+    onQueued(id) {
+      metrics.requestsQueued.inc();
+      log.info({ requestId: id, event: "queued", waiting: registry.counts().waiting }, "request queued");
     },
-    onFirstToken(id) {
-      log.debug({ requestId: id, event: "first_token" }, "first token");
+    onAdmitted(id, promptTokens, info) {
+      metrics.queueTime.observe(info.queueMs / 1000);
+      log.info({ requestId: id, event: "prefill_started", promptTokens, cachedTokens: info.cachedTokens, queueMs: info.queueMs }, "prefill started");
+    },
+    onFirstToken(id, ttftMs) {
+      metrics.timeToFirstToken.observe(ttftMs / 1000);
+      log.info({ requestId: id, event: "first_token", ttftMs }, "first token");
+    },
+    onTokens(_id, count, itlMs) {
+      for (let i = 0; i < count; i++) metrics.interTokenLatency.observe(itlMs / 1000);
     },
   }, () => lastEngineStep);
   const metrics = new Metrics({

@@ -76,6 +76,23 @@ describe("routes", () => {
   });
 });
 
+describe("request metrics", () => {
+  it("counters and latency histograms account for each request", async () => {
+    const before = await metrics(server.baseUrl);
+    const r = await chat(server.baseUrl, { ...base, messages: [{ role: "user", content: "count me" }], max_tokens: 10, stream: true, stream_options: { include_usage: true } });
+    const usage = (r.events.at(-1) as { usage: { prompt_tokens: number; completion_tokens: number } }).usage;
+    const after = await metrics(server.baseUrl);
+    const d = (k: string) => after.get(k)! - before.get(k)!;
+    expect(d("keel_requests_queued_total")).toBe(1);
+    expect(d("keel_prompt_tokens_total")).toBe(usage.prompt_tokens);
+    expect(d("keel_generation_tokens_total")).toBe(10);
+    expect(d("keel_time_to_first_token_seconds_count")).toBe(1);
+    expect(d("keel_request_queue_time_seconds_count")).toBe(1);
+    expect(d("keel_e2e_request_latency_seconds_count")).toBe(1);
+    expect(d("keel_inter_token_latency_seconds_count")).toBe(9);
+  });
+});
+
 describe("chat completion shapes", () => {
   it("unary: chat.completion with id, message, finish_reason and usage", async () => {
     const r = await chat(server.baseUrl, { ...base, messages: [{ role: "user", content: "Tell me a story" }], max_tokens: 12 });
