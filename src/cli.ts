@@ -56,7 +56,7 @@ export const SERVE_FLAGS: FlagSpec[] = [
   { name: "max_queued_requests", help: "requests allowed to wait for a sequence; beyond it 429 with Retry-After", default: "256", parse: int("max_queued_requests", 0, 1_000_000) },
   { name: "enable_prefix_caching", help: "keep finished requests' KV and reuse the longest common prefix", default: "true", parse: bool("enable_prefix_caching") },
   { name: "kv_cache_precision", help: "KV cache precision: f16, or u8 (q8_0 K and V, with flash attention)", default: "f16", parse: oneOf("kv_cache_precision", ["f16", "u8"]) },
-  { name: "cache_size", help: "KV cache budget in GB over all sequences (fractions allowed); 0 = max_model_len per sequence", default: "0", parse: gb("cache_size") },
+  { name: "cache_size", help: "KV cache budget in GB (10^9 bytes) over all sequences (fractions allowed); 0 = max_model_len per sequence", default: "0", parse: gb("cache_size") },
   { name: "engine_stall_timeout", help: "seconds without engine progress while there is work before the engine is restarted", default: "30", parse: int("engine_stall_timeout", 1, 86_400) },
   { name: "shutdown_timeout", help: "seconds in-flight requests may take to finish after SIGTERM/SIGINT", default: "30", parse: int("shutdown_timeout", 0, 86_400) },
   { name: "log_level", help: "DEBUG, INFO, WARNING or ERROR", default: "INFO", parse: oneOf("log_level", ["DEBUG", "INFO", "WARNING", "ERROR"]) },
@@ -74,7 +74,16 @@ function usage(): string {
 /** Parse `keel serve` flags. @throws Error with a user-facing message. */
 export function parseServeFlags(argv: string[]): Record<string, unknown> {
   const options = Object.fromEntries([...SERVE_FLAGS.map((f) => [f.name, { type: "string" as const }]), ["help", { type: "boolean" as const, short: "h" }]]);
-  const parsed = parseArgs({ args: argv, options, strict: true, allowPositionals: true });
+  let parsed: ReturnType<typeof parseArgs>;
+  try {
+    parsed = parseArgs({ args: argv, options, strict: true, allowPositionals: true });
+  } catch (err) {
+    const e = err as { code?: string; message: string };
+    const flag = /'(-[^']+)'/.exec(e.message)?.[1];
+    if (e.code === "ERR_PARSE_ARGS_UNKNOWN_OPTION") throw new Error(`unknown flag ${flag ?? ""}`.trim());
+    if (e.code === "ERR_PARSE_ARGS_INVALID_OPTION_VALUE") throw new Error(`flag ${flag ?? ""} needs a value`.replace("  ", " "));
+    throw err;
+  }
   const values = parsed.values as Record<string, string | boolean | undefined>;
   const positionals = parsed.positionals;
   if (positionals.length > 0) throw new Error(`unexpected argument "${positionals[0]}"`);

@@ -16,7 +16,7 @@ import type { SamplingParams } from "../protocol/messages.js";
 import type { ChatRequest } from "./chat-request.js";
 import { parseChatRequest } from "./chat-request.js";
 import type { ChatTemplate } from "./chat-template.js";
-import { contextLengthExceeded, engineError, KeelHttpError, modelNotFound, notReady, queueFull, toErrorBody } from "./errors.js";
+import { contextLengthExceeded, engineError, KeelHttpError, modelNotFound, queueFull, toErrorBody } from "./errors.js";
 import type { FinishReason } from "./lifecycle.js";
 import type { RequestRegistry, RequestSink, Usage } from "./registry.js";
 import { StopMatcher } from "./stop-strings.js";
@@ -35,6 +35,10 @@ export interface ChatRouteContext {
   isReady(): boolean;
   /** Sequence capacity (tokens) of the current engine, or null while none is ready. */
   maxModelLen(): number | null;
+  /** The 503 to answer while not ready: loading, restarting after an engine fault, or shutting down. */
+  unavailable(): KeelHttpError;
+  /** True when this rendered prompt was isolated as one that crashes the engine (answered without the engine). */
+  isKnownCulprit(prompt: string): boolean;
   /** Bound of the waiting queue; a request beyond it gets 429 at once. */
   maxQueuedRequests: number;
   onRejected(reason: "queue_full" | "not_ready"): void;
@@ -59,7 +63,7 @@ export async function handleChat(ctx: ChatRouteContext, req: FastifyRequest, rep
   if (!ctx.isReady() || !template) {
     ctx.onRejected("not_ready");
     void reply.header("retry-after", "1");
-    throw notReady();
+    throw ctx.unavailable();
   }
   // 429 at the door (TGI's router): the queue is bounded, so saturation answers at once instead of piling up.
   if (ctx.registry.counts().waiting >= ctx.maxQueuedRequests) {
@@ -73,6 +77,11 @@ export async function handleChat(ctx: ChatRouteContext, req: FastifyRequest, rep
     throw contextLengthExceeded(capacity, body.messages.length);
   }
   const prompt = template.render(body.messages, { addGenerationPrompt: true });
+  // A prompt already isolated as an engine killer is refused here, so a client resending it cannot keep
+  // restarting the engine (and pausing everyone else).
+  if (ctx.isKnownCulprit(prompt)) {
+    throw new KeelHttpError({ status: 500, type: "server_error", code: "engine_fault", message: "This request crashed the engine before and was isolated; it is refused without running it." });
+  }
   const params: SamplingParams = {
     maxTokens: body.maxTokens ?? null,
     temperature: body.temperature,
@@ -219,7 +228,7 @@ export async function handleChat(ctx: ChatRouteContext, req: FastifyRequest, rep
     },
   });
   if (!accepted) {
-    failResponse(notReady());
+    failResponse(ctx.unavailable());
     return;
   }
   log.info({ event: "accepted", stream: body.stream, maxTokens: params.maxTokens, temperature: params.temperature }, "request accepted");

@@ -272,9 +272,9 @@ export class RequestRegistry {
    * was the only suspect in flight when the engine died, after `faultThreshold` deaths, is failed with
    * `engine_fault`; everyone else is resumed. Returns the ids failed as culprits.
    */
-  handleEngineDeath(description: string): string[] {
+  handleEngineDeath(description: string): { id: string; prompt: AddMessage["prompt"] }[] {
     const inFlight = [...this.live.values()].filter((e) => e.inEngine);
-    const culprits: string[] = [];
+    const culprits: { id: string; prompt: AddMessage["prompt"] }[] = [];
     for (const e of inFlight) {
       e.inEngine = false;
       if (e.lifecycle.state === "cancelling") {
@@ -290,7 +290,7 @@ export class RequestRegistry {
     if (suspectsInFlight.length === 1 && others.length === 0) {
       const e = suspectsInFlight[0]!;
       this.quarantine.delete(e.id);
-      culprits.push(e.id);
+      culprits.push({ id: e.id, prompt: e.prompt });
       this.observer.onCulprit?.(e.id, e.deaths);
       e.lifecycle = { state: "decode" }; // leave recovering so end() reports it as an error, not a resume
       const message = `this request crashed the engine ${e.deaths} times (${description}); it was isolated and failed so that other requests could continue`;

@@ -14,7 +14,7 @@ import pino, { type Logger } from "pino";
 import { handleChat } from "./chat-route.js";
 import { ChatTemplate } from "./chat-template.js";
 import { EngineClient } from "./engine-client.js";
-import { contextLengthExceeded, invalidJson, KeelHttpError, routeNotFound, toErrorBody, toHttpError } from "./errors.js";
+import { contextLengthExceeded, invalidJson, KeelHttpError, notReady, routeNotFound, toErrorBody, toHttpError } from "./errors.js";
 import { Metrics } from "./metrics.js";
 import { RequestRegistry } from "./registry.js";
 import type { EngineConfig } from "../engine/main.js";
@@ -187,7 +187,14 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
         log.error({ event: "engine_exit", code, signal, reason, inFlight: registry.size }, "engine process exited; restarting and resuming");
         metrics.engineRestarts.inc({ reason });
         const culprits = registry.handleEngineDeath(`the engine process exited (${signal ?? `code ${code}`})`);
-        for (const id of culprits) log.error({ event: "culprit_isolated", requestId: id }, "request isolated as the engine's killer and failed");
+        for (const c of culprits) {
+          log.error({ event: "culprit_isolated", requestId: c.id }, "request isolated as the engine's killer and failed");
+          // Remember its prompt (bounded) so that resending it is refused without another crash.
+          if ("text" in c.prompt) {
+            culpritPrompts.add(c.prompt.text);
+            if (culpritPrompts.size > 1000) culpritPrompts.delete(culpritPrompts.values().next().value as string);
+          }
+        }
       },
       onLog(line, stream) {
         // Engine lines are JSON already; pass them through at their level.
@@ -203,6 +210,8 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
   );
   /** Set once the HTTP server and engine are being stopped. */
   let closing = false;
+  /** Rendered prompts of requests isolated as engine killers (insertion-ordered, at most 1000). */
+  const culpritPrompts = new Set<string>();
   /** When the engine last made progress (a step), or work appeared; the watchdog compares against it. */
   let lastProgressAt = Date.now();
   /** When the current engine process died (for the recovery-time log), or null. */
@@ -271,6 +280,12 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     isReady: () => engine.isReady && !draining && !closing,
     maxModelLen: () => engine.ready?.limits.maxModelLen ?? null,
     maxQueuedRequests: opts.maxQueuedRequests,
+    unavailable: () => {
+      if (draining || closing) return new KeelHttpError({ status: 503, type: "service_unavailable_error", code: "shutting_down", message: "The server is shutting down." });
+      if (engine.starts > 1 && !engine.ready) return new KeelHttpError({ status: 503, type: "service_unavailable_error", code: "engine_restarting", message: "The engine is restarting after a fault; in-flight requests are being resumed. Please retry shortly." });
+      return notReady();
+    },
+    isKnownCulprit: (prompt: string) => culpritPrompts.has(prompt),
     onRejected: (reason: "queue_full" | "not_ready") => metrics.requestsRejected.inc({ reason }),
     log,
     onDisconnect: (phase: "queued" | "prefill" | "decode") => metrics.clientDisconnects.inc({ phase }),

@@ -116,6 +116,12 @@ describe("culprit isolation", () => {
     await waitForReady(s.baseUrl);
     const fresh = await chat(s.baseUrl, body(innocents[0]!));
     expect(fresh.text).toBe(expected[0]);
+    // Resending the isolated request is refused at the door: no further engine crash.
+    const again = await chat(s.baseUrl, body("POISON: this request kills the engine"));
+    expect(again.status).toBe(500);
+    expect((again.body as { error: { code: string } }).error.code).toBe("engine_fault");
+    const m2 = await metrics(s.baseUrl);
+    expect(m2.get('keel_engine_restarts_total{reason="signal"}')).toBe(m.get('keel_engine_restarts_total{reason="signal"}'));
   });
 });
 

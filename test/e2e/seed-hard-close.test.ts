@@ -78,7 +78,8 @@ describe("seed reproducer: a client hard-closes mid-generation", () => {
     it(`closing one of 4 streams after its 3rd chunk (${mode.toUpperCase()}) leaves the other 3 identical to control`, async () => {
       const before = await metrics(server.baseUrl);
       const [victim, ...bystanders] = await Promise.all([
-        chat(server.baseUrl, body(PROMPTS[0]!), { onEvent: (_e, i, ctl) => i === 3 && ctl.close(mode) }),
+        // The victim asks for far more tokens than it will read, so it cannot end naturally before its close lands.
+        chat(server.baseUrl, body(PROMPTS[0]!, { max_tokens: 1500 }), { onEvent: (_e, i, ctl) => i === 3 && ctl.close(mode) }),
         ...PROMPTS.slice(1, 4).map((p) => chat(server.baseUrl, body(p))),
       ]);
       expect(victim!.closedByClient).toBe(true);
