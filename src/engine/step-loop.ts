@@ -260,6 +260,7 @@ export class StepLoop {
 
   private applyAdd(cmd: AddMessage): void {
     const refuse = (code: string, message: string): void => {
+      this.abortArrivedAtStep.delete(cmd.id);
       this.emit({ v: PROTOCOL_VERSION, type: "request_error", id: cmd.id, code, message });
     };
     if (this.requests.has(cmd.id)) return refuse("duplicate_id", `request id ${cmd.id} is already live`);

@@ -51,6 +51,8 @@ export class EngineClient {
   private stopping = false;
   /** Engine processes started (1 = no restart yet). */
   starts = 0;
+  /** When the current engine process was spawned (ms since epoch). */
+  startedAt = 0;
 
   constructor(
     private readonly opts: EngineClientOptions,
@@ -108,6 +110,7 @@ export class EngineClient {
 
   private spawnEngine(): void {
     this.starts += 1;
+    this.startedAt = Date.now();
     this.ready = null;
     const config: EngineConfig = { ...this.opts.config, mode: "serve", generation: this.starts };
     // Own process group: a terminal's Ctrl-C reaches only the gateway, which then stops the engine in order.

@@ -55,7 +55,12 @@ interface Entry {
   admittedAt: number | null;
   /** When its latest token arrived (ms since epoch), or null. */
   lastTokenAt: number | null;
+  /** Tokens generated since the request was last (re)submitted to an engine. */
+  sinceSubmit: number;
 }
+
+/** Tokens of progress after a resume that clear a request's death count (see handleEngineDeath). */
+export const FORGIVE_AFTER_TOKENS = 8;
 
 /** Events the registry reports for metrics and logs. */
 export interface RegistryObserver {
@@ -146,6 +151,7 @@ export class RequestRegistry {
       inEngine: true,
       admittedAt: null,
       lastTokenAt: null,
+      sinceSubmit: 0,
     });
     this.observer.onQueued?.(id);
     return true;
@@ -220,6 +226,10 @@ export class RequestRegistry {
         const next = lc.firstToken(e.lifecycle);
         if (next) e.lifecycle = next;
         if (o.tokens.length > 0) {
+          // Progress forgives earlier deaths: a request that generated FORGIVE_AFTER_TOKENS tokens since its last
+          // (re)submission was not what killed the engine then (a culprit dies again before making progress).
+          e.sinceSubmit += o.tokens.length;
+          if (e.deaths > 0 && e.sinceSubmit >= FORGIVE_AFTER_TOKENS) e.deaths = 0;
           if (before === 0) this.observer.onFirstToken?.(e.id, now - e.acceptedAt);
           else if (e.lastTokenAt !== null) this.observer.onTokens?.(e.id, o.tokens.length, (now - e.lastTokenAt) / o.tokens.length);
           e.lastTokenAt = now;
@@ -272,7 +282,7 @@ export class RequestRegistry {
    * was the only suspect in flight when the engine died, after `faultThreshold` deaths, is failed with
    * `engine_fault`; everyone else is resumed. Returns the ids failed as culprits.
    */
-  handleEngineDeath(description: string): { id: string; prompt: AddMessage["prompt"] }[] {
+  handleEngineDeath(description: string, opts: { blame: boolean } = { blame: true }): { id: string; prompt: AddMessage["prompt"] }[] {
     const inFlight = [...this.live.values()].filter((e) => e.inEngine);
     const culprits: { id: string; prompt: AddMessage["prompt"] }[] = [];
     for (const e of inFlight) {
@@ -281,13 +291,14 @@ export class RequestRegistry {
         this.end(e, "abort", { promptTokens: e.promptTokens.length, completionTokens: e.generated.length });
         continue;
       }
-      e.deaths += 1;
+      // A death Keel caused itself (the watchdog's kill) is nobody's fault.
+      if (opts.blame) e.deaths += 1;
       const next = lc.engineDied(e.lifecycle);
       if (next) e.lifecycle = next;
     }
     const suspectsInFlight = inFlight.filter((e) => e.lifecycle.state === "recovering" && e.deaths >= this.faultThreshold);
     const others = inFlight.filter((e) => e.lifecycle.state === "recovering" && e.deaths < this.faultThreshold);
-    if (suspectsInFlight.length === 1 && others.length === 0) {
+    if (opts.blame && suspectsInFlight.length === 1 && others.length === 0) {
       const e = suspectsInFlight[0]!;
       this.quarantine.delete(e.id);
       culprits.push({ id: e.id, prompt: e.prompt });
@@ -337,6 +348,7 @@ export class RequestRegistry {
     const next = lc.resubmit(e.lifecycle);
     if (next) e.lifecycle = next;
     e.inEngine = true;
+    e.sinceSubmit = 0;
     this.observer.onResumed?.(e.id, e.generated.length, e.deaths);
     return true;
   }

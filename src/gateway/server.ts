@@ -186,7 +186,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
         diedAt = Date.now();
         log.error({ event: "engine_exit", code, signal, reason, inFlight: registry.size }, "engine process exited; restarting and resuming");
         metrics.engineRestarts.inc({ reason });
-        const culprits = registry.handleEngineDeath(`the engine process exited (${signal ?? `code ${code}`})`);
+        const culprits = registry.handleEngineDeath(`the engine process exited (${signal ?? `code ${code}`})`, { blame: reason !== "watchdog" });
         for (const c of culprits) {
           log.error({ event: "culprit_isolated", requestId: c.id }, "request isolated as the engine's killer and failed");
           // Remember its prompt (bounded) so that resending it is refused without another crash.
@@ -220,17 +220,21 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
   let killedByWatchdog = false;
   // Watchdog: work pending but no step for engineStallTimeoutMs, or no pong for long → kill, restart, resume.
   const stallMs = opts.engineStallTimeoutMs ?? 30_000;
+  // Three ways an engine can be stuck, each checked whether or not requests are waiting:
+  //   stalled  — requests are in the engine but no step came for stallMs;
+  //   deaf     — the engine reported ready but answered no ping for max(stallMs, 10 s) (frozen while idle);
+  //   starting — an engine process has not reported ready within max(10 × stallMs, 60 s) of its start.
+  const startupLimitMs = Math.max(10 * stallMs, 60_000);
   const watchdog = setInterval(() => {
     const now = Date.now();
     const work = registry.size > registry.recoveringCount;
-    if (!engine.ready || !work) {
-      lastProgressAt = now;
-      return;
-    }
-    const stalled = now - lastProgressAt > stallMs;
-    const deaf = now - engine.lastPong > Math.max(stallMs, 10_000);
-    if (stalled || deaf) {
-      log.error({ event: "engine_stalled", stalledMs: now - lastProgressAt, pongAgeMs: now - engine.lastPong }, "engine made no progress; killing it to restart and resume");
+    if (!engine.ready || !work) lastProgressAt = now;
+    const stalled = engine.ready !== null && work && now - lastProgressAt > stallMs;
+    const deaf = engine.ready !== null && now - engine.lastPong > Math.max(stallMs, 10_000);
+    const starting = engine.ready === null && engine.pid !== null && now - engine.startedAt > startupLimitMs;
+    if (stalled || deaf || starting) {
+      const why = stalled ? "no step progress" : deaf ? "no answer to pings" : "did not become ready";
+      log.error({ event: "engine_stalled", why, stalledMs: now - lastProgressAt, pongAgeMs: now - engine.lastPong }, `engine stuck (${why}); killing it to restart and resume`);
       killedByWatchdog = true;
       lastProgressAt = now;
       engine.kill();

@@ -96,6 +96,32 @@ describe("engine death: in-flight generations resume", () => {
   });
 });
 
+describe("blame must be earned", () => {
+  it("a request that makes progress between two unrelated engine deaths is resumed both times, not blamed", async () => {
+    server = await startServer(["--max_num_seqs", "2"]);
+    const s = server;
+    const [expected] = await controls(s, [PROMPTS[1]!], { max_tokens: 300 });
+    let kills = 0;
+    let firstPid = 0;
+    const r = await chat(s.baseUrl, body(PROMPTS[1]!, { max_tokens: 300 }), {
+      onEvent: (_e, k) => {
+        // Kill once early, and again after the resumed engine has produced plenty of new tokens.
+        if ((k === 5 && kills === 0) || (k === 120 && kills === 1)) {
+          const pid = s.enginePid();
+          if (kills === 1 && pid === firstPid) return;
+          firstPid = pid;
+          kills += 1;
+          process.kill(pid, "SIGKILL");
+        }
+      },
+    });
+    expect(kills).toBe(2);
+    expect(r.done).toBe(true);
+    expect(r.text).toBe(expected);
+    expect((await metrics(s.baseUrl)).get('keel_requests_failed_total{reason="engine_fault"}')).toBe(0);
+  });
+});
+
 describe("culprit isolation", () => {
   it("a request that crashes the engine whenever it is scheduled fails alone with engine_fault; the other 7 are identical", async () => {
     server = await startServer(["--max_num_seqs", "8"], { KEEL_FAULT_INJECTION: JSON.stringify({ crashOnPrompt: "POISON" }) });
@@ -155,6 +181,27 @@ describe("step errors that are not deaths", () => {
 });
 
 describe("watchdog", () => {
+  it("an engine frozen while idle (SIGSTOP) stops answering pings and is restarted; readiness returns", async () => {
+    server = await startServer(["--engine_stall_timeout", "2"]);
+    const s = server;
+    const pid = s.enginePid();
+    process.kill(pid, "SIGSTOP");
+    try {
+      await waitForMetrics(s.baseUrl, (m) => m.get('keel_engine_restarts_total{reason="watchdog"}') === 1, 600, 50);
+    } finally {
+      try {
+        process.kill(pid, "SIGKILL");
+      } catch {
+        /* already gone */
+      }
+    }
+    await waitForReady(s.baseUrl);
+    expect(s.enginePid()).not.toBe(pid);
+    expect((await get(s.baseUrl, "/v2/health/live")).status).toBe(200);
+    const ok = await chat(s.baseUrl, body(PROMPTS[0]!, { max_tokens: 4 }));
+    expect(ok.done).toBe(true);
+  });
+
   it("a hung step is detected, the engine restarted, and every stream finishes identical to control", async () => {
     server = await startServer(["--max_num_seqs", "4", "--engine_stall_timeout", "2"], { KEEL_FAULT_INJECTION: JSON.stringify({ hangAtStep: 60 }) });
     const s = server;
