@@ -1,7 +1,8 @@
 #!/usr/bin/env node
 // Makes a fresh clone runnable: installs the locked dependencies when node_modules is missing or stale, compiles
 // the TypeScript sources to dist/, and generates the embedded default model. Idempotent and quick when nothing
-// changed. Uses only Node built-ins (it runs before dependencies exist).
+// changed. Uses only Node built-ins (it runs before dependencies exist). Outside `npm run serve` it also provides the
+// OpenAI Python SDK that test/e2e/openai-python-sdk.test.ts drives the server with (a venv in .venv-test/).
 import { createHash } from "node:crypto";
 import { execFileSync } from "node:child_process";
 import fs from "node:fs";
@@ -27,3 +28,52 @@ run(process.execPath, [path.join(root, "node_modules", "typescript", "bin", "tsc
 // 3. The embedded default model (deterministic; generated once, safe under concurrent starts).
 const { ensureDefaultModel } = await import(path.join(root, "dist", "model", "default-model.js"));
 await ensureDefaultModel();
+
+// 4. The OpenAI Python SDK for the tests, in .venv-test (pins in test/e2e/python/requirements.txt). Not needed to
+//    serve, so `npm run serve` skips it. Quick when present: only looks for the pinned packages' dist-info folders.
+if (process.env.npm_lifecycle_event !== "serve") ensureTestVenv();
+
+function ensureTestVenv() {
+  const requirements = path.join(root, "test", "e2e", "python", "requirements.txt");
+  const pins = fs
+    .readFileSync(requirements, "utf8")
+    .split("\n")
+    .map((l) => l.replace(/#.*/, "").trim())
+    .filter(Boolean)
+    .map((l) => {
+      const m = /^([A-Za-z0-9_.-]+)==([A-Za-z0-9_.+-]+)$/.exec(l);
+      if (!m) throw new Error(`${requirements}: expected "name==version" lines, got "${l}"`);
+      return { name: m[1], version: m[2] };
+    });
+  const venv = path.join(root, ".venv-test");
+  const python = path.join(venv, "bin", "python3");
+  const distInfo = (name, version) => `${name.toLowerCase().replace(/[-.]+/g, "_")}-${version}.dist-info`;
+  const installed = () => {
+    const lib = path.join(venv, "lib");
+    if (!fs.existsSync(python) || !fs.existsSync(lib)) return false;
+    const sites = fs.readdirSync(lib).filter((d) => d.startsWith("python")).map((d) => path.join(lib, d, "site-packages"));
+    return pins.every(({ name, version }) => sites.some((s) => fs.existsSync(path.join(s, distInfo(name, version)))));
+  };
+  if (installed()) return;
+  console.error(`keel: installing the OpenAI Python SDK for the tests into .venv-test (${pins.map((p) => `${p.name}==${p.version}`).join(", ")})…`);
+  try {
+    execFileSync("python3", ["--version"], { cwd: root, stdio: "ignore" });
+  } catch {
+    console.error("keel: python3 was not found on PATH; the OpenAI Python SDK test (test/e2e/openai-python-sdk.test.ts) needs Python 3.10+ (openai 3.x) with its venv module. Install it and run again.");
+    process.exit(1);
+  }
+  // A venv whose interpreter is gone (python3 moved or upgraded) is rebuilt from scratch.
+  if (!fs.existsSync(python)) {
+    try {
+      run("python3", ["-m", "venv", "--clear", venv]);
+    } catch {
+      console.error("keel: `python3 -m venv .venv-test` failed; install Python's venv module (e.g. the python3-venv package) and run again.");
+      process.exit(1);
+    }
+  }
+  run(python, ["-m", "pip", "install", "--disable-pip-version-check", "--no-input", "--quiet", "-r", requirements]);
+  if (!installed()) {
+    console.error(`keel: pip finished but .venv-test still lacks ${pins.map((p) => `${p.name}==${p.version}`).join(", ")}`);
+    process.exit(1);
+  }
+}

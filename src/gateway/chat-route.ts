@@ -39,6 +39,8 @@ export interface ChatRouteContext {
   unavailable(): KeelHttpError;
   /** True when this rendered prompt was isolated as one that crashes the engine (answered without the engine). */
   isKnownCulprit(prompt: string): boolean;
+  /** Sequences of the current engine (0 while none is ready). */
+  maxNumSeqs(): number;
   /** Bound of the waiting queue; a request beyond it gets 429 at once. */
   maxQueuedRequests: number;
   onRejected(reason: "queue_full" | "not_ready"): void;
@@ -66,7 +68,10 @@ export async function handleChat(ctx: ChatRouteContext, req: FastifyRequest, rep
     throw ctx.unavailable();
   }
   // 429 at the door (TGI's router): the queue is bounded, so saturation answers at once instead of piling up.
-  if (ctx.registry.counts().waiting >= ctx.maxQueuedRequests) {
+  // Requests that the engine will admit into free sequences at its next step are not "waiting" for this bound.
+  const { waiting, running } = ctx.registry.counts();
+  const freeSequences = Math.max(0, ctx.maxNumSeqs() - running);
+  if (waiting - freeSequences >= ctx.maxQueuedRequests) {
     ctx.onRejected("queue_full");
     void reply.header("retry-after", "1");
     throw queueFull();

@@ -78,11 +78,11 @@ export class Metrics {
     });
     this.requestsRejected = new client.Counter({
       name: "keel_requests_rejected_total",
-      help: "Requests refused at the door, by reason (queue_full, not_ready)",
+      help: "Requests refused, by reason (queue_full: 429; not_ready: 503; invalid_request: refused by the engine, e.g. context length)",
       labelNames: ["reason"],
       registers,
     });
-    for (const reason of ["queue_full", "not_ready"]) this.requestsRejected.inc({ reason }, 0);
+    for (const reason of ["queue_full", "not_ready", "invalid_request"]) this.requestsRejected.inc({ reason }, 0);
     this.engineSteps = new client.Counter({ name: "keel_engine_steps_total", help: "Engine steps that decoded a batch", registers });
     this.clientDisconnects = new client.Counter({
       name: "keel_client_disconnects_total",

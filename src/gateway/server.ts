@@ -75,6 +75,12 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       log.info({ requestId: id, event: "resumed", generatedTokens, deaths }, "request resumed on the restarted engine");
     },
     onFinished(id, reason, usage, info) {
+      if (reason === "error" && info.errorCode !== undefined && !ENGINE_FAILURE_CODES.has(info.errorCode)) {
+        // The engine refused the request itself (e.g. context length): a client error, answered with a 4xx.
+        metrics.requestsRejected.inc({ reason: "invalid_request" });
+        log.info({ requestId: id, event: "rejected", code: info.errorCode }, "request refused by the engine");
+        return;
+      }
       metrics.requestsFinished.inc({ finish_reason: reason });
       metrics.promptTokens.inc(usage.promptTokens);
       metrics.generationTokens.inc(usage.completionTokens);
@@ -284,6 +290,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     isReady: () => engine.isReady && !draining && !closing,
     maxModelLen: () => engine.ready?.limits.maxModelLen ?? null,
     maxQueuedRequests: opts.maxQueuedRequests,
+    maxNumSeqs: () => engine.ready?.limits.maxNumSeqs ?? 0,
     unavailable: () => {
       if (draining || closing) return new KeelHttpError({ status: 503, type: "service_unavailable_error", code: "shutting_down", message: "The server is shutting down." });
       if (engine.starts > 1 && !engine.ready) return new KeelHttpError({ status: 503, type: "service_unavailable_error", code: "engine_restarting", message: "The engine is restarting after a fault; in-flight requests are being resumed. Please retry shortly." });
@@ -313,6 +320,13 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     return reply.type(metrics.registry.contentType).send(text);
   });
 
+  // `Expect: 100-continue` is answered by Node itself; any other expectation gets the OpenAI envelope, not Node's
+  // bare 417.
+  app.server.on("checkExpectation", (req, res) => {
+    const text = JSON.stringify(toErrorBody(new KeelHttpError({ status: 417, type: "invalid_request_error", code: "expectation_failed", message: `Unsupported Expect header: ${String(req.headers["expect"]).slice(0, 100)}` })));
+    res.writeHead(417, { "content-type": "application/json; charset=utf-8", "content-length": Buffer.byteLength(text), connection: "close" });
+    res.end(text);
+  });
   // Listen first: liveness answers while the engine loads, and a busy port fails before an engine is spawned.
   await app.listen({ host: opts.host, port: opts.port });
   engine.start();
@@ -350,6 +364,9 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     },
   };
 }
+
+/** Error codes that mean the engine failed (not that it refused a bad request). */
+const ENGINE_FAILURE_CODES = new Set(["engine_error", "engine_fault", "internal_error", "shutting_down"]);
 
 /** The engine's context-length refusal as an OpenAI 400 (its message already names the numbers). */
 function contextLengthExceededFromEngine(message: string): KeelHttpError {
