@@ -60,6 +60,7 @@ export const SERVE_FLAGS: FlagSpec[] = [
   { name: "engine_stall_timeout", help: "seconds without engine progress while there is work before the engine is restarted", default: "30", parse: int("engine_stall_timeout", 1, 86_400) },
   { name: "shutdown_timeout", help: "seconds in-flight requests may take to finish after SIGTERM/SIGINT", default: "30", parse: int("shutdown_timeout", 0, 86_400) },
   { name: "log_level", help: "DEBUG, INFO, WARNING or ERROR", default: "INFO", parse: oneOf("log_level", ["DEBUG", "INFO", "WARNING", "ERROR"]) },
+  { name: "request_timeout", help: "seconds a client may take to send its whole request (headers and body) before it is dropped", default: "30", parse: int("request_timeout", 1, 3600) },
   { name: "max_request_body", help: "request body limit in bytes", default: String(8 * 1024 * 1024), parse: int("max_request_body", 1024) },
   { name: "flash_attention", help: "flash attention in llama.cpp (off: the embedded model's greedy output does not depend on batching)", default: "false", parse: bool("flash_attention") },
 ];
@@ -203,6 +204,7 @@ async function serve(argv: string[]): Promise<void> {
     engine: { ...base, contextSize: maxModelLen, maxModelLen },
     bodyLimit: flags["max_request_body"] as number,
     maxQueuedRequests: flags["max_queued_requests"] as number,
+    requestTimeoutMs: (flags["request_timeout"] as number) * 1000,
     engineStallTimeoutMs: (flags["engine_stall_timeout"] as number) * 1000,
     logLevel,
   });

@@ -9,6 +9,7 @@
  *   GET  /v2/health/ready  — engine reported ready and answered a ping recently
  *   GET  /metrics          — Prometheus text
  */
+import http from "node:http";
 import Fastify, { type FastifyInstance } from "fastify";
 import pino, { type Logger } from "pino";
 import { handleChat } from "./chat-route.js";
@@ -28,6 +29,8 @@ export interface GatewayOptions {
   engine: Omit<EngineConfig, "mode">;
   /** Request body limit (bytes). */
   bodyLimit: number;
+  /** How long a client may take to send its whole request (ms); slower clients are dropped (default 30 s). */
+  requestTimeoutMs?: number;
   logLevel: "debug" | "info" | "warn" | "error";
   /** No step progress for this long (ms) while there is work → the engine is killed and restarted (default 30 s). */
   engineStallTimeoutMs?: number;
@@ -251,7 +254,19 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
   let draining = false;
 
   // requestTimeout bounds how long a client may take to send its whole request (slow headers or body).
-  const app = Fastify({ logger: false, bodyLimit: opts.bodyLimit, return503OnClosing: true, requestTimeout: 30_000 });
+  const requestTimeout = opts.requestTimeoutMs ?? 30_000;
+  const app = Fastify({
+    logger: false,
+    bodyLimit: opts.bodyLimit,
+    return503OnClosing: true,
+    // Node drops a client that has not sent its whole request (headers and body) within requestTimeout; it checks
+    // on connectionsCheckingInterval, kept below the timeout so short limits are honoured.
+    serverFactory: (handler) =>
+      http.createServer(
+        { requestTimeout, headersTimeout: requestTimeout, connectionsCheckingInterval: Math.min(30_000, Math.max(100, Math.floor(requestTimeout / 4))) },
+        handler,
+      ),
+  });
   // Bodies are parsed as strict UTF-8 JSON whatever the content type says (clients often omit it).
   app.removeAllContentTypeParsers();
   app.addContentTypeParser("*", { parseAs: "buffer" }, (_req, buf, done) => {

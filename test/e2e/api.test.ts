@@ -206,3 +206,29 @@ describe("errors are OpenAI-shaped 4xx", () => {
     expect(JSON.parse(r.body).error.code).toBe("context_length_exceeded");
   });
 });
+
+describe("slow clients", () => {
+  it("a client that sends headers and then nothing is dropped after --request_timeout, without blocking anyone", async () => {
+    const s = await startServer(["--request_timeout", "1"]);
+    try {
+      const net = await import("node:net");
+      const sock = net.connect(s.port, "127.0.0.1");
+      await new Promise<void>((r) => sock.once("connect", () => r()));
+      // A request line and part of the headers; never the rest.
+      sock.write("POST /v3/chat/completions HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n");
+      const closed = new Promise<string>((resolve) => {
+        let data = "";
+        sock.on("data", (d) => (data += d.toString()));
+        sock.once("close", () => resolve(data));
+      });
+      // Meanwhile another client is served normally.
+      const ok = await chat(s.baseUrl, { ...base, messages: [{ role: "user", content: "hi" }], max_tokens: 2 });
+      expect(ok.status).toBe(200);
+      const reply = await closed;
+      expect(reply === "" || reply.startsWith("HTTP/1.1 408")).toBe(true);
+      expect((await get(s.baseUrl, "/v2/health/live")).status).toBe(200);
+    } finally {
+      await s.stop();
+    }
+  });
+});
