@@ -224,6 +224,26 @@ function rotl(x: number, k: number): number {
 }
 
 /**
+ * Write the byte-level GPT-2 BPE tokenizer and chat template KVs shared by every tiny model (llama.cpp reads
+ * `tokenizer.ggml.*`; `add_bos_token` is false because the ChatML template carries its own markers).
+ */
+export function writeTokenizer(
+    w: GgufWriter,
+    t: {tokens: readonly string[]; tokenTypes: readonly number[]; merges: readonly string[]; bos: number; eos: number; chatTemplate: string},
+): void {
+    w.kv("tokenizer.ggml.model", GgufValueType.STRING, "gpt2")
+        .kv("tokenizer.ggml.pre", GgufValueType.STRING, "gpt-2")
+        .kvArray("tokenizer.ggml.tokens", GgufValueType.STRING, [...t.tokens])
+        .kvArray("tokenizer.ggml.token_type", GgufValueType.INT32, [...t.tokenTypes])
+        .kvArray("tokenizer.ggml.merges", GgufValueType.STRING, [...t.merges])
+        .kv("tokenizer.ggml.bos_token_id", GgufValueType.UINT32, t.bos)
+        .kv("tokenizer.ggml.eos_token_id", GgufValueType.UINT32, t.eos)
+        .kv("tokenizer.ggml.padding_token_id", GgufValueType.UINT32, t.bos)
+        .kv("tokenizer.ggml.add_bos_token", GgufValueType.BOOL, false)
+        .kv("tokenizer.chat_template", GgufValueType.STRING, t.chatTemplate);
+}
+
+/**
  * Builds a tiny random-weight Llama GGUF in memory.
  *
  * Weights: every matrix ~ N(0, 1/sqrt(fan_in)) (token embeddings N(0, 1)); norm weights 1. The output head is
@@ -263,16 +283,7 @@ export function buildTinyModel(opts: TinyModelOptions = {}): Buffer {
         .kv("llama.rope.freq_base", GgufValueType.FLOAT32, 10000)
         .kv("llama.attention.layer_norm_rms_epsilon", GgufValueType.FLOAT32, 1e-5);
     if (o.broken === "expert-used") w.kv("llama.expert_used_count", GgufValueType.UINT32, 2);
-    w.kv("tokenizer.ggml.model", GgufValueType.STRING, "gpt2")
-        .kv("tokenizer.ggml.pre", GgufValueType.STRING, "gpt-2")
-        .kvArray("tokenizer.ggml.tokens", GgufValueType.STRING, tokens)
-        .kvArray("tokenizer.ggml.token_type", GgufValueType.INT32, tokenTypes)
-        .kvArray("tokenizer.ggml.merges", GgufValueType.STRING, vocab.merges)
-        .kv("tokenizer.ggml.bos_token_id", GgufValueType.UINT32, ids.bos)
-        .kv("tokenizer.ggml.eos_token_id", GgufValueType.UINT32, ids.eos)
-        .kv("tokenizer.ggml.padding_token_id", GgufValueType.UINT32, ids.bos)
-        .kv("tokenizer.ggml.add_bos_token", GgufValueType.BOOL, false)
-        .kv("tokenizer.chat_template", GgufValueType.STRING, o.chatTemplate);
+    writeTokenizer(w, {tokens, tokenTypes, merges: vocab.merges, bos: ids.bos, eos: ids.eos, chatTemplate: o.chatTemplate});
 
     const gauss = (name: string, n: number, std: number): Float32Array => {
         const rng = new NormalRng(o.seed, name);

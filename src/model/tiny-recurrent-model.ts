@@ -18,7 +18,7 @@
  */
 import {GgmlTensorType, GgufValueType, GgufWriter} from "./gguf-writer.js";
 import {
-    CHATML_TEMPLATE, NormalRng, TINY_MODEL_SPECIAL_TOKENS, tinyModelSpecialIds, vocabFor, type TinyModelSpecialIds
+    CHATML_TEMPLATE, NormalRng, TINY_MODEL_SPECIAL_TOKENS, tinyModelSpecialIds, vocabFor, writeTokenizer, type TinyModelSpecialIds
 } from "./tiny-model.js";
 
 /**
@@ -208,16 +208,7 @@ export function buildTinyRecurrentModel(opts: TinyRecurrentModelOptions = {}): B
         .kv(`${A}.ssm.state_size`, GgufValueType.UINT32, N)
         .kv(`${A}.ssm.time_step_rank`, GgufValueType.UINT32, R)
         .kv(`${A}.attention.layer_norm_rms_epsilon`, GgufValueType.FLOAT32, 1e-5);
-    w.kv("tokenizer.ggml.model", GgufValueType.STRING, "gpt2")
-        .kv("tokenizer.ggml.pre", GgufValueType.STRING, "gpt-2")
-        .kvArray("tokenizer.ggml.tokens", GgufValueType.STRING, tokens)
-        .kvArray("tokenizer.ggml.token_type", GgufValueType.INT32, tokenTypes)
-        .kvArray("tokenizer.ggml.merges", GgufValueType.STRING, vocab.merges)
-        .kv("tokenizer.ggml.bos_token_id", GgufValueType.UINT32, ids.bos)
-        .kv("tokenizer.ggml.eos_token_id", GgufValueType.UINT32, ids.eos)
-        .kv("tokenizer.ggml.padding_token_id", GgufValueType.UINT32, ids.bos)
-        .kv("tokenizer.ggml.add_bos_token", GgufValueType.BOOL, false)
-        .kv("tokenizer.chat_template", GgufValueType.STRING, o.chatTemplate);
+    writeTokenizer(w, {tokens, tokenTypes, merges: vocab.merges, bos: ids.bos, eos: ids.eos, chatTemplate: o.chatTemplate});
 
     const gauss = (name: string, n: number, std: number): Float32Array => {
         const rng = new NormalRng(o.seed, `${A}:${name}`);

@@ -5,19 +5,11 @@
  * bisection and failed alone with `engine_fault`. Fault injection: docs/fault-injection.md.
  */
 import { afterEach, describe, expect, it } from "vitest";
+import { PROMPTS as ALL_PROMPTS } from "../support/prompts.js";
 import { chat, type ChatResult } from "../support/chat-client.js";
 import { get, metrics, startServer, waitForMetrics, waitForReady, type ServerHandle } from "../support/server.js";
 
-const PROMPTS = [
-  "Tell me about the queue in front of the server.",
-  "What does the weather look like in the morning by the river?",
-  "Write a short story about a fox at the edge of the forest.",
-  "List three reasons why a request might be cancelled.",
-  "Explain how memory is measured in bytes and kilobytes.",
-  "Describe prefill and decode in one paragraph.",
-  "What is a KV cache and why is it bounded?",
-  "Write one line of JSON about a city.",
-];
+const PROMPTS = ALL_PROMPTS;
 
 const body = (content: string, extra: Record<string, unknown> = {}) => ({
   model: "keel-tiny",

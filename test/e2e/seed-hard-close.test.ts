@@ -6,17 +6,12 @@
  * running/waiting/active counts return to 0, and a fresh request succeeds.
  */
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { PROMPTS as ALL_PROMPTS } from "../support/prompts.js";
 import { chat, type ChatResult, type CloseMode } from "../support/chat-client.js";
 import { get, metrics, startServer, waitForMetrics, type ServerHandle } from "../support/server.js";
 
 const MAX_TOKENS = 40;
-const PROMPTS = [
-  "Tell me about the queue in front of the server.",
-  "What does the weather look like in the morning by the river?",
-  "Write a short story about a fox at the edge of the forest.",
-  "List three reasons why a request might be cancelled.",
-  "Explain how memory is measured in bytes and kilobytes.",
-];
+const PROMPTS = ALL_PROMPTS.slice(0, 5);
 /** A prompt long enough that its prefill spans many steps at a 16-token budget. */
 const LONG_PROMPT = Array.from({ length: 60 }, (_, i) => `line ${i}: the scheduler admits requests and prefills prompts in chunks;`).join("\n");
 
