@@ -200,6 +200,15 @@ describe("errors are OpenAI-shaped 4xx", () => {
     expect(ok.status).toBe(200);
   });
 
+  it("a 10 MB message → 413 over the default 8 MiB body limit; the server keeps serving", async () => {
+    const content = "x".repeat(10 * 1024 * 1024);
+    const r = await post("/v3/chat/completions", JSON.stringify({ model: "keel-tiny", messages: [{ role: "user", content }] }));
+    expect(r.status).toBe(413);
+    expect(JSON.parse(r.body).error.code).toBe("request_too_large");
+    const ok = await chat(server.baseUrl, { ...base, messages: [{ role: "user", content: "hi" }], max_tokens: 2 });
+    expect(ok.status).toBe(200);
+  });
+
   it("prompt + max_tokens over the capacity → 400 before queueing", async () => {
     const r = await post("/v3/chat/completions", JSON.stringify({ model: "keel-tiny", messages: [{ role: "user", content: "hi" }], max_tokens: 5000 }));
     expect(r.status).toBe(400);
