@@ -272,3 +272,54 @@ describe("RequestRegistry", () => {
     expect(t.events).toContain("finished bad error decode");
   });
 });
+
+describe("culprit isolation by bisection (simulated engine)", () => {
+  /**
+   * n requests, one of which (index `culprit`) kills the engine whenever it is in flight. The fake engine either
+   * dies (if the culprit is in flight) or finishes everything in flight. Returns how each request ended.
+   */
+  async function simulate(n: number, culprit: number): Promise<{ ends: Map<string, { reason: FinishReason; code?: string }>; deaths: number }> {
+    const inEngine = new Set<string>();
+    const reg = new RequestRegistry((m) => {
+      if (m.type === "add") inEngine.add(m.id);
+      return true;
+    });
+    const ends = new Map<string, { reason: FinishReason; code?: string }>();
+    const ids = Array.from({ length: n }, (_, i) => `r${i}`);
+    for (const id of ids) {
+      const s = sink();
+      s.onFinish = (reason, _u, error) => void ends.set(id, { reason, ...(error ? { code: error.code } : {}) });
+      reg.submit(id, { text: id }, params, s);
+    }
+    let deaths = 0;
+    let step = 0;
+    for (let round = 0; round < 100 && reg.size > 0; round++) {
+      if (inEngine.has(`r${culprit}`)) {
+        deaths += 1;
+        inEngine.clear();
+        reg.handleEngineDeath("killed");
+        reg.resumeRecovering(); // the restarted engine is ready
+      } else {
+        const outs = [...inEngine].map((id) => ({ id, tokens: [], text: "", finish: { reason: "stop" as const, promptTokens: 1, completionTokens: 0 } }));
+        inEngine.clear();
+        reg.handleStep({ v: PROTOCOL_VERSION, type: "step", step: ++step, batchTokens: 1, outputs: outs, stats: { waiting: 0, running: 0, activeSequences: 0, cachedSequences: 0, prefixCacheHitTokens: 0 } });
+        await Promise.resolve(); // the next bisection group is released in a microtask
+      }
+    }
+    return { ends, deaths };
+  }
+
+  for (const n of [1, 2, 5, 8, 16]) {
+    for (const culprit of [0, Math.floor(n / 2), n - 1]) {
+      it(`n=${n}, culprit r${culprit}: only the culprit fails (engine_fault), everyone else finishes, deaths bounded`, async () => {
+        const { ends, deaths } = await simulate(n, culprit);
+        expect(ends.size).toBe(n);
+        for (let i = 0; i < n; i++) {
+          if (i === culprit) expect(ends.get(`r${i}`)).toEqual({ reason: "error", code: "engine_fault" });
+          else expect(ends.get(`r${i}`)).toEqual({ reason: "stop" });
+        }
+        expect(deaths).toBeLessThanOrEqual(2 + Math.ceil(Math.log2(n)) + 1);
+      });
+    }
+  }
+});

@@ -90,10 +90,13 @@ export class RequestRegistry {
   /** Live requests by id. */
   private readonly live = new Map<string, Entry>();
   /**
-   * Suspects (requests in flight for ≥ 2 engine deaths) resubmitted together as one bisection group; the other
-   * suspects wait in `recovering` until this group has ended. Empty when no bisection is running.
+   * Culprit bisection. `candidates`: the requests one of which kills the engine (those in flight at the last death
+   * once deaths repeat), in order. `group`: the first half of them, resubmitted alone while the other candidates
+   * wait in `recovering`. If the group dies, the candidates shrink to what was in flight; if it ends cleanly, the
+   * group is cleared of suspicion and the next half goes. Both empty when no bisection runs.
    */
-  private readonly quarantine = new Set<string>();
+  private candidates: string[] = [];
+  private readonly group = new Set<string>();
   /** Deaths after which an isolated request is failed with `engine_fault`. */
   faultThreshold = 2;
 
@@ -291,46 +294,71 @@ export class RequestRegistry {
         this.end(e, "abort", { promptTokens: e.promptTokens.length, completionTokens: e.generated.length });
         continue;
       }
-      // A death Keel caused itself (the watchdog's kill) is nobody's fault.
-      if (opts.blame) e.deaths += 1;
+      // A death Keel caused itself (the watchdog's kill) is nobody's fault. While a bisection group is in flight
+      // the death is charged to the group only: requests resumed beside it are not suspects for it.
+      if (opts.blame && (this.group.size === 0 || this.group.has(e.id))) e.deaths += 1;
       const next = lc.engineDied(e.lifecycle);
       if (next) e.lifecycle = next;
     }
-    const suspectsInFlight = inFlight.filter((e) => e.lifecycle.state === "recovering" && e.deaths >= this.faultThreshold);
-    const others = inFlight.filter((e) => e.lifecycle.state === "recovering" && e.deaths < this.faultThreshold);
-    if (opts.blame && suspectsInFlight.length === 1 && others.length === 0) {
-      const e = suspectsInFlight[0]!;
-      this.quarantine.delete(e.id);
-      culprits.push({ id: e.id, prompt: e.prompt });
-      this.observer.onCulprit?.(e.id, e.deaths);
-      e.lifecycle = { state: "decode" }; // leave recovering so end() reports it as an error, not a resume
-      const message = `this request crashed the engine ${e.deaths} times (${description}); it was isolated and failed so that other requests could continue`;
-      this.end(e, "error", { promptTokens: e.promptTokens.length, completionTokens: e.generated.length }, {
-        code: "engine_fault",
-        message,
-        httpError: new KeelHttpError({ status: 500, type: "server_error", code: "engine_fault", message }),
-      });
+    const died = inFlight.filter((e) => e.lifecycle.state === "recovering");
+    if (!opts.blame) return culprits;
+    if (this.group.size > 0) {
+      // A bisection group was running and the engine died: the culprit was in flight.
+      const members = died.filter((e) => this.group.has(e.id));
+      // A lone group member dies: it is the culprit.
+      if (members.length === 1 && members[0]!.deaths >= this.faultThreshold) {
+        const e = members[0]!;
+        culprits.push({ id: e.id, prompt: e.prompt });
+        this.observer.onCulprit?.(e.id, e.deaths);
+        this.group.clear();
+        this.candidates = [];
+        this.failCulprit(e, description);
+        return culprits;
+      }
+      // Candidates that were held back (not in flight) are cleared of suspicion: forget their deaths so that,
+      // resumed next to a later group, they are not suspects again.
+      const inFlightIds = new Set(died.map((e) => e.id));
+      for (const id of this.candidates) {
+        const held = this.live.get(id);
+        if (held && !inFlightIds.has(id)) held.deaths = 0;
+      }
+      // The culprit was in flight, and (bisection started from everyone in flight) in the group.
+      this.candidates = members.map((e) => e.id);
+      this.group.clear();
+      return culprits;
     }
-    this.quarantine.clear();
+    // No bisection running: start one when deaths repeat (everyone in flight is a suspect).
+    if (died.some((e) => e.deaths >= this.faultThreshold)) this.candidates = died.map((e) => e.id);
     return culprits;
+  }
+
+  /** Fail a request isolated as the engine's killer with an OpenAI-shaped `engine_fault` error. */
+  private failCulprit(e: Entry, description: string): void {
+    e.lifecycle = { state: "decode" }; // leave recovering so end() reports an error, not a resume
+    const message = `this request crashed the engine ${e.deaths} times (${description}); it was isolated and failed so that other requests could continue`;
+    this.end(e, "error", { promptTokens: e.promptTokens.length, completionTokens: e.generated.length }, {
+      code: "engine_fault",
+      message,
+      httpError: new KeelHttpError({ status: 500, type: "server_error", code: "engine_fault", message }),
+    });
   }
 
   /**
    * A (re)started engine is ready: resubmit recovering requests as continuations (prompt token ids + generated
-   * token ids; the engine prefills both and emits only new text). Requests with fewer than `faultThreshold` deaths
-   * go at once; suspects are bisected — half of them at a time, the rest held until that half has ended.
+   * token ids; the engine prefills both and emits only new text). Everyone who is not a bisection candidate goes at
+   * once; candidates go half at a time (see `candidates`).
    */
   resumeRecovering(): void {
-    const recovering = [...this.live.values()].filter((e) => e.lifecycle.state === "recovering");
-    const fresh = recovering.filter((e) => e.deaths < this.faultThreshold);
-    for (const e of fresh) this.resubmit(e);
-    if (this.quarantine.size > 0) return;
-    const suspects = recovering
-      .filter((e) => e.deaths >= this.faultThreshold)
-      .sort((a, b) => b.deaths - a.deaths || a.acceptedAt - b.acceptedAt);
-    const group = suspects.slice(0, Math.ceil(suspects.length / 2));
-    for (const e of group) {
-      if (this.resubmit(e)) this.quarantine.add(e.id);
+    const suspects = new Set(this.candidates);
+    for (const e of [...this.live.values()]) {
+      if (e.lifecycle.state === "recovering" && !suspects.has(e.id)) this.resubmit(e);
+    }
+    if (this.group.size > 0) return;
+    this.candidates = this.candidates.filter((id) => this.live.get(id)?.lifecycle.state === "recovering");
+    const next = this.candidates.slice(0, Math.ceil(this.candidates.length / 2));
+    for (const id of next) {
+      const e = this.live.get(id)!;
+      if (this.resubmit(e)) this.group.add(id);
     }
   }
 
@@ -362,7 +390,11 @@ export class RequestRegistry {
     e.lifecycle = next;
     this.live.delete(e.id);
     // A bisection group that has fully ended releases the next group of suspects.
-    if (this.quarantine.delete(e.id) && this.quarantine.size === 0) queueMicrotask(() => this.resumeRecovering());
+    this.candidates = this.candidates.filter((id) => id !== e.id);
+    if (this.group.delete(e.id) && this.group.size === 0) {
+      // The group ended without killing the engine: none of it is the culprit; release the next half.
+      queueMicrotask(() => this.resumeRecovering());
+    }
     // Abort latency in engine steps: measured by the engine from the abort's arrival when it reports it, else
     // from the gateway's view of the step counter (which lags by the messages in flight).
     const latency = stepsAfterAbort !== undefined ? { abortLatencySteps: stepsAfterAbort } : e.cancelledAtStep === null ? {} : { abortLatencySteps: this.currentStep() - e.cancelledAtStep };

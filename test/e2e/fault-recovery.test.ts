@@ -120,8 +120,8 @@ describe("culprit isolation", () => {
     const s = server;
     const innocents = PROMPTS.slice(0, 7);
     const expected = await controls(s, innocents);
-    const results = await Promise.all([...innocents.map((p) => chat(s.baseUrl, body(p))), chat(s.baseUrl, body("POISON: this request kills the engine"))]);
-    const culprit = results.pop()!;
+    // The culprit is submitted first, so it lands in the first bisection half.
+    const [culprit, ...results] = await Promise.all([chat(s.baseUrl, body("POISON: this request kills the engine")), ...innocents.map((p) => chat(s.baseUrl, body(p)))]);
     expectIdentical(results, expected);
     const last = culprit.events.at(-1) as { error?: { code?: string; type?: string } } | undefined;
     const code = last?.error?.code ?? (culprit.body as { error?: { code?: string } } | null)?.error?.code;
