@@ -224,8 +224,13 @@ async function serve(argv: string[]): Promise<void> {
   const shutdown = (sig: string): void => {
     signals += 1;
     gw.log.info({ event: "shutdown", signal: sig, count: signals }, "shutting down");
-    if (signals === 1) void gw.drain((flags["shutdown_timeout"] as number) * 1000).then(() => process.exit(0));
-    else void gw.drain(0).then(() => process.exit(0));
+    if (signals === 1) {
+      gw.drain((flags["shutdown_timeout"] as number) * 1000)
+        .catch((err: unknown) => gw.log.error({ err: (err as Error)?.message }, "error during shutdown"))
+        .finally(() => process.exit(0));
+    } else {
+      gw.hurryDrain(); // the drain already running stops waiting for in-flight requests
+    }
   };
   process.on("SIGTERM", () => shutdown("SIGTERM"));
   process.on("SIGINT", () => shutdown("SIGINT"));

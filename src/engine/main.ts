@@ -140,9 +140,14 @@ async function main(): Promise<void> {
       }
     }
   });
-  // The gateway is gone: nobody can read our output; stop at the next boundary.
-  channel.on("close", () => loop.stop());
-  channel.on("error", () => loop.stop());
+  // The gateway is gone: nobody can read our output; stop at the next boundary — or exit anyway if the step in
+  // flight never ends (a hung engine must not outlive its gateway).
+  const orphaned = (): void => {
+    loop.stop();
+    setTimeout(() => process.exit(0), 5000).unref();
+  };
+  channel.on("close", orphaned);
+  channel.on("error", orphaned);
 
   send({
     v: PROTOCOL_VERSION,

@@ -138,7 +138,12 @@ export async function handleChat(ctx: ChatRouteContext, req: FastifyRequest, rep
     if (closed || res.destroyed) return;
     closed = true;
     const text = JSON.stringify(payload);
-    res.writeHead(status, { "content-type": "application/json; charset=utf-8", "content-length": Buffer.byteLength(text), "x-request-id": id });
+    res.writeHead(status, {
+      "content-type": "application/json; charset=utf-8",
+      "content-length": Buffer.byteLength(text),
+      "x-request-id": id,
+      ...(status === 503 ? { "retry-after": "1" } : {}),
+    });
     res.end(text);
   };
 
@@ -233,6 +238,7 @@ export async function handleChat(ctx: ChatRouteContext, req: FastifyRequest, rep
     },
   });
   if (!accepted) {
+    ctx.onRejected("not_ready");
     failResponse(ctx.unavailable());
     return;
   }

@@ -77,6 +77,11 @@ export class EngineClient {
     return this.child?.pid ?? null;
   }
 
+  /** Engine processes that exited in a row without reporting ready. */
+  get failedStarts(): number {
+    return this.consecutiveFailures;
+  }
+
   /** When the engine last answered a ping (ms since epoch). */
   get lastPong(): number {
     return this.lastPongAt;
@@ -154,12 +159,18 @@ export class EngineClient {
       this.child = null;
       this.channel = null;
       this.ready = null;
-      this.listener.onExit({ code, signal });
-      if (this.stopping) return;
-      const delay = Math.min(this.opts.restartMaxMs, this.opts.restartMinMs * 2 ** this.consecutiveFailures);
-      this.consecutiveFailures += 1;
-      this.restartTimer = setTimeout(() => this.spawnEngine(), delay);
-      this.restartTimer.unref();
+      // Schedule the restart before anything else can go wrong in the listener.
+      if (!this.stopping) {
+        const delay = Math.min(this.opts.restartMaxMs, this.opts.restartMinMs * 2 ** this.consecutiveFailures);
+        this.consecutiveFailures += 1;
+        this.restartTimer = setTimeout(() => this.spawnEngine(), delay);
+        this.restartTimer.unref();
+      }
+      try {
+        this.listener.onExit({ code, signal });
+      } catch (err) {
+        this.listener.onLog(`error while handling the engine's exit: ${(err as Error)?.stack ?? String(err)}`, "stderr");
+      }
     });
   }
 

@@ -398,7 +398,18 @@ export class RequestRegistry {
     // Abort latency in engine steps: measured by the engine from the abort's arrival when it reports it, else
     // from the gateway's view of the step counter (which lags by the messages in flight).
     const latency = stepsAfterAbort !== undefined ? { abortLatencySteps: stepsAfterAbort } : e.cancelledAtStep === null ? {} : { abortLatencySteps: this.currentStep() - e.cancelledAtStep };
-    this.observer.onFinished?.(e.id, next.reason, usage, { phase, e2eMs: Date.now() - e.acceptedAt, ...latency, ...(error ? { error: error.message, errorCode: error.code } : {}) });
-    if (!wasCancelling) e.sink.onFinish(next.reason, usage, error);
+    // The client first, then metrics and logs; neither may stop the other or the caller (an engine exit, a step).
+    if (!wasCancelling) {
+      try {
+        e.sink.onFinish(next.reason, usage, error);
+      } catch (err) {
+        this.observer.onInternalError?.(e.id, `sink failed: ${(err as Error)?.message ?? String(err)}`);
+      }
+    }
+    try {
+      this.observer.onFinished?.(e.id, next.reason, usage, { phase, e2eMs: Date.now() - e.acceptedAt, ...latency, ...(error ? { error: error.message, errorCode: error.code } : {}) });
+    } catch {
+      /* metrics/logging must never take a request or the gateway down */
+    }
   }
 }

@@ -56,6 +56,8 @@ export interface Gateway {
    * stops and the HTTP server closes. Resolves when everything is down.
    */
   drain(timeoutMs: number): Promise<void>;
+  /** Make a running drain stop waiting for in-flight requests (a second signal). */
+  hurryDrain(): void;
   close(): Promise<void>;
 }
 
@@ -195,6 +197,12 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
         diedAt = Date.now();
         log.error({ event: "engine_exit", code, signal, reason, inFlight: registry.size }, "engine process exited; restarting and resuming");
         metrics.engineRestarts.inc({ reason });
+        // An engine that keeps dying before it is ready will not resume anyone: end what waits, clearly.
+        if (engine.failedStarts >= MAX_FAILED_STARTS) {
+          log.error({ event: "engine_unrecoverable", failedStarts: engine.failedStarts }, "the engine keeps failing to start; failing in-flight requests");
+          registry.handleEngineExit(`the engine failed to start ${engine.failedStarts} times in a row`);
+          return;
+        }
         const culprits = registry.handleEngineDeath(`the engine process exited (${signal ?? `code ${code}`})`, { blame: reason !== "watchdog" });
         for (const c of culprits) {
           log.error({ event: "culprit_isolated", requestId: c.id }, "request isolated as the engine's killer and failed");
@@ -252,6 +260,8 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
   watchdog.unref();
   /** Set by drain(): readiness 503 and new requests refused with 503 + Retry-After. */
   let draining = false;
+  /** When a running drain stops waiting for in-flight requests (ms since epoch). */
+  let drainDeadline = 0;
 
   // requestTimeout bounds how long a client may take to send its whole request (slow headers or body).
   const requestTimeout = opts.requestTimeoutMs ?? 30_000;
@@ -358,9 +368,9 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       draining = true;
       clearInterval(watchdog);
       log.info({ event: "drain_started", inFlight: registry.size, timeoutMs }, "draining: new requests get 503");
-      const deadline = Date.now() + timeoutMs;
+      drainDeadline = Date.now() + timeoutMs;
       // 1. Let in-flight requests finish (observed through the registry; bounded by the timeout).
-      while (registry.size > 0 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 50));
+      while (registry.size > 0 && Date.now() < drainDeadline) await new Promise((r) => setTimeout(r, 50));
       // 2. End what is left cleanly and abort it in the engine.
       const left = registry.endAll("the server is shutting down");
       if (left > 0) log.warn({ event: "drain_timeout", aborted: left }, "shutdown timeout reached: remaining requests aborted");
@@ -368,17 +378,26 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       while (registry.size > 0 && Date.now() < settle) await new Promise((r) => setTimeout(r, 20));
       closing = true;
       await engine.stop();
+      registry.handleEngineExit("the server is shutting down");
       await app.close();
       log.info({ event: "drain_finished" }, "shutdown complete");
+    },
+    hurryDrain() {
+      drainDeadline = 0;
     },
     async close() {
       closing = true;
       clearInterval(watchdog);
       await engine.stop();
+      // Whatever the engine did not release (e.g. no engine was running) ends now, so no response stays open.
+      registry.handleEngineExit("the server is shutting down");
       await app.close();
     },
   };
 }
+
+/** Engine processes in a row that die before reporting ready, after which waiting requests are failed. */
+const MAX_FAILED_STARTS = 5;
 
 /** Error codes that mean the engine failed (not that it refused a bad request). */
 const ENGINE_FAILURE_CODES = new Set(["engine_error", "engine_fault", "internal_error", "shutting_down"]);
