@@ -157,6 +157,8 @@ export class LlamaAdapter {
   private readonly controlPattern: RegExp | null;
   /** Longest byte length of a normal token's text. */
   private readonly maxTokenBytes: number;
+  /** End-of-generation tokens as a set (checked per sampled token without a native call). */
+  private readonly eogSet: Set<number>;
   /** Native sampler behind each handle. */
   private readonly samplers = new WeakMap<SamplerHandle, NativeSampler>();
 
@@ -184,6 +186,7 @@ export class LlamaAdapter {
       } else maxBytes = Math.max(maxBytes, this.tokenBytes[t]!.length);
     }
     this.maxTokenBytes = maxBytes;
+    this.eogSet = new Set(this.eogTokens);
     const escaped = controls.sort((a, b) => b.length - a.length).map((c) => c.replace(/[.*+?^${}()|[\]\\]/g, "\\$&"));
     this.controlPattern = escaped.length > 0 ? new RegExp(escaped.join("|"), "g") : null;
   }
@@ -236,9 +239,14 @@ export class LlamaAdapter {
 
   /** Vocabulary size (tokens). */
   get vocabSize(): number {
-    const meta = this.model.fileInfo.metadata as unknown as { tokenizer?: { ggml?: { tokens?: unknown[] } } };
-    return meta.tokenizer?.ggml?.tokens?.length ?? 0;
+    if (this.cachedVocabSize === undefined) {
+      const meta = this.model.fileInfo.metadata as unknown as { tokenizer?: { ggml?: { tokens?: unknown[] } } };
+      this.cachedVocabSize = meta.tokenizer?.ggml?.tokens?.length ?? 0;
+    }
+    return this.cachedVocabSize;
   }
+  /** Vocabulary size, read once from the GGUF metadata (it is used per sampled token). */
+  private cachedVocabSize: number | undefined;
 
   /** Capacity of one slot as created (tokens). */
   get contextSize(): number {
@@ -277,7 +285,7 @@ export class LlamaAdapter {
 
   /** True for an end-of-generation token. */
   isEndOfGeneration(token: number): boolean {
-    return this.native.model.isEogToken(token);
+    return this.eogSet.has(token);
   }
 
   /** Create a sampler for one sequence. */

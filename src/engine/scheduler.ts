@@ -275,7 +275,7 @@ export class Scheduler {
   schedule(): StepPlan {
     const plan: StepPlan = { kvOps: [], items: [], admitted: [], totalTokens: 0 };
     // 1. Admission, FCFS into free slots; each goes to the free slot whose cached KV shares its longest prefix.
-    while (this.waiting.length > 0) {
+    while (this.waiting.length > 0 && this.slots.some((st) => st.kind !== "owned")) {
       const s = this.waiting[0]!;
       const choice = this.chooseSlot(s.tokens.slice(0, s.inputLength));
       if (choice === null) break;

@@ -31,8 +31,10 @@ export type Frame = { message: Record<string, unknown> } | FrameError;
  * An oversized frame's payload is skipped without being buffered.
  */
 export class FrameDecoder {
-  /** Bytes received but not yet consumed as complete frames. */
-  private pending: Buffer = Buffer.alloc(0);
+  /** Received chunks not yet consumed, in order (kept as a list: no re-copy of a large frame per chunk). */
+  private chunks: Buffer[] = [];
+  /** Total bytes in `chunks`. */
+  private length = 0;
   /** Bytes of an oversized frame still to skip. */
   private skipping = 0;
 
@@ -40,36 +42,77 @@ export class FrameDecoder {
 
   push(chunk: Buffer): Frame[] {
     const frames: Frame[] = [];
-    let buf = this.pending.length === 0 ? chunk : Buffer.concat([this.pending, chunk]);
+    this.chunks.push(chunk);
+    this.length += chunk.length;
     for (;;) {
       // 1. Drop the rest of an oversized frame.
       if (this.skipping > 0) {
-        const n = Math.min(this.skipping, buf.length);
+        const n = Math.min(this.skipping, this.length);
+        this.drop(n);
         this.skipping -= n;
-        buf = buf.subarray(n);
         if (this.skipping > 0) break;
       }
       // 2. Read the length prefix.
-      if (buf.length < 4) break;
-      const len = buf.readUInt32BE(0);
+      if (this.length < 4) break;
+      const len = this.peek(4).readUInt32BE(0);
       if (len > this.maxFrameBytes) {
         frames.push({ error: `frame of ${len} bytes exceeds the limit of ${this.maxFrameBytes} bytes` });
+        this.drop(4);
         this.skipping = len;
-        buf = buf.subarray(4);
         continue;
       }
       // 3. Wait for the whole payload, then parse it.
-      if (buf.length < 4 + len) break;
-      frames.push(parsePayload(buf.subarray(4, 4 + len)));
-      buf = buf.subarray(4 + len);
+      if (this.length < 4 + len) break;
+      this.drop(4);
+      frames.push(parsePayload(this.take(len)));
     }
-    this.pending = Buffer.from(buf);
     return frames;
   }
 
   /** Bytes buffered towards an incomplete frame. */
   get bufferedBytes(): number {
-    return this.pending.length;
+    return this.length;
+  }
+
+  /** The first n buffered bytes, without consuming them (n ≤ length). */
+  private peek(n: number): Buffer {
+    const first = this.chunks[0]!;
+    if (first.length >= n) return first.subarray(0, n);
+    return Buffer.concat(this.chunks, this.length).subarray(0, n);
+  }
+
+  /** Consume and return the first n buffered bytes (n ≤ length). */
+  private take(n: number): Buffer {
+    const first = this.chunks[0]!;
+    let out: Buffer;
+    if (first.length >= n) out = first.subarray(0, n);
+    else {
+      const parts: Buffer[] = [];
+      let need = n;
+      for (const c of this.chunks) {
+        if (need <= 0) break;
+        parts.push(c.length <= need ? c : c.subarray(0, need));
+        need -= Math.min(need, c.length);
+      }
+      out = Buffer.concat(parts, n);
+    }
+    this.drop(n);
+    return out;
+  }
+
+  /** Discard the first n buffered bytes (n ≤ length). */
+  private drop(n: number): void {
+    this.length -= n;
+    while (n > 0) {
+      const first = this.chunks[0]!;
+      if (first.length <= n) {
+        n -= first.length;
+        this.chunks.shift();
+      } else {
+        this.chunks[0] = first.subarray(n);
+        n = 0;
+      }
+    }
   }
 }
 
