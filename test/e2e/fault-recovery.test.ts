@@ -51,11 +51,14 @@ describe("engine death: in-flight generations resume", () => {
     const gatewayPid = s.proc.pid;
     const enginePid = s.enginePid();
     let killed = false;
+    let admitted = 0;
     const results = await Promise.all(
       PROMPTS.map((p, i) =>
         chat(s.baseUrl, body(p), {
           onEvent: (_e, k) => {
-            if (i === 0 && k === 6 && !killed) {
+            if (k === 0) admitted += 1; // the first event is sent at admission: the request is in flight
+            // Kill mid-stream once all 8 are in flight.
+            if (i === 0 && k >= 6 && admitted === PROMPTS.length && !killed) {
               killed = true;
               process.kill(enginePid, "SIGKILL");
             }
@@ -120,8 +123,16 @@ describe("culprit isolation", () => {
     const s = server;
     const innocents = PROMPTS.slice(0, 7);
     const expected = await controls(s, innocents);
-    // The culprit is submitted first, so it lands in the first bisection half.
-    const [culprit, ...results] = await Promise.all([chat(s.baseUrl, body("POISON: this request kills the engine")), ...innocents.map((p) => chat(s.baseUrl, body(p)))]);
+    // The culprit is submitted first, so it lands in the first bisection half. An innocent that arrives while the
+    // engine restarts gets 503 + Retry-After (correct); like a real client it retries.
+    const innocent = async (p: string): Promise<ChatResult> => {
+      for (let attempt = 0; ; attempt++) {
+        const r = await chat(s.baseUrl, body(p));
+        if (r.status !== 503 || attempt >= 100) return r;
+        await waitForReady(s.baseUrl);
+      }
+    };
+    const [culprit, ...results] = await Promise.all([chat(s.baseUrl, body("POISON: this request kills the engine")), ...innocents.map(innocent)]);
     expectIdentical(results, expected);
     const last = culprit.events.at(-1) as { error?: { code?: string; type?: string } } | undefined;
     const code = last?.error?.code ?? (culprit.body as { error?: { code?: string } } | null)?.error?.code;
