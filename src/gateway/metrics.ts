@@ -39,72 +39,37 @@ export class Metrics {
 
   constructor(src: GaugeSources) {
     const registers = [this.registry];
-    new client.Gauge({
-      name: "keel_requests_running",
-      help: "Requests admitted to an engine sequence (prefill or decode), including ones being cancelled",
-      registers,
-      collect() {
-        this.set(src.counts().running);
-      },
-    });
-    new client.Gauge({
-      name: "keel_requests_waiting",
-      help: "Requests handed to the engine and waiting for a sequence",
-      registers,
-      collect() {
-        this.set(src.counts().waiting);
-      },
-    });
-    new client.Gauge({
-      name: "keel_engine_sequences_active",
-      help: "Engine sequences owned by live requests (idle prefix-cache sequences excluded)",
-      registers,
-      collect() {
-        this.set(src.activeSequences());
-      },
-    });
-    new client.Gauge({
-      name: "keel_prefix_cache_sequences",
-      help: "Idle engine sequences holding reusable KV (prefix cache); not counted in keel_engine_sequences_active",
-      registers,
-      collect() {
-        this.set(src.cachedSequences());
-      },
-    });
+    /** A gauge whose value is read from `read()` at scrape time. */
+    const gauge = (name: string, help: string, read: () => number): void => {
+      new client.Gauge({
+        name,
+        help,
+        registers,
+        collect() {
+          this.set(read());
+        },
+      });
+    };
+    /** A counter with every label value created at 0, so a fresh server shows each series. */
+    const labelled = <L extends string>(name: string, help: string, label: L, values: readonly string[]): client.Counter<L> => {
+      const c = new client.Counter<L>({ name, help, labelNames: [label], registers });
+      for (const v of values) c.inc({ [label]: v } as Partial<Record<L, string>>, 0);
+      return c;
+    };
+    gauge("keel_requests_running", "Requests admitted to an engine sequence (prefill or decode), including ones being cancelled", () => src.counts().running);
+    gauge("keel_requests_waiting", "Requests handed to the engine and waiting for a sequence", () => src.counts().waiting);
+    gauge("keel_engine_sequences_active", "Engine sequences owned by live requests (idle prefix-cache sequences excluded)", () => src.activeSequences());
+    gauge("keel_prefix_cache_sequences", "Idle engine sequences holding reusable KV (prefix cache); not counted in keel_engine_sequences_active", () => src.cachedSequences());
     this.prefixCacheHitTokens = new client.Counter({
       name: "keel_prefix_cache_hit_tokens_total",
       help: "Prompt tokens reused from the prefix cache instead of being prefilled",
       registers,
     });
-    this.requestsRejected = new client.Counter({
-      name: "keel_requests_rejected_total",
-      help: "Requests refused, by reason (queue_full: 429; not_ready: 503; invalid_request: refused by the engine, e.g. context length)",
-      labelNames: ["reason"],
-      registers,
-    });
-    for (const reason of ["queue_full", "not_ready", "invalid_request"]) this.requestsRejected.inc({ reason }, 0);
+    this.requestsRejected = labelled("keel_requests_rejected_total", "Requests refused, by reason (queue_full: 429; not_ready: 503; invalid_request: refused by the engine, e.g. context length)", "reason", ["queue_full", "not_ready", "invalid_request"]);
     this.engineSteps = new client.Counter({ name: "keel_engine_steps_total", help: "Engine steps that decoded a batch", registers });
-    this.clientDisconnects = new client.Counter({
-      name: "keel_client_disconnects_total",
-      help: "Clients that closed their connection before their response ended, by request phase",
-      labelNames: ["phase"],
-      registers,
-    });
-    for (const phase of PHASES) this.clientDisconnects.inc({ phase }, 0);
-    this.requestsFinished = new client.Counter({
-      name: "keel_requests_finished_total",
-      help: "Requests that ended, by finish_reason (stop, length, abort, error)",
-      labelNames: ["finish_reason"],
-      registers,
-    });
-    for (const finish_reason of FINISH_REASONS) this.requestsFinished.inc({ finish_reason }, 0);
-    this.engineRestarts = new client.Counter({
-      name: "keel_engine_restarts_total",
-      help: "Engine processes restarted after an exit, by reason",
-      labelNames: ["reason"],
-      registers,
-    });
-    for (const reason of ["exit", "signal", "watchdog"]) this.engineRestarts.inc({ reason }, 0);
+    this.clientDisconnects = labelled("keel_client_disconnects_total", "Clients that closed their connection before their response ended, by request phase", "phase", PHASES);
+    this.requestsFinished = labelled("keel_requests_finished_total", "Requests that ended, by finish_reason (stop, length, abort, error)", "finish_reason", FINISH_REASONS);
+    this.engineRestarts = labelled("keel_engine_restarts_total", "Engine processes restarted after an exit, by reason", "reason", ["exit", "signal", "watchdog"]);
     this.requestsQueued = new client.Counter({ name: "keel_requests_queued_total", help: "Requests handed to the engine's queue", registers });
     this.promptTokens = new client.Counter({ name: "keel_prompt_tokens_total", help: "Prompt tokens of finished requests", registers });
     this.generationTokens = new client.Counter({ name: "keel_generation_tokens_total", help: "Tokens generated for finished requests", registers });
@@ -119,20 +84,7 @@ export class Metrics {
       help: "Requests resubmitted as continuations to a restarted engine",
       registers,
     });
-    this.requestsFailed = new client.Counter({
-      name: "keel_requests_failed_total",
-      help: "Requests that ended with an error, by reason (engine_fault: isolated as the engine's killer; engine_error; shutdown)",
-      labelNames: ["reason"],
-      registers,
-    });
-    for (const reason of ["engine_fault", "engine_error", "shutdown"]) this.requestsFailed.inc({ reason }, 0);
-    new client.Gauge({
-      name: "keel_engine_last_step_age_seconds",
-      help: "Seconds since the engine's last step",
-      registers,
-      collect() {
-        this.set(src.lastStepAgeSeconds());
-      },
-    });
+    this.requestsFailed = labelled("keel_requests_failed_total", "Requests that ended with an error, by reason (engine_fault: isolated as the engine's killer; engine_error; shutdown)", "reason", ["engine_fault", "engine_error", "shutdown"]);
+    gauge("keel_engine_last_step_age_seconds", "Seconds since the engine's last step", () => src.lastStepAgeSeconds());
   }
 }
