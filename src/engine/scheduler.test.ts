@@ -672,3 +672,49 @@ describe("prefix cache", () => {
     expect(s.cachedSlots).toBe(0);
   });
 });
+
+describe("invariant repair (production containment)", () => {
+  /** Reach into the scheduler's private state to corrupt it the way a bug would. */
+  const internals = (s: Scheduler) => s as unknown as { waiting: unknown[]; running: { id: string; processed: number }[]; slots: unknown[] };
+
+  it("a request queued twice is failed alone; the others and the invariants are fine afterwards", () => {
+    const s = mk({ maxNumSeqs: 1 });
+    s.add(seq("a", 2));
+    s.add(seq("b", 2));
+    s.add(seq("c", 2));
+    s.schedule(); // a runs; b and c wait
+    internals(s).waiting.push(internals(s).waiting[0]); // b twice
+    expect(s.checkInvariants()).not.toEqual([]);
+    const out = s.repairInvariants();
+    expect(out.finished.map((f) => [f.id, f.reason, f.error?.code])).toEqual([["b", "error", "invariant_violation"]]);
+    expect(s.checkInvariants()).toEqual([]);
+    expect(s.phaseOf("a")).toBe("prefill");
+    expect(s.phaseOf("c")).toBe("waiting");
+  });
+
+  it("a slot owned by a request that is not live is emptied (its KV cleared); nobody fails", () => {
+    const s = mk({ maxNumSeqs: 2 });
+    s.add(seq("a", 2));
+    s.schedule();
+    internals(s).slots[1] = { kind: "owned", id: "ghost" };
+    const out = s.repairInvariants();
+    expect(out.finished).toEqual([]);
+    expect(out.freedSlots).toEqual([1]);
+    expect(s.checkInvariants()).toEqual([]);
+    expect(s.activeSlots).toBe(1);
+  });
+
+  it("a running request beyond its capacity fails and frees its slot", () => {
+    const s = mk({ maxNumSeqs: 2 });
+    s.add(seq("a", 2));
+    s.add(seq("b", 2));
+    s.schedule();
+    internals(s).running.find((r) => r.id === "a")!.processed = 99;
+    const out = s.repairInvariants();
+    expect(out.finished.map((f) => f.id)).toEqual(["a"]);
+    expect(out.freedSlots).toHaveLength(1);
+    expect(s.checkInvariants()).toEqual([]);
+    expect(s.phaseOf("b")).toBe("prefill");
+    expect(s.repairInvariants()).toEqual({ finished: [], freedSlots: [] });
+  });
+});

@@ -369,24 +369,60 @@ export class Scheduler {
    * Tests call it after every step; production logs violations.
    */
   checkInvariants(): string[] {
-    const v: string[] = [];
+    return this.findViolations().map((v) => v.message);
+  }
+
+  /**
+   * Production recovery from a violated invariant (never a crash): every request a violation names fails with
+   * `invariant_violation`, and every slot it names is emptied (its KV must be cleared). The other requests go on.
+   */
+  repairInvariants(): Outcome {
+    const out: Outcome = { finished: [], freedSlots: [] };
+    const violations = this.findViolations();
+    if (violations.length === 0) return out;
+    const ids = new Set(violations.flatMap((v) => v.ids));
+    const slots = new Set(violations.flatMap((v) => v.slots));
+    const error = { code: "invariant_violation", message: `scheduler invariant violated: ${violations.map((v) => v.message).join("; ")}` };
+    for (const id of ids) {
+      const s = this.live.get(id);
+      if (s?.slot != null) slots.add(s.slot);
+      this.live.delete(id);
+      if (s) out.finished.push({ id, reason: "error", promptTokens: s.inputLength, completionTokens: s.generated, error });
+    }
+    for (let i = this.waiting.length - 1; i >= 0; i--) if (ids.has(this.waiting[i]!.id)) this.waiting.splice(i, 1);
+    for (let i = this.running.length - 1; i >= 0; i--) if (ids.has(this.running[i]!.id)) this.running.splice(i, 1);
+    for (const slot of slots) {
+      const st = this.slots[slot];
+      if (st?.kind === "owned" && !ids.has(st.id) && this.live.get(st.id)?.slot === slot) continue; // a healthy owner
+      this.slots[slot] = { kind: "empty" };
+      out.freedSlots.push(slot);
+    }
+    return out;
+  }
+
+  /** Every violated invariant, with the requests and slots it implicates. */
+  private findViolations(): { message: string; ids: string[]; slots: number[] }[] {
+    const v: { message: string; ids: string[]; slots: number[] }[] = [];
     const seen = new Set<string>();
     for (const s of this.waiting) {
-      if (seen.has(s.id)) v.push(`${s.id} is queued twice`);
+      if (seen.has(s.id)) v.push({ message: `${s.id} is queued twice`, ids: [s.id], slots: [] });
       seen.add(s.id);
-      if (s.slot !== null) v.push(`waiting ${s.id} holds slot ${s.slot}`);
+      if (s.slot !== null) v.push({ message: `waiting ${s.id} holds slot ${s.slot}`, ids: [s.id], slots: [s.slot] });
     }
     for (const s of this.running) {
-      if (seen.has(s.id)) v.push(`${s.id} is both waiting and running, or running twice`);
+      if (seen.has(s.id)) v.push({ message: `${s.id} is both waiting and running, or running twice`, ids: [s.id], slots: [] });
       seen.add(s.id);
       const st = s.slot === null ? null : this.slots[s.slot];
-      if (!st || st.kind !== "owned" || st.id !== s.id) v.push(`running ${s.id} does not own its slot`);
-      if (s.processed > s.tokens.length || s.tokens.length > this.config.maxModelLen) v.push(`${s.id} exceeds its capacity`);
+      if (!st || st.kind !== "owned" || st.id !== s.id) v.push({ message: `running ${s.id} does not own its slot`, ids: [s.id], slots: s.slot === null ? [] : [s.slot] });
+      if (s.processed > s.tokens.length || s.tokens.length > this.config.maxModelLen) v.push({ message: `${s.id} exceeds its capacity`, ids: [s.id], slots: [] });
     }
-    if (seen.size !== this.live.size) v.push(`live map has ${this.live.size} entries, queues hold ${seen.size}`);
+    if (seen.size !== this.live.size) {
+      const orphans = [...this.live.keys()].filter((id) => !seen.has(id));
+      v.push({ message: `live map has ${this.live.size} entries, queues hold ${seen.size}`, ids: orphans, slots: [] });
+    }
     this.slots.forEach((st, slot) => {
-      if (st.kind === "owned" && this.live.get(st.id)?.slot !== slot) v.push(`slot ${slot} owned by non-live ${st.id}`);
-      if (st.kind === "cached" && (!this.config.prefixCaching || st.tokens.length > this.config.maxModelLen)) v.push(`slot ${slot} caches KV it should not`);
+      if (st.kind === "owned" && this.live.get(st.id)?.slot !== slot) v.push({ message: `slot ${slot} owned by non-live ${st.id}`, ids: [], slots: [slot] });
+      if (st.kind === "cached" && (!this.config.prefixCaching || st.tokens.length > this.config.maxModelLen)) v.push({ message: `slot ${slot} caches KV it should not`, ids: [], slots: [slot] });
     });
     return v;
   }

@@ -482,4 +482,20 @@ describe("StepLoop", () => {
     expect(outs.at(-1)!.finish).toEqual({ reason: "length", promptTokens: 4, completionTokens: 1 });
     expect(t.backend.samplers[0]!.configs.map((c) => c.seed)).toEqual([tokenSeed(5, 4)]);
   });
+
+  it("a violated scheduler invariant is reported and contained: only the implicated request fails, the rest goes on", async () => {
+    const t = setup({ maxNumSeqs: 2 });
+    t.loop.submit(add("a", "aa", { maxTokens: 4 }));
+    t.loop.submit(add("b", "bb", { maxTokens: 4 }));
+    await t.stepOnce();
+    // Corrupt the scheduler the way a bug would: a's processed count runs past its tokens.
+    (t.loop.scheduler as unknown as { running: { id: string; processed: number }[] }).running.find((r) => r.id === "a")!.processed = 999;
+    await t.drain();
+    expect(t.violations.length).toBeGreaterThan(0);
+    const finA = t.outputsOf("a").at(-1)!.finish!;
+    expect([finA.reason, finA.error?.code]).toEqual(["error", "invariant_violation"]);
+    expect(t.outputsOf("b").at(-1)!.finish!.reason).toBe("length");
+    expect(t.loop.scheduler.checkInvariants()).toEqual([]);
+    expect(t.loop.liveRequests).toBe(0);
+  });
 });

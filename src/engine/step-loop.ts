@@ -180,7 +180,11 @@ export class StepLoop {
       }
     }
     const violations = this.scheduler.checkInvariants();
-    if (violations.length > 0) this.onInvariantViolation?.(violations);
+    if (violations.length > 0) {
+      // Report (tests fail on any), then contain: only the implicated requests fail; the loop goes on.
+      this.onInvariantViolation?.(violations);
+      this.finish(this.scheduler.repairInvariants(), out);
+    }
     // 6. Exactly one output message for the step.
     if (outputs.size > 0 || batchTokens > 0) {
       this.emit({
