@@ -61,6 +61,7 @@ export const SERVE_FLAGS: FlagSpec[] = [
   { name: "shutdown_timeout", help: "seconds in-flight requests may take to finish after SIGTERM/SIGINT", default: "30", parse: int("shutdown_timeout", 0, 86_400) },
   { name: "log_level", help: "DEBUG, INFO, WARNING or ERROR", default: "INFO", parse: oneOf("log_level", ["DEBUG", "INFO", "WARNING", "ERROR"]) },
   { name: "request_timeout", help: "seconds a client may take to send its whole request (headers and body) before it is dropped", default: "30", parse: int("request_timeout", 1, 3600) },
+  { name: "max_stream_buffer", help: "bytes of stream output a client may leave unread before it is treated as disconnected", default: String(1024 * 1024), parse: int("max_stream_buffer", 1024) },
   { name: "max_request_body", help: "request body limit in bytes", default: String(8 * 1024 * 1024), parse: int("max_request_body", 1024) },
   { name: "flash_attention", help: "flash attention in llama.cpp (off: the embedded model's greedy output does not depend on batching)", default: "false", parse: bool("flash_attention") },
 ];
@@ -205,6 +206,7 @@ async function serve(argv: string[]): Promise<void> {
     bodyLimit: flags["max_request_body"] as number,
     maxQueuedRequests: flags["max_queued_requests"] as number,
     requestTimeoutMs: (flags["request_timeout"] as number) * 1000,
+    maxStreamBuffer: flags["max_stream_buffer"] as number,
     engineStallTimeoutMs: (flags["engine_stall_timeout"] as number) * 1000,
     logLevel,
   });

@@ -22,7 +22,7 @@ import type { RequestRegistry, RequestSink, Usage } from "./registry.js";
 import { StopMatcher } from "./stop-strings.js";
 import type { Logger } from "pino";
 
-/** Bytes of stream output a client may leave unread before it is treated as gone (per stream). */
+/** Default bytes of stream output a client may leave unread before it is treated as gone (per stream). */
 export const MAX_UNREAD_BYTES = 1024 * 1024;
 
 /** What the chat route needs from the server. */
@@ -41,6 +41,8 @@ export interface ChatRouteContext {
   isKnownCulprit(prompt: string): boolean;
   /** Sequences of the current engine (0 while none is ready). */
   maxNumSeqs(): number;
+  /** Bytes of stream output a client may leave unread in the server's buffer before it is treated as gone. */
+  maxUnreadBytes: number;
   /** Bound of the waiting queue; a request beyond it gets 429 at once. */
   maxQueuedRequests: number;
   onRejected(reason: "queue_full" | "not_ready"): void;
@@ -121,9 +123,9 @@ export async function handleChat(ctx: ChatRouteContext, req: FastifyRequest, rep
   const write = (s: string): void => {
     if (closed || res.destroyed) return;
     res.write(s);
-    // Backpressure bound: a client that stops reading may hold at most MAX_UNREAD_BYTES of unsent stream; past that
+    // Backpressure bound: a client that stops reading may hold at most maxUnreadBytes of unsent stream; past that
     // it is treated as gone (its request is aborted, its socket closed) instead of buffering without limit.
-    if (res.writableLength > MAX_UNREAD_BYTES) {
+    if (res.writableLength > ctx.maxUnreadBytes) {
       log.warn({ event: "slow_client", unreadBytes: res.writableLength }, "client is not reading its stream; aborting it");
       res.destroy();
     }

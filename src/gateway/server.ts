@@ -12,7 +12,7 @@
 import http from "node:http";
 import Fastify, { type FastifyInstance } from "fastify";
 import pino, { type Logger } from "pino";
-import { handleChat } from "./chat-route.js";
+import { handleChat, MAX_UNREAD_BYTES } from "./chat-route.js";
 import { ChatTemplate } from "./chat-template.js";
 import { EngineClient } from "./engine-client.js";
 import { contextLengthExceeded, invalidJson, KeelHttpError, notReady, routeNotFound, toErrorBody, toHttpError } from "./errors.js";
@@ -29,6 +29,8 @@ export interface GatewayOptions {
   engine: Omit<EngineConfig, "mode">;
   /** Request body limit (bytes). */
   bodyLimit: number;
+  /** Bytes of unread stream output per client before it is treated as gone (default 1 MiB). */
+  maxStreamBuffer?: number;
   /** How long a client may take to send its whole request (ms); slower clients are dropped (default 30 s). */
   requestTimeoutMs?: number;
   logLevel: "debug" | "info" | "warn" | "error";
@@ -315,6 +317,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     isReady: () => engine.isReady && !draining && !closing,
     maxModelLen: () => engine.ready?.limits.maxModelLen ?? null,
     maxQueuedRequests: opts.maxQueuedRequests,
+    maxUnreadBytes: opts.maxStreamBuffer ?? MAX_UNREAD_BYTES,
     maxNumSeqs: () => engine.ready?.limits.maxNumSeqs ?? 0,
     unavailable: () => {
       if (draining || closing) return new KeelHttpError({ status: 503, type: "service_unavailable_error", code: "shutting_down", message: "The server is shutting down." });
