@@ -4,9 +4,15 @@
  * A terminal's Ctrl-C signals the whole foreground process group: the engine runs in its own group, so it is the
  * gateway that stops it, in order.
  */
-import { describe, expect, it } from "vitest";
+import { afterEach, describe, expect, it } from "vitest";
 import { chat } from "../support/chat-client.js";
-import { get, startServer, waitForMetrics } from "../support/server.js";
+import { get, startServer, waitForMetrics, type ServerHandle } from "../support/server.js";
+
+/** Servers started by a test; stopped afterwards even when the test failed before its own shutdown. */
+const started: ServerHandle[] = [];
+afterEach(async () => {
+  await Promise.all(started.splice(0).map((s) => s.stop()));
+});
 
 const req = (maxTokens: number) => ({
   model: "keel-tiny",
@@ -28,6 +34,7 @@ describe("graceful drain", () => {
   for (const signal of ["SIGTERM", "SIGINT"] as const) {
     it(`${signal} under load: in-flight streams complete, new requests get 503, exit 0`, async () => {
       const server = await startServer(["--max_num_seqs", "2"]);
+      started.push(server);
       const control = await chat(server.baseUrl, req(300));
       let signalled = false;
       const streams = [0, 1].map(() =>
@@ -62,6 +69,7 @@ describe("graceful drain", () => {
 
   it("--shutdown_timeout ends what is still running with an error event, then exits 0", async () => {
     const server = await startServer(["--max_num_seqs", "1", "--shutdown_timeout", "0", "--max_num_batched_tokens", "8"]);
+    started.push(server);
     const stream = chat(server.baseUrl, req(1900), { onEvent: (_e, i) => i === 2 && server.proc.kill("SIGTERM") });
     const r = await stream;
     expect(r.done).toBe(false);

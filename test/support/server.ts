@@ -21,6 +21,18 @@ export interface ServerHandle {
   stop(): Promise<void>;
 }
 
+/** Server processes still running; killed if the test process exits without stopping them (e.g. a crash). */
+const running = new Set<ChildProcess>();
+process.on("exit", () => {
+  for (const p of running) {
+    try {
+      process.kill(-p.pid!, "SIGKILL"); // its process group; its engine then exits when its channel closes
+    } catch {
+      /* already gone */
+    }
+  }
+});
+
 /** Start `keel serve` with extra flags; resolves once it listens and its engine is ready. */
 export async function startServer(flags: string[] = [], env: Record<string, string> = {}): Promise<ServerHandle> {
   const proc = spawn(process.execPath, ["--unhandled-rejections=strict", BIN, "serve", "--rest_port", "0", "--rest_bind_address", "127.0.0.1", ...flags], {
@@ -30,6 +42,8 @@ export async function startServer(flags: string[] = [], env: Record<string, stri
     detached: true,
     env: { ...process.env, ...env },
   });
+  running.add(proc);
+  proc.once("exit", () => running.delete(proc));
   const logs: string[] = [];
   let port = 0;
   const ready = new Promise<void>((resolve, reject) => {
