@@ -16,7 +16,7 @@ import type { SamplingParams } from "../protocol/messages.js";
 import type { ChatRequest } from "./chat-request.js";
 import { parseChatRequest } from "./chat-request.js";
 import type { ChatTemplate } from "./chat-template.js";
-import { contextLengthExceeded, engineError, KeelHttpError, modelNotFound, queueFull, toErrorBody } from "./errors.js";
+import { contextLengthExceeded, engineError, engineFault, modelNotFound, queueFull, toErrorBody, type KeelHttpError } from "./errors.js";
 import type { FinishReason } from "./lifecycle.js";
 import type { RequestRegistry, RequestSink, Usage } from "./registry.js";
 import { StopMatcher } from "./stop-strings.js";
@@ -87,7 +87,7 @@ export async function handleChat(ctx: ChatRouteContext, req: FastifyRequest, rep
   // A prompt already isolated as an engine killer is refused here, so a client resending it cannot keep
   // restarting the engine (and pausing everyone else).
   if (ctx.isKnownCulprit(prompt)) {
-    throw new KeelHttpError({ status: 500, type: "server_error", code: "engine_fault", message: "This request crashed the engine before and was isolated; it is refused without running it." });
+    throw engineFault("This request crashed the engine before and was isolated; it is refused without running it.");
   }
   const params: SamplingParams = {
     maxTokens: body.maxTokens ?? null,

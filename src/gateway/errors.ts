@@ -244,6 +244,39 @@ export function notReady(): KeelHttpError {
   });
 }
 
+/** 503 while the server drains for shutdown (graceful SIGTERM/SIGINT). */
+export function shuttingDown(message = "The server is shutting down."): KeelHttpError {
+  return new KeelHttpError({ status: 503, type: "service_unavailable_error", code: "shutting_down", message });
+}
+
+/** 503 while a crashed or stalled engine restarts and in-flight requests are being resumed. */
+export function engineRestarting(): KeelHttpError {
+  return new KeelHttpError({
+    status: 503,
+    type: "service_unavailable_error",
+    code: "engine_restarting",
+    message: "The engine is restarting after a fault; in-flight requests are being resumed. Please retry shortly.",
+  });
+}
+
+/** 500 for a request isolated as the one whose presence crashes the engine (docs/fault-injection.md). */
+export function engineFault(message: string): KeelHttpError {
+  return new KeelHttpError({ status: 500, type: "server_error", code: "engine_fault", message });
+}
+
+/**
+ * 400 for an `add` the engine refused (protocol `request_error`): its message already names the numbers.
+ * `context_length_exceeded` keeps OpenAI's code and points at `messages`.
+ */
+export function engineRefusal(code: string, message: string): KeelHttpError {
+  return new KeelHttpError({ status: 400, type: "invalid_request_error", code, message, param: code === "context_length_exceeded" ? "messages" : null });
+}
+
+/** 417 for an `Expect` header other than `100-continue`. */
+export function expectationFailed(expect: string): KeelHttpError {
+  return new KeelHttpError({ status: 417, type: "invalid_request_error", code: "expectation_failed", message: `Unsupported Expect header: ${expect.slice(0, 100)}` });
+}
+
 /**
  * 500 `engine_error`: the inference engine failed on this request.
  * @param detail - Safe, client-facing detail; must not contain stack traces or paths.

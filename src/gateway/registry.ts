@@ -7,13 +7,7 @@
 import type { AddMessage, RequestErrorMessage, SamplingParams, StepMessage } from "../protocol/messages.js";
 import { PROTOCOL_VERSION } from "../protocol/messages.js";
 import * as lc from "./lifecycle.js";
-import { KeelHttpError } from "./errors.js";
-
-/** 503 for requests ended by a shutdown. */
-function shuttingDown(message: string): KeelHttpError {
-  return new KeelHttpError({ status: 503, type: "service_unavailable_error", code: "shutting_down", message });
-}
-
+import { engineFault, shuttingDown, type KeelHttpError } from "./errors.js";
 /** Token counts of a request (tokens). */
 export interface Usage {
   promptTokens: number;
@@ -339,7 +333,7 @@ export class RequestRegistry {
     this.end(e, "error", { promptTokens: e.promptTokens.length, completionTokens: e.generated.length }, {
       code: "engine_fault",
       message,
-      httpError: new KeelHttpError({ status: 500, type: "server_error", code: "engine_fault", message }),
+      httpError: engineFault(message),
     });
   }
 

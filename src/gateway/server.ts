@@ -15,7 +15,7 @@ import pino, { type Logger } from "pino";
 import { handleChat, MAX_UNREAD_BYTES } from "./chat-route.js";
 import { ChatTemplate } from "./chat-template.js";
 import { EngineClient } from "./engine-client.js";
-import { contextLengthExceeded, invalidJson, KeelHttpError, notReady, routeNotFound, toErrorBody, toHttpError } from "./errors.js";
+import { engineRefusal, engineRestarting, expectationFailed, invalidJson, notReady, routeNotFound, shuttingDown, toErrorBody, toHttpError } from "./errors.js";
 import { Metrics } from "./metrics.js";
 import { RequestRegistry } from "./registry.js";
 import type { EngineConfig } from "../engine/main.js";
@@ -174,7 +174,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
             break;
           case "request_error":
             registry.handleRequestError(msg, (code, message) =>
-              code === "context_length_exceeded" ? contextLengthExceededFromEngine(message) : new KeelHttpError({ status: 400, type: "invalid_request_error", code, message }),
+              engineRefusal(code, message),
             );
             break;
           case "protocol_error":
@@ -320,8 +320,8 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     maxUnreadBytes: opts.maxStreamBuffer ?? MAX_UNREAD_BYTES,
     maxNumSeqs: () => engine.ready?.limits.maxNumSeqs ?? 0,
     unavailable: () => {
-      if (draining || closing) return new KeelHttpError({ status: 503, type: "service_unavailable_error", code: "shutting_down", message: "The server is shutting down." });
-      if (engine.starts > 1 && !engine.ready) return new KeelHttpError({ status: 503, type: "service_unavailable_error", code: "engine_restarting", message: "The engine is restarting after a fault; in-flight requests are being resumed. Please retry shortly." });
+      if (draining || closing) return shuttingDown();
+      if (engine.starts > 1 && !engine.ready) return engineRestarting();
       return notReady();
     },
     isKnownCulprit: (prompt: string) => culpritPrompts.has(prompt),
@@ -341,7 +341,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
   app.get("/v2/health/live", async (_req, reply) => reply.status(200).send());
   app.get("/v2/health/ready", async (_req, reply) => {
     if (engine.isReady && !closing && !draining) return reply.status(200).send();
-    return reply.status(503).send(toErrorBody(new KeelHttpError({ status: 503, type: "service_unavailable_error", code: "not_ready", message: "The engine is not ready." })));
+    return reply.status(503).send(toErrorBody(draining || closing ? shuttingDown() : engine.starts > 1 ? engineRestarting() : notReady()));
   });
   app.get("/metrics", async (_req, reply) => {
     const text = await metrics.registry.metrics();
@@ -351,7 +351,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
   // `Expect: 100-continue` is answered by Node itself; any other expectation gets the OpenAI envelope, not Node's
   // bare 417.
   app.server.on("checkExpectation", (req, res) => {
-    const text = JSON.stringify(toErrorBody(new KeelHttpError({ status: 417, type: "invalid_request_error", code: "expectation_failed", message: `Unsupported Expect header: ${String(req.headers["expect"]).slice(0, 100)}` })));
+    const text = JSON.stringify(toErrorBody(expectationFailed(String(req.headers["expect"]))));
     res.writeHead(417, { "content-type": "application/json; charset=utf-8", "content-length": Buffer.byteLength(text), connection: "close" });
     res.end(text);
   });
@@ -405,8 +405,3 @@ const MAX_FAILED_STARTS = 5;
 /** Error codes that mean the engine failed (not that it refused a bad request). */
 const ENGINE_FAILURE_CODES = new Set(["engine_error", "engine_fault", "internal_error", "shutting_down"]);
 
-/** The engine's context-length refusal as an OpenAI 400 (its message already names the numbers). */
-function contextLengthExceededFromEngine(message: string): KeelHttpError {
-  const e = contextLengthExceeded(0, 0);
-  return new KeelHttpError({ status: e.status, type: e.type, code: e.code, message, param: "messages" });
-}
