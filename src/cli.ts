@@ -153,7 +153,7 @@ async function serve(argv: string[]): Promise<void> {
     sequences: maxNumSeqs,
     batchSize: flags["max_num_batched_tokens"] as number,
     threads: flags["engine_threads"] as number,
-    // A quantized V cache needs flash attention in llama.cpp (nlc-spike §4).
+    // A quantized V cache needs flash attention in llama.cpp (docs/upstream.md).
     flashAttention: u8 ? true : (flags["flash_attention"] as boolean),
     kvCacheType: u8 ? ("q8_0" as const) : ("f16" as const),
     prefixCaching: flags["enable_prefix_caching"] as boolean,

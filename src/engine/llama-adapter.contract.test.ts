@@ -77,7 +77,7 @@ describe("llama.cpp adapter contract (node-llama-cpp 3.21.1 internals)", () => {
 
   it("a refused batch throws, is rolled back, and the next decode works", async () => {
     adapter.clearSequence(0);
-    // A token id outside the vocabulary makes llama.cpp refuse the whole batch (nlc-spike §4); the valid item
+    // A token id outside the vocabulary makes llama.cpp refuse the whole batch (docs/upstream.md); the valid item
     // in the same batch is collateral, which is why the step loop validates ids before batching.
     await expect(
       adapter.decode([

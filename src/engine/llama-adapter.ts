@@ -3,7 +3,7 @@
  *
  * Why internals: the public multi-sequence `evaluate()` path samples sequences in parallel on libuv threads while
  * llama.cpp's lazy `output_reorder()` is not thread-safe, so a sequence can receive a token sampled from another
- * sequence's logits (nlc-spike.md §2; docs/upstream.md). It also batches N−1 of N sequences, cannot cancel a queued
+ * sequence's logits (docs/upstream.md). It also batches N−1 of N sequences, cannot cancel a queued
  * prefill, and blocks slot reuse until the whole batch loop drains. This adapter exposes the native context's batch
  * primitives (`initBatch` / `addToBatch` / `decodeBatch` / `sampleToken` / `disposeSequence`) so the engine loop can
  * build exactly one batch per step and sample sequentially.
@@ -25,9 +25,9 @@ export interface LlamaAdapterOptions {
   contextSize: number;
   /** Largest batch one decode may hold (tokens); must be ≥ sequences. */
   batchSize: number;
-  /** CPU threads for ggml; set explicitly (node-llama-cpp's default oversubscribes small machines, nlc-spike §1). */
+  /** CPU threads for ggml; set explicitly (node-llama-cpp's default oversubscribes small machines; docs/upstream.md). */
   threads: number;
-  /** Flash attention; off by default because it adds batch-shape-dependent numerics (batch-variance.md). */
+  /** Flash attention; off by default because it adds batch-shape-dependent numerics (docs/batch-variance.md). */
   flashAttention: boolean;
   /** KV cache element type for K and V ("f16", "f32", "q8_0", …). A quantized V needs flash attention. */
   kvCacheType: "f16" | "f32" | "q8_0" | "q4_0";
@@ -78,6 +78,7 @@ interface NativeSampler {
 }
 interface NativeModel {
   getTokenString(token: number): string | undefined;
+  getTokenAttributes(token: number): number;
   getVocabularyType(): number;
   isEogToken(token: number): boolean;
 }
@@ -291,16 +292,25 @@ export class LlamaAdapter {
   /** Create a sampler for one sequence. */
   createSampler(cfg: SamplerConfig): SamplerHandle {
     const sampler = new this.native.SamplerClass(this.native.model);
+    let banned: readonly number[] | null = null;
+    let biasKeys = new Uint32Array(0);
+    let biasValues = new Float32Array(0);
     const handle: SamplerHandle = {
       configure: (c) => {
+        // Sampling with a temperature reconfigures per token (seed per position): build the bias arrays once.
+        if (c.bannedTokens !== banned) {
+          banned = c.bannedTokens;
+          biasKeys = Uint32Array.from(banned);
+          biasValues = Float32Array.from(banned, () => -Infinity);
+        }
         sampler.applyConfig({
           temperature: c.temperature,
           topK: c.topK > 0 ? c.topK : 0,
           topP: c.topP,
           minP: 0,
           seed: c.seed,
-          tokenBiasKeys: Uint32Array.from(c.bannedTokens),
-          tokenBiasValues: Float32Array.from(c.bannedTokens, () => -Infinity),
+          tokenBiasKeys: biasKeys,
+          tokenBiasValues: biasValues,
         });
       },
       dispose: () => sampler.dispose(),
@@ -337,8 +347,12 @@ export class LlamaAdapter {
   }
 
   /** Sample the next token at a batch logit index. Call sequentially, never in parallel (output_reorder race). */
-  async sample(batchLogitIndex: number, sampler: SamplerHandle): Promise<number> {
-    return this.sampleWith(batchLogitIndex, sampler);
+  async sample(batchLogitIndex: number, handle: SamplerHandle): Promise<number> {
+    const native = this.samplers.get(handle);
+    if (!native) throw new Error("sampler not created by this adapter");
+    const token = await this.native.ctx.sampleToken(batchLogitIndex, native);
+    if (token < 0) throw new Error(`sampling failed at batch logit index ${batchLogitIndex}`);
+    return token;
   }
 
   /**
@@ -386,17 +400,9 @@ export class LlamaAdapter {
   }
 
 
-  private async sampleWith(idx: number, handle: SamplerHandle): Promise<number> {
-    const native = this.samplers.get(handle);
-    if (!native) throw new Error("sampler not created by this adapter");
-    const token = await this.native.ctx.sampleToken(idx, native);
-    if (token < 0) throw new Error(`sampling failed at batch logit index ${idx}`);
-    return token;
-  }
-
   private computeTokenBytes(t: number, vocabType: number, gpt2: Map<string, number> | null, enc: TextEncoder): Uint8Array {
     // Control tokens (ChatML markers, BOS/EOS) are not part of the output text.
-    const attrs = (this.model as unknown as { _model: { getTokenAttributes(t: number): number } })._model.getTokenAttributes(t);
+    const attrs = this.native.model.getTokenAttributes(t);
     const CONTROL = 1 << 3; // llama.h LLAMA_TOKEN_ATTR_CONTROL
     if (attrs & CONTROL) return new Uint8Array(0);
     const text = this.native.model.getTokenString(t) ?? "";

@@ -2,7 +2,7 @@
  * Engine process entry point (spawned by the gateway; see docs/protocol.md).
  *
  * The engine runs in its own process because llama.cpp's GGML_ASSERT aborts the whole process, worker threads
- * included (nlc-spike.md §4). Channel: frames on fd 3 (a duplex pipe); stdout/stderr carry logs only.
+ * included (docs/upstream.md). Channel: frames on fd 3 (a duplex pipe); stdout/stderr carry logs only.
  * Configuration: one JSON argument ({@link EngineConfig}).
  *
  * Modes: `serve` (default) loads the model and runs the step loop; `validate` only loads the model and creates a
@@ -164,7 +164,7 @@ async function main(): Promise<void> {
 }
 
 // Last resort inside the engine process: report, then exit non-zero so the gateway restarts the engine. The
-// gateway process is never affected (root-cause.md §5 rule 4: no exit from a gateway or worker path).
+// gateway process is never affected (docs/design-rules.md, rule 4).
 process.on("uncaughtException", (err) => {
   logLine("fatal", `uncaught exception in the engine: ${err?.stack ?? String(err)}`);
   process.exit(1);

@@ -1,8 +1,8 @@
 /**
  * The continuous-batching scheduler: pure logic, no I/O, no native calls.
  *
- * The engine loop owns one Scheduler and drives it once per step (root-cause.md §5, rules 1–2):
- *   1. `applyAdds` / `applyAborts` with the commands snapshotted at the step boundary;
+ * The engine loop owns one Scheduler and drives it once per step (docs/design-rules.md, rules 1–2):
+ *   1. `add` / `abort` with the commands snapshotted at the step boundary;
  *   2. `schedule()` admits waiting requests to free sequences (FCFS) and plans ONE batch — one token per decoding
  *      sequence first, then prefill chunks within the token budget (chunked prefill, as vLLM v1 / Sarathi);
  *   3. the loop decodes the batch and samples; `commit()` records the sampled tokens and decides who finished;
@@ -28,7 +28,7 @@ export interface SchedulerConfig {
   prefixCaching?: boolean;
   /**
    * Whether a slot's KV can be trimmed to a shorter prefix (default true). False for recurrent / hybrid models:
-   * their state is never partially evicted (root-cause.md §5 rule 3), so a cached slot is reused only when ALL of
+   * their state is never partially evicted (docs/design-rules.md, rule 3), so a cached slot is reused only when ALL of
    * its tokens are a prefix of the new input, and is cleared completely otherwise.
    */
   partialTrim?: boolean;
@@ -259,7 +259,7 @@ export class Scheduler {
 
   /**
    * Abort requests. A waiting request is removed without touching any slot; a running one frees its slot at once.
-   * Unknown ids (already finished, or never seen) are ignored: aborts are idempotent (root-cause.md §5 rule 5).
+   * Unknown ids (already finished, or never seen) are ignored: aborts are idempotent (docs/design-rules.md, rule 5).
    */
   abort(ids: Iterable<string>): Outcome {
     const out: Outcome = { finished: [], freedSlots: [] };

@@ -1,9 +1,9 @@
 /**
- * The engine step loop: the single owner of engine state (root-cause.md §5 rule 1).
+ * The engine step loop: the single owner of engine state (docs/design-rules.md, rule 1).
  *
  * Commands (add / abort) are only queued by `submit()`; the loop takes ONE snapshot of them per step and applies
  * them at the step boundary (rule 2), plans one batch with the {@link Scheduler}, decodes it with the backend,
- * samples sequentially, and emits exactly one `step` message for the step. No native call ever overlaps a decode:
+ * samples sequentially, and emits exactly one `step` message for each step that did work. No native call ever overlaps a decode:
  * slots are cleared and samplers disposed only between decodes.
  */
 import type { AddMessage, EngineMessage, RequestOutput, SamplingParams } from "../protocol/messages.js";
@@ -95,7 +95,7 @@ export class StepLoop {
   /** Queue a command for the next step boundary. Never touches engine state. */
   submit(cmd: LoopCommand): void {
     if (cmd.type === "abort") {
-      // Remember when each abort arrived, to report how many steps it took to apply (recipes.md I4/I5).
+      // Remember when each abort arrived, to report how many steps it took to apply (docs/design-rules.md, I4/I5).
       for (const id of cmd.ids) {
         const known = this.requests.has(id) || this.inbox.some((c) => c.type === "add" && c.id === id);
         if (known && !this.abortArrivedAtStep.has(id)) this.abortArrivedAtStep.set(id, this.steps);
@@ -154,7 +154,6 @@ export class StepLoop {
       // The slot could not keep its prefix (it was cleared): fail only the request that was placed there.
       const victim = plan.items.filter((it) => it.slot === op.slot);
       plan.items = plan.items.filter((it) => it.slot !== op.slot);
-      plan.totalTokens = plan.items.reduce((a, it) => a + it.tokens.length, 0);
       this.finish(this.scheduler.failStep({ ...plan, items: victim }, { code: "engine_error", message: "the prefix cache slot could not be trimmed" }), out);
     }
     let batchTokens = 0;

@@ -383,7 +383,7 @@ export const chatRequestBodySchema = z.object({
  * normalised, with defaults applied.
  *
  * Field rules (OpenAI Chat Completions schema; ranges as in OVMS,
- * /work/shared/research/ovms-compat.md §3):
+ * OVMS 2026.2 chat-completions validation):
  *
  * - `model`: non-empty string, required.
  * - `messages`: non-empty array of `{role, content}`; `role` one of

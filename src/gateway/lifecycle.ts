@@ -63,7 +63,7 @@ export function resubmit(s: Lifecycle): Lifecycle | null {
 /** The gateway decided to abort the request. Only a live, not yet cancelling request can be cancelled. */
 export function cancel(s: Lifecycle, cause: CancelCause): Lifecycle | null {
   if (s.state === "queued" || s.state === "prefill" || s.state === "decode") return { state: "cancelling", phase: s.state, cause };
-  // Not in any engine: cancelling needs no engine confirmation, so it finishes at once (see finish()).
+  // Not in any engine: no confirmation will come, so the registry ends it at once (RequestRegistry.cancel).
   if (s.state === "recovering") return { state: "cancelling", phase: s.phase, cause };
   return null;
 }

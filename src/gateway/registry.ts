@@ -2,7 +2,7 @@
  * The request registry: one entry per request the gateway has handed to the engine, from `add` until the engine's
  * terminal event. It records what is needed to resume a generation (prompt token ids, generated token ids,
  * sampling parameters and seed), drives each request's {@link Lifecycle}, and routes engine outputs to the HTTP
- * handler's sink. Outputs for ids it does not know are dropped silently (root-cause.md §5 rule 5).
+ * handler's sink. Outputs for ids it does not know are dropped silently (docs/design-rules.md, rule 5).
  */
 import type { AddMessage, RequestErrorMessage, SamplingParams, StepMessage } from "../protocol/messages.js";
 import { PROTOCOL_VERSION } from "../protocol/messages.js";
@@ -202,41 +202,39 @@ export class RequestRegistry {
   }
 
   private applyOutput(e: Entry, o: StepMessage["outputs"][number]): void {
-    {
-      const now = Date.now();
-      if (o.admitted) {
-        e.promptTokens = o.admitted.promptTokens;
-        const next = lc.admit(e.lifecycle);
-        if (next) {
-          e.lifecycle = next;
-          // Timings are reported once per request: a resumed request is admitted again but queued only once.
-          if (e.admittedAt === null) {
-            e.admittedAt = now;
-            this.observer.onAdmitted?.(e.id, e.promptTokens.length, { queueMs: now - e.acceptedAt, cachedTokens: o.admitted.cachedTokens });
-          }
-          e.sink.onAdmitted();
+    const now = Date.now();
+    if (o.admitted) {
+      e.promptTokens = o.admitted.promptTokens;
+      const next = lc.admit(e.lifecycle);
+      if (next) {
+        e.lifecycle = next;
+        // Timings are reported once per request: a resumed request is admitted again but queued only once.
+        if (e.admittedAt === null) {
+          e.admittedAt = now;
+          this.observer.onAdmitted?.(e.id, e.promptTokens.length, { queueMs: now - e.acceptedAt, cachedTokens: o.admitted.cachedTokens });
         }
+        e.sink.onAdmitted();
       }
-      if (o.tokens.length > 0 || o.text.length > 0) {
-        const before = e.generated.length;
-        e.generated.push(...o.tokens);
-        const next = lc.firstToken(e.lifecycle);
-        if (next) e.lifecycle = next;
-        if (o.tokens.length > 0) {
-          // Progress forgives earlier deaths: a request that generated FORGIVE_AFTER_TOKENS tokens since its last
-          // (re)submission was not what killed the engine then (a culprit dies again before making progress).
-          e.sinceSubmit += o.tokens.length;
-          if (e.deaths > 0 && e.sinceSubmit >= FORGIVE_AFTER_TOKENS) e.deaths = 0;
-          if (before === 0) this.observer.onFirstToken?.(e.id, now - e.acceptedAt);
-          else if (e.lastTokenAt !== null) this.observer.onTokens?.(e.id, o.tokens.length, (now - e.lastTokenAt) / o.tokens.length);
-          e.lastTokenAt = now;
-        }
-        if (e.lifecycle.state !== "cancelling") e.sink.onOutput(o.tokens, o.text);
+    }
+    if (o.tokens.length > 0 || o.text.length > 0) {
+      const before = e.generated.length;
+      e.generated.push(...o.tokens);
+      const next = lc.firstToken(e.lifecycle);
+      if (next) e.lifecycle = next;
+      if (o.tokens.length > 0) {
+        // Progress forgives earlier deaths: a request that generated FORGIVE_AFTER_TOKENS tokens since its last
+        // (re)submission was not what killed the engine then (a culprit dies again before making progress).
+        e.sinceSubmit += o.tokens.length;
+        if (e.deaths > 0 && e.sinceSubmit >= FORGIVE_AFTER_TOKENS) e.deaths = 0;
+        if (before === 0) this.observer.onFirstToken?.(e.id, now - e.acceptedAt);
+        else if (e.lastTokenAt !== null) this.observer.onTokens?.(e.id, o.tokens.length, (now - e.lastTokenAt) / o.tokens.length);
+        e.lastTokenAt = now;
       }
-      if (o.finish) {
-        const usage = { promptTokens: e.promptTokens.length > 0 ? e.promptTokens.length : o.finish.promptTokens, completionTokens: e.generated.length };
-        this.end(e, o.finish.reason, usage, o.finish.error, o.finish.stepsAfterAbort);
-      }
+      if (e.lifecycle.state !== "cancelling") e.sink.onOutput(o.tokens, o.text);
+    }
+    if (o.finish) {
+      const usage = { promptTokens: e.promptTokens.length > 0 ? e.promptTokens.length : o.finish.promptTokens, completionTokens: e.generated.length };
+      this.end(e, o.finish.reason, usage, o.finish.error, o.finish.stepsAfterAbort);
     }
   }
 

@@ -2,7 +2,7 @@
  * The gateway process: HTTP routes, the request registry and the engine supervisor. It never touches engine state;
  * it sends the engine commands and applies the engine's outputs.
  *
- * Routes (ovms-compat.md §2, with OpenAI conventions where the two differ — see README):
+ * Routes (OVMS 2026.2's REST surface, with OpenAI conventions where the two differ — see README):
  *   POST /v3/chat/completions, /v3/v1/chat/completions, /v1/chat/completions
  *   GET  /v3/models, /v3/v1/models, /v1/models
  *   GET  /v2/health/live   — the HTTP loop answers (always 200 while the process runs)

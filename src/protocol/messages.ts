@@ -20,7 +20,7 @@ export interface SamplingParams {
   temperature: number;
   /** Nucleus sampling mass (0..1]; 1 disables it. */
   topP: number;
-  /** Top-k cut; -1 or 0 disables it. */
+  /** Top-k cut; -1 disables it (the HTTP API accepts -1 or ≥ 1). */
   topK: number;
   /**
    * Seed of the request's randomness. The engine derives each token's seed from (seed, position of the token in

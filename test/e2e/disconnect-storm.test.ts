@@ -1,5 +1,5 @@
 /**
- * Disconnect storm under saturation (recipes 1, 4, 5, 6, 9, 11, 13, 15 of ../shared/cases/recipes.md), end to end:
+ * Disconnect storm under saturation (public failure recipes: OVMS #4428, ik_llama.cpp #1929, llama.cpp #11414, Ollama #11889, vLLM #42157, SGLang #36876, LMDeploy #1788, node-llama-cpp #623), end to end:
  * 4 sequences, a small prefill budget, a long shared system prompt (prefix reuse active), 16 concurrent clients,
  * 240 requests, about a third hard-closed (FIN or RST) at random phases — before headers, at admission (prefill),
  * mid-decode, at the instant of natural finish (max_tokens 1–2) — and the rest compared with control runs.
@@ -60,7 +60,7 @@ const key = (q: string, n: number) => `${n}|${q}`;
 type Plan = { q: string; n: number; victim: null | { at: "sent" | "admitted" | "chunk" | "finish"; chunk: number; mode: CloseMode } };
 
 /** The models the storm runs on: the embedded attention model, and a hybrid (attention + Mamba) model whose
- * recurrent state the scheduler must never trim partially (root-cause.md §5 rule 3). */
+ * recurrent state the scheduler must never trim partially (docs/design-rules.md, rule 3). */
 const MODELS: { name: string; flags: () => string[]; recurrent: boolean }[] = [
   { name: "keel-tiny (attention)", flags: () => [], recurrent: false },
   {

@@ -1,5 +1,5 @@
 /**
- * The seed's reproducer (OVMS #4428, ../shared/seed/) end to end against the real server process and the embedded
+ * The seed's reproducer (openvinotoolkit/model_server#4428) end to end against the real server process and the embedded
  * model: streaming greedy chats run concurrently; one client hard-closes its socket mid-generation (FIN or RST),
  * during a long prefill, while queued, or leaves a unary request. Every time: the same server process is alive,
  * readiness is 200, every other stream ends with [DONE] and exactly the text of its control run alone, the
@@ -44,7 +44,7 @@ afterAll(async () => {
   await server?.stop();
 });
 
-/** Invariants after every scenario (recipes.md I1, I2, I4, I6). */
+/** Invariants after every scenario (docs/design-rules.md: I1, I2, I4, I6). */
 async function expectHealthyAndIdle(): Promise<void> {
   expect(server.proc.exitCode).toBeNull();
   expect(server.proc.pid).toBe(pid);
