@@ -62,7 +62,6 @@ const fin = (reason: FinishInfo["reason"], promptTokens = 3, completionTokens = 
   completionTokens,
   ...(error ? { error } : {}),
 });
-const toHttp = (code: string, message: string): KeelHttpError => new KeelHttpError({ status: 400, type: "invalid_request_error", code, message });
 
 describe("RequestRegistry", () => {
   it("submit sends add and records the request as queued", () => {
@@ -199,15 +198,24 @@ describe("RequestRegistry", () => {
     ).not.toThrow();
     expect(s.log.outputs).toEqual([{ tokens: [7], text: "k" }]);
     expect(t.reg.size).toBe(1);
-    expect(() => t.reg.handleRequestError({ v: PROTOCOL_VERSION, type: "request_error", id: "ghost", code: "x", message: "y" }, toHttp)).not.toThrow();
+    expect(() => t.reg.handleRequestError({ v: PROTOCOL_VERSION, type: "request_error", id: "ghost", code: "x", message: "y" })).not.toThrow();
     expect(t.reg.size).toBe(1);
+  });
+
+  it("an engine_error refusal is an engine failure: 500, counted as finished with an error", () => {
+    const t = setup();
+    const s = sink();
+    t.reg.submit("a", { text: "x" }, params, s);
+    t.reg.handleRequestError({ v: PROTOCOL_VERSION, type: "request_error", id: "a", code: "engine_error", message: "no sampler" });
+    expect(s.log.finishes[0]!.error!.httpError!.status).toBe(500);
+    expect(t.events).toContain("finished a error queued");
   });
 
   it("handleRequestError ends the request with the http error", () => {
     const t = setup();
     const s = sink();
     t.reg.submit("a", { text: "long" }, params, s);
-    t.reg.handleRequestError({ v: PROTOCOL_VERSION, type: "request_error", id: "a", code: "context_length_exceeded", message: "too long" }, toHttp);
+    t.reg.handleRequestError({ v: PROTOCOL_VERSION, type: "request_error", id: "a", code: "context_length_exceeded", message: "too long" });
     expect(s.log.finishes).toHaveLength(1);
     const f = s.log.finishes[0]!;
     expect(f.reason).toBe("error");
@@ -215,8 +223,11 @@ describe("RequestRegistry", () => {
     expect(f.error).toMatchObject({ code: "context_length_exceeded", message: "too long" });
     expect(f.error!.httpError).toBeInstanceOf(KeelHttpError);
     expect(f.error!.httpError!.code).toBe("context_length_exceeded");
+    expect(f.error!.httpError!.status).toBe(400);
     expect(t.reg.size).toBe(0);
-    expect(t.events).toEqual(["finished a error queued"]);
+    // A refusal is a client error: reported as refused, not as a finished request.
+    expect(t.events.some((e) => e.startsWith("finished a"))).toBe(false);
+    expect(t.events).toEqual([]);
   });
 
   it("handleEngineExit fails every live request with code engine_fault", () => {

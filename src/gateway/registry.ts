@@ -7,7 +7,7 @@
 import type { AddMessage, RequestErrorMessage, SamplingParams, StepMessage } from "../protocol/messages.js";
 import { PROTOCOL_VERSION } from "../protocol/messages.js";
 import * as lc from "./lifecycle.js";
-import { engineFault, shuttingDown, type KeelHttpError } from "./errors.js";
+import { engineError, engineFault, engineRefusal, shuttingDown, type KeelHttpError } from "./errors.js";
 /** Token counts of a request (tokens). */
 export interface Usage {
   promptTokens: number;
@@ -73,6 +73,8 @@ export interface RegistryObserver {
   onTokens?(id: string, count: number, itlMs: number): void;
   /** The request was handed to the engine's queue. */
   onQueued?(id: string): void;
+  /** The engine refused the request as invalid (e.g. context length); it is not counted as finished. */
+  onRefused?(id: string, code: string): void;
   onInternalError?(id: string, message: string): void;
   /** A request was resubmitted to a restarted engine as a continuation. */
   onResumed?(id: string, generatedTokens: number, deaths: number): void;
@@ -239,10 +241,17 @@ export class RequestRegistry {
   }
 
   /** The engine refused an add. */
-  handleRequestError(msg: RequestErrorMessage, toHttp: (code: string, message: string) => KeelHttpError): void {
+  handleRequestError(msg: RequestErrorMessage): void {
     const e = this.live.get(msg.id);
     if (!e) return;
-    this.end(e, "error", { promptTokens: 0, completionTokens: 0 }, { code: msg.code, message: msg.message, httpError: toHttp(msg.code, msg.message) });
+    const usage = { promptTokens: 0, completionTokens: 0 };
+    if (msg.code === "engine_error") {
+      // The engine failed to take the request (e.g. no sampler): an engine failure, answered with a 500.
+      this.end(e, "error", usage, { code: msg.code, message: msg.message, httpError: engineError(msg.message) });
+      return;
+    }
+    // The engine refused a bad request (e.g. context length): a client error (400), not a finished request.
+    this.end(e, "error", usage, { code: msg.code, message: msg.message, httpError: engineRefusal(msg.code, msg.message) }, undefined, true);
   }
 
   /**
@@ -374,7 +383,14 @@ export class RequestRegistry {
   }
 
   /** Record the terminal event of an entry and forget it. */
-  private end(e: Entry, reason: lc.FinishReason, usage: Usage, error?: { code: string; message: string; httpError?: KeelHttpError }, stepsAfterAbort?: number): void {
+  private end(
+    e: Entry,
+    reason: lc.FinishReason,
+    usage: Usage,
+    error?: { code: string; message: string; httpError?: KeelHttpError },
+    stepsAfterAbort?: number,
+    refused = false,
+  ): void {
     const phase = lc.phaseOf(e.lifecycle);
     const wasCancelling = e.lifecycle.state === "cancelling";
     const next = lc.finish(e.lifecycle, reason);
@@ -399,7 +415,8 @@ export class RequestRegistry {
       }
     }
     try {
-      this.observer.onFinished?.(e.id, next.reason, usage, { phase, e2eMs: Date.now() - e.acceptedAt, ...latency, ...(error ? { error: error.message, errorCode: error.code } : {}) });
+      if (refused) this.observer.onRefused?.(e.id, error?.code ?? "invalid_request");
+      else this.observer.onFinished?.(e.id, next.reason, usage, { phase, e2eMs: Date.now() - e.acceptedAt, ...latency, ...(error ? { error: error.message, errorCode: error.code } : {}) });
     } catch {
       /* metrics/logging must never take a request or the gateway down */
     }

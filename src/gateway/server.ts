@@ -15,7 +15,7 @@ import pino, { type Logger } from "pino";
 import { handleChat, MAX_UNREAD_BYTES } from "./chat-route.js";
 import { ChatTemplate } from "./chat-template.js";
 import { EngineClient } from "./engine-client.js";
-import { engineRefusal, engineRestarting, expectationFailed, invalidJson, notReady, routeNotFound, shuttingDown, toErrorBody, toHttpError } from "./errors.js";
+import { engineRestarting, expectationFailed, invalidJson, notReady, routeNotFound, shuttingDown, toErrorBody, toHttpError } from "./errors.js";
 import { Metrics } from "./metrics.js";
 import { RequestRegistry } from "./registry.js";
 import type { EngineConfig } from "../engine/main.js";
@@ -81,13 +81,11 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       metrics.requestsResumed.inc();
       log.info({ requestId: id, event: "resumed", generatedTokens, deaths }, "request resumed on the restarted engine");
     },
+    onRefused(id, code) {
+      metrics.requestsRejected.inc({ reason: "invalid_request" });
+      log.info({ requestId: id, event: "rejected", code }, "request refused by the engine");
+    },
     onFinished(id, reason, usage, info) {
-      if (reason === "error" && info.errorCode !== undefined && !ENGINE_FAILURE_CODES.has(info.errorCode)) {
-        // The engine refused the request itself (e.g. context length): a client error, answered with a 4xx.
-        metrics.requestsRejected.inc({ reason: "invalid_request" });
-        log.info({ requestId: id, event: "rejected", code: info.errorCode }, "request refused by the engine");
-        return;
-      }
       metrics.requestsFinished.inc({ finish_reason: reason });
       metrics.promptTokens.inc(usage.promptTokens);
       metrics.generationTokens.inc(usage.completionTokens);
@@ -173,9 +171,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
             registry.handleStep(msg);
             break;
           case "request_error":
-            registry.handleRequestError(msg, (code, message) =>
-              engineRefusal(code, message),
-            );
+            registry.handleRequestError(msg);
             break;
           case "protocol_error":
             log.error({ event: "protocol_error", error: msg.message }, "engine rejected a message");
@@ -401,7 +397,4 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
 
 /** Engine processes in a row that die before reporting ready, after which waiting requests are failed. */
 const MAX_FAILED_STARTS = 5;
-
-/** Error codes that mean the engine failed (not that it refused a bad request). */
-const ENGINE_FAILURE_CODES = new Set(["engine_error", "engine_fault", "internal_error", "shutting_down"]);
 
