@@ -156,6 +156,7 @@ async function main(): Promise<void> {
     model: adapter.metadata(),
     limits: { maxNumSeqs: config.maxNumSeqs, maxNumBatchedTokens: config.maxNumBatchedTokens, maxModelLen: config.maxModelLen },
     engine: "node-llama-cpp@3.21.1",
+    capabilities: { exactSeededResume: true, maxTopLogprobs: -1, extendedSampling: false, grammars: false, sharedPrefill: false },
   });
   logLine("info", "engine ready", { model: config.modelPath, threads: config.threads, kvCacheType: config.kvCacheType, flashAttention: config.flashAttention });
   await loop.run();

@@ -366,7 +366,7 @@ describe("failStep", () => {
     // Budget 2 shared fairly: a and b get one prefill token each; w waits. Fail only a's part of the batch.
     expect(full.items.map((it) => [it.id, it.tokens.length])).toEqual([["a", 1], ["b", 1]]);
     const plan = { ...full, items: full.items.filter((it) => it.id === "a") };
-    const err = { code: "engine_error", message: "boom" };
+    const err = { code: "engine_error" as const, message: "boom" };
     const out = s.failStep(plan, err);
     expect(out.finished).toEqual([{ id: "a", reason: "error", promptTokens: 4, completionTokens: 0, error: err }]);
     expect(out.freedSlots).toEqual([0]);
@@ -384,7 +384,7 @@ describe("failStep", () => {
     s.add(seq("b", 2));
     const plan = s.schedule();
     s.abort(["a"]);
-    const out = s.failStep(plan, { code: "x", message: "y" });
+    const out = s.failStep(plan, { code: "engine_error", message: "y" });
     expect(ids(out.finished)).toEqual(["b"]);
     expect(out.freedSlots).toEqual([1]);
   });
@@ -574,7 +574,7 @@ describe("scheduler property: random interleavings at saturation", () => {
             } else {
               const plan = schedule();
               const inPlan = new Set(plan.items.map((it) => it.id));
-              const err = { code: "engine_error", message: "decode failed" };
+              const err = { code: "engine_error" as const, message: "decode failed" };
               record(s.failStep(plan, err), (r, f) => {
                 expect(f.reason).toBe("error");
                 expect(f.error).toEqual(err);

@@ -12,6 +12,7 @@
  * Terms: a *slot* is one of `maxNumSeqs` KV partitions (a llama.cpp sequence id); *processed* counts tokens whose
  * KV is in the slot; a sequence is *prefilling* while processed < input length, then *decoding*.
  */
+import type { EngineErrorCode } from "../protocol/messages.js";
 
 /** Scheduler limits (tokens / sequences). */
 export interface SchedulerConfig {
@@ -109,7 +110,7 @@ export interface Finished {
   reason: FinishReason;
   promptTokens: number;
   completionTokens: number;
-  error?: { code: string; message: string };
+  error?: { code: EngineErrorCode; message: string };
 }
 
 /** What a scheduler call changed. */
@@ -348,7 +349,7 @@ export class Scheduler {
   }
 
   /** Fail every request of a batch that could not be decoded (only those; the loop goes on). */
-  failStep(plan: StepPlan, error: { code: string; message: string }): Outcome {
+  failStep(plan: StepPlan, error: { code: EngineErrorCode; message: string }): Outcome {
     const out: Outcome = { finished: [], freedSlots: [] };
     for (const it of plan.items) {
       const s = this.live.get(it.id);
@@ -382,7 +383,7 @@ export class Scheduler {
     if (violations.length === 0) return out;
     const ids = new Set(violations.flatMap((v) => v.ids));
     const slots = new Set(violations.flatMap((v) => v.slots));
-    const error = { code: "invariant_violation", message: `scheduler invariant violated: ${violations.map((v) => v.message).join("; ")}` };
+    const error = { code: "invariant_violation" as const, message: `scheduler invariant violated: ${violations.map((v) => v.message).join("; ")}` };
     for (const id of ids) {
       const s = this.live.get(id);
       if (s?.slot != null) slots.add(s.slot);

@@ -6,7 +6,7 @@
  * samples sequentially, and emits exactly one `step` message for each step that did work. No native call ever overlaps a decode:
  * slots are cleared and samplers disposed only between decodes.
  */
-import type { AddMessage, EngineMessage, RequestOutput, SamplingParams } from "../protocol/messages.js";
+import type { AddMessage, EngineErrorCode, EngineMessage, RequestOutput, SamplingParams } from "../protocol/messages.js";
 import { PROTOCOL_VERSION } from "../protocol/messages.js";
 import type { DecodeItem, SamplerConfig, SamplerHandle } from "./llama-adapter.js";
 import { Scheduler, type BatchItem, type Outcome, type Sampled, type SchedulerConfig } from "./scheduler.js";
@@ -262,7 +262,7 @@ export class StepLoop {
   }
 
   private applyAdd(cmd: AddMessage): void {
-    const refuse = (code: string, message: string): void => {
+    const refuse = (code: EngineErrorCode, message: string): void => {
       this.abortArrivedAtStep.delete(cmd.id);
       this.emit({ v: PROTOCOL_VERSION, type: "request_error", id: cmd.id, code, message });
     };

@@ -20,8 +20,9 @@ export type Phase = "queued" | "prefill" | "decode";
 /** Why the gateway cancels a request. */
 export type CancelCause = "client_disconnect" | "stop_string" | "shutdown" | "internal_error";
 
-/** How a request ended, as reported to clients and metrics. */
-export type FinishReason = "stop" | "length" | "abort" | "error";
+import type { FinishReason } from "../protocol/messages.js";
+/** How a request ended (defined once, in the protocol). */
+export type { FinishReason };
 
 export type Lifecycle =
   /** `add` sent; the engine has not admitted it to a sequence yet. */

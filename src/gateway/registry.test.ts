@@ -198,7 +198,7 @@ describe("RequestRegistry", () => {
     ).not.toThrow();
     expect(s.log.outputs).toEqual([{ tokens: [7], text: "k" }]);
     expect(t.reg.size).toBe(1);
-    expect(() => t.reg.handleRequestError({ v: PROTOCOL_VERSION, type: "request_error", id: "ghost", code: "x", message: "y" })).not.toThrow();
+    expect(() => t.reg.handleRequestError({ v: PROTOCOL_VERSION, type: "request_error", id: "ghost", code: "invalid_prompt", message: "y" })).not.toThrow();
     expect(t.reg.size).toBe(1);
   });
 

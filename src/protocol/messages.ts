@@ -29,6 +29,32 @@ export interface SamplingParams {
   seed: number;
   /** When true the end-of-generation tokens are banned (logit bias -inf), as llama.cpp's `ignore_eos`. */
   ignoreEos: boolean;
+  /**
+   * OpenAI presence / frequency penalties (-2..2, 0 = off) and the multiplicative repetition penalty (> 0,
+   * 1 = off; vLLM/llama.cpp semantics). The penalty window is the prompt plus every generated token, so the
+   * state is a pure function of (prompt ids, generated ids) and a resumed generation is token-identical.
+   * Absent = off.
+   */
+  presencePenalty?: number;
+  frequencyPenalty?: number;
+  repetitionPenalty?: number;
+  /** Min-p cut relative to the most likely token (0..1, 0 = off). Absent = off. */
+  minP?: number;
+  /** Additive logit bias per token id (-100..100; -100 bans the token), as OpenAI's `logit_bias`. */
+  logitBias?: [token: number, bias: number][];
+  /**
+   * Generated tokens before end-of-generation and `stopTokenIds` may end the request (their logits are banned until
+   * then; counts tokens generated on earlier engines too). Absent = 0.
+   */
+  minTokens?: number;
+  /** Extra token ids that end the request with reason "stop" (the token is reported but contributes no text). */
+  stopTokenIds?: number[];
+  /**
+   * Log probabilities: absent/null = none; N ≥ 0 = the sampled token's logprob plus the N most likely alternatives
+   * (N ≤ the engine's `capabilities.maxTopLogprobs`). Computed from the model's raw distribution at that position
+   * (softmax of the logits before temperature, penalties, bias and truncation — vLLM's default).
+   */
+  logprobs?: number | null;
 }
 
 /** gateway → engine: queue a request. Applied at the next step boundary. */
@@ -68,6 +94,21 @@ export interface ShutdownMessage {
 }
 
 export type GatewayMessage = AddMessage | AbortMessage | PingMessage | ShutdownMessage;
+
+/** What an engine implementation can do; sent once in `ready`. The gateway refuses a request (400) that needs a
+ * capability the current engine lacks instead of accepting and ignoring it. */
+export interface EngineCapabilities {
+  /** A continuation (prompt + `generated`, same seed) samples exactly what the uninterrupted run would have. */
+  exactSeededResume: boolean;
+  /** Largest `params.logprobs` the engine serves; -1 = no log probabilities at all. */
+  maxTopLogprobs: number;
+  /** presence/frequency/repetition penalties, min_p, logit_bias, min_tokens and stop_token_ids are applied. */
+  extendedSampling: boolean;
+  /** Grammar-constrained sampling (issue #9 tool-guided generation). */
+  grammars: boolean;
+  /** Requests with the same prompt submitted together share one prefill (for `n` > 1); else the prefix cache. */
+  sharedPrefill: boolean;
+}
 
 /** What the engine serves, sent once in `ready`. */
 export interface ModelMetadata {
@@ -110,6 +151,7 @@ export interface ReadyMessage {
   limits: EngineLimits;
   /** Engine implementation, e.g. "node-llama-cpp@3.21.1". */
   engine: string;
+  capabilities: EngineCapabilities;
 }
 
 /** engine → gateway: reply to a ping. */
@@ -121,17 +163,49 @@ export interface PongMessage {
   step: number;
 }
 
-/** Why a request ended, as seen by the engine. */
-export type EngineFinishReason = "stop" | "length" | "abort" | "error";
+/**
+ * Why a request ended — the one definition for engine, registry, sessions and metrics. "stop": end of generation,
+ * a stop token, or (gateway-side) a stop string; "length": max tokens or sequence capacity; "abort": cancelled;
+ * "error": failed (see the error code).
+ */
+export type FinishReason = "stop" | "length" | "abort" | "error";
+
+/**
+ * The closed catalogue of engine error codes (request_error and finish.error). The gateway maps each to an HTTP
+ * status once (gateway/errors.ts); an engine must not invent others (an unknown code is treated as engine_error).
+ *   context_length_exceeded, invalid_prompt, invalid_params, duplicate_id → the client's fault (400/409-style)
+ *   engine_error, invariant_violation → the engine failed the request (500)
+ */
+export const ENGINE_ERROR_CODES = [
+  "context_length_exceeded",
+  "invalid_prompt",
+  "invalid_params",
+  "duplicate_id",
+  "engine_error",
+  "invariant_violation",
+] as const;
+export type EngineErrorCode = (typeof ENGINE_ERROR_CODES)[number];
+
+/** Log probability of one token. */
+export interface TokenLogprob {
+  token: number;
+  logprob: number;
+}
+
+/** Log probabilities at one generated position: the sampled token and the `params.logprobs` most likely ones. */
+export interface PositionLogprobs extends TokenLogprob {
+  /** Most likely tokens first; length = params.logprobs (fewer only if the vocabulary is smaller). */
+  top: TokenLogprob[];
+}
 
 /** Terminal record of one request in a step output. After it the engine never mentions the id again. */
 export interface FinishInfo {
-  reason: EngineFinishReason;
+  reason: FinishReason;
   /** Prompt tokens (including resumed tokens) and tokens generated by this engine for the request. */
   promptTokens: number;
   completionTokens: number;
   /** Present when reason is "error". */
-  error?: { code: string; message: string };
+  error?: { code: EngineErrorCode; message: string };
   /**
    * For an abort: engine steps decoded between the abort's arrival and the release (0 when no step was in
    * flight, 1 when it arrived during a decode). Aborts are applied at the next step boundary.
@@ -149,6 +223,8 @@ export interface RequestOutput {
   admitted?: { promptTokens: number[]; cachedTokens: number };
   /** Tokens sampled for the request in this step (0 or 1 today). */
   tokens: number[];
+  /** With `params.logprobs` set: one entry per token in `tokens`, same order. */
+  logprobs?: PositionLogprobs[];
   /** Text that became complete in this step (UTF-8 held back until a character is whole). */
   text: string;
   finish?: FinishInfo;
@@ -175,7 +251,7 @@ export interface RequestErrorMessage {
   v: number;
   type: "request_error";
   id: string;
-  code: "context_length_exceeded" | "invalid_prompt" | "duplicate_id" | string;
+  code: EngineErrorCode;
   message: string;
 }
 

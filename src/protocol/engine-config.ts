@@ -1,0 +1,39 @@
+/**
+ * How the gateway starts an engine: the engine-neutral start configuration (passed to the engine executable as its
+ * last argument, one JSON object) and the command that runs it. Any engine that speaks docs/protocol.md — the
+ * llama.cpp engine in src/engine/, the OpenVINO GenAI worker of issue #11, a fake in tests — is started this way.
+ */
+
+/** Start configuration of one engine process. Fields an engine cannot honour make it exit with a `fatal`. */
+export interface EngineConfig {
+  /** `serve` runs the step loop on fd 3; `validate` only loads the model, prints `{ok, metadata}` and exits 0. */
+  mode: "serve" | "validate";
+  /** Model file (GGUF) or directory (an engine that serves directories, e.g. OpenVINO IR). */
+  modelPath: string;
+  /** Sequences decoded together (KV slots). */
+  maxNumSeqs: number;
+  /** Token budget of one step (decode + prefill). */
+  maxNumBatchedTokens: number;
+  /** Capacity of one sequence: prompt + generated tokens. */
+  maxModelLen: number;
+  /** Keep finished requests' KV for prefix reuse. */
+  prefixCaching: boolean;
+  /** CPU threads for the compute backend. */
+  threads: number;
+  /** Flash attention (off keeps greedy output independent of batching on llama.cpp). */
+  flashAttention: boolean;
+  /** KV cache element type for K and V. */
+  kvCacheType: "f16" | "f32" | "q8_0" | "q4_0";
+  /** "cpu" never touches a GPU; "auto" lets the engine pick a GPU backend if one works. */
+  device: "cpu" | "auto";
+  /** 1 for the first engine process of a gateway, then 2, 3, … after restarts (fault injection keys on it). */
+  generation?: number;
+}
+
+/** The executable that runs an engine: `command ...args <EngineConfig JSON>`, channel on fd 3. */
+export interface EngineCommand {
+  command: string;
+  args: string[];
+  /** Extra environment for the engine process (merged over the gateway's). */
+  env?: Record<string, string>;
+}
