@@ -28,7 +28,7 @@ afterAll(async () => {
   await adapter?.dispose();
 });
 
-const greedy = () => adapter.createSampler({ temperature: 0, topP: 1, topK: 0, seed: 1, bannedTokens: [] });
+const greedy = () => adapter.createSampler({ temperature: 0, topP: 1, topK: 0, minP: 0, seed: 1, bias: new Map(), repetitionPenalty: 1 });
 
 /** Greedy-generate `n` tokens for several prompts at once, one batch per step, sampling sequentially. */
 async function generateTogether(prompts: number[][], n: number): Promise<number[][]> {

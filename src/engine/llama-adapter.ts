@@ -37,21 +37,52 @@ export interface LlamaAdapterOptions {
   log?: (level: string, message: string) => void;
 }
 
-/** Sampling configuration of one sequence. */
+/**
+ * Sampling configuration of one sequence. The native chain applies, in this order (llama/addon/AddonSampler.cpp
+ * `rebuildChainIfNeeded`): `bias` (additive) → repetition penalty → then greedy argmax when temperature is 0, else
+ * top-k → top-p → min-p → temperature → seeded draw. Greedy skips top-k/top-p/min-p (they cannot change the argmax).
+ */
 export interface SamplerConfig {
   temperature: number;
   topP: number;
   topK: number;
+  /** Min-p cut relative to the most likely token (0 = off). */
+  minP: number;
   /** Seed for the next token; the engine reseeds per position. */
   seed: number;
-  /** Token ids to ban (logit bias -inf), e.g. end-of-generation tokens under `ignore_eos`. */
-  bannedTokens: number[];
+  /**
+   * Additive logit bias per token id (-Infinity bans: EOG tokens under ignore_eos, EOG and stop tokens before
+   * min_tokens, logit_bias, presence/frequency penalties). Compared by identity: pass the same map while unchanged.
+   */
+  bias: ReadonlyMap<number, number>;
+  /**
+   * Multiplicative repetition penalty (1 = off): a logit l of a token that occurs in the penalty history becomes
+   * l / r when l > 0, else l · r. The history is what `createSampler` was given plus every token sampled with it.
+   */
+  repetitionPenalty: number;
 }
+
+/** Log probabilities at one position from the raw model distribution (see {@link LlamaAdapter.logprobs}). */
+export interface RawLogprobs {
+  token: number;
+  logprob: number;
+  top: { token: number; logprob: number }[];
+}
+
+/** Floor for a probability that underflows float32 (log 0): OpenAI's value for an impossible token. */
+export const MIN_LOGPROB = -9999;
 
 /** Opaque per-sequence sampler. */
 export interface SamplerHandle {
   configure(cfg: SamplerConfig): void;
   dispose(): void;
+}
+
+/** A native sampler and the mirror of its penalty history. */
+interface SamplerState {
+  native: NativeSampler;
+  /** Record a token the native sampler accepted. */
+  accept(token: number): void;
 }
 
 /** One entry of a native batch. */
@@ -68,6 +99,7 @@ interface NativeContext {
   addToBatch(sequenceId: number, firstTokenSequenceIndex: number, tokens: Uint32Array, logitIndexes: Uint32Array): Uint32Array;
   decodeBatch(): Promise<void>;
   sampleToken(batchLogitIndex: number, sampler: NativeSampler): Promise<number>;
+  sampleToken(batchLogitIndex: number, sampler: NativeSampler, probabilities: true): Promise<[token: number, probabilities: number[] | undefined]>;
   disposeSequence(sequenceId: number): void;
   removeTokenCellsFromSequence(sequenceId: number, startPos: number, endPos: number): boolean;
   setThreads(threads: number): void;
@@ -161,7 +193,7 @@ export class LlamaAdapter {
   /** End-of-generation tokens as a set (checked per sampled token without a native call). */
   private readonly eogSet: Set<number>;
   /** Native sampler behind each handle. */
-  private readonly samplers = new WeakMap<SamplerHandle, NativeSampler>();
+  private readonly samplers = new WeakMap<SamplerHandle, SamplerState>();
 
   private constructor(
     private readonly llama: Llama,
@@ -289,36 +321,96 @@ export class LlamaAdapter {
     return this.eogSet.has(token);
   }
 
-  /** Create a sampler for one sequence. */
-  createSampler(cfg: SamplerConfig): SamplerHandle {
+  /**
+   * Create a sampler for one sequence. `history` is the penalty window at creation (prompt + resumed tokens); the
+   * native penalty sampler then accepts every token sampled with this handle (AddonSampler::acceptToken), and the
+   * handle mirrors that history so a reconfiguration passes exactly the tokens the native state holds (applyConfig
+   * keeps the state when they match, and rebuilds it from them otherwise). No penalty: no history is kept.
+   */
+  createSampler(cfg: SamplerConfig, history: readonly number[] = []): SamplerHandle {
     const sampler = new this.native.SamplerClass(this.native.model);
-    let banned: readonly number[] | null = null;
+    let bias: ReadonlyMap<number, number> | null = null;
     let biasKeys = new Uint32Array(0);
     let biasValues = new Float32Array(0);
+    /** Penalty history (prompt + resumed + sampled), grown by doubling; only while a repetition penalty is on. */
+    let penaltyTokens: Uint32Array | null = null;
+    let penaltyLength = 0;
+    const state: SamplerState = {
+      native: sampler,
+      accept: (token) => {
+        if (!penaltyTokens) return;
+        if (penaltyLength === penaltyTokens.length) {
+          const grown = new Uint32Array(penaltyTokens.length * 2 + 16);
+          grown.set(penaltyTokens);
+          penaltyTokens = grown;
+        }
+        penaltyTokens[penaltyLength++] = token;
+      },
+    };
     const handle: SamplerHandle = {
       configure: (c) => {
-        // Sampling with a temperature reconfigures per token (seed per position): build the bias arrays once.
-        if (c.bannedTokens !== banned) {
-          banned = c.bannedTokens;
-          biasKeys = Uint32Array.from(banned);
-          biasValues = Float32Array.from(banned, () => -Infinity);
+        // Sampling with a temperature reconfigures per token (seed per position): rebuild the bias arrays only
+        // when the map changed.
+        if (c.bias !== bias) {
+          bias = c.bias;
+          biasKeys = Uint32Array.from(bias.keys());
+          biasValues = Float32Array.from(bias.values());
+        }
+        if (c.repetitionPenalty !== 1 && penaltyTokens === null) {
+          penaltyTokens = Uint32Array.from(history);
+          penaltyLength = history.length;
         }
         sampler.applyConfig({
           temperature: c.temperature,
           topK: c.topK > 0 ? c.topK : 0,
           topP: c.topP,
-          minP: 0,
+          minP: c.minP,
           seed: c.seed,
           tokenBiasKeys: biasKeys,
           tokenBiasValues: biasValues,
+          ...(c.repetitionPenalty !== 1 && penaltyTokens
+            ? {
+                repeatPenalty: c.repetitionPenalty,
+                // The window must hold every token of the sequence: it never slides (docs/protocol.md §6.4).
+                repeatPenaltyMaxTokens: Math.max(this.options.contextSize, penaltyLength + 1),
+                repeatPenaltyPresencePenalty: 0,
+                repeatPenaltyFrequencyPenalty: 0,
+                repeatPenaltyTokens: penaltyTokens.subarray(0, penaltyLength),
+              }
+            : {}),
         });
       },
       dispose: () => sampler.dispose(),
     };
-    this.samplers.set(handle, sampler);
+    this.samplers.set(handle, state);
     handle.configure(cfg);
     return handle;
   }
+
+  /**
+   * Log probabilities at a batch logit index from the RAW model distribution: a shared greedy sampler without bias
+   * or penalty returns the softmax of the unmodified logits over the whole vocabulary, sorted (sampling copies the
+   * logits into the sampler's own candidate array; the context's logits are not changed, so the request's own
+   * sampler and this call see the same logits, in either order). Costs one native call that transfers the whole
+   * vocabulary (measured 0.3 ms at 1019 tokens; it grows linearly with the vocabulary). Call sequentially.
+   */
+  async logprobs(batchLogitIndex: number, token: number, top: number): Promise<RawLogprobs> {
+    if (this.decoding) throw new Error("logprobs() while a decode is in flight (one native call at a time)");
+    this.rawSampler ??= new this.native.SamplerClass(this.native.model);
+    this.rawSampler.applyConfig({ temperature: 0 });
+    const [argmax, probs] = await this.native.ctx.sampleToken(batchLogitIndex, this.rawSampler, true);
+    if (argmax < 0 || !probs) throw new Error(`no log probabilities at batch logit index ${batchLogitIndex}`);
+    const logprob = (p: number): number => (p > 0 ? Math.max(MIN_LOGPROB, Math.log(p)) : MIN_LOGPROB);
+    const out: RawLogprobs = { token, logprob: MIN_LOGPROB, top: [] };
+    for (let i = 0; i < probs.length; i += 2) {
+      const t = probs[i]!;
+      if (i / 2 < top) out.top.push({ token: t, logprob: logprob(probs[i + 1]!) });
+      if (t === token) out.logprob = logprob(probs[i + 1]!);
+    }
+    return out;
+  }
+  /** Greedy sampler without bias or penalty, shared by every logprobs call (created on first use). */
+  private rawSampler: NativeSampler | null = null;
 
   /**
    * Decode one batch. Returns, per item, the batch logit index of its last token (or -1 without logits).
@@ -348,10 +440,11 @@ export class LlamaAdapter {
 
   /** Sample the next token at a batch logit index. Call sequentially, never in parallel (output_reorder race). */
   async sample(batchLogitIndex: number, handle: SamplerHandle): Promise<number> {
-    const native = this.samplers.get(handle);
-    if (!native) throw new Error("sampler not created by this adapter");
-    const token = await this.native.ctx.sampleToken(batchLogitIndex, native);
+    const state = this.samplers.get(handle);
+    if (!state) throw new Error("sampler not created by this adapter");
+    const token = await this.native.ctx.sampleToken(batchLogitIndex, state.native);
     if (token < 0) throw new Error(`sampling failed at batch logit index ${batchLogitIndex}`);
+    state.accept(token); // the native sampler accepted it too (AddonContextSampleTokenWorker → acceptToken)
     return token;
   }
 
@@ -394,6 +487,8 @@ export class LlamaAdapter {
 
   /** Free the context and model. Only after the last decode settled. */
   async dispose(): Promise<void> {
+    this.rawSampler?.dispose();
+    this.rawSampler = null;
     await this.context.dispose();
     await this.model.dispose();
     await this.llama.dispose();

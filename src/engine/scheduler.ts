@@ -46,6 +46,13 @@ export interface NewSequence {
   maxNewTokens: number | null;
   /** When true, end-of-generation tokens do not finish the request. */
   ignoreEos: boolean;
+  /** Token ids that finish the request with reason "stop" (ignore_eos does not affect them). */
+  stopTokens?: ReadonlySet<number>;
+  /**
+   * Generated tokens, resumed ones included, before an end-of-generation or stop token may finish the request
+   * (the sampler bans them until then; this is the scheduler's half of the rule). Absent = 0.
+   */
+  minTokens?: number;
 }
 
 /** Lifecycle phase of a sequence inside the scheduler. */
@@ -70,6 +77,10 @@ interface Sequence {
   /** See {@link NewSequence.maxNewTokens}. */
   readonly maxNewTokens: number | null;
   readonly ignoreEos: boolean;
+  /** See {@link NewSequence.stopTokens}. */
+  readonly stopTokens: ReadonlySet<number> | null;
+  /** See {@link NewSequence.minTokens}. */
+  readonly minTokens: number;
 }
 
 /** One entry of a planned batch: `tokens` are placed at positions pos, pos+1, … of `slot`. */
@@ -252,6 +263,8 @@ export class Scheduler {
       generated: 0,
       maxNewTokens: req.maxNewTokens,
       ignoreEos: req.ignoreEos,
+      stopTokens: req.stopTokens ?? null,
+      minTokens: req.minTokens ?? 0,
     };
     this.waiting.push(seq);
     this.live.set(req.id, seq);
@@ -325,7 +338,8 @@ export class Scheduler {
 
   /**
    * Record a decoded step: advance each item's processed count and append the sampled tokens; finish requests on
-   * an end-of-generation token, at maxNewTokens, or when the slot is full. Items whose request was aborted in the
+   * an end-of-generation token (unless ignoreEos) or a stop token once minTokens were generated (resumed tokens
+   * count), at maxNewTokens, or when the slot is full. Items whose request was aborted in the
    * meantime are skipped (late events are ignored, never asserted on).
    */
   commit(plan: StepPlan, sampled: Sampled[], isEndOfGeneration: (token: number) => boolean): Outcome {
@@ -341,7 +355,9 @@ export class Scheduler {
       s.tokens.push(token);
       s.generated += 1;
       const base = { id, promptTokens: s.inputLength, completionTokens: s.generated };
-      if (!s.ignoreEos && isEndOfGeneration(token)) this.release(s, { ...base, reason: "stop" }, out);
+      const mayStop = s.inputLength - s.promptLength + s.generated >= s.minTokens;
+      const stops = mayStop && ((!s.ignoreEos && isEndOfGeneration(token)) || s.stopTokens?.has(token) === true);
+      if (stops) this.release(s, { ...base, reason: "stop" }, out);
       else if (s.maxNewTokens !== null && s.generated >= s.maxNewTokens) this.release(s, { ...base, reason: "length" }, out);
       else if (s.tokens.length >= this.config.maxModelLen) this.release(s, { ...base, reason: "length" }, out);
     }

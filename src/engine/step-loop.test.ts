@@ -2,7 +2,7 @@ import { describe, expect, it } from "vitest";
 import fc from "fast-check";
 import type { AddMessage, EngineMessage, RequestErrorMessage, RequestOutput, SamplingParams, StepMessage } from "../protocol/messages.js";
 import { PROTOCOL_VERSION } from "../protocol/messages.js";
-import type { DecodeItem, SamplerConfig, SamplerHandle } from "./llama-adapter.js";
+import type { DecodeItem, RawLogprobs, SamplerConfig, SamplerHandle } from "./llama-adapter.js";
 import type { SchedulerConfig } from "./scheduler.js";
 import { StepLoop, tokenSeed, type ModelBackend } from "./step-loop.js";
 
@@ -34,7 +34,13 @@ class FakeSampler implements SamplerHandle {
   constructor(
     readonly index: number,
     readonly created: SamplerConfig,
+    /** Repetition-penalty history given at creation (prompt + resumed tokens when a penalty is on). */
+    readonly penaltyHistory: readonly number[],
   ) {}
+  /** The configuration in force: the last one applied. */
+  get current(): SamplerConfig {
+    return this.configs.at(-1) ?? this.created;
+  }
   configure(cfg: SamplerConfig): void {
     this.configs.push(structuredClone(cfg));
   }
@@ -63,6 +69,14 @@ class FakeBackend implements ModelBackend {
   decodeInFlight = false;
   /** Per-sampler scripted tokens; the default derives a letter from the sampler's history. */
   script: ((s: FakeSampler, item: DecodeItem) => number) | null = null;
+  /**
+   * Fake model logits at an item's last position: when set, sampling applies the sampler's configuration the way
+   * the native chain does (additive bias, then repetition penalty over creation history + sampled tokens), then
+   * takes the argmax (lowest id on ties) — temperature is ignored.
+   */
+  logits: ((s: FakeSampler, item: DecodeItem) => number[]) | null = null;
+  /** Log-probability calls: [batch logit index, token, top]. */
+  readonly logprobCalls: [number, number, number][] = [];
   /** Items of the last decoded batch, by logit index. */
   private logitItems: DecodeItem[] = [];
 
@@ -76,8 +90,8 @@ class FakeBackend implements ModelBackend {
   isEndOfGeneration(token: number): boolean {
     return this.eogTokens.includes(token);
   }
-  createSampler(cfg: SamplerConfig): SamplerHandle {
-    const s = new FakeSampler(this.samplers.length, structuredClone(cfg));
+  createSampler(cfg: SamplerConfig, history: readonly number[] = []): SamplerHandle {
+    const s = new FakeSampler(this.samplers.length, structuredClone(cfg), [...history]);
     this.samplers.push(s);
     return s;
   }
@@ -110,9 +124,26 @@ class FakeBackend implements ModelBackend {
   async sample(batchLogitIndex: number, sampler: SamplerHandle): Promise<number> {
     const s = sampler as FakeSampler;
     const item = this.logitItems[batchLogitIndex]!;
-    const token = this.script ? this.script(s, item) : 97 + ((s.index * 7 + s.history.length) % 26);
+    const token = this.logits ? this.argmax(s, this.logits(s, item)) : this.script ? this.script(s, item) : 97 + ((s.index * 7 + s.history.length) % 26);
     s.history.push(token);
     return token;
+  }
+  private argmax(s: FakeSampler, raw: number[]): number {
+    const cfg = s.current;
+    const seen = new Set([...s.penaltyHistory, ...s.history]);
+    const l = raw.map((x, t) => {
+      const v = x + (cfg.bias.get(t) ?? 0);
+      if (cfg.repetitionPenalty === 1 || !seen.has(t)) return v;
+      return v > 0 ? v / cfg.repetitionPenalty : v * cfg.repetitionPenalty;
+    });
+    let best = 0;
+    for (let t = 1; t < l.length; t++) if (l[t]! > l[best]!) best = t;
+    return best;
+  }
+  /** Fake raw log probabilities: token t gets -(t + 1) (so the top list is 0, 1, 2, …), tagged by logit index. */
+  async logprobs(batchLogitIndex: number, token: number, top: number): Promise<RawLogprobs> {
+    this.logprobCalls.push([batchLogitIndex, token, top]);
+    return { token, logprob: -(token + 1), top: Array.from({ length: top }, (_, t) => ({ token: t, logprob: -(t + 1) })) };
   }
   clearSequence(slot: number): void {
     this.cleared.push({ slot, duringDecode: this.decodeInFlight });
@@ -439,7 +470,7 @@ describe("StepLoop", () => {
     expect(outs.at(-1)!.finish).toEqual({ reason: "stop", promptTokens: 1, completionTokens: 3 });
   });
 
-  it("ignoreEos passes the EOG tokens as bannedTokens to the sampler config", async () => {
+  it("ignoreEos bans the EOG tokens through the sampler's bias", async () => {
     const t = setup();
     const script = [0x61, EOG, 0x62];
     t.backend.script = (s) => script[s.history.length]!;
@@ -447,11 +478,11 @@ describe("StepLoop", () => {
     t.loop.submit(add("no", "pp", { ignoreEos: false, temperature: 0.8, maxTokens: 3, seed: 7 }));
     await t.drain();
     const [ig, no] = t.backend.samplers;
-    expect(ig!.created.bannedTokens).toEqual([EOG, EOT]);
+    expect([...ig!.created.bias]).toEqual([[EOG, -Infinity], [EOT, -Infinity]]);
     expect(ig!.configs.length).toBe(3);
-    expect(ig!.configs.every((c) => c.bannedTokens.join() === [EOG, EOT].join())).toBe(true);
-    expect(no!.created.bannedTokens).toEqual([]);
-    expect(no!.configs.every((c) => c.bannedTokens.length === 0)).toBe(true);
+    expect(ig!.configs.every((c) => [...c.bias].join() === [[EOG, -Infinity], [EOT, -Infinity]].join())).toBe(true);
+    expect(no!.created.bias.size).toBe(0);
+    expect(no!.configs.every((c) => c.bias.size === 0)).toBe(true);
     // EOG does not finish an ignore_eos request (if the sampler ever returned it), and its text is not emitted.
     expect(t.outputsOf("ig").at(-1)!.finish).toEqual({ reason: "length", promptTokens: 2, completionTokens: 3 });
     expect(t.outputsOf("ig").map((o) => o.text).join("")).toBe("ab");
@@ -467,7 +498,7 @@ describe("StepLoop", () => {
     t.loop.submit(add("g", "pp", { temperature: 0, maxTokens: 3, ignoreEos: true }));
     await t.drain();
     expect(t.backend.samplers[0]!.configs).toEqual([]);
-    expect(t.backend.samplers[0]!.created.bannedTokens).toEqual([EOG, EOT]);
+    expect([...t.backend.samplers[0]!.created.bias.keys()]).toEqual([EOG, EOT]);
   });
 
   it("resumes: generated tokens are prefilled, count towards maxTokens, and their text is not emitted again", async () => {
