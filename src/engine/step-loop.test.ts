@@ -530,3 +530,145 @@ describe("StepLoop", () => {
     expect(t.loop.liveRequests).toBe(0);
   });
 });
+
+describe("StepLoop: the extended sampling set", () => {
+  /** Fake logits where `ranked[0]` is the most likely token, then ranked[1], … (everything else far below). */
+  const ranking = (ranked: number[]): number[] => {
+    const l = new Array<number>(512).fill(-50);
+    ranked.forEach((t, i) => (l[t] = 10 - i));
+    return l;
+  };
+  const textOf = (t: ReturnType<typeof setup>, id: string): string => t.outputsOf(id).map((o) => o.text).join("");
+  const tokensOf = (t: ReturnType<typeof setup>, id: string): number[] => t.outputsOf(id).flatMap((o) => o.tokens);
+
+  it("min_tokens bans EOG and stop tokens until reached, counting resumed tokens, then they end the request", async () => {
+    const t = setup({ maxModelLen: 64 });
+    // The model always prefers EOG, then "x" (a stop token), then "a".
+    t.backend.logits = () => ranking([EOG, 0x78, 0x61]);
+    t.loop.submit(add("m", "p", { maxTokens: 10, minTokens: 3, stopTokenIds: [0x78] }));
+    t.loop.submit(add("r", "p", { maxTokens: 10, minTokens: 3, stopTokenIds: [0x78] }, { generated: [0x61, 0x61] }));
+    t.loop.submit(add("plain", "p", { maxTokens: 10 }));
+    await t.drain();
+    expect(tokensOf(t, "m")).toEqual([0x61, 0x61, 0x61, EOG]);
+    expect(t.outputsOf("m").at(-1)!.finish).toEqual({ reason: "stop", promptTokens: 1, completionTokens: 4 });
+    expect(textOf(t, "m")).toBe("aaa");
+    // Two tokens were generated before the resume: one more before EOG may end it.
+    expect(tokensOf(t, "r")).toEqual([0x61, EOG]);
+    expect(t.outputsOf("r").at(-1)!.finish).toEqual({ reason: "stop", promptTokens: 3, completionTokens: 2 });
+    expect(tokensOf(t, "plain")).toEqual([EOG]);
+    // The bans are lifted once: the sampler is reconfigured when min_tokens is reached, not per token before.
+    const m = t.backend.samplers[0]!;
+    expect([...m.created.bias]).toEqual([[EOG, -Infinity], [EOT, -Infinity], [0x78, -Infinity]]);
+    expect(m.configs.map((c) => c.bias.size)).toEqual([0]);
+  });
+
+  it("stop_token_ids end the request with reason stop; the token is reported without text, also under ignore_eos", async () => {
+    const t = setup({ maxModelLen: 64 });
+    const script = [0x68, 0x69, 0x21, 0x7a];
+    t.backend.script = (s) => script[s.history.length]!;
+    t.loop.submit(add("s", "p", { maxTokens: 10, stopTokenIds: [0x21], ignoreEos: true }));
+    await t.drain();
+    expect(tokensOf(t, "s")).toEqual([0x68, 0x69, 0x21]);
+    expect(textOf(t, "s")).toBe("hi");
+    expect(t.outputsOf("s").at(-1)!.finish).toEqual({ reason: "stop", promptTokens: 1, completionTokens: 3 });
+  });
+
+  it("logit_bias is additive and -100 bans: the biased argmax changes accordingly", async () => {
+    const t = setup({ maxModelLen: 64 });
+    t.backend.logits = () => ranking([0x61, 0x62, 0x63]);
+    t.loop.submit(add("none", "p", { maxTokens: 2 }));
+    t.loop.submit(add("ban", "p", { maxTokens: 2, logitBias: [[0x61, -100]] }));
+    t.loop.submit(add("lift", "p", { maxTokens: 2, logitBias: [[0x63, 2.5]] }));
+    await t.drain();
+    expect(textOf(t, "none")).toBe("aa");
+    expect(textOf(t, "ban")).toBe("bb");
+    expect(textOf(t, "lift")).toBe("cc");
+    expect([...t.backend.samplers[1]!.created.bias]).toEqual([[0x61, -Infinity]]);
+    expect([...t.backend.samplers[2]!.created.bias]).toEqual([[0x63, 2.5]]);
+  });
+
+  it("presence and frequency penalties count generated tokens only (not the prompt) and reconfigure greedy sampling", async () => {
+    const t = setup({ maxModelLen: 64 });
+    t.backend.logits = () => ranking([0x61, 0x62, 0x63]);
+    // The prompt is full of "a": a generated-only penalty leaves the first token alone.
+    t.loop.submit(add("pres", "aaaa", { maxTokens: 4, presencePenalty: 1.5 }));
+    t.loop.submit(add("freq", "aaaa", { maxTokens: 5, frequencyPenalty: 0.6 }));
+    await t.drain();
+    // Presence 1.5, once per used token: a(10) → b (9 > a's 8.5) → a (8.5 > b's 7.5 and c's 8) → a (it does not grow).
+    expect(textOf(t, "pres")).toBe("abaa");
+    // Frequency 0.6 per occurrence: a(10) → a(9.4) → b(9) → a(8.8) → b(8.4)… as the counts grow.
+    const freq = t.backend.samplers[1]!;
+    expect(freq.configs.map((c) => [...c.bias])).toEqual([[[0x61, -0.6]], [[0x61, -0.6 * 2]], [[0x61, -0.6 * 2], [0x62, -0.6]], [[0x61, -0.6 * 3], [0x62, -0.6]]]);
+    expect(textOf(t, "freq")).toBe("aabab");
+  });
+
+  it("repetition penalty covers prompt + resumed tokens: the sampler gets them as its history", async () => {
+    const t = setup({ maxModelLen: 64 });
+    t.backend.logits = () => ranking([0x61, 0x62, 0x63]);
+    t.loop.submit(add("rep", "ab", { maxTokens: 3, repetitionPenalty: 1.25 }, { generated: [0x63] }));
+    t.loop.submit(add("off", "ab", { maxTokens: 3 }));
+    await t.drain();
+    expect(t.backend.samplers[0]!.penaltyHistory).toEqual([0x61, 0x62, 0x63]);
+    expect(t.backend.samplers[0]!.created.repetitionPenalty).toBe(1.25);
+    expect(t.backend.samplers[1]!.penaltyHistory).toEqual([]);
+    // All of a, b, c are penalised equally (10/1.25, 9/1.25, 8/1.25): the order stays, "a" wins.
+    expect(textOf(t, "rep")).toBe("aa");
+  });
+
+  it("a continuation with `generated` samples exactly what the uninterrupted run did, at every resume point", async () => {
+    // Logits that depend on the position, so every token matters; all penalties and bias on.
+    const logitsAt = (pos: number): number[] => {
+      const l = new Array<number>(512).fill(-50);
+      for (let k = 0; k < 6; k++) l[0x61 + ((pos * 5 + k * 3) % 7)] = 6 - k * 0.7;
+      l[EOG] = pos % 4 === 0 ? 6.5 : -50;
+      return l;
+    };
+    const p = { maxTokens: 12, presencePenalty: 0.4, frequencyPenalty: 0.3, repetitionPenalty: 1.2, minTokens: 9, logitBias: [[0x62, 0.5]] as [number, number][] };
+    const run = async (generated: number[]): Promise<number[]> => {
+      const t = setup({ maxModelLen: 64 });
+      t.backend.logits = (_s, item) => logitsAt(item.pos + item.tokens.length);
+      t.loop.submit(add("c", "abcab", p, generated.length > 0 ? { generated } : {}));
+      await t.drain();
+      return [...generated, ...tokensOf(t, "c")];
+    };
+    const full = await run([]);
+    expect(full.length).toBeGreaterThan(9);
+    expect(new Set(full).size).toBeGreaterThan(3);
+    for (let k = 1; k < full.length - 1; k++) expect(await run(full.slice(0, k)), `resumed after ${k}`).toEqual(full);
+  });
+
+  it("logprobs: one entry per token from the backend, at the token's own logit index; none unless asked", async () => {
+    const t = setup({ maxNumSeqs: 2 });
+    t.loop.submit(add("lp", "abc", { maxTokens: 3, logprobs: 2 }));
+    t.loop.submit(add("no", "xy", { maxTokens: 3 }));
+    await t.drain();
+    const outs = t.outputsOf("lp").filter((o) => o.tokens.length > 0);
+    expect(outs).toHaveLength(3);
+    for (const o of outs) {
+      expect(o.logprobs).toEqual([{ token: o.tokens[0], logprob: -(o.tokens[0]! + 1), top: [{ token: 0, logprob: -1 }, { token: 1, logprob: -2 }] }]);
+    }
+    expect(t.outputsOf("no").some((o) => o.logprobs !== undefined)).toBe(false);
+    // Only the request that asked paid a call; its logit index is the one it was sampled at (it is first in each batch).
+    expect(t.backend.logprobCalls.map(([idx, , top]) => [idx, top])).toEqual([[0, 2], [0, 2], [0, 2]]);
+    expect(t.backend.logprobCalls.map(([, tok]) => tok)).toEqual(outs.map((o) => o.tokens[0]));
+  });
+
+  it("refuses params the engine cannot serve with invalid_params: out-of-vocabulary ids, logprobs over the cap or without support", async () => {
+    const t = setup();
+    t.loop.submit(add("bias", "a", { logitBias: [[600, 1]] }));
+    t.loop.submit(add("stop", "a", { stopTokenIds: [512] }));
+    t.loop.submit(add("lp", "a", { logprobs: 21 }));
+    t.loop.submit(add("ok", "a", { logprobs: 20, maxTokens: 1 }));
+    await t.drain();
+    const errs = t.messages.filter((m): m is RequestErrorMessage => m.type === "request_error");
+    expect(errs.map((e) => [e.id, e.code])).toEqual([["bias", "invalid_params"], ["stop", "invalid_params"], ["lp", "invalid_params"]]);
+    expect(t.outputsOf("ok").at(-1)!.logprobs![0]!.top).toHaveLength(20);
+    expect(t.loop.maxTopLogprobs).toBe(20);
+    const bare = setup();
+    Object.assign(bare.backend, { logprobs: undefined });
+    expect(bare.loop.maxTopLogprobs).toBe(-1);
+    bare.loop.submit(add("lp0", "a", { logprobs: 0 }));
+    await bare.loop.step();
+    expect(bare.messages).toEqual([expect.objectContaining({ type: "request_error", id: "lp0", code: "invalid_params" })]);
+  });
+});
