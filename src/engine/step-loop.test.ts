@@ -520,7 +520,8 @@ describe("StepLoop", () => {
     t.loop.submit(add("b", "bb", { maxTokens: 4 }));
     await t.stepOnce();
     // Corrupt the scheduler the way a bug would: a's processed count runs past its tokens.
-    (t.loop.scheduler as unknown as { running: { id: string; processed: number }[] }).running.find((r) => r.id === "a")!.processed = 999;
+    const a = (t.loop.scheduler as unknown as { running: { id: string; status: { processed: number } }[] }).running.find((r) => r.id === "a")!;
+    a.status = { ...a.status, processed: 999 };
     await t.drain();
     expect(t.violations.length).toBeGreaterThan(0);
     const finA = t.outputsOf("a").at(-1)!.finish!;
