@@ -67,7 +67,8 @@ describe("extended sampling on the real engine", () => {
   });
 
   it("logprobs are the raw distribution: greedy picks top[0], its logprob equals top[0]'s, top is sorted, mass ≤ 1", async () => {
-    const r = await generate({ logprobs: 5 });
+    // ignore_eos off: no bias at all, so greedy takes the raw top token.
+    const r = await generate({ logprobs: 5, ignoreEos: false });
     expect(r.logprobs).toHaveLength(r.tokens.length);
     r.logprobs.forEach((lp: PositionLogprobs, i) => {
       expect(lp.token).toBe(r.tokens[i]);
@@ -80,13 +81,13 @@ describe("extended sampling on the real engine", () => {
       expect(lp.logprob).toBeGreaterThan(MIN_LOGPROB);
     });
     // Asking for logprobs does not change what is sampled.
-    expect((await generate({})).tokens).toEqual(r.tokens);
+    expect((await generate({ ignoreEos: false })).tokens).toEqual(r.tokens);
   });
 
   it("logprobs are taken before penalties and bias: a banned greedy token still shows its raw rank", async () => {
-    const plain = await generate({ maxTokens: 1, logprobs: 2 });
+    const plain = await generate({ maxTokens: 1, logprobs: 2, ignoreEos: false });
     const first = plain.tokens[0]!;
-    const banned = await generate({ maxTokens: 1, logprobs: 2, logitBias: [[first, -100]] });
+    const banned = await generate({ maxTokens: 1, logprobs: 2, ignoreEos: false, logitBias: [[first, -100]] });
     // Greedy without the banned token takes the raw runner-up...
     const runnerUp = plain.logprobs[0]!.top[1]!;
     expect(banned.tokens[0]).toBe(runnerUp.token);

@@ -158,7 +158,8 @@ export function defineEngineConformance(name: string, start: () => EngineLaunch 
 
     it("ready: protocol version, pid, model metadata, limits and capabilities", () => {
       expect(ready.v).toBe(PROTOCOL_VERSION);
-      expect(ready.pid).toBe(engine.child.pid);
+      // The engine's own pid (a launcher such as a shell or `uv run` may sit between us and it).
+      expect(Number.isInteger(ready.pid) && ready.pid > 0).toBe(true);
       expect(typeof ready.engine).toBe("string");
       expect(ready.model.vocabSize).toBeGreaterThan(0);
       expect(ready.model.trainContextSize).toBeGreaterThan(0);
@@ -334,7 +335,8 @@ export function defineEngineConformance(name: string, start: () => EngineLaunch 
       const max = ready.capabilities.maxTopLogprobs;
       const id = nextId("logprobs");
       const n = Math.min(3, Math.max(0, max));
-      add(id, "how likely is this", { maxTokens: 5, logprobs: n });
+      // No bias of any kind (ignore_eos would ban EOG): greedy then takes the raw distribution's top token.
+      add(id, "how likely is this", { maxTokens: 5, logprobs: n, ignoreEos: false });
       if (max < 0) {
         expect((await engine.refused(id)).code).toBe("invalid_params");
         return;
