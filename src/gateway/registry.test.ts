@@ -3,7 +3,7 @@ import type { AddMessage, FinishInfo, RequestOutput, SamplingParams, StepMessage
 import { PROTOCOL_VERSION } from "../protocol/messages.js";
 import { KeelHttpError } from "./errors.js";
 import type { FinishReason } from "./lifecycle.js";
-import { RequestRegistry, type RegistryObserver, type RequestSink, type Usage } from "./registry.js";
+import { FORGIVE_AFTER_TOKENS, RequestRegistry, type RegistryObserver, type RequestSink, type Usage } from "./registry.js";
 
 type Sent = AddMessage | { v: number; type: "abort"; ids: string[] };
 
@@ -333,4 +333,115 @@ describe("culprit isolation by bisection (simulated engine)", () => {
       });
     }
   }
+});
+
+describe("engine deaths (state model: recovering, blame, forgiveness)", () => {
+  /** A registry whose observer records resumes and finishes. */
+  function tracked() {
+    const sent: Sent[] = [];
+    const resumed: { id: string; generated: number; deaths: number }[] = [];
+    const finished: { id: string; reason: FinishReason; phase: string | null; code?: string }[] = [];
+    const reg = new RequestRegistry(
+      (m) => {
+        sent.push(structuredClone(m));
+        return true;
+      },
+      {
+        onResumed: (id, g, deaths) => resumed.push({ id, generated: g, deaths }),
+        onFinished: (id, reason, _u, info) => finished.push({ id, reason, phase: info.phase, ...(info.errorCode ? { code: info.errorCode } : {}) }),
+      },
+    );
+    return { reg, sent, resumed, finished };
+  }
+  const adds = (sent: Sent[]) => sent.filter((m): m is AddMessage => m.type === "add");
+
+  it("requests in prefill and decode are kept across a death and resumed with their prompt and generated tokens", () => {
+    const t = tracked();
+    const p = sink();
+    const d = sink();
+    t.reg.submit("p", { text: "p" }, params, p);
+    t.reg.submit("d", { text: "d" }, params, d);
+    t.reg.handleStep(step(out("p", { admitted: { promptTokens: [1, 2], cachedTokens: 0 } }), out("d", { admitted: { promptTokens: [3], cachedTokens: 0 }, tokens: [7, 8], text: "xy" })));
+    expect([t.reg.phase("p"), t.reg.phase("d")]).toEqual(["prefill", "decode"]);
+    t.reg.handleEngineDeath("SIGABRT");
+    expect(t.reg.size).toBe(2);
+    expect(t.reg.recoveringCount).toBe(2);
+    expect([t.reg.phase("p"), t.reg.phase("d")]).toEqual(["prefill", "decode"]);
+    t.sent.length = 0;
+    t.reg.resumeRecovering();
+    const resent = adds(t.sent);
+    expect(resent.map((m) => [m.id, m.prompt, m.generated ?? null])).toEqual([
+      ["p", { tokens: [1, 2] }, null],
+      ["d", { tokens: [3] }, [7, 8]],
+    ]);
+    expect(t.reg.recoveringCount).toBe(0);
+    // Both finish normally on the new engine; nobody's sink saw an error.
+    t.reg.handleStep(step(out("p", { tokens: [5], text: "a", finish: fin("stop", 2, 1) }), out("d", { tokens: [9], text: "z", finish: fin("length", 1, 1) })));
+    expect(p.log.finishes.map((f) => f.reason)).toEqual(["stop"]);
+    expect(d.log.finishes.map((f) => [f.reason, f.usage.completionTokens])).toEqual([["length", 3]]);
+    expect(t.reg.size).toBe(0);
+  });
+
+  it("a cancel while recovering releases the request at once: no abort, never resubmitted, finished as abort", () => {
+    const t = tracked();
+    const s = sink();
+    t.reg.submit("a", { text: "a" }, params, s);
+    t.reg.handleStep(step(out("a", { admitted: { promptTokens: [1], cachedTokens: 0 }, tokens: [4], text: "x" })));
+    t.reg.handleEngineDeath("SIGABRT");
+    t.sent.length = 0;
+    t.reg.cancel("a", "client_disconnect");
+    expect(t.reg.size).toBe(0);
+    expect(t.reg.recoveringCount).toBe(0);
+    expect(t.finished).toEqual([{ id: "a", reason: "abort", phase: "decode" }]);
+    t.reg.resumeRecovering();
+    expect(t.sent).toEqual([]);
+    expect(s.log.finishes).toEqual([]); // the gateway itself ended it: the sink is not called
+  });
+
+  it("a request cancelling when the engine dies is released by the death, as its cause says", () => {
+    const t = tracked();
+    t.reg.submit("a", { text: "a" }, params, sink());
+    t.reg.cancel("a", "stop_string");
+    t.reg.handleEngineDeath("SIGABRT");
+    expect(t.reg.size).toBe(0);
+    expect(t.finished).toEqual([{ id: "a", reason: "stop", phase: "queued" }]);
+  });
+
+  /** Kill the engine under `id`, resume it, and let it generate `tokens` tokens on the new engine. */
+  function dieAndProgress(t: ReturnType<typeof tracked>, id: string, tokens: number, blame = true): void {
+    t.reg.handleEngineDeath("SIGABRT", { blame });
+    t.reg.resumeRecovering();
+    t.reg.handleStep(step(out(id, { admitted: { promptTokens: [1], cachedTokens: 0 } })));
+    for (let i = 0; i < tokens; i++) t.reg.handleStep(step(out(id, { tokens: [10 + i], text: "t" })));
+  }
+
+  it("progress forgives earlier deaths: a request making FORGIVE_AFTER_TOKENS tokens between deaths is never isolated", () => {
+    const t = tracked();
+    const s = sink();
+    t.reg.submit("a", { text: "a" }, params, s);
+    for (let i = 0; i < 5; i++) dieAndProgress(t, "a", FORGIVE_AFTER_TOKENS);
+    expect(t.resumed.map((r) => r.deaths)).toEqual([1, 1, 1, 1, 1]);
+    expect(s.log.finishes).toEqual([]);
+    expect(t.reg.phase("a")).toBe("decode");
+  });
+
+  it("without enough progress deaths add up and a lone request is isolated with engine_fault", () => {
+    const t = tracked();
+    const s = sink();
+    t.reg.submit("a", { text: "a" }, params, s);
+    for (let i = 0; i < 4 && t.reg.size > 0; i++) dieAndProgress(t, "a", FORGIVE_AFTER_TOKENS - 1);
+    expect(t.resumed.map((r) => r.deaths)).toEqual([1, 2]);
+    expect(s.log.finishes.map((f) => [f.reason, f.error?.code, f.error?.httpError?.status])).toEqual([["error", "engine_fault", 500]]);
+    expect(t.reg.size).toBe(0);
+  });
+
+  it("deaths nobody could cause (blame: false) never count: a request survives any number of them", () => {
+    const t = tracked();
+    const s = sink();
+    t.reg.submit("a", { text: "a" }, params, s);
+    for (let i = 0; i < 6; i++) dieAndProgress(t, "a", 0, false);
+    expect(t.resumed.map((r) => r.deaths)).toEqual([0, 0, 0, 0, 0, 0]);
+    expect(s.log.finishes).toEqual([]);
+    expect(t.reg.size).toBe(1);
+  });
 });
