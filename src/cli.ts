@@ -86,7 +86,8 @@ export function parseServeFlags(argv: string[]): Record<string, unknown> {
   for (const t of parsed.tokens ?? []) {
     if (t.kind !== "option") continue;
     if (!known.has(t.name)) unknown.push(t.rawName);
-    else if (t.name !== "help" && t.value === undefined) valueless.push(t.rawName);
+    // A value that is itself a flag (`--rest_port --max_num_seqs 4`) means the value was forgotten.
+    else if (t.name !== "help" && (t.value === undefined || (!t.inlineValue && t.value.startsWith("--")))) valueless.push(t.rawName);
   }
   if (unknown.length > 0) throw new Error(`unknown flag${unknown.length > 1 ? "s" : ""} ${[...new Set(unknown)].join(", ")}`);
   if (valueless.length > 0) throw new Error(`flag${valueless.length > 1 ? "s" : ""} ${valueless.join(", ")} need${valueless.length > 1 ? "" : "s"} a value`);

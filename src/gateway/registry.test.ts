@@ -127,7 +127,32 @@ describe("RequestRegistry", () => {
     const s = sink();
     t.reg.submit("a", { text: "hi" }, params, s);
     t.reg.handleStep(step(out("a", { admitted: { promptTokens: [1, 2], cachedTokens: 0 }, finish: fin("error", 2, 0, { code: "engine_error", message: "decode failed" }) })));
-    expect(s.log.finishes).toEqual([{ reason: "error", usage: { promptTokens: 2, completionTokens: 0 }, error: { code: "engine_error", message: "decode failed" } }]);
+    expect(s.log.finishes.map((f) => [f.reason, f.usage, f.error?.code, f.error?.message])).toEqual([["error", { promptTokens: 2, completionTokens: 0 }, "engine_error", "decode failed"]]);
+    // The engine's code is mapped to HTTP once, in errors.ts: an engine failure is a 500 engine_error.
+    expect([s.log.finishes[0]!.error?.httpError?.status, s.log.finishes[0]!.error?.httpError?.code]).toEqual([500, "engine_error"]);
+  });
+
+  it("engine error codes map to HTTP once: refusals are 4xx (onRefused), failures and unknown codes 500 engine_error", () => {
+    const cases: [string, number, string, boolean][] = [
+      ["context_length_exceeded", 400, "context_length_exceeded", true],
+      ["invalid_prompt", 400, "invalid_prompt", true],
+      ["invalid_params", 400, "invalid_params", true],
+      ["duplicate_id", 409, "duplicate_id", true],
+      ["engine_error", 500, "engine_error", false],
+      ["invariant_violation", 500, "engine_error", false],
+      ["made_up_by_an_engine", 500, "engine_error", false],
+    ];
+    for (const [code, status, httpCode, refused] of cases) {
+      const refusals: string[] = [];
+      const finished: string[] = [];
+      const reg = new RequestRegistry(() => true, { onRefused: (id) => refusals.push(id), onFinished: (id) => finished.push(id) });
+      const s = sink();
+      reg.submit("a", { text: "x" }, params, s);
+      reg.handleRequestError({ v: PROTOCOL_VERSION, type: "request_error", id: "a", code: code as "engine_error", message: `m ${code}` });
+      const e = s.log.finishes[0]!.error!;
+      expect([code, e.httpError?.status, e.httpError?.code]).toEqual([code, status, httpCode]);
+      expect([refusals.length, finished.length]).toEqual(refused ? [1, 0] : [0, 1]);
+    }
   });
 
   it("cancel sends exactly one abort, keeps the request until the engine's finish, and silences the sink", () => {

@@ -7,7 +7,7 @@
 import type { AddMessage, RequestErrorMessage, SamplingParams, StepMessage } from "../protocol/messages.js";
 import { PROTOCOL_VERSION } from "../protocol/messages.js";
 import * as lc from "./lifecycle.js";
-import { engineError, engineFault, engineRefusal, shuttingDown, type KeelHttpError } from "./errors.js";
+import { engineErrorToHttp, engineFault, shuttingDown, type KeelHttpError } from "./errors.js";
 /** Token counts of a request (tokens). */
 export interface Usage {
   promptTokens: number;
@@ -229,22 +229,18 @@ export class RequestRegistry {
     }
     if (o.finish) {
       const usage = { promptTokens: e.promptTokens.length > 0 ? e.promptTokens.length : o.finish.promptTokens, completionTokens: e.generated.length };
-      this.end(e, o.finish.reason, usage, o.finish.error, o.finish.stepsAfterAbort);
+      const error = o.finish.error ? { ...o.finish.error, httpError: engineErrorToHttp(o.finish.error.code, o.finish.error.message) } : undefined;
+      this.end(e, o.finish.reason, usage, error, o.finish.stepsAfterAbort);
     }
   }
 
-  /** The engine refused an add. */
+  /** The engine refused an add. Its code maps to HTTP once (errors.ts engineErrorToHttp). */
   handleRequestError(msg: RequestErrorMessage): void {
     const e = this.live.get(msg.id);
     if (!e) return;
-    const usage = { promptTokens: 0, completionTokens: 0 };
-    if (msg.code === "engine_error") {
-      // The engine failed to take the request (e.g. no sampler): an engine failure, answered with a 500.
-      this.end(e, "error", usage, { code: msg.code, message: msg.message, httpError: engineError(msg.message) });
-      return;
-    }
-    // The engine refused a bad request (e.g. context length): a client error (400), not a finished request.
-    this.end(e, "error", usage, { code: msg.code, message: msg.message, httpError: engineRefusal(msg.code, msg.message) }, undefined, true);
+    const httpError = engineErrorToHttp(msg.code, msg.message);
+    // A 4xx is a refusal of a bad request (e.g. context length), not a finished request; a 5xx is an engine failure.
+    this.end(e, "error", { promptTokens: 0, completionTokens: 0 }, { code: httpError.code, message: msg.message, httpError }, undefined, httpError.status < 500);
   }
 
   /**
