@@ -157,6 +157,23 @@ describe("deaths from outside are nobody's fault", () => {
   });
 });
 
+describe("503 while the engine restarts", () => {
+  it("from the moment of an engine death the 503 says the engine is restarting, never that the model is still loading", async () => {
+    server = await startServer();
+    const s = server;
+    process.kill(s.enginePid(), "SIGKILL");
+    // The first 503 readiness answer after the death (the restart backoff runs before a new engine is spawned).
+    let ready = await get(s.baseUrl, "/v2/health/ready");
+    for (let i = 0; i < 2000 && ready.status === 200; i++) ready = await get(s.baseUrl, "/v2/health/ready");
+    expect(ready.status).toBe(503);
+    expect((JSON.parse(ready.body) as { error: { code: string } }).error.code).toBe("engine_restarting");
+    const r = await chat(s.baseUrl, body(PROMPTS[0]!, { max_tokens: 4 }));
+    if (r.status === 503) expect((r.body as { error: { code: string } }).error.code).toBe("engine_restarting");
+    else expect(r.done).toBe(true); // the new engine was already up: served
+    await waitForReady(s.baseUrl);
+  });
+});
+
 describe("culprit isolation", () => {
   it("a request that crashes the engine whenever it is scheduled fails alone with engine_fault; the other 7 are identical", async () => {
     server = await startServer(["--max_num_seqs", "8"], { KEEL_FAULT_INJECTION: JSON.stringify({ crashOnPrompt: "POISON" }) });
