@@ -78,6 +78,29 @@ export interface Gateway {
 
 const utf8 = new TextDecoder("utf-8", { fatal: true });
 
+/** Most bytes of a too-large body read and discarded before the 413 is sent anyway. */
+const MAX_DISCARDED_BODY_BYTES = 64 * 1024 * 1024;
+
+/** Read and drop the rest of a request body; resolves at its end, when the client goes, or after `maxBytes`. */
+function discardBody(body: http.IncomingMessage, maxBytes: number): Promise<void> {
+  return new Promise((resolve) => {
+    let seen = 0;
+    const done = (): void => {
+      body.off("data", onData);
+      resolve();
+    };
+    const onData = (chunk: Buffer): void => {
+      seen += chunk.length;
+      if (seen > maxBytes) done();
+    };
+    body.on("data", onData);
+    body.once("end", done);
+    body.once("close", done);
+    body.once("error", done);
+    body.resume();
+  });
+}
+
 /** Build and start the gateway (HTTP listening, engine spawned). */
 export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
   const log = pino({ level: opts.logLevel, base: { component: "gateway", pid: process.pid } });
@@ -161,13 +184,13 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     // A 503 (loading, restarting, draining) is the server saying "not now", not a failure: info, with the id.
     if (e.status === 503) log.info({ event: "unavailable", requestId: req.id, url: req.url, code: e.code }, "request refused: server unavailable");
     else if (e.status >= 500) log.error({ event: "request_error", requestId: req.id, url: req.url, err: err instanceof Error ? err.message : String(err) }, "request failed");
-    if (e.status === 413) {
-      // The client may still be sending the rest of a body that is too large: read and discard it (bounded by the
-      // request timeout), and close the connection once the answer is out, so it reads a 413, not a broken pipe.
-      void reply.header("connection", "close");
-      req.raw.resume();
+    if (e.status === 413 && !req.raw.complete) {
+      // The client is still sending a body that is too large. Answering now and closing (Fastify's way) makes its
+      // writes fail with EPIPE before it reads the answer: read and discard the rest first (bounded in bytes here and
+      // in time by --request_timeout), then answer 413 and close.
+      return discardBody(req.raw, MAX_DISCARDED_BODY_BYTES).then(() => reply.header("connection", "close").status(413).send(toErrorBody(e)));
     }
-    void reply.status(e.status).send(toErrorBody(e));
+    return reply.status(e.status).send(toErrorBody(e));
   });
   app.setNotFoundHandler((req, reply) => {
     void reply.status(404).send(toErrorBody(routeNotFound(req.method, req.url)));
