@@ -470,3 +470,18 @@ describe("engine deaths (state model: recovering, blame, forgiveness)", () => {
     expect(t.reg.size).toBe(1);
   });
 });
+
+describe("queue time", () => {
+  it("is the engine's measure of the wait before admission when it reports one (not up to the first prefill chunk's output)", () => {
+    const queued: number[] = [];
+    const reg = new RequestRegistry(() => true, { onAdmitted: (_id, _n, info) => queued.push(info.queueMs) });
+    reg.submit("a", { text: "a" }, params, sink());
+    reg.submit("b", { text: "b" }, params, sink());
+    reg.handleStep(step(out("a", { admitted: { promptTokens: [1], cachedTokens: 0, queueMs: 3 } })));
+    reg.handleStep(step(out("b", { admitted: { promptTokens: [1], cachedTokens: 0 } })));
+    expect(queued[0]).toBe(3);
+    // Without the engine's measure: from acceptance to the step output (non-negative, small in a unit test).
+    expect(queued[1]).toBeGreaterThanOrEqual(0);
+    expect(queued).toHaveLength(2);
+  });
+});

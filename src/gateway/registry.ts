@@ -209,7 +209,10 @@ export class RequestRegistry {
         // Timings are reported once per request: a resumed request is admitted again but queued only once.
         if (e.admittedAt === null) {
           e.admittedAt = now;
-          this.observer.onAdmitted?.(e.id, e.promptTokens.length, { queueMs: now - e.acceptedAt, cachedTokens: o.admitted.cachedTokens });
+          // Queue time ends at admission, not after the first prefill chunk: the engine's own measure when it sends
+          // one (the add left the gateway at acceptance), else up to this step's output.
+          const queueMs = o.admitted.queueMs ?? now - e.acceptedAt;
+          this.observer.onAdmitted?.(e.id, e.promptTokens.length, { queueMs, cachedTokens: o.admitted.cachedTokens });
         }
         e.sink.onAdmitted();
       }
