@@ -8,7 +8,8 @@ import os from "node:os";
 import path from "node:path";
 import { describe, expect, it } from "vitest";
 import { buildTinyModel } from "../../src/model/tiny-model.js";
-import { ROOT } from "../support/server.js";
+import { chat } from "../support/chat-client.js";
+import { metrics, ROOT, startServer } from "../support/server.js";
 
 const keel = (...args: string[]) =>
   spawnSync(process.execPath, [path.join(ROOT, "bin", "keel.mjs"), ...args], { cwd: ROOT, encoding: "utf8", timeout: 60_000 });
@@ -149,3 +150,22 @@ describe("keel serve flags", () => {
     }
   });
 });
+
+describe("--deterministic", () => {
+  it("turns prefix reuse off (no cache hits on a repeated prompt), says so at start, and repeats the same text", async () => {
+    const server = await startServer(["--deterministic", "true"]);
+    try {
+      const body = { model: "keel-tiny", messages: [{ role: "user", content: "the same request twice, please" }], temperature: 0.8, seed: 7, max_tokens: 24, stream: true };
+      const first = await chat(server.baseUrl, body);
+      const second = await chat(server.baseUrl, body);
+      expect(first.done && second.done).toBe(true);
+      expect(second.text).toBe(first.text);
+      expect((await metrics(server.baseUrl)).get("keel_prefix_cache_hit_tokens_total")).toBe(0);
+      const started = server.logs.map((l) => JSON.parse(l) as { event?: string; prefixCaching?: boolean }).filter((l) => l.event === "deterministic");
+      expect(started).toEqual([expect.objectContaining({ event: "deterministic", prefixCaching: false })]);
+    } finally {
+      await server.stop();
+    }
+  });
+});
+
