@@ -482,6 +482,102 @@ describe("queue time", () => {
     expect(queued[0]).toBe(3);
     // Without the engine's measure: from acceptance to the step output (non-negative, small in a unit test).
     expect(queued[1]).toBeGreaterThanOrEqual(0);
+    expect(queued[1]).toBeLessThan(10_000);
     expect(queued).toHaveLength(2);
   });
 });
+
+describe("registry bookkeeping (mutation-testing gaps)", () => {
+  it("endAll ends every live request with a 503 shutting_down and one abort each; requests already cancelling are left alone", () => {
+    const t = setup();
+    const live = sink();
+    const leaving = sink();
+    t.reg.submit("live", { text: "a" }, params, live);
+    t.reg.submit("leaving", { text: "b" }, params, leaving);
+    t.reg.cancel("leaving", "client_disconnect");
+    t.sent.length = 0;
+    expect(t.reg.endAll("bye")).toBe(1);
+    expect(live.log.finishes.map((f) => [f.reason, f.error?.code, f.error?.message, f.error?.httpError?.status])).toEqual([["error", "shutting_down", "bye", 503]]);
+    expect(leaving.log.finishes).toEqual([]);
+    expect(t.sent).toEqual([{ v: PROTOCOL_VERSION, type: "abort", ids: ["live"] }]);
+    expect(t.events).toContain("cancel live queued shutdown");
+  });
+
+  it("abort latency: the engine's stepsAfterAbort when reported, else the gateway's step count since the cancel", () => {
+    let current = 5;
+    const latencies: (number | undefined)[] = [];
+    const reg = new RequestRegistry(() => true, { onFinished: (_id, _r, _u, info) => latencies.push(info.abortLatencySteps) }, () => current);
+    reg.submit("a", { text: "a" }, params, sink());
+    reg.submit("b", { text: "b" }, params, sink());
+    reg.submit("c", { text: "c" }, params, sink());
+    reg.cancel("a", "client_disconnect");
+    reg.cancel("b", "client_disconnect");
+    current = 8;
+    reg.handleStep(step(out("a", { finish: fin("abort") })));
+    reg.handleStep(step(out("b", { finish: { ...fin("abort"), stepsAfterAbort: 1 } })));
+    reg.handleStep(step(out("c", { finish: fin("stop") })));
+    expect(latencies).toEqual([3, 1, undefined]);
+  });
+
+  it("usage falls back to the engine's prompt count for a request that finished without an admission output", () => {
+    const t = setup();
+    const s = sink();
+    t.reg.submit("a", { text: "a" }, params, s);
+    t.reg.handleStep(step(out("a", { finish: fin("length", 7, 0) })));
+    expect(s.log.finishes[0]!.usage).toEqual({ promptTokens: 7, completionTokens: 0 });
+  });
+
+  it("time to first token once, then inter-token latency per later output with its token count", () => {
+    const first: number[] = [];
+    const later: [number, number][] = [];
+    const reg = new RequestRegistry(() => true, { onFirstToken: (_id, ms) => first.push(ms), onTokens: (_id, n, itl) => later.push([n, itl]) });
+    reg.submit("a", { text: "a" }, params, sink());
+    reg.handleStep(step(out("a", { admitted: { promptTokens: [1], cachedTokens: 0 } })));
+    reg.handleStep(step(out("a", { tokens: [5], text: "x" })));
+    reg.handleStep(step(out("a", { tokens: [6, 7], text: "yz" })));
+    reg.handleStep(step(out("a", { tokens: [], text: "" })));
+    expect(first).toHaveLength(1);
+    expect(first[0]).toBeGreaterThanOrEqual(0);
+    expect(first[0]).toBeLessThan(10_000);
+    expect(later.map(([n]) => n)).toEqual([2]);
+    expect(later[0]![1]).toBeGreaterThanOrEqual(0);
+    expect(later[0]![1]).toBeLessThan(10_000);
+  });
+
+  it("a request that dies before admission is resubmitted with its original prompt text", () => {
+    const t = setup();
+    t.reg.submit("q", { text: "the prompt" }, params, sink());
+    t.reg.handleEngineDeath("SIGABRT");
+    t.sent.length = 0;
+    t.reg.resumeRecovering();
+    expect(t.sent).toEqual([{ v: PROTOCOL_VERSION, type: "add", id: "q", prompt: { text: "the prompt" }, params }]);
+  });
+
+  it("a resubmission the engine cannot take (no engine connected) leaves the request recovering for the next ready", () => {
+    const t = setup();
+    t.reg.submit("q", { text: "p" }, params, sink());
+    t.reg.handleEngineDeath("SIGABRT");
+    t.setAccept(false);
+    t.reg.resumeRecovering();
+    expect(t.reg.recoveringCount).toBe(1);
+    t.setAccept(true);
+    t.reg.resumeRecovering();
+    expect(t.reg.recoveringCount).toBe(0);
+    expect(t.reg.phase("q")).toBe("queued");
+  });
+
+  it("an internal error on a cancelling request does not call its sink again", () => {
+    const t = setup();
+    const s = sink();
+    s.onOutput = () => {
+      throw new Error("boom");
+    };
+    t.reg.submit("a", { text: "a" }, params, s);
+    t.reg.cancel("a", "client_disconnect");
+    // The output is not forwarded to a cancelling request, so nothing throws and nothing is reported.
+    t.reg.handleStep(step(out("a", { tokens: [1], text: "x" })));
+    expect(s.log.finishes).toEqual([]);
+    expect(t.events.filter((e) => e.startsWith("internal"))).toEqual([]);
+  });
+});
+
