@@ -247,7 +247,6 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
   supervisor.start();
   log.info({ event: "listening", address: app.server.address() }, "gateway listening");
 
-
   /** Stop the engine, drop connections that never sent a request, close the HTTP server. */
   async function shutDown(): Promise<void> {
     closing = true;
