@@ -81,22 +81,25 @@ const utf8 = new TextDecoder("utf-8", { fatal: true });
 /** Most bytes of a too-large body read and discarded before the 413 is sent anyway. */
 const MAX_DISCARDED_BODY_BYTES = 64 * 1024 * 1024;
 
-/** Read and drop the rest of a request body; resolves at its end, when the client goes, or after `maxBytes`. */
-function discardBody(body: http.IncomingMessage, maxBytes: number): Promise<void> {
+/**
+ * Read and drop the rest of a request body; resolves at its end or when the client goes (false), or once more than
+ * `maxBytes` were dropped (true).
+ */
+function discardBody(body: http.IncomingMessage, maxBytes: number): Promise<boolean> {
   return new Promise((resolve) => {
     let seen = 0;
-    const done = (): void => {
+    const done = (exceeded = false): void => {
       body.off("data", onData);
-      resolve();
+      resolve(exceeded);
     };
     const onData = (chunk: Buffer): void => {
       seen += chunk.length;
-      if (seen > maxBytes) done();
+      if (seen > maxBytes) done(true);
     };
     body.on("data", onData);
-    body.once("end", done);
-    body.once("close", done);
-    body.once("error", done);
+    body.once("end", () => done());
+    body.once("close", () => done());
+    body.once("error", () => done());
     body.resume();
   });
 }
@@ -185,10 +188,12 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     if (e.status === 503) log.info({ event: "unavailable", requestId: req.id, url: req.url, code: e.code }, "request refused: server unavailable");
     else if (e.status >= 500) log.error({ event: "request_error", requestId: req.id, url: req.url, err: err instanceof Error ? err.message : String(err) }, "request failed");
     if (e.status === 413 && !req.raw.complete) {
-      // The client is still sending a body that is too large. Answering now and closing (Fastify's way) makes its
-      // writes fail with EPIPE before it reads the answer: read and discard the rest first (bounded in bytes here and
-      // in time by --request_timeout), then answer 413 and close.
-      return discardBody(req.raw, MAX_DISCARDED_BODY_BYTES).then(() => reply.header("connection", "close").status(413).send(toErrorBody(e)));
+      // The client may still be sending a body that is too large. Answering and closing at once (Fastify's way) makes
+      // its writes fail with EPIPE before it reads the answer. So answer at once but keep the connection, and read and
+      // discard the rest of the body (bounded in bytes here and in time by --request_timeout); a client sending
+      // more than the bound is cut off.
+      reply.removeHeader("connection");
+      void discardBody(req.raw, MAX_DISCARDED_BODY_BYTES).then((exceeded) => exceeded && req.raw.socket.destroy());
     }
     return reply.status(e.status).send(toErrorBody(e));
   });
