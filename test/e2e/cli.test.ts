@@ -169,3 +169,28 @@ describe("--deterministic", () => {
   });
 });
 
+
+describe("KEEL_ENGINE_COMMAND", () => {
+  it("starts the engine (and the model check) through the configured command, arguments and environment", async () => {
+    const command = { command: process.execPath, args: ["--max-old-space-size=1536", "dist/engine/main.js"], env: { KEEL_ENGINE_MARK: "custom-command" } };
+    const server = await startServer([], { KEEL_ENGINE_COMMAND: JSON.stringify(command) });
+    try {
+      const pid = server.enginePid();
+      const argv = fs.readFileSync(`/proc/${pid}/cmdline`, "utf8").split("\0");
+      expect(argv.slice(1, 3)).toEqual(["--max-old-space-size=1536", "dist/engine/main.js"]);
+      const config = JSON.parse(argv[3]!) as { mode: string; maxNumSeqs: number; device: string };
+      expect([config.mode, config.maxNumSeqs, config.device]).toEqual(["serve", 8, "cpu"]);
+      expect(fs.readFileSync(`/proc/${pid}/environ`, "utf8").split("\0")).toContain("KEEL_ENGINE_MARK=custom-command");
+      const r = await chat(server.baseUrl, { model: "keel-tiny", messages: [{ role: "user", content: "hi" }], max_tokens: 2 });
+      expect(r.status).toBe(200);
+    } finally {
+      await server.stop();
+    }
+  });
+
+  it("a KEEL_ENGINE_COMMAND that is not an engine command is refused with exit 2", () => {
+    const r = spawnSync(process.execPath, [path.join(ROOT, "bin", "keel.mjs"), "serve", "--rest_port", "0"], { cwd: ROOT, encoding: "utf8", timeout: 60_000, env: { ...process.env, KEEL_ENGINE_COMMAND: '{"command":42}' } });
+    expect(r.status).toBe(2);
+    expect(r.stderr).toContain("KEEL_ENGINE_COMMAND must be JSON like");
+  });
+});
