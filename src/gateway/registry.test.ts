@@ -581,3 +581,84 @@ describe("registry bookkeeping (mutation-testing gaps)", () => {
   });
 });
 
+
+describe("bisection bookkeeping", () => {
+  function tracked() {
+    const adds: string[] = [];
+    const resumed = new Map<string, number[]>();
+    const reg = new RequestRegistry(
+      (m) => {
+        if (m.type === "add") adds.push(m.id);
+        return true;
+      },
+      { onResumed: (id, _g, deaths) => resumed.set(id, [...(resumed.get(id) ?? []), deaths]) },
+    );
+    const sinks = new Map<string, ReturnType<typeof sink>>();
+    const submit = (id: string) => {
+      const s = sink();
+      sinks.set(id, s);
+      reg.submit(id, { text: id }, params, s);
+    };
+    return { reg, adds, resumed, sinks, submit };
+  }
+
+  it("repeated deaths start a bisection when any request in flight reached the threshold: only the first half is resubmitted", () => {
+    const t = tracked();
+    t.submit("a");
+    t.reg.handleEngineDeath("SIGABRT"); // a: 1 death
+    t.reg.resumeRecovering();
+    t.submit("b");
+    t.reg.handleEngineDeath("SIGABRT"); // a: 2 deaths, b: 1
+    t.adds.length = 0;
+    t.reg.resumeRecovering();
+    expect(t.adds).toEqual(["a"]);
+    expect(t.reg.recoveringCount).toBe(1);
+  });
+
+  it("a request resumed beside a bisection group is not charged with the group's death", () => {
+    const t = tracked();
+    t.submit("a");
+    t.submit("b");
+    t.reg.handleEngineDeath("SIGABRT");
+    t.reg.resumeRecovering();
+    t.reg.handleEngineDeath("SIGABRT"); // both at 2: bisection over [a, b]
+    t.reg.resumeRecovering(); // group [a]; b held back
+    t.submit("c"); // a bystander, not a suspect
+    t.reg.handleEngineDeath("SIGABRT"); // the group dies alone: a is isolated
+    expect(t.sinks.get("a")!.log.finishes.map((f) => f.error?.code)).toEqual(["engine_fault"]);
+    t.reg.resumeRecovering();
+    expect(t.resumed.get("c")).toEqual([0]);
+    expect(t.sinks.get("c")!.log.finishes).toEqual([]);
+  });
+
+  it("candidates held back while a group of several dies are cleared of suspicion (resumed with no deaths)", () => {
+    const t = tracked();
+    for (const id of ["a", "b", "c", "d"]) t.submit(id);
+    t.reg.handleEngineDeath("SIGABRT");
+    t.reg.resumeRecovering();
+    t.reg.handleEngineDeath("SIGABRT"); // all at 2: bisection over [a, b, c, d]
+    t.adds.length = 0;
+    t.reg.resumeRecovering(); // group [a, b]
+    expect(t.adds).toEqual(["a", "b"]);
+    t.reg.handleEngineDeath("SIGABRT"); // the group of two dies: c and d were not in flight
+    t.adds.length = 0;
+    t.reg.resumeRecovering();
+    // c and d are no longer suspects: resumed at once, with their deaths forgotten; [a, b] bisected again.
+    expect(t.adds).toEqual(["c", "d", "a"]);
+    expect([t.resumed.get("c")!.at(-1), t.resumed.get("d")!.at(-1)]).toEqual([0, 0]);
+  });
+
+  it("a group that ends cleanly releases the next half of the suspects", async () => {
+    const t = tracked();
+    for (const id of ["a", "b"]) t.submit(id);
+    t.reg.handleEngineDeath("SIGABRT");
+    t.reg.resumeRecovering();
+    t.reg.handleEngineDeath("SIGABRT");
+    t.adds.length = 0;
+    t.reg.resumeRecovering(); // group [a]
+    expect(t.adds).toEqual(["a"]);
+    t.reg.handleStep(step(out("a", { finish: fin("stop") })));
+    await Promise.resolve(); // the next group is released in a microtask
+    expect(t.adds).toEqual(["a", "b"]);
+  });
+});
