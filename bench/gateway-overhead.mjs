@@ -25,7 +25,7 @@ import { spawn } from "node:child_process";
 import http from "node:http";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
-import { ENGINE_MAIN } from "../dist/gateway/engine-client.js";
+import { DEFAULT_ENGINE_COMMAND, spawnEngine } from "../dist/gateway/engine-client.js";
 import { ChatTemplate } from "../dist/gateway/chat-template.js";
 import { encodeFrame, FrameDecoder } from "../dist/protocol/framing.js";
 import { PROTOCOL_VERSION } from "../dist/protocol/messages.js";
@@ -174,24 +174,22 @@ async function startServer() {
 
 // ---------- (b) the engine process, no HTTP ----------
 async function startEngine(modelPath) {
-  // The configuration `keel serve` builds from the same flags (src/cli.ts serve(): base + contextSize/maxModelLen).
+  // The engine-neutral configuration `keel serve` builds from the same flags (src/protocol/engine-config.ts), started
+  // through the default engine command as the gateway starts it.
   const config = {
+    mode: "serve",
     modelPath,
-    sequences: CFG.MAX_NUM_SEQS,
-    batchSize: CFG.MAX_NUM_BATCHED_TOKENS,
+    maxNumSeqs: CFG.MAX_NUM_SEQS,
+    maxNumBatchedTokens: CFG.MAX_NUM_BATCHED_TOKENS,
+    maxModelLen: CFG.MAX_MODEL_LEN,
     threads: 1,
     flashAttention: false,
     kvCacheType: "f16",
     prefixCaching: true,
-    gpu: "cpu",
-    maxNumSeqs: CFG.MAX_NUM_SEQS,
-    maxNumBatchedTokens: CFG.MAX_NUM_BATCHED_TOKENS,
-    contextSize: CFG.MAX_MODEL_LEN,
-    maxModelLen: CFG.MAX_MODEL_LEN,
-    mode: "serve",
+    device: "cpu",
     generation: 1,
   };
-  const child = spawn(process.execPath, [ENGINE_MAIN, JSON.stringify(config)], { stdio: ["ignore", "pipe", "pipe", "pipe"] });
+  const child = spawnEngine(DEFAULT_ENGINE_COMMAND, config, ["ignore", "pipe", "pipe", "pipe"], false);
   children.add(child);
   child.stdout.resume();
   child.stderr.resume();

@@ -3,12 +3,12 @@
  *
  * An unknown flag or a bad value exits with code 2 and a clear message; `--help` lists every flag with its default.
  */
-import { spawn } from "node:child_process";
+import fs from "node:fs";
 import { parseArgs } from "node:util";
-import { ENGINE_MAIN } from "./gateway/engine-client.js";
+import { DEFAULT_ENGINE_COMMAND, spawnEngine } from "./gateway/engine-client.js";
 import { startGateway } from "./gateway/server.js";
 import { DEFAULT_MODEL_NAME, ensureDefaultModel } from "./model/default-model.js";
-import type { EngineConfig } from "./engine/main.js";
+import type { EngineCommand, EngineConfig } from "./protocol/engine-config.js";
 import type { ModelMetadata } from "./protocol/messages.js";
 import path from "node:path";
 
@@ -64,6 +64,7 @@ export const SERVE_FLAGS: FlagSpec[] = [
   { name: "max_stream_buffer", help: "bytes of stream output a client may leave unread before it is treated as disconnected", default: String(1024 * 1024), parse: int("max_stream_buffer", 1024) },
   { name: "max_request_body", help: "request body limit in bytes", default: String(8 * 1024 * 1024), parse: int("max_request_body", 1024) },
   { name: "flash_attention", help: "flash attention in llama.cpp (off: the embedded model's greedy output does not depend on batching)", default: "false", parse: bool("flash_attention") },
+  { name: "deterministic", help: "same request + seed → same text on every run: prefix reuse off, flash attention off, f16 KV (see README)", default: "false", parse: bool("deterministic") },
 ];
 
 function usage(): string {
@@ -73,19 +74,23 @@ function usage(): string {
   return lines.join("\n");
 }
 
-/** Parse `keel serve` flags. @throws Error with a user-facing message. */
+/** Parse `keel serve` flags. @throws Error with a user-facing message (every unknown flag named at once). */
 export function parseServeFlags(argv: string[]): Record<string, unknown> {
   const options = Object.fromEntries([...SERVE_FLAGS.map((f) => [f.name, { type: "string" as const }]), ["help", { type: "boolean" as const, short: "h" }]]);
-  let parsed: ReturnType<typeof parseArgs>;
-  try {
-    parsed = parseArgs({ args: argv, options, strict: true, allowPositionals: true });
-  } catch (err) {
-    const e = err as { code?: string; message: string };
-    const flag = /'(-[^']+)'/.exec(e.message)?.[1];
-    if (e.code === "ERR_PARSE_ARGS_UNKNOWN_OPTION") throw new Error(`unknown flag ${flag ?? ""}`.trim());
-    if (e.code === "ERR_PARSE_ARGS_INVALID_OPTION_VALUE") throw new Error(`flag ${flag ?? ""} needs a value`.replace("  ", " "));
-    throw err;
+  // Non-strict parsing with tokens, so that every unknown flag and every flag missing its value is reported in one
+  // run instead of the first one only.
+  const parsed = parseArgs({ args: argv, options, strict: false, allowPositionals: true, tokens: true });
+  const known = new Set(Object.keys(options));
+  const unknown: string[] = [];
+  const valueless: string[] = [];
+  for (const t of parsed.tokens ?? []) {
+    if (t.kind !== "option") continue;
+    if (!known.has(t.name)) unknown.push(t.rawName);
+    // A value that is itself a flag (`--rest_port --max_num_seqs 4`) means the value was forgotten.
+    else if (t.name !== "help" && (t.value === undefined || (!t.inlineValue && t.value.startsWith("--")))) valueless.push(t.rawName);
   }
+  if (unknown.length > 0) throw new Error(`unknown flag${unknown.length > 1 ? "s" : ""} ${[...new Set(unknown)].join(", ")}`);
+  if (valueless.length > 0) throw new Error(`flag${valueless.length > 1 ? "s" : ""} ${valueless.join(", ")} need${valueless.length > 1 ? "" : "s"} a value`);
   const values = parsed.values as Record<string, string | boolean | undefined>;
   const positionals = parsed.positionals;
   if (positionals.length > 0) throw new Error(`unexpected argument "${positionals[0]}"`);
@@ -98,23 +103,81 @@ export function parseServeFlags(argv: string[]): Record<string, unknown> {
   if ((out["max_num_batched_tokens"] as number) < (out["max_num_seqs"] as number)) {
     throw new Error(`--max_num_batched_tokens (${out["max_num_batched_tokens"]}) must be >= --max_num_seqs (${out["max_num_seqs"]})`);
   }
+  if (out["deterministic"] === true) {
+    // Deterministic mode turns off what changes the numerics between two runs of one request; an explicit request
+    // for one of those contradicts it.
+    if (values["enable_prefix_caching"] === "true") throw new Error("--deterministic true turns prefix reuse off; it contradicts --enable_prefix_caching true");
+    if (values["flash_attention"] === "true") throw new Error("--deterministic true needs flash attention off; it contradicts --flash_attention true");
+    if (out["kv_cache_precision"] === "u8") throw new Error("--deterministic true needs an f16 KV cache (u8 needs flash attention); it contradicts --kv_cache_precision u8");
+    out["enable_prefix_caching"] = false;
+    out["flash_attention"] = false;
+  }
   return out;
 }
 
 /**
- * Load the model in a throwaway child: a model that makes llama.cpp abort (GGML_ASSERT) kills only that child.
- * @returns the model metadata. @throws Error with the child's last log line when it fails.
+ * Check that `modelPath` names a readable GGUF file before an engine tries to load it.
+ * @returns null when it looks like one, else a user-facing message.
  */
-export async function validateModel(config: Omit<EngineConfig, "mode">): Promise<ModelMetadata> {
-  const child = spawn(process.execPath, [ENGINE_MAIN, JSON.stringify({ ...config, mode: "validate" })], { stdio: ["ignore", "pipe", "pipe"] });
+export function checkModelFile(modelPath: string): string | null {
+  let stat: fs.Stats;
+  try {
+    stat = fs.statSync(modelPath);
+  } catch {
+    return `the model file ${modelPath} does not exist`;
+  }
+  if (stat.isDirectory()) return `${modelPath} is a directory; --model_path needs a GGUF model file`;
+  if (!stat.isFile()) return `${modelPath} is not a regular file; --model_path needs a GGUF model file`;
+  const head = Buffer.alloc(4);
+  let fd: number | null = null;
+  try {
+    fd = fs.openSync(modelPath, "r");
+    const n = fs.readSync(fd, head, 0, 4, 0);
+    if (n < 4 || head.toString("latin1") !== "GGUF") return `the model file ${modelPath} is not a GGUF file (it does not start with the GGUF magic)`;
+  } catch (err) {
+    return `the model file ${modelPath} cannot be read: ${(err as Error).message}`;
+  } finally {
+    if (fd !== null) fs.closeSync(fd);
+  }
+  return null;
+}
+
+/** Engine failures that are a JavaScript error inside the GGUF reader: the file ends early or is corrupt. */
+const CORRUPT_GGUF = /Cannot read properties of undefined|out of range|Offset is outside the bounds|RangeError|Unexpected end|Maximum call stack/i;
+
+/** Signals that mean the model check was killed from outside (an OOM killer, an operator), not that it failed. */
+const KILL_SIGNALS = new Set(["SIGKILL", "SIGTERM", "SIGINT", "SIGHUP"]);
+
+/** One run of the model check in a throwaway engine process. */
+async function runModelCheck(config: Omit<EngineConfig, "mode">, command: EngineCommand): Promise<{ code: number | null; signal: NodeJS.Signals | null; stdout: string; stderr: string }> {
+  const child = spawnEngine(command, { ...config, mode: "validate" }, ["ignore", "pipe", "pipe"], false);
   let stdout = "";
   let stderr = "";
-  child.stdout.setEncoding("utf8").on("data", (d: string) => (stdout += d));
-  child.stderr.setEncoding("utf8").on("data", (d: string) => (stderr += d));
-  const [code, signal] = await new Promise<[number | null, NodeJS.Signals | null]>((resolve) => child.on("exit", (c, s) => resolve([c, s])));
+  child.stdout!.setEncoding("utf8").on("data", (d: string) => (stdout += d));
+  child.stderr!.setEncoding("utf8").on("data", (d: string) => (stderr += d));
+  const [code, signal] = await new Promise<[number | null, NodeJS.Signals | null]>((resolve) => {
+    child.on("error", () => resolve([127, null]));
+    child.on("exit", (c, s) => resolve([c, s]));
+  });
+  return { code, signal, stdout, stderr };
+}
+
+/**
+ * Load the model in a throwaway child: a model that makes llama.cpp abort (GGML_ASSERT) kills only that child.
+ * A check killed from outside (e.g. SIGKILL by an OOM killer) is not the model's fault: it is retried once, and if
+ * it is killed again that is what the error says.
+ * @returns the model metadata. @throws Error with the child's last log line when it fails.
+ */
+export async function validateModel(config: Omit<EngineConfig, "mode">, command: EngineCommand = DEFAULT_ENGINE_COMMAND): Promise<ModelMetadata> {
+  let run = await runModelCheck(config, command);
+  if (run.signal && KILL_SIGNALS.has(run.signal)) run = await runModelCheck(config, command);
+  const { code, signal, stdout, stderr } = run;
   if (code === 0) {
     const line = stdout.trim().split("\n").pop() ?? "";
     return (JSON.parse(line) as { metadata: ModelMetadata }).metadata;
+  }
+  if (signal && KILL_SIGNALS.has(signal)) {
+    throw new Error(`the model check was killed (${signal}) twice while loading ${config.modelPath}; this is not a verdict on the model (out of memory? see the system log)`);
   }
   const detail = stderr
     .trim()
@@ -129,7 +192,30 @@ export async function validateModel(config: Omit<EngineConfig, "mode">): Promise
     .filter((l) => l.trim())
     .slice(-3)
     .join(" | ");
+  if (CORRUPT_GGUF.test(detail)) throw new Error(`the model ${config.modelPath} cannot be loaded: the GGUF file is truncated or corrupt (its contents end early or do not parse)`);
   throw new Error(`the model ${config.modelPath} cannot be loaded (engine ${signal ? `killed by ${signal}` : `exit code ${code}`}): ${detail || "no message"}`);
+}
+
+/**
+ * Counts shutdown signals. npm (`npm run serve`) forwards the terminal's Ctrl-C to Keel, which also receives it
+ * from the terminal itself: two deliveries of one keystroke a few ms apart. A signal within `sameWithinMs` of the
+ * previous one is the same signal; only a later one means "hurry".
+ */
+export class ShutdownSignals {
+  /** Distinct signals seen. */
+  count = 0;
+  /** When the last distinct signal arrived (ms since epoch), or null. */
+  private lastAt: number | null = null;
+
+  constructor(private readonly sameWithinMs = 100) {}
+
+  /** Record a signal delivered at `now`; returns "drain" for the first, "hurry" for a later distinct one, "same" for a duplicate. */
+  receive(now = Date.now()): "drain" | "hurry" | "same" {
+    if (this.lastAt !== null && now - this.lastAt < this.sameWithinMs) return "same";
+    this.lastAt = now;
+    this.count += 1;
+    return this.count === 1 ? "drain" : "hurry";
+  }
 }
 
 async function serve(argv: string[]): Promise<void> {
@@ -137,7 +223,7 @@ async function serve(argv: string[]): Promise<void> {
   try {
     flags = parseServeFlags(argv);
   } catch (err) {
-    process.stderr.write(`keel serve: ${(err as Error).message}\n\n${usage()}\n`);
+    process.stderr.write(`keel serve: ${(err as Error).message}\nRun "keel serve --help" for the list of flags.\n`);
     process.exit(2);
   }
   if (flags["help"]) {
@@ -146,24 +232,29 @@ async function serve(argv: string[]): Promise<void> {
   }
   const demo = flags["model_path"] === undefined;
   const modelPath = demo ? await ensureDefaultModel() : path.resolve(flags["model_path"] as string);
+  const notAModel = demo ? null : checkModelFile(modelPath);
+  if (notAModel) {
+    process.stderr.write(`keel serve: ${notAModel}\n`);
+    process.exit(1);
+  }
   const maxNumSeqs = flags["max_num_seqs"] as number;
   const u8 = flags["kv_cache_precision"] === "u8";
+  // The engine-neutral start configuration (protocol/engine-config.ts); maxModelLen is settled below.
   const base = {
     modelPath,
-    sequences: maxNumSeqs,
-    batchSize: flags["max_num_batched_tokens"] as number,
+    maxNumSeqs,
+    maxNumBatchedTokens: flags["max_num_batched_tokens"] as number,
     threads: flags["engine_threads"] as number,
     // A quantized V cache needs flash attention in llama.cpp (docs/upstream.md).
     flashAttention: u8 ? true : (flags["flash_attention"] as boolean),
     kvCacheType: u8 ? ("q8_0" as const) : ("f16" as const),
     prefixCaching: flags["enable_prefix_caching"] as boolean,
-    gpu: (flags["target_device"] === "CPU" ? "cpu" : "auto") as "cpu" | "auto",
-    maxNumSeqs,
-    maxNumBatchedTokens: flags["max_num_batched_tokens"] as number,
+    device: (flags["target_device"] === "CPU" ? "cpu" : "auto") as "cpu" | "auto",
   };
+  const engineCommand = engineCommandFromEnv();
   let meta: ModelMetadata;
   try {
-    meta = await validateModel({ ...base, contextSize: 256, maxModelLen: 256 });
+    meta = await validateModel({ ...base, maxModelLen: 256 }, engineCommand);
   } catch (err) {
     process.stderr.write(`keel serve: ${(err as Error).message}\n`);
     process.exit(1);
@@ -202,7 +293,8 @@ async function serve(argv: string[]): Promise<void> {
     host: flags["rest_bind_address"] as string,
     port: flags["rest_port"] as number,
     modelName,
-    engine: { ...base, contextSize: maxModelLen, maxModelLen },
+    engine: { ...base, maxModelLen },
+    engineCommand,
     bodyLimit: flags["max_request_body"] as number,
     maxQueuedRequests: flags["max_queued_requests"] as number,
     requestTimeoutMs: (flags["request_timeout"] as number) * 1000,
@@ -220,13 +312,21 @@ async function serve(argv: string[]): Promise<void> {
     { event: "capacity", tokensPerSequence: maxModelLen, sequences: maxNumSeqs, limitedBy: capacityNote, kvCachePrecision: flags["kv_cache_precision"], prefixCaching: base.prefixCaching },
     `KV capacity: ${maxModelLen} tokens per sequence x ${maxNumSeqs} sequences`,
   );
+  if (flags["deterministic"]) {
+    gw.log.info({ event: "deterministic", prefixCaching: false, flashAttention: false, kvCachePrecision: "f16" }, "deterministic mode: the same request and seed give the same text on every run (prefix reuse off)");
+  }
   if (demo) gw.log.warn({ event: "demo_model", model: modelPath }, "serving the embedded random-weight demo model: its output is gibberish by design");
-  // Graceful drain on the first SIGTERM/SIGINT; a second one stops waiting for in-flight requests.
-  let signals = 0;
+  // Graceful drain on the first SIGTERM/SIGINT; a second one (not the same one delivered twice) stops waiting for
+  // in-flight requests.
+  const signals = new ShutdownSignals();
   const shutdown = (sig: string): void => {
-    signals += 1;
-    gw.log.info({ event: "shutdown", signal: sig, count: signals }, "shutting down");
-    if (signals === 1) {
+    const meaning = signals.receive();
+    if (meaning === "same") {
+      gw.log.info({ event: "shutdown_signal_repeated", signal: sig }, "the same shutdown signal delivered twice (e.g. by npm and the terminal); counted once");
+      return;
+    }
+    gw.log.info({ event: "shutdown", signal: sig, count: signals.count }, "shutting down");
+    if (meaning === "drain") {
       gw.drain((flags["shutdown_timeout"] as number) * 1000)
         .catch((err: unknown) => gw.log.error({ err: (err as Error)?.message }, "error during shutdown"))
         .finally(() => process.exit(0));
@@ -236,6 +336,23 @@ async function serve(argv: string[]): Promise<void> {
   };
   process.on("SIGTERM", () => shutdown("SIGTERM"));
   process.on("SIGINT", () => shutdown("SIGINT"));
+}
+
+/**
+ * The engine command: KEEL_ENGINE_COMMAND (a JSON {@link EngineCommand}, e.g. `{"command":"python3","args":["worker.py"]}`)
+ * or this package's llama.cpp engine.
+ */
+function engineCommandFromEnv(): EngineCommand {
+  const raw = process.env["KEEL_ENGINE_COMMAND"];
+  if (!raw) return DEFAULT_ENGINE_COMMAND;
+  try {
+    const c = JSON.parse(raw) as EngineCommand;
+    if (typeof c.command === "string" && Array.isArray(c.args) && c.args.every((a) => typeof a === "string")) return c;
+  } catch {
+    /* reported below */
+  }
+  process.stderr.write('keel serve: KEEL_ENGINE_COMMAND must be JSON like {"command":"node","args":["dist/engine/main.js"]}\n');
+  process.exit(2);
 }
 
 /** Entry point of the `keel` bin. */

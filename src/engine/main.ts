@@ -3,7 +3,7 @@
  *
  * The engine runs in its own process because llama.cpp's GGML_ASSERT aborts the whole process, worker threads
  * included (docs/upstream.md). Channel: frames on fd 3 (a duplex pipe); stdout/stderr carry logs only.
- * Configuration: one JSON argument ({@link EngineConfig}).
+ * Configuration: one JSON argument, the engine-neutral {@link EngineConfig} of protocol/engine-config.ts.
  *
  * Modes: `serve` (default) loads the model and runs the step loop; `validate` only loads the model and creates a
  * context, then exits 0 — the gateway runs it in a throwaway child at startup so a model that aborts llama.cpp is
@@ -13,21 +13,9 @@ import net from "node:net";
 import { encodeFrame, FrameDecoder } from "../protocol/framing.js";
 import { PROTOCOL_VERSION, type EngineMessage } from "../protocol/messages.js";
 import { parseGatewayMessage } from "../protocol/validate.js";
-import { LlamaAdapter, type LlamaAdapterOptions } from "./llama-adapter.js";
+import { LlamaAdapter } from "./llama-adapter.js";
+import { parseEngineConfig, toAdapterOptions } from "./start-config.js";
 import { StepLoop } from "./step-loop.js";
-
-/** Configuration passed by the gateway as the engine's single JSON argument. */
-export interface EngineConfig extends LlamaAdapterOptions {
-  mode: "serve" | "validate";
-  maxNumSeqs: number;
-  maxNumBatchedTokens: number;
-  /** Tokens per sequence. */
-  maxModelLen: number;
-  /** Keep finished requests' KV for prefix reuse. */
-  prefixCaching: boolean;
-  /** 1 for the first engine process of a gateway, then 2, 3, … after restarts (fault injection keys on it). */
-  generation?: number;
-}
 
 /**
  * Test-only fault injection, read from the KEEL_FAULT_INJECTION environment variable (JSON); off unless set.
@@ -51,9 +39,9 @@ function logLine(level: string, msg: string, extra: Record<string, unknown> = {}
 }
 
 async function main(): Promise<void> {
-  const config = JSON.parse(process.argv[2] ?? "{}") as EngineConfig;
+  const config = parseEngineConfig(process.argv[2]);
   const adapter = await LlamaAdapter.open({
-    ...config,
+    ...toAdapterOptions(config),
     log: (level, message) => {
       if (level === "warn" || level === "error" || level === "fatal") logLine(level, message.trim(), { source: "llama.cpp" });
     },

@@ -9,10 +9,22 @@ import { fileURLToPath } from "node:url";
 import type { Duplex } from "node:stream";
 import { encodeFrame, FrameDecoder } from "../protocol/framing.js";
 import { PROTOCOL_VERSION, type EngineMessage, type GatewayMessage, type ReadyMessage } from "../protocol/messages.js";
-import type { EngineConfig } from "../engine/main.js";
+import type { EngineCommand, EngineConfig } from "../protocol/engine-config.js";
 
 /** Path of the compiled engine entry point. */
 export const ENGINE_MAIN = fileURLToPath(new URL("../engine/main.js", import.meta.url));
+
+/** The default engine command: this package's llama.cpp engine (`node dist/engine/main.js`). */
+export const DEFAULT_ENGINE_COMMAND: EngineCommand = { command: process.execPath, args: [ENGINE_MAIN] };
+
+/** Spawn an engine process: `command ...args <config JSON>` (docs/protocol.md, Starting an engine). */
+export function spawnEngine(command: EngineCommand, config: EngineConfig, stdio: ("ignore" | "pipe")[], detached: boolean): ChildProcess {
+  return spawn(command.command, [...command.args, JSON.stringify(config)], {
+    stdio,
+    detached,
+    ...(command.env ? { env: { ...process.env, ...command.env } } : {}),
+  });
+}
 
 /** Callbacks of the engine client. */
 export interface EngineListener {
@@ -26,6 +38,8 @@ export interface EngineListener {
 /** Options of the client. */
 export interface EngineClientOptions {
   config: Omit<EngineConfig, "mode">;
+  /** How to run the engine (default {@link DEFAULT_ENGINE_COMMAND}). */
+  command?: EngineCommand;
   /** Ping period (ms) and how stale the last pong may be before the engine counts as not ready (ms). */
   pingIntervalMs: number;
   readyStalenessMs: number;
@@ -49,7 +63,10 @@ export class EngineClient {
   private consecutiveFailures = 0;
   /** Set by stop(): no more restarts. */
   private stopping = false;
-  /** Engine processes started (1 = no restart yet). */
+  /**
+   * Engine processes started or scheduled to start (1 = no restart yet). Counted when a restart is scheduled, not
+   * when it spawns, so that from the moment of a death the gateway says "restarting", not "still loading".
+   */
   starts = 0;
   /** When the current engine process was spawned (ms since epoch). */
   startedAt = 0;
@@ -62,6 +79,7 @@ export class EngineClient {
   /** Start the engine process. */
   start(): void {
     this.stopping = false;
+    this.starts += 1;
     this.spawnEngine();
     this.pingTimer = setInterval(() => this.send({ v: PROTOCOL_VERSION, type: "ping", nonce: Date.now() }), this.opts.pingIntervalMs);
     this.pingTimer.unref();
@@ -114,13 +132,12 @@ export class EngineClient {
   }
 
   private spawnEngine(): void {
-    this.starts += 1;
     this.startedAt = Date.now();
     this.ready = null;
     const config: EngineConfig = { ...this.opts.config, mode: "serve", generation: this.starts };
     // Own process group: a terminal's Ctrl-C reaches only the gateway, which then stops the engine in order.
     // If the gateway dies, the engine sees its channel close and exits by itself.
-    const child = spawn(process.execPath, [ENGINE_MAIN, JSON.stringify(config)], { stdio: ["ignore", "pipe", "pipe", "pipe"], detached: true });
+    const child = spawnEngine(this.opts.command ?? DEFAULT_ENGINE_COMMAND, config, ["ignore", "pipe", "pipe", "pipe"], true);
     this.child = child;
     const channel = child.stdio[3] as Duplex;
     this.channel = channel;
@@ -163,6 +180,7 @@ export class EngineClient {
       if (!this.stopping) {
         const delay = Math.min(this.opts.restartMaxMs, this.opts.restartMinMs * 2 ** this.consecutiveFailures);
         this.consecutiveFailures += 1;
+        this.starts += 1;
         this.restartTimer = setTimeout(() => this.spawnEngine(), delay);
         this.restartTimer.unref();
       }

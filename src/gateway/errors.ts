@@ -17,6 +17,7 @@
  *
  * @module
  */
+import type { EngineErrorCode } from "../protocol/messages.js";
 import { sanitizeForJson } from "./utf8-stream.js";
 
 /** Values of {@link KeelHttpError.type}. */
@@ -270,6 +271,29 @@ export function engineFault(message: string): KeelHttpError {
  */
 export function engineRefusal(code: string, message: string): KeelHttpError {
   return new KeelHttpError({ status: 400, type: "invalid_request_error", code, message, param: code === "context_length_exceeded" ? "messages" : null });
+}
+
+/**
+ * The one mapping of the protocol's closed engine error catalogue (protocol/messages.ts ENGINE_ERROR_CODES) to HTTP:
+ *   context_length_exceeded, invalid_prompt, invalid_params → 400 (the request is at fault; {@link engineRefusal})
+ *   duplicate_id → 409 (an id the engine already holds)
+ *   engine_error, invariant_violation → 500 `engine_error` (the engine failed the request)
+ *   any other code → 500 `engine_error` (an engine must not invent codes; treated as a failure)
+ */
+export function engineErrorToHttp(code: string, message: string): KeelHttpError {
+  switch (code as EngineErrorCode) {
+    case "context_length_exceeded":
+    case "invalid_prompt":
+    case "invalid_params":
+      return engineRefusal(code, message);
+    case "duplicate_id":
+      return new KeelHttpError({ status: 409, type: "invalid_request_error", code, message });
+    case "engine_error":
+    case "invariant_violation":
+      return engineError(message);
+    default:
+      return engineError(message);
+  }
 }
 
 /** 417 for an `Expect` header other than `100-continue`. */

@@ -1,9 +1,29 @@
 import { describe, expect, it } from "vitest";
-import { admit, cancel, finish, firstToken, initial, phaseOf, type CancelCause, type FinishReason, type Lifecycle } from "./lifecycle.js";
+import {
+  acquit,
+  admit,
+  cancel,
+  deathsOf,
+  engineDied,
+  finish,
+  firstToken,
+  FORGIVE_AFTER_TOKENS,
+  generated,
+  heldByEngine,
+  initial,
+  isolate,
+  phaseOf,
+  resubmit,
+  type CancelCause,
+  type FinishReason,
+  type Lifecycle,
+} from "./lifecycle.js";
 
-const queued: Lifecycle = { state: "queued" };
-const prefill: Lifecycle = { state: "prefill" };
-const decode: Lifecycle = { state: "decode" };
+// One example of every state; live states carry a non-zero death count so that a transition that drops it shows.
+const queued: Lifecycle = { state: "queued", deaths: 1 };
+const prefill: Lifecycle = { state: "prefill", deaths: 1 };
+const decode: Lifecycle = { state: "decode", deaths: 1, sinceSubmit: 2 };
+const recovering: Lifecycle = { state: "recovering", phase: "prefill", deaths: 2 };
 const cancellingDisconnect: Lifecycle = { state: "cancelling", phase: "prefill", cause: "client_disconnect" };
 const cancellingStop: Lifecycle = { state: "cancelling", phase: "decode", cause: "stop_string" };
 const cancellingShutdown: Lifecycle = { state: "cancelling", phase: "queued", cause: "shutdown" };
@@ -14,6 +34,7 @@ const states: [string, Lifecycle][] = [
   ["queued", queued],
   ["prefill", prefill],
   ["decode", decode],
+  ["recovering", recovering],
   ["cancelling(client_disconnect)", cancellingDisconnect],
   ["cancelling(stop_string)", cancellingStop],
   ["cancelling(shutdown)", cancellingShutdown],
@@ -23,58 +44,108 @@ const states: [string, Lifecycle][] = [
 
 const reasons: FinishReason[] = ["stop", "length", "abort", "error"];
 const causes: CancelCause[] = ["client_disconnect", "stop_string", "shutdown", "internal_error"];
-/** What a cancelled request reports when the engine confirms its release. */
-const cancelledReason = (cause: CancelCause): FinishReason => (cause === "stop_string" ? "stop" : cause === "internal_error" ? "error" : "abort");
+/** What a cancelled request reports when it is released (written out, not computed by the module). */
+const cancelledReason: Record<CancelCause, FinishReason> = { client_disconnect: "abort", stop_string: "stop", shutdown: "abort", internal_error: "error" };
+const cancelling = new Set(["cancelling(client_disconnect)", "cancelling(stop_string)", "cancelling(shutdown)", "cancelling(internal_error)"]);
+
+/** Expected result per state name; names not listed expect null. */
+function table(t: Record<string, Lifecycle | null>): (name: string) => Lifecycle | null {
+  return (name) => t[name] ?? null;
+}
 
 describe("lifecycle", () => {
-  it("starts queued", () => {
-    expect(initial).toEqual({ state: "queued" });
+  it("starts queued with no deaths", () => {
+    expect(initial).toEqual({ state: "queued", deaths: 0 });
   });
 
-  const admitTable: Record<string, Lifecycle | null> = {
-    queued: prefill,
-    prefill: null,
-    decode: null,
-    "cancelling(client_disconnect)": null,
-    "cancelling(stop_string)": null,
-    "cancelling(shutdown)": null,
-    "cancelling(internal_error)": null,
-    finished: null,
-  };
+  const admitTo = table({ queued: { state: "prefill", deaths: 1 } });
   it.each(states)("admit from %s", (name, s) => {
-    expect(admit(s)).toEqual(admitTable[name]);
+    expect(admit(s)).toEqual(admitTo(name));
   });
 
-  const firstTokenTable: Record<string, Lifecycle | null> = {
-    queued: decode,
-    prefill: decode,
-    decode: null,
-    "cancelling(client_disconnect)": null,
-    "cancelling(stop_string)": null,
-    "cancelling(shutdown)": null,
-    "cancelling(internal_error)": null,
-    finished: null,
-  };
+  const firstTokenTo = table({ queued: { state: "decode", deaths: 1, sinceSubmit: 0 }, prefill: { state: "decode", deaths: 1, sinceSubmit: 0 } });
   it.each(states)("firstToken from %s", (name, s) => {
-    expect(firstToken(s)).toEqual(firstTokenTable[name]);
+    expect(firstToken(s)).toEqual(firstTokenTo(name));
   });
 
-  it.each(states)("cancel from %s, for every cause", (_name, s) => {
+  const generatedTo = table({
+    queued: { state: "decode", deaths: 1, sinceSubmit: 3 },
+    prefill: { state: "decode", deaths: 1, sinceSubmit: 3 },
+    decode: { state: "decode", deaths: 1, sinceSubmit: 5 },
+  });
+  it.each(states)("generated(3) from %s", (name, s) => {
+    expect(generated(s, 3)).toEqual(generatedTo(name));
+  });
+
+  it("progress forgives earlier deaths only once FORGIVE_AFTER_TOKENS tokens came since the last submission", () => {
+    expect(FORGIVE_AFTER_TOKENS).toBe(8);
+    const almost = generated({ state: "prefill", deaths: 3 }, 7);
+    expect(almost).toEqual({ state: "decode", deaths: 3, sinceSubmit: 7 });
+    expect(generated(almost!, 1)).toEqual({ state: "decode", deaths: 0, sinceSubmit: 8 });
+    // In one output as well.
+    expect(generated({ state: "queued", deaths: 2 }, 8)).toEqual({ state: "decode", deaths: 0, sinceSubmit: 8 });
+    // Progress counted before a death does not count after the resubmission.
+    const died = engineDied({ state: "decode", deaths: 1, sinceSubmit: 7 }, true)!;
+    const again = resubmit(died)!;
+    expect(generated(generated(again, 0)!, 1)).toEqual({ state: "decode", deaths: 2, sinceSubmit: 1 });
+  });
+
+  const diedBlamed = table({
+    queued: { state: "recovering", phase: "queued", deaths: 2 },
+    prefill: { state: "recovering", phase: "prefill", deaths: 2 },
+    decode: { state: "recovering", phase: "decode", deaths: 2 },
+    "cancelling(client_disconnect)": { state: "finished", reason: "abort" },
+    "cancelling(stop_string)": { state: "finished", reason: "stop" },
+    "cancelling(shutdown)": { state: "finished", reason: "abort" },
+    "cancelling(internal_error)": { state: "finished", reason: "error" },
+  });
+  it.each(states)("engineDied (blamed) from %s", (name, s) => {
+    expect(engineDied(s, true)).toEqual(diedBlamed(name));
+  });
+
+  const diedUnblamed = table({
+    queued: { state: "recovering", phase: "queued", deaths: 1 },
+    prefill: { state: "recovering", phase: "prefill", deaths: 1 },
+    decode: { state: "recovering", phase: "decode", deaths: 1 },
+    "cancelling(client_disconnect)": { state: "finished", reason: "abort" },
+    "cancelling(stop_string)": { state: "finished", reason: "stop" },
+    "cancelling(shutdown)": { state: "finished", reason: "abort" },
+    "cancelling(internal_error)": { state: "finished", reason: "error" },
+  });
+  it.each(states)("engineDied (not blamed) from %s keeps the death count", (name, s) => {
+    expect(engineDied(s, false)).toEqual(diedUnblamed(name));
+  });
+
+  const resubmitTo = table({ recovering: { state: "queued", deaths: 2 } });
+  it.each(states)("resubmit from %s", (name, s) => {
+    expect(resubmit(s)).toEqual(resubmitTo(name));
+  });
+
+  const acquitTo = table({ recovering: { state: "recovering", phase: "prefill", deaths: 0 } });
+  it.each(states)("acquit from %s", (name, s) => {
+    expect(acquit(s)).toEqual(acquitTo(name));
+  });
+
+  const isolateTo = table({ recovering: { state: "finished", reason: "error" } });
+  it.each(states)("isolate from %s", (name, s) => {
+    expect(isolate(s)).toEqual(isolateTo(name));
+  });
+
+  it.each(states)("cancel from %s, for every cause", (name, s) => {
     for (const cause of causes) {
       const next = cancel(s, cause);
-      if (s.state === "queued" || s.state === "prefill" || s.state === "decode") {
-        expect(next).toEqual({ state: "cancelling", phase: s.state, cause });
-      } else {
-        expect(next).toBeNull();
-      }
+      if (name === "queued" || name === "prefill" || name === "decode") expect(next).toEqual({ state: "cancelling", phase: name, cause });
+      // No engine holds a recovering request: a cancel releases it at once, as its cause says.
+      else if (name === "recovering") expect(next).toEqual({ state: "finished", reason: cancelledReason[cause] });
+      else expect(next).toBeNull();
     }
   });
 
-  it.each(states)("finish from %s, for every reason", (_name, s) => {
+  it.each(states)("finish from %s, for every reason", (name, s) => {
     for (const reason of reasons) {
       const next = finish(s, reason);
-      if (s.state === "finished") expect(next).toBeNull();
-      else if (s.state === "cancelling") expect(next).toEqual({ state: "finished", reason: cancelledReason(s.cause) });
+      if (name === "finished") expect(next).toBeNull();
+      else if (s.state === "cancelling") expect(next).toEqual({ state: "finished", reason: cancelledReason[s.cause] });
       else expect(next).toEqual({ state: "finished", reason });
     }
   });
@@ -94,6 +165,7 @@ describe("lifecycle", () => {
     queued: "queued",
     prefill: "prefill",
     decode: "decode",
+    recovering: "prefill",
     "cancelling(client_disconnect)": "prefill",
     "cancelling(stop_string)": "decode",
     "cancelling(shutdown)": "queued",
@@ -104,12 +176,27 @@ describe("lifecycle", () => {
     expect(phaseOf(s)).toBe(phaseTable[name]);
   });
 
+  it.each(states)("heldByEngine and deathsOf for %s", (name, s) => {
+    const held = name === "queued" || name === "prefill" || name === "decode" || cancelling.has(name);
+    expect(heldByEngine(s)).toBe(held);
+    const deaths: Record<string, number> = { queued: 1, prefill: 1, decode: 1, recovering: 2 };
+    expect(deathsOf(s)).toBe(deaths[name] ?? 0);
+  });
+
   it("does not mutate the state it is given", () => {
-    const s: Lifecycle = { state: "queued" };
+    const s: Lifecycle = { state: "decode", deaths: 1, sinceSubmit: 7 };
+    const r: Lifecycle = { state: "recovering", phase: "decode", deaths: 2 };
     admit(s);
     firstToken(s);
+    generated(s, 9);
+    engineDied(s, true);
     cancel(s, "shutdown");
     finish(s, "stop");
-    expect(s).toEqual({ state: "queued" });
+    acquit(r);
+    resubmit(r);
+    isolate(r);
+    cancel(r, "client_disconnect");
+    expect(s).toEqual({ state: "decode", deaths: 1, sinceSubmit: 7 });
+    expect(r).toEqual({ state: "recovering", phase: "decode", deaths: 2 });
   });
 });

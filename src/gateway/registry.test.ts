@@ -3,7 +3,7 @@ import type { AddMessage, FinishInfo, RequestOutput, SamplingParams, StepMessage
 import { PROTOCOL_VERSION } from "../protocol/messages.js";
 import { KeelHttpError } from "./errors.js";
 import type { FinishReason } from "./lifecycle.js";
-import { RequestRegistry, type RegistryObserver, type RequestSink, type Usage } from "./registry.js";
+import { FORGIVE_AFTER_TOKENS, RequestRegistry, type RegistryObserver, type RequestSink, type Usage } from "./registry.js";
 
 type Sent = AddMessage | { v: number; type: "abort"; ids: string[] };
 
@@ -127,7 +127,32 @@ describe("RequestRegistry", () => {
     const s = sink();
     t.reg.submit("a", { text: "hi" }, params, s);
     t.reg.handleStep(step(out("a", { admitted: { promptTokens: [1, 2], cachedTokens: 0 }, finish: fin("error", 2, 0, { code: "engine_error", message: "decode failed" }) })));
-    expect(s.log.finishes).toEqual([{ reason: "error", usage: { promptTokens: 2, completionTokens: 0 }, error: { code: "engine_error", message: "decode failed" } }]);
+    expect(s.log.finishes.map((f) => [f.reason, f.usage, f.error?.code, f.error?.message])).toEqual([["error", { promptTokens: 2, completionTokens: 0 }, "engine_error", "decode failed"]]);
+    // The engine's code is mapped to HTTP once, in errors.ts: an engine failure is a 500 engine_error.
+    expect([s.log.finishes[0]!.error?.httpError?.status, s.log.finishes[0]!.error?.httpError?.code]).toEqual([500, "engine_error"]);
+  });
+
+  it("engine error codes map to HTTP once: refusals are 4xx (onRefused), failures and unknown codes 500 engine_error", () => {
+    const cases: [string, number, string, boolean][] = [
+      ["context_length_exceeded", 400, "context_length_exceeded", true],
+      ["invalid_prompt", 400, "invalid_prompt", true],
+      ["invalid_params", 400, "invalid_params", true],
+      ["duplicate_id", 409, "duplicate_id", true],
+      ["engine_error", 500, "engine_error", false],
+      ["invariant_violation", 500, "engine_error", false],
+      ["made_up_by_an_engine", 500, "engine_error", false],
+    ];
+    for (const [code, status, httpCode, refused] of cases) {
+      const refusals: string[] = [];
+      const finished: string[] = [];
+      const reg = new RequestRegistry(() => true, { onRefused: (id) => refusals.push(id), onFinished: (id) => finished.push(id) });
+      const s = sink();
+      reg.submit("a", { text: "x" }, params, s);
+      reg.handleRequestError({ v: PROTOCOL_VERSION, type: "request_error", id: "a", code: code as "engine_error", message: `m ${code}` });
+      const e = s.log.finishes[0]!.error!;
+      expect([code, e.httpError?.status, e.httpError?.code]).toEqual([code, status, httpCode]);
+      expect([refusals.length, finished.length]).toEqual(refused ? [1, 0] : [0, 1]);
+    }
   });
 
   it("cancel sends exactly one abort, keeps the request until the engine's finish, and silences the sink", () => {
@@ -333,4 +358,307 @@ describe("culprit isolation by bisection (simulated engine)", () => {
       });
     }
   }
+});
+
+describe("engine deaths (state model: recovering, blame, forgiveness)", () => {
+  /** A registry whose observer records resumes and finishes. */
+  function tracked() {
+    const sent: Sent[] = [];
+    const resumed: { id: string; generated: number; deaths: number }[] = [];
+    const finished: { id: string; reason: FinishReason; phase: string | null; code?: string }[] = [];
+    const reg = new RequestRegistry(
+      (m) => {
+        sent.push(structuredClone(m));
+        return true;
+      },
+      {
+        onResumed: (id, g, deaths) => resumed.push({ id, generated: g, deaths }),
+        onFinished: (id, reason, _u, info) => finished.push({ id, reason, phase: info.phase, ...(info.errorCode ? { code: info.errorCode } : {}) }),
+      },
+    );
+    return { reg, sent, resumed, finished };
+  }
+  const adds = (sent: Sent[]) => sent.filter((m): m is AddMessage => m.type === "add");
+
+  it("requests in prefill and decode are kept across a death and resumed with their prompt and generated tokens", () => {
+    const t = tracked();
+    const p = sink();
+    const d = sink();
+    t.reg.submit("p", { text: "p" }, params, p);
+    t.reg.submit("d", { text: "d" }, params, d);
+    t.reg.handleStep(step(out("p", { admitted: { promptTokens: [1, 2], cachedTokens: 0 } }), out("d", { admitted: { promptTokens: [3], cachedTokens: 0 }, tokens: [7, 8], text: "xy" })));
+    expect([t.reg.phase("p"), t.reg.phase("d")]).toEqual(["prefill", "decode"]);
+    t.reg.handleEngineDeath("SIGABRT");
+    expect(t.reg.size).toBe(2);
+    expect(t.reg.recoveringCount).toBe(2);
+    expect([t.reg.phase("p"), t.reg.phase("d")]).toEqual(["prefill", "decode"]);
+    t.sent.length = 0;
+    t.reg.resumeRecovering();
+    const resent = adds(t.sent);
+    expect(resent.map((m) => [m.id, m.prompt, m.generated ?? null])).toEqual([
+      ["p", { tokens: [1, 2] }, null],
+      ["d", { tokens: [3] }, [7, 8]],
+    ]);
+    expect(t.reg.recoveringCount).toBe(0);
+    // Both finish normally on the new engine; nobody's sink saw an error.
+    t.reg.handleStep(step(out("p", { tokens: [5], text: "a", finish: fin("stop", 2, 1) }), out("d", { tokens: [9], text: "z", finish: fin("length", 1, 1) })));
+    expect(p.log.finishes.map((f) => f.reason)).toEqual(["stop"]);
+    expect(d.log.finishes.map((f) => [f.reason, f.usage.completionTokens])).toEqual([["length", 3]]);
+    expect(t.reg.size).toBe(0);
+  });
+
+  it("a cancel while recovering releases the request at once: no abort, never resubmitted, finished as abort", () => {
+    const t = tracked();
+    const s = sink();
+    t.reg.submit("a", { text: "a" }, params, s);
+    t.reg.handleStep(step(out("a", { admitted: { promptTokens: [1], cachedTokens: 0 }, tokens: [4], text: "x" })));
+    t.reg.handleEngineDeath("SIGABRT");
+    t.sent.length = 0;
+    t.reg.cancel("a", "client_disconnect");
+    expect(t.reg.size).toBe(0);
+    expect(t.reg.recoveringCount).toBe(0);
+    expect(t.finished).toEqual([{ id: "a", reason: "abort", phase: "decode" }]);
+    t.reg.resumeRecovering();
+    expect(t.sent).toEqual([]);
+    expect(s.log.finishes).toEqual([]); // the gateway itself ended it: the sink is not called
+  });
+
+  it("a request cancelling when the engine dies is released by the death, as its cause says", () => {
+    const t = tracked();
+    t.reg.submit("a", { text: "a" }, params, sink());
+    t.reg.cancel("a", "stop_string");
+    t.reg.handleEngineDeath("SIGABRT");
+    expect(t.reg.size).toBe(0);
+    expect(t.finished).toEqual([{ id: "a", reason: "stop", phase: "queued" }]);
+  });
+
+  /** Kill the engine under `id`, resume it, and let it generate `tokens` tokens on the new engine. */
+  function dieAndProgress(t: ReturnType<typeof tracked>, id: string, tokens: number, blame = true): void {
+    t.reg.handleEngineDeath("SIGABRT", { blame });
+    t.reg.resumeRecovering();
+    t.reg.handleStep(step(out(id, { admitted: { promptTokens: [1], cachedTokens: 0 } })));
+    for (let i = 0; i < tokens; i++) t.reg.handleStep(step(out(id, { tokens: [10 + i], text: "t" })));
+  }
+
+  it("progress forgives earlier deaths: a request making FORGIVE_AFTER_TOKENS tokens between deaths is never isolated", () => {
+    const t = tracked();
+    const s = sink();
+    t.reg.submit("a", { text: "a" }, params, s);
+    for (let i = 0; i < 5; i++) dieAndProgress(t, "a", FORGIVE_AFTER_TOKENS);
+    expect(t.resumed.map((r) => r.deaths)).toEqual([1, 1, 1, 1, 1]);
+    expect(s.log.finishes).toEqual([]);
+    expect(t.reg.phase("a")).toBe("decode");
+  });
+
+  it("without enough progress deaths add up and a lone request is isolated with engine_fault", () => {
+    const t = tracked();
+    const s = sink();
+    t.reg.submit("a", { text: "a" }, params, s);
+    for (let i = 0; i < 4 && t.reg.size > 0; i++) dieAndProgress(t, "a", FORGIVE_AFTER_TOKENS - 1);
+    expect(t.resumed.map((r) => r.deaths)).toEqual([1, 2]);
+    expect(s.log.finishes.map((f) => [f.reason, f.error?.code, f.error?.httpError?.status])).toEqual([["error", "engine_fault", 500]]);
+    expect(t.reg.size).toBe(0);
+  });
+
+  it("deaths nobody could cause (blame: false) never count: a request survives any number of them", () => {
+    const t = tracked();
+    const s = sink();
+    t.reg.submit("a", { text: "a" }, params, s);
+    for (let i = 0; i < 6; i++) dieAndProgress(t, "a", 0, false);
+    expect(t.resumed.map((r) => r.deaths)).toEqual([0, 0, 0, 0, 0, 0]);
+    expect(s.log.finishes).toEqual([]);
+    expect(t.reg.size).toBe(1);
+  });
+});
+
+describe("queue time", () => {
+  it("is the engine's measure of the wait before admission when it reports one (not up to the first prefill chunk's output)", () => {
+    const queued: number[] = [];
+    const reg = new RequestRegistry(() => true, { onAdmitted: (_id, _n, info) => queued.push(info.queueMs) });
+    reg.submit("a", { text: "a" }, params, sink());
+    reg.submit("b", { text: "b" }, params, sink());
+    reg.handleStep(step(out("a", { admitted: { promptTokens: [1], cachedTokens: 0, queueMs: 3 } })));
+    reg.handleStep(step(out("b", { admitted: { promptTokens: [1], cachedTokens: 0 } })));
+    expect(queued[0]).toBe(3);
+    // Without the engine's measure: from acceptance to the step output (non-negative, small in a unit test).
+    expect(queued[1]).toBeGreaterThanOrEqual(0);
+    expect(queued[1]).toBeLessThan(10_000);
+    expect(queued).toHaveLength(2);
+  });
+});
+
+describe("registry bookkeeping (mutation-testing gaps)", () => {
+  it("endAll ends every live request with a 503 shutting_down and one abort each; requests already cancelling are left alone", () => {
+    const t = setup();
+    const live = sink();
+    const leaving = sink();
+    t.reg.submit("live", { text: "a" }, params, live);
+    t.reg.submit("leaving", { text: "b" }, params, leaving);
+    t.reg.cancel("leaving", "client_disconnect");
+    t.sent.length = 0;
+    expect(t.reg.endAll("bye")).toBe(1);
+    expect(live.log.finishes.map((f) => [f.reason, f.error?.code, f.error?.message, f.error?.httpError?.status])).toEqual([["error", "shutting_down", "bye", 503]]);
+    expect(leaving.log.finishes).toEqual([]);
+    expect(t.sent).toEqual([{ v: PROTOCOL_VERSION, type: "abort", ids: ["live"] }]);
+    expect(t.events).toContain("cancel live queued shutdown");
+  });
+
+  it("abort latency: the engine's stepsAfterAbort when reported, else the gateway's step count since the cancel", () => {
+    let current = 5;
+    const latencies: (number | undefined)[] = [];
+    const reg = new RequestRegistry(() => true, { onFinished: (_id, _r, _u, info) => latencies.push(info.abortLatencySteps) }, () => current);
+    reg.submit("a", { text: "a" }, params, sink());
+    reg.submit("b", { text: "b" }, params, sink());
+    reg.submit("c", { text: "c" }, params, sink());
+    reg.cancel("a", "client_disconnect");
+    reg.cancel("b", "client_disconnect");
+    current = 8;
+    reg.handleStep(step(out("a", { finish: fin("abort") })));
+    reg.handleStep(step(out("b", { finish: { ...fin("abort"), stepsAfterAbort: 1 } })));
+    reg.handleStep(step(out("c", { finish: fin("stop") })));
+    expect(latencies).toEqual([3, 1, undefined]);
+  });
+
+  it("usage falls back to the engine's prompt count for a request that finished without an admission output", () => {
+    const t = setup();
+    const s = sink();
+    t.reg.submit("a", { text: "a" }, params, s);
+    t.reg.handleStep(step(out("a", { finish: fin("length", 7, 0) })));
+    expect(s.log.finishes[0]!.usage).toEqual({ promptTokens: 7, completionTokens: 0 });
+  });
+
+  it("time to first token once, then inter-token latency per later output with its token count", () => {
+    const first: number[] = [];
+    const later: [number, number][] = [];
+    const reg = new RequestRegistry(() => true, { onFirstToken: (_id, ms) => first.push(ms), onTokens: (_id, n, itl) => later.push([n, itl]) });
+    reg.submit("a", { text: "a" }, params, sink());
+    reg.handleStep(step(out("a", { admitted: { promptTokens: [1], cachedTokens: 0 } })));
+    reg.handleStep(step(out("a", { tokens: [5], text: "x" })));
+    reg.handleStep(step(out("a", { tokens: [6, 7], text: "yz" })));
+    reg.handleStep(step(out("a", { tokens: [], text: "" })));
+    expect(first).toHaveLength(1);
+    expect(first[0]).toBeGreaterThanOrEqual(0);
+    expect(first[0]).toBeLessThan(10_000);
+    expect(later.map(([n]) => n)).toEqual([2]);
+    expect(later[0]![1]).toBeGreaterThanOrEqual(0);
+    expect(later[0]![1]).toBeLessThan(10_000);
+  });
+
+  it("a request that dies before admission is resubmitted with its original prompt text", () => {
+    const t = setup();
+    t.reg.submit("q", { text: "the prompt" }, params, sink());
+    t.reg.handleEngineDeath("SIGABRT");
+    t.sent.length = 0;
+    t.reg.resumeRecovering();
+    expect(t.sent).toEqual([{ v: PROTOCOL_VERSION, type: "add", id: "q", prompt: { text: "the prompt" }, params }]);
+  });
+
+  it("a resubmission the engine cannot take (no engine connected) leaves the request recovering for the next ready", () => {
+    const t = setup();
+    t.reg.submit("q", { text: "p" }, params, sink());
+    t.reg.handleEngineDeath("SIGABRT");
+    t.setAccept(false);
+    t.reg.resumeRecovering();
+    expect(t.reg.recoveringCount).toBe(1);
+    t.setAccept(true);
+    t.reg.resumeRecovering();
+    expect(t.reg.recoveringCount).toBe(0);
+    expect(t.reg.phase("q")).toBe("queued");
+  });
+
+  it("an internal error on a cancelling request does not call its sink again", () => {
+    const t = setup();
+    const s = sink();
+    s.onOutput = () => {
+      throw new Error("boom");
+    };
+    t.reg.submit("a", { text: "a" }, params, s);
+    t.reg.cancel("a", "client_disconnect");
+    // The output is not forwarded to a cancelling request, so nothing throws and nothing is reported.
+    t.reg.handleStep(step(out("a", { tokens: [1], text: "x" })));
+    expect(s.log.finishes).toEqual([]);
+    expect(t.events.filter((e) => e.startsWith("internal"))).toEqual([]);
+  });
+});
+
+
+describe("bisection bookkeeping", () => {
+  function tracked() {
+    const adds: string[] = [];
+    const resumed = new Map<string, number[]>();
+    const reg = new RequestRegistry(
+      (m) => {
+        if (m.type === "add") adds.push(m.id);
+        return true;
+      },
+      { onResumed: (id, _g, deaths) => resumed.set(id, [...(resumed.get(id) ?? []), deaths]) },
+    );
+    const sinks = new Map<string, ReturnType<typeof sink>>();
+    const submit = (id: string) => {
+      const s = sink();
+      sinks.set(id, s);
+      reg.submit(id, { text: id }, params, s);
+    };
+    return { reg, adds, resumed, sinks, submit };
+  }
+
+  it("repeated deaths start a bisection when any request in flight reached the threshold: only the first half is resubmitted", () => {
+    const t = tracked();
+    t.submit("a");
+    t.reg.handleEngineDeath("SIGABRT"); // a: 1 death
+    t.reg.resumeRecovering();
+    t.submit("b");
+    t.reg.handleEngineDeath("SIGABRT"); // a: 2 deaths, b: 1
+    t.adds.length = 0;
+    t.reg.resumeRecovering();
+    expect(t.adds).toEqual(["a"]);
+    expect(t.reg.recoveringCount).toBe(1);
+  });
+
+  it("a request resumed beside a bisection group is not charged with the group's death", () => {
+    const t = tracked();
+    t.submit("a");
+    t.submit("b");
+    t.reg.handleEngineDeath("SIGABRT");
+    t.reg.resumeRecovering();
+    t.reg.handleEngineDeath("SIGABRT"); // both at 2: bisection over [a, b]
+    t.reg.resumeRecovering(); // group [a]; b held back
+    t.submit("c"); // a bystander, not a suspect
+    t.reg.handleEngineDeath("SIGABRT"); // the group dies alone: a is isolated
+    expect(t.sinks.get("a")!.log.finishes.map((f) => f.error?.code)).toEqual(["engine_fault"]);
+    t.reg.resumeRecovering();
+    expect(t.resumed.get("c")).toEqual([0]);
+    expect(t.sinks.get("c")!.log.finishes).toEqual([]);
+  });
+
+  it("candidates held back while a group of several dies are cleared of suspicion (resumed with no deaths)", () => {
+    const t = tracked();
+    for (const id of ["a", "b", "c", "d"]) t.submit(id);
+    t.reg.handleEngineDeath("SIGABRT");
+    t.reg.resumeRecovering();
+    t.reg.handleEngineDeath("SIGABRT"); // all at 2: bisection over [a, b, c, d]
+    t.adds.length = 0;
+    t.reg.resumeRecovering(); // group [a, b]
+    expect(t.adds).toEqual(["a", "b"]);
+    t.reg.handleEngineDeath("SIGABRT"); // the group of two dies: c and d were not in flight
+    t.adds.length = 0;
+    t.reg.resumeRecovering();
+    // c and d are no longer suspects: resumed at once, with their deaths forgotten; [a, b] bisected again.
+    expect(t.adds).toEqual(["c", "d", "a"]);
+    expect([t.resumed.get("c")!.at(-1), t.resumed.get("d")!.at(-1)]).toEqual([0, 0]);
+  });
+
+  it("a group that ends cleanly releases the next half of the suspects", async () => {
+    const t = tracked();
+    for (const id of ["a", "b"]) t.submit(id);
+    t.reg.handleEngineDeath("SIGABRT");
+    t.reg.resumeRecovering();
+    t.reg.handleEngineDeath("SIGABRT");
+    t.adds.length = 0;
+    t.reg.resumeRecovering(); // group [a]
+    expect(t.adds).toEqual(["a"]);
+    t.reg.handleStep(step(out("a", { finish: fin("stop") })));
+    await Promise.resolve(); // the next group is released in a microtask
+    expect(t.adds).toEqual(["a", "b"]);
+  });
 });

@@ -7,7 +7,7 @@
 import type { AddMessage, RequestErrorMessage, SamplingParams, StepMessage } from "../protocol/messages.js";
 import { PROTOCOL_VERSION } from "../protocol/messages.js";
 import * as lc from "./lifecycle.js";
-import { engineError, engineFault, engineRefusal, shuttingDown, type KeelHttpError } from "./errors.js";
+import { engineErrorToHttp, engineFault, shuttingDown, type KeelHttpError } from "./errors.js";
 /** Token counts of a request (tokens). */
 export interface Usage {
   promptTokens: number;
@@ -41,20 +41,14 @@ interface Entry {
   cancelledAtStep: number | null;
   /** The prompt as first submitted (rendered text), used to resubmit a request that was never admitted. */
   readonly prompt: AddMessage["prompt"];
-  /** Engine deaths this request was in flight for (culprit isolation). */
-  deaths: number;
-  /** True while the current engine process holds the request. */
-  inEngine: boolean;
   /** When the request was first admitted to a sequence (ms since epoch), or null. */
   admittedAt: number | null;
   /** When its latest token arrived (ms since epoch), or null. */
   lastTokenAt: number | null;
-  /** Tokens generated since the request was last (re)submitted to an engine. */
-  sinceSubmit: number;
 }
 
-/** Tokens of progress after a resume that clear a request's death count (see handleEngineDeath). */
-export const FORGIVE_AFTER_TOKENS = 8;
+/** Tokens of progress after a resume that clear a request's death count (see lifecycle.generated). */
+export const FORGIVE_AFTER_TOKENS = lc.FORGIVE_AFTER_TOKENS;
 
 /** Events the registry reports for metrics and logs. */
 export interface RegistryObserver {
@@ -146,11 +140,8 @@ export class RequestRegistry {
       acceptedAt: Date.now(),
       cancelledAtStep: null,
       prompt,
-      deaths: 0,
-      inEngine: true,
       admittedAt: null,
       lastTokenAt: null,
-      sinceSubmit: 0,
     });
     this.observer.onQueued?.(id);
     return true;
@@ -163,14 +154,19 @@ export class RequestRegistry {
   cancel(id: string, cause: lc.CancelCause): void {
     const e = this.live.get(id);
     if (!e) return;
+    const phase = lc.phaseOf(e.lifecycle);
     const next = lc.cancel(e.lifecycle, cause);
-    if (!next || next.state !== "cancelling") return;
+    if (!next || phase === null) return;
+    this.observer.onCancel?.(id, phase, cause);
+    if (next.state === "finished") {
+      // No engine holds it (recovering): released at once; the client gave up or is being ended, so no sink call.
+      this.close(e, next, phase, { promptTokens: e.promptTokens.length, completionTokens: e.generated.length }, { notifySink: false });
+      return;
+    }
+    // An engine holds it: send one abort and wait for the engine's confirmation.
     e.lifecycle = next;
     e.cancelledAtStep = this.currentStep();
-    this.observer.onCancel?.(id, next.phase, cause);
-    // A request no engine holds (recovering) is released at once; otherwise wait for the engine's confirmation.
-    if (e.inEngine) this.send({ v: PROTOCOL_VERSION, type: "abort", ids: [id] });
-    else this.end(e, "abort", { promptTokens: e.promptTokens.length, completionTokens: e.generated.length });
+    this.send({ v: PROTOCOL_VERSION, type: "abort", ids: [id] });
   }
 
   /** Apply one engine step output. */
@@ -213,7 +209,10 @@ export class RequestRegistry {
         // Timings are reported once per request: a resumed request is admitted again but queued only once.
         if (e.admittedAt === null) {
           e.admittedAt = now;
-          this.observer.onAdmitted?.(e.id, e.promptTokens.length, { queueMs: now - e.acceptedAt, cachedTokens: o.admitted.cachedTokens });
+          // Queue time ends at admission, not after the first prefill chunk: the engine's own measure when it sends
+          // one (the add left the gateway at acceptance), else up to this step's output.
+          const queueMs = o.admitted.queueMs ?? now - e.acceptedAt;
+          this.observer.onAdmitted?.(e.id, e.promptTokens.length, { queueMs, cachedTokens: o.admitted.cachedTokens });
         }
         e.sink.onAdmitted();
       }
@@ -221,13 +220,10 @@ export class RequestRegistry {
     if (o.tokens.length > 0 || o.text.length > 0) {
       const before = e.generated.length;
       e.generated.push(...o.tokens);
-      const next = lc.firstToken(e.lifecycle);
+      // Progress forgives earlier deaths (lifecycle.generated): a culprit dies again before making progress.
+      const next = lc.generated(e.lifecycle, o.tokens.length);
       if (next) e.lifecycle = next;
       if (o.tokens.length > 0) {
-        // Progress forgives earlier deaths: a request that generated FORGIVE_AFTER_TOKENS tokens since its last
-        // (re)submission was not what killed the engine then (a culprit dies again before making progress).
-        e.sinceSubmit += o.tokens.length;
-        if (e.deaths > 0 && e.sinceSubmit >= FORGIVE_AFTER_TOKENS) e.deaths = 0;
         if (before === 0) this.observer.onFirstToken?.(e.id, now - e.acceptedAt);
         else if (e.lastTokenAt !== null) this.observer.onTokens?.(e.id, o.tokens.length, (now - e.lastTokenAt) / o.tokens.length);
         e.lastTokenAt = now;
@@ -236,22 +232,18 @@ export class RequestRegistry {
     }
     if (o.finish) {
       const usage = { promptTokens: e.promptTokens.length > 0 ? e.promptTokens.length : o.finish.promptTokens, completionTokens: e.generated.length };
-      this.end(e, o.finish.reason, usage, o.finish.error, o.finish.stepsAfterAbort);
+      const error = o.finish.error ? { ...o.finish.error, httpError: engineErrorToHttp(o.finish.error.code, o.finish.error.message) } : undefined;
+      this.end(e, o.finish.reason, usage, error, o.finish.stepsAfterAbort);
     }
   }
 
-  /** The engine refused an add. */
+  /** The engine refused an add. Its code maps to HTTP once (errors.ts engineErrorToHttp). */
   handleRequestError(msg: RequestErrorMessage): void {
     const e = this.live.get(msg.id);
     if (!e) return;
-    const usage = { promptTokens: 0, completionTokens: 0 };
-    if (msg.code === "engine_error") {
-      // The engine failed to take the request (e.g. no sampler): an engine failure, answered with a 500.
-      this.end(e, "error", usage, { code: msg.code, message: msg.message, httpError: engineError(msg.message) });
-      return;
-    }
-    // The engine refused a bad request (e.g. context length): a client error (400), not a finished request.
-    this.end(e, "error", usage, { code: msg.code, message: msg.message, httpError: engineRefusal(msg.code, msg.message) }, undefined, true);
+    const httpError = engineErrorToHttp(msg.code, msg.message);
+    // A 4xx is a refusal of a bad request (e.g. context length), not a finished request; a 5xx is an engine failure.
+    this.end(e, "error", { promptTokens: 0, completionTokens: 0 }, { code: httpError.code, message: msg.message, httpError }, undefined, httpError.status < 500);
   }
 
   /**
@@ -282,35 +274,39 @@ export class RequestRegistry {
 
   /**
    * The engine process died and is being restarted. Requests it held move to `recovering` (cancelling ones are
-   * released by the death); each counts one more death. Culprit isolation: blame must be earned — a request that
-   * was the only suspect in flight when the engine died, after `faultThreshold` deaths, is failed with
+   * released by the death). Culprit isolation: blame must be earned — only a death the requests could have caused
+   * (`opts.blame`, decided by the supervisor from how the engine died) counts one more death for them; a request
+   * that was the only suspect in flight when the engine died, after `faultThreshold` deaths, is failed with
    * `engine_fault`; everyone else is resumed. Returns the ids failed as culprits.
    */
   handleEngineDeath(description: string, opts: { blame: boolean } = { blame: true }): { id: string; prompt: AddMessage["prompt"] }[] {
-    const inFlight = [...this.live.values()].filter((e) => e.inEngine);
+    const inFlight = [...this.live.values()].filter((e) => lc.heldByEngine(e.lifecycle));
     const culprits: { id: string; prompt: AddMessage["prompt"] }[] = [];
+    const died: Entry[] = [];
     for (const e of inFlight) {
-      e.inEngine = false;
-      if (e.lifecycle.state === "cancelling") {
-        this.end(e, "abort", { promptTokens: e.promptTokens.length, completionTokens: e.generated.length });
+      const phase = lc.phaseOf(e.lifecycle);
+      // A death Keel caused itself (the watchdog's kill) or one from outside is nobody's fault. While a bisection
+      // group is in flight the death is charged to the group only: requests resumed beside it are not suspects.
+      const blamed = opts.blame && (this.group.size === 0 || this.group.has(e.id));
+      const next = lc.engineDied(e.lifecycle, blamed);
+      if (!next) continue;
+      if (next.state === "finished") {
+        // It was cancelling: the death released it.
+        this.close(e, next, phase, { promptTokens: e.promptTokens.length, completionTokens: e.generated.length }, { notifySink: false });
         continue;
       }
-      // A death Keel caused itself (the watchdog's kill) is nobody's fault. While a bisection group is in flight
-      // the death is charged to the group only: requests resumed beside it are not suspects for it.
-      if (opts.blame && (this.group.size === 0 || this.group.has(e.id))) e.deaths += 1;
-      const next = lc.engineDied(e.lifecycle);
-      if (next) e.lifecycle = next;
+      e.lifecycle = next;
+      died.push(e);
     }
-    const died = inFlight.filter((e) => e.lifecycle.state === "recovering");
     if (!opts.blame) return culprits;
     if (this.group.size > 0) {
       // A bisection group was running and the engine died: the culprit was in flight.
       const members = died.filter((e) => this.group.has(e.id));
       // A lone group member dies: it is the culprit.
-      if (members.length === 1 && members[0]!.deaths >= this.faultThreshold) {
+      if (members.length === 1 && lc.deathsOf(members[0]!.lifecycle) >= this.faultThreshold) {
         const e = members[0]!;
         culprits.push({ id: e.id, prompt: e.prompt });
-        this.observer.onCulprit?.(e.id, e.deaths);
+        this.observer.onCulprit?.(e.id, lc.deathsOf(e.lifecycle));
         this.group.clear();
         this.candidates = [];
         this.failCulprit(e, description);
@@ -321,7 +317,7 @@ export class RequestRegistry {
       const inFlightIds = new Set(died.map((e) => e.id));
       for (const id of this.candidates) {
         const held = this.live.get(id);
-        if (held && !inFlightIds.has(id)) held.deaths = 0;
+        if (held && !inFlightIds.has(id)) held.lifecycle = lc.acquit(held.lifecycle) ?? held.lifecycle;
       }
       // The culprit was in flight, and (bisection started from everyone in flight) in the group.
       this.candidates = members.map((e) => e.id);
@@ -329,18 +325,18 @@ export class RequestRegistry {
       return culprits;
     }
     // No bisection running: start one when deaths repeat (everyone in flight is a suspect).
-    if (died.some((e) => e.deaths >= this.faultThreshold)) this.candidates = died.map((e) => e.id);
+    if (died.some((e) => lc.deathsOf(e.lifecycle) >= this.faultThreshold)) this.candidates = died.map((e) => e.id);
     return culprits;
   }
 
   /** Fail a request isolated as the engine's killer with an OpenAI-shaped `engine_fault` error. */
   private failCulprit(e: Entry, description: string): void {
-    e.lifecycle = { state: "decode" }; // leave recovering so end() reports an error, not a resume
-    const message = `this request crashed the engine ${e.deaths} times (${description}); it was isolated and failed so that other requests could continue`;
-    this.end(e, "error", { promptTokens: e.promptTokens.length, completionTokens: e.generated.length }, {
-      code: "engine_fault",
-      message,
-      httpError: engineFault(message),
+    const phase = lc.phaseOf(e.lifecycle);
+    const next = lc.isolate(e.lifecycle);
+    if (!next) return;
+    const message = `this request crashed the engine ${lc.deathsOf(e.lifecycle)} times (${description}); it was isolated and failed so that other requests could continue`;
+    this.close(e, next, phase, { promptTokens: e.promptTokens.length, completionTokens: e.generated.length }, {
+      error: { code: "engine_fault", message, httpError: engineFault(message) },
     });
   }
 
@@ -371,18 +367,17 @@ export class RequestRegistry {
   }
 
   private resubmit(e: Entry): boolean {
+    const next = lc.resubmit(e.lifecycle);
+    if (!next) return false;
     const prompt = e.promptTokens.length > 0 ? { tokens: e.promptTokens } : e.prompt;
     const ok = this.send({ v: PROTOCOL_VERSION, type: "add", id: e.id, prompt, params: e.params, ...(e.generated.length > 0 ? { generated: [...e.generated] } : {}) });
     if (!ok) return false;
-    const next = lc.resubmit(e.lifecycle);
-    if (next) e.lifecycle = next;
-    e.inEngine = true;
-    e.sinceSubmit = 0;
-    this.observer.onResumed?.(e.id, e.generated.length, e.deaths);
+    e.lifecycle = next;
+    this.observer.onResumed?.(e.id, e.generated.length, lc.deathsOf(next));
     return true;
   }
 
-  /** Record the terminal event of an entry and forget it. */
+  /** End an entry with `reason` (the engine's terminal event, or the gateway's decision) and forget it. */
   private end(
     e: Entry,
     reason: lc.FinishReason,
@@ -394,7 +389,28 @@ export class RequestRegistry {
     const phase = lc.phaseOf(e.lifecycle);
     const wasCancelling = e.lifecycle.state === "cancelling";
     const next = lc.finish(e.lifecycle, reason);
-    if (!next || next.state !== "finished") return;
+    if (!next) return;
+    this.close(e, next, phase, usage, {
+      notifySink: !wasCancelling,
+      ...(error ? { error } : {}),
+      ...(stepsAfterAbort !== undefined ? { stepsAfterAbort } : {}),
+      refused,
+    });
+  }
+
+  /**
+   * Record a finished state for an entry and forget it: the sink (unless the gateway itself ended the request, e.g.
+   * a cancel), then metrics and logs through the observer.
+   */
+  private close(
+    e: Entry,
+    next: lc.Lifecycle,
+    phase: lc.Phase | null,
+    usage: Usage,
+    how: { notifySink?: boolean; error?: { code: string; message: string; httpError?: KeelHttpError }; stepsAfterAbort?: number; refused?: boolean },
+  ): void {
+    if (next.state !== "finished") return;
+    const { error, stepsAfterAbort, refused = false, notifySink = true } = how;
     e.lifecycle = next;
     this.live.delete(e.id);
     // A bisection group that has fully ended releases the next group of suspects.
@@ -407,7 +423,7 @@ export class RequestRegistry {
     // from the gateway's view of the step counter (which lags by the messages in flight).
     const latency = stepsAfterAbort !== undefined ? { abortLatencySteps: stepsAfterAbort } : e.cancelledAtStep === null ? {} : { abortLatencySteps: this.currentStep() - e.cancelledAtStep };
     // The client first, then metrics and logs; neither may stop the other or the caller (an engine exit, a step).
-    if (!wasCancelling) {
+    if (notifySink) {
       try {
         e.sink.onFinish(next.reason, usage, error);
       } catch (err) {

@@ -218,9 +218,11 @@ export interface RequestOutput {
   id: string;
   /**
    * Set once, in the step where the request was admitted to a sequence (its prefill begins): the prompt's token
-   * ids and how many leading tokens were reused from the prefix cache (not prefilled again).
+   * ids and how many leading tokens were reused from the prefix cache (not prefilled again). `queueMs` (optional):
+   * milliseconds from the `add`'s arrival in the engine to its admission, measured before the prefill runs; without
+   * it the gateway can only measure queue time to this step output, which includes the first prefill chunk.
    */
-  admitted?: { promptTokens: number[]; cachedTokens: number };
+  admitted?: { promptTokens: number[]; cachedTokens: number; queueMs?: number };
   /** Tokens sampled for the request in this step (0 or 1 today). */
   tokens: number[];
   /** With `params.logprobs` set: one entry per token in `tokens`, same order. */

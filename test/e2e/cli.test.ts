@@ -2,13 +2,14 @@
  * The `keel` command line: help, refusal of unknown flags and bad values, and startup validation of a model that
  * makes llama.cpp abort (GGML_ASSERT) — caught in a throwaway child with a clear message and exit code 1.
  */
-import { spawnSync } from "node:child_process";
+import { spawn, spawnSync } from "node:child_process";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { describe, expect, it } from "vitest";
 import { buildTinyModel } from "../../src/model/tiny-model.js";
-import { ROOT } from "../support/server.js";
+import { chat } from "../support/chat-client.js";
+import { metrics, ROOT, startServer } from "../support/server.js";
 
 const keel = (...args: string[]) =>
   spawnSync(process.execPath, [path.join(ROOT, "bin", "keel.mjs"), ...args], { cwd: ROOT, encoding: "utf8", timeout: 60_000 });
@@ -77,7 +78,119 @@ describe("keel serve flags", () => {
     fs.writeFileSync(file, "this is not gguf");
     const r = keel("serve", "--model_path", file, "--rest_port", "0", "--rest_bind_address", "127.0.0.1");
     expect(r.status).toBe(1);
-    expect(r.stderr).toContain("cannot be loaded");
+    expect(r.stderr).toContain(`the model file ${file} is not a GGUF file`);
     fs.rmSync(dir, { recursive: true, force: true });
+  });
+
+  it("a directory as model path gets a clear message, not EISDIR", () => {
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), "keel-dir-"));
+    const r = keel("serve", "--model_path", dir, "--rest_port", "0", "--rest_bind_address", "127.0.0.1");
+    expect(r.status).toBe(1);
+    expect(r.stderr).toContain(`${dir} is a directory; --model_path needs a GGUF model file`);
+    expect(r.stderr).not.toMatch(/EISDIR/);
+    fs.rmSync(dir, { recursive: true, force: true });
+  });
+
+  it("a truncated GGUF gets a clear message, not a JavaScript TypeError", () => {
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), "keel-trunc-"));
+    const whole = buildTinyModel({ layers: 1, hidden: 64, ff: 128, heads: 4, kvHeads: 2, merges: 50 });
+    for (const bytes of [8, 100]) {
+      const file = path.join(dir, `trunc-${bytes}.gguf`);
+      fs.writeFileSync(file, whole.subarray(0, bytes));
+      const r = keel("serve", "--model_path", file, "--rest_port", "0", "--rest_bind_address", "127.0.0.1");
+      expect(r.status).toBe(1);
+      expect(r.stderr).toContain(`the model ${file} cannot be loaded`);
+      expect(r.stderr).not.toMatch(/Cannot read properties of undefined/);
+    }
+    fs.rmSync(dir, { recursive: true, force: true });
+  });
+
+  it("every unknown flag is reported in one run, with one line pointing at --help instead of the whole help", () => {
+    const r = keel("serve", "--no_such_flag", "1", "--max_num_seqs", "4", "--other_flag");
+    expect(r.status).toBe(2);
+    expect(r.stderr).toContain("unknown flags --no_such_flag, --other_flag");
+    expect(r.stderr).toContain('Run "keel serve --help"');
+    expect(r.stderr).not.toContain("--rest_bind_address");
+    expect(r.stderr.trim().split("\n")).toHaveLength(2);
+  });
+
+  it("killing the startup model check (as an OOM killer would) is not reported as a bad model: it is retried", async () => {
+    const proc = spawn(process.execPath, [path.join(ROOT, "bin", "keel.mjs"), "serve", "--rest_port", "0", "--rest_bind_address", "127.0.0.1"], { cwd: ROOT, stdio: ["ignore", "pipe", "pipe"] });
+    let out = "";
+    proc.stdout.setEncoding("utf8").on("data", (d: string) => (out += d));
+    proc.stderr.setEncoding("utf8").on("data", (d: string) => (out += d));
+    const exited = new Promise<number | null>((r) => proc.once("exit", (c) => r(c)));
+    try {
+      // Find the model-check child (a validate-mode engine whose parent is this server) and SIGKILL it.
+      let killed = false;
+      for (let i = 0; i < 400 && !killed; i++) {
+        for (const pid of fs.readdirSync("/proc").filter((d) => /^\d+$/.test(d))) {
+          try {
+            const stat = fs.readFileSync(`/proc/${pid}/stat`, "utf8");
+            const ppid = Number(stat.slice(stat.lastIndexOf(")") + 2).split(" ")[1]);
+            if (ppid === proc.pid && fs.readFileSync(`/proc/${pid}/cmdline`, "utf8").includes('"mode":"validate"')) {
+              process.kill(Number(pid), "SIGKILL");
+              killed = true;
+              break;
+            }
+          } catch {
+            /* the process went away while we looked */
+          }
+        }
+        if (!killed) await new Promise((r) => setTimeout(r, 10));
+      }
+      expect(killed).toBe(true);
+      // The server carries on: the retried check passes and the engine becomes ready.
+      for (let i = 0; i < 600 && !out.includes('"event":"engine_ready"') && proc.exitCode === null; i++) await new Promise((r) => setTimeout(r, 50));
+      expect(out).not.toContain("cannot be loaded");
+      expect(out).toContain('"event":"engine_ready"');
+    } finally {
+      proc.kill("SIGTERM");
+      await exited;
+    }
+  });
+});
+
+describe("--deterministic", () => {
+  it("turns prefix reuse off (no cache hits on a repeated prompt), says so at start, and repeats the same text", async () => {
+    const server = await startServer(["--deterministic", "true"]);
+    try {
+      const body = { model: "keel-tiny", messages: [{ role: "user", content: "the same request twice, please" }], temperature: 0.8, seed: 7, max_tokens: 24, stream: true };
+      const first = await chat(server.baseUrl, body);
+      const second = await chat(server.baseUrl, body);
+      expect(first.done && second.done).toBe(true);
+      expect(second.text).toBe(first.text);
+      expect((await metrics(server.baseUrl)).get("keel_prefix_cache_hit_tokens_total")).toBe(0);
+      const started = server.logs.map((l) => JSON.parse(l) as { event?: string; prefixCaching?: boolean }).filter((l) => l.event === "deterministic");
+      expect(started).toEqual([expect.objectContaining({ event: "deterministic", prefixCaching: false })]);
+    } finally {
+      await server.stop();
+    }
+  });
+});
+
+
+describe("KEEL_ENGINE_COMMAND", () => {
+  it("starts the engine (and the model check) through the configured command, arguments and environment", async () => {
+    const command = { command: process.execPath, args: ["--max-old-space-size=1536", "dist/engine/main.js"], env: { KEEL_ENGINE_MARK: "custom-command" } };
+    const server = await startServer([], { KEEL_ENGINE_COMMAND: JSON.stringify(command) });
+    try {
+      const pid = server.enginePid();
+      const argv = fs.readFileSync(`/proc/${pid}/cmdline`, "utf8").split("\0");
+      expect(argv.slice(1, 3)).toEqual(["--max-old-space-size=1536", "dist/engine/main.js"]);
+      const config = JSON.parse(argv[3]!) as { mode: string; maxNumSeqs: number; device: string };
+      expect([config.mode, config.maxNumSeqs, config.device]).toEqual(["serve", 8, "cpu"]);
+      expect(fs.readFileSync(`/proc/${pid}/environ`, "utf8").split("\0")).toContain("KEEL_ENGINE_MARK=custom-command");
+      const r = await chat(server.baseUrl, { model: "keel-tiny", messages: [{ role: "user", content: "hi" }], max_tokens: 2 });
+      expect(r.status).toBe(200);
+    } finally {
+      await server.stop();
+    }
+  });
+
+  it("a KEEL_ENGINE_COMMAND that is not an engine command is refused with exit 2", () => {
+    const r = spawnSync(process.execPath, [path.join(ROOT, "bin", "keel.mjs"), "serve", "--rest_port", "0"], { cwd: ROOT, encoding: "utf8", timeout: 60_000, env: { ...process.env, KEEL_ENGINE_COMMAND: '{"command":42}' } });
+    expect(r.status).toBe(2);
+    expect(r.stderr).toContain("KEEL_ENGINE_COMMAND must be JSON like");
   });
 });

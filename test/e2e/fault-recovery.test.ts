@@ -117,6 +117,63 @@ describe("blame must be earned", () => {
   });
 });
 
+describe("deaths from outside are nobody's fault", () => {
+  it("repeated SIGKILLs right after each engine start (an OOM killer) never charge the in-flight request; its prompt is not refused afterwards", async () => {
+    server = await startServer(["--max_num_seqs", "2"]);
+    const s = server;
+    const [expected] = await controls(s, [PROMPTS[3]!], { max_tokens: 200 });
+    let kills = 0;
+    let killing: Promise<void> | null = null;
+    /** Kill the engine now, then each new engine as soon as it reports ready, `times` times in all. */
+    const killEachNewEngine = async (times: number): Promise<void> => {
+      let lastPid = 0;
+      while (kills < times) {
+        const pid = s.enginePid();
+        if (pid !== 0 && pid !== lastPid) {
+          lastPid = pid;
+          kills += 1;
+          process.kill(pid, "SIGKILL");
+        } else {
+          await new Promise((r) => setTimeout(r, 2)); // watching the server's log for the next engine_ready
+        }
+      }
+    };
+    const r = await chat(s.baseUrl, body(PROMPTS[3]!, { max_tokens: 200 }), {
+      onEvent: (_e, k) => {
+        if (k === 3 && killing === null) killing = killEachNewEngine(4);
+      },
+    });
+    await killing;
+    expect(kills).toBe(4);
+    expect(r.events.some((e) => "error" in e)).toBe(false);
+    expect(r.done).toBe(true);
+    expect(r.text).toBe(expected);
+    await waitForReady(s.baseUrl);
+    expect((await metrics(s.baseUrl)).get('keel_requests_failed_total{reason="engine_fault"}')).toBe(0);
+    // The same prompt is served again, not refused as a known engine killer.
+    const again = await chat(s.baseUrl, body(PROMPTS[3]!, { max_tokens: 200 }));
+    expect(again.status).toBe(200);
+    expect(again.text).toBe(expected);
+  });
+});
+
+describe("503 while the engine restarts", () => {
+  it("from the moment of an engine death the 503 says the engine is restarting, never that the model is still loading", async () => {
+    server = await startServer();
+    const s = server;
+    process.kill(s.enginePid(), "SIGKILL");
+    // The first 503 readiness answer after the death (the restart backoff runs before a new engine is spawned).
+    let ready = await get(s.baseUrl, "/v2/health/ready");
+    for (let i = 0; i < 2000 && ready.status === 200; i++) ready = await get(s.baseUrl, "/v2/health/ready");
+    expect(ready.status).toBe(503);
+    expect((JSON.parse(ready.body) as { error: { code: string } }).error.code).toBe("engine_restarting");
+    const r = await chat(s.baseUrl, body(PROMPTS[0]!, { max_tokens: 4 }));
+    if (r.status === 503) expect((r.body as { error: { code: string } }).error.code).toBe("engine_restarting");
+    else expect(r.done).toBe(true); // the new engine was already up: served
+    await waitForReady(s.baseUrl);
+  });
+});
+
 describe("culprit isolation", () => {
   it("a request that crashes the engine whenever it is scheduled fails alone with engine_fault; the other 7 are identical", async () => {
     server = await startServer(["--max_num_seqs", "8"], { KEEL_FAULT_INJECTION: JSON.stringify({ crashOnPrompt: "POISON" }) });

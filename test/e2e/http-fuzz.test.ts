@@ -348,3 +348,27 @@ describe("HTTP fuzz of POST /v3/chat/completions", () => {
     expect(after.get('keel_requests_failed_total{reason="engine_error"}'), "a client error counted as an engine error").toBe(before.get('keel_requests_failed_total{reason="engine_error"}'));
   });
 });
+
+describe("a body over the limit", () => {
+  /** POST `bytes` bytes with a Content-Length; resolves with the status, or the client-side error code. */
+  const post = (bytes: number, chunked: boolean): Promise<string> =>
+    new Promise((resolve) => {
+      const headers: Record<string, string | number> = { "content-type": "application/json" };
+      if (!chunked) headers["content-length"] = bytes;
+      const req = http.request({ host: "127.0.0.1", port: server.port, path: "/v3/chat/completions", method: "POST", headers }, (res) => {
+        res.resume();
+        res.on("end", () => resolve(String(res.statusCode)));
+      });
+      req.on("error", (e: NodeJS.ErrnoException) => resolve(e.code ?? e.message));
+      req.end(Buffer.alloc(bytes, 0x61));
+    });
+
+  it("is answered 413 every time, never a broken pipe while the client is still sending (Content-Length and chunked)", async () => {
+    // 8.5 MB against the limit: the client is still writing when the server knows the answer.
+    const results: string[] = [];
+    for (let i = 0; i < 6; i++) results.push(await post(8.5 * 1024 * 1024, i % 2 === 1));
+    expect(results).toEqual(["413", "413", "413", "413", "413", "413"]);
+    const r = await chat(server.baseUrl, { model: "keel-tiny", messages: [{ role: "user", content: "hi" }], max_tokens: 2 });
+    expect(r.status).toBe(200);
+  });
+});

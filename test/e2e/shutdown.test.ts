@@ -4,6 +4,7 @@
  * A terminal's Ctrl-C signals the whole foreground process group: the engine runs in its own group, so it is the
  * gateway that stops it, in order.
  */
+import net from "node:net";
 import { afterEach, describe, expect, it } from "vitest";
 import { chat } from "../support/chat-client.js";
 import { get, startServer, waitForMetrics, type ServerHandle } from "../support/server.js";
@@ -66,6 +67,74 @@ describe("graceful drain", () => {
       expect(await exited(server.proc)).toBe(0);
     });
   }
+
+  it("the same Ctrl-C delivered twice within a few ms (npm forwards it) counts once: the drain is honoured", async () => {
+    const server = await startServer(["--max_num_seqs", "1"]);
+    started.push(server);
+    const control = await chat(server.baseUrl, req(300));
+    const stream = chat(server.baseUrl, req(300), {
+      onEvent: (_e, i) => {
+        if (i === 3) {
+          // What `npm run serve` does on Ctrl-C: the terminal signals the group, and npm forwards the same signal a
+          // few ms later (20 ms here: two signals at once would be merged into one by the kernel).
+          process.kill(-server.proc.pid!, "SIGINT");
+          setTimeout(() => server.proc.kill("SIGINT"), 20);
+        }
+      },
+    });
+    const r = await stream;
+    expect(r.done).toBe(true);
+    expect(r.text).toBe(control.text);
+    expect(await exited(server.proc)).toBe(0);
+    const lines = server.logs.map((l) => {
+      try {
+        return JSON.parse(l) as { event?: string };
+      } catch {
+        return {};
+      }
+    });
+    expect(lines.filter((l) => l.event === "shutdown")).toHaveLength(1);
+    expect(lines.filter((l) => l.event === "shutdown_signal_repeated")).toHaveLength(1);
+  });
+
+  it("a connection that never sent a byte neither blocks the drain nor outlives --request_timeout", async () => {
+    const server = await startServer(["--request_timeout", "1"]);
+    started.push(server);
+    // 1. --request_timeout drops a silent connection.
+    const first = net.connect(server.port, "127.0.0.1");
+    first.on("error", () => undefined);
+    const firstClosed = new Promise<number>((r) => first.once("close", () => r(Date.now())));
+    const openedAt = await new Promise<number>((r) => first.once("connect", () => r(Date.now())));
+    expect((await firstClosed) - openedAt).toBeLessThan(5000);
+    // 2. A drain finishes with a silent connection open.
+    const silent = net.connect(server.port, "127.0.0.1");
+    silent.on("error", () => undefined);
+    const silentClosed = new Promise<void>((r) => silent.once("close", () => r()));
+    await new Promise<void>((r) => silent.once("connect", () => r()));
+    server.proc.kill("SIGTERM");
+    expect(await exited(server.proc)).toBe(0);
+    await silentClosed;
+  });
+
+  it("a 503 while draining is logged at info with the request id, not as an error", async () => {
+    const server = await startServer(["--max_num_seqs", "1", "--shutdown_timeout", "5"]);
+    started.push(server);
+    let refused: Awaited<ReturnType<typeof chat>> | null = null;
+    const stream = chat(server.baseUrl, req(400), { onEvent: (_e, i) => i === 2 && server.proc.kill("SIGTERM") });
+    await waitForMetrics(server.baseUrl, () => server.logs.some((l) => l.includes('"event":"drain_started"')));
+    refused = await chat(server.baseUrl, req(2));
+    expect(refused.status).toBe(503);
+    await stream;
+    expect(await exited(server.proc)).toBe(0);
+    const unavailable = server.logs.map((l) => JSON.parse(l) as { level: number; event?: string; requestId?: string; code?: string }).filter((l) => l.event === "unavailable");
+    expect(unavailable.length).toBeGreaterThanOrEqual(1);
+    for (const l of unavailable) {
+      expect(l.level).toBe(30);
+      expect(l.requestId).toMatch(/\S/);
+      expect(l.code).toBe("shutting_down");
+    }
+    expect(server.logs.some((l) => (JSON.parse(l) as { level: number }).level >= 50 && l.includes("shutting down"))).toBe(false);
+  });
 
   it("--shutdown_timeout ends what is still running with an error event, then exits 0", async () => {
     const server = await startServer(["--max_num_seqs", "1", "--shutdown_timeout", "0", "--max_num_batched_tokens", "8"]);

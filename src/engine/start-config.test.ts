@@ -1,0 +1,45 @@
+import { describe, expect, it } from "vitest";
+import type { EngineConfig } from "../protocol/engine-config.js";
+import { parseEngineConfig, toAdapterOptions } from "./start-config.js";
+
+const config: EngineConfig = {
+  mode: "serve",
+  modelPath: "/m.gguf",
+  maxNumSeqs: 4,
+  maxNumBatchedTokens: 64,
+  maxModelLen: 512,
+  prefixCaching: true,
+  threads: 2,
+  flashAttention: false,
+  kvCacheType: "f16",
+  device: "cpu",
+  generation: 3,
+};
+
+describe("engine start configuration", () => {
+  it("parses the engine-neutral EngineConfig", () => {
+    expect(parseEngineConfig(JSON.stringify(config))).toEqual(config);
+  });
+
+  it("maps it onto the llama.cpp adapter: sequences, context, batch, device", () => {
+    expect(toAdapterOptions({ ...config, device: "auto" })).toEqual({
+      modelPath: "/m.gguf",
+      sequences: 4,
+      contextSize: 512,
+      batchSize: 64,
+      threads: 2,
+      flashAttention: false,
+      kvCacheType: "f16",
+      gpu: "auto",
+    });
+  });
+
+  it("names what is missing or invalid", () => {
+    expect(() => parseEngineConfig(undefined)).toThrow(/missing the EngineConfig JSON argument/);
+    const { maxModelLen: _dropped, ...noLen } = config;
+    expect(() => parseEngineConfig(JSON.stringify(noLen))).toThrow("EngineConfig.maxModelLen is missing or invalid: undefined");
+    expect(() => parseEngineConfig(JSON.stringify({ ...config, device: "gpu" }))).toThrow('EngineConfig.device is missing or invalid: "gpu"');
+    // The adapter's own option names are not the protocol's.
+    expect(() => parseEngineConfig(JSON.stringify({ ...config, maxNumSeqs: undefined, sequences: 4 }))).toThrow(/maxNumSeqs/);
+  });
+});

@@ -1,0 +1,193 @@
+/**
+ * The gateway's HTTP app (fastify): strict UTF-8 JSON bodies, the OpenAI error envelope for every failure, guards on
+ * connections (slow, silent, oversized), and every route. Engine supervision and the registry are given to it;
+ * it owns only the HTTP-side state (draining, closing, the current chat template).
+ */
+import http from "node:http";
+import Fastify, { type FastifyInstance } from "fastify";
+import type { Logger } from "pino";
+import { handleChat, MAX_UNREAD_BYTES } from "./chat-route.js";
+import type { ChatTemplate } from "./chat-template.js";
+import type { EngineClient } from "./engine-client.js";
+import { engineRestarting, expectationFailed, invalidJson, notReady, routeNotFound, shuttingDown, toErrorBody, toHttpError } from "./errors.js";
+import type { Metrics } from "./metrics.js";
+import type { RequestRegistry } from "./registry.js";
+import type { GatewayOptions } from "./server.js";
+import { SilentConnections } from "./silent-connections.js";
+import type { EngineSupervisor } from "./supervisor.js";
+
+const utf8 = new TextDecoder("utf-8", { fatal: true });
+
+/** Most bytes of a too-large body read and discarded before the 413 is sent anyway. */
+const MAX_DISCARDED_BODY_BYTES = 64 * 1024 * 1024;
+
+/**
+ * Read and drop the rest of a request body; resolves at its end or when the client goes (false), or once more than
+ * `maxBytes` were dropped (true).
+ */
+function discardBody(body: http.IncomingMessage, maxBytes: number): Promise<boolean> {
+  return new Promise((resolve) => {
+    let seen = 0;
+    const done = (exceeded = false): void => {
+      body.off("data", onData);
+      resolve(exceeded);
+    };
+    const onData = (chunk: Buffer): void => {
+      seen += chunk.length;
+      if (seen > maxBytes) done(true);
+    };
+    body.on("data", onData);
+    body.once("end", () => done());
+    body.once("close", () => done());
+    body.once("error", () => done());
+    body.resume();
+  });
+}
+
+/** What the HTTP app is given. */
+export interface HttpAppDeps {
+  opts: GatewayOptions;
+  registry: RequestRegistry;
+  supervisor: EngineSupervisor;
+  metrics: Metrics;
+  log: Logger;
+}
+
+/** The HTTP app and the switches the gateway's composition turns. */
+export interface HttpApp {
+  app: FastifyInstance;
+  /** Connections that never sent a request (dropped at shutdown). */
+  silent: SilentConnections;
+  /** The current engine's chat template (set on each engine ready). */
+  setTemplate(t: ChatTemplate | null): void;
+  /** Readiness turns 503 and new requests get 503 `shutting_down` with Retry-After. */
+  startDraining(): void;
+  /** The server is being stopped (same answers as draining). */
+  startClosing(): void;
+}
+
+/** Build the HTTP app (not listening yet). */
+export function buildHttpApp(deps: HttpAppDeps): HttpApp {
+  const { opts, registry, supervisor, metrics, log } = deps;
+  // The names the routes' context below reads (it moves as one unit to the routes module).
+  const engine: EngineClient = supervisor.engine;
+  /** Chat template of the current engine's model; null until an engine reported ready. */
+  let template: ChatTemplate | null = null;
+  /** Prompts isolated as engine killers, as the routes ask about them (bounded in time: supervisor.ts). */
+  const culpritPrompts = { has: (prompt: string) => supervisor.isKnownCulprit(prompt) };
+  /** Set once the HTTP server and engine are being stopped. */
+  let closing = false;
+  /** Set by the drain: readiness 503 and new requests refused with 503 + Retry-After. */
+  let draining = false;
+
+  // requestTimeout bounds how long a client may take to send its whole request (slow headers or body).
+  const requestTimeout = opts.requestTimeoutMs ?? 30_000;
+  const app = Fastify({
+    logger: false,
+    bodyLimit: opts.bodyLimit,
+    return503OnClosing: true,
+    // Node drops a client that has not sent its whole request (headers and body) within requestTimeout; it checks
+    // on connectionsCheckingInterval, kept below the timeout so short limits are honoured.
+    serverFactory: (handler) =>
+      http.createServer(
+        { requestTimeout, headersTimeout: requestTimeout, connectionsCheckingInterval: Math.min(30_000, Math.max(100, Math.floor(requestTimeout / 4))) },
+        handler,
+      ),
+  });
+  /** Connections that never sent a request: dropped after requestTimeout, and at shutdown. */
+  const silent = new SilentConnections(app.server, requestTimeout);
+  // Bodies are parsed as strict UTF-8 JSON whatever the content type says (clients often omit it).
+  app.removeAllContentTypeParsers();
+  app.addContentTypeParser("*", { parseAs: "buffer" }, (_req, buf, done) => {
+    const raw = buf as Buffer;
+    if (raw.length === 0) return done(null, undefined);
+    let text: string;
+    try {
+      text = utf8.decode(raw);
+    } catch {
+      return done(invalidJson("(The request body is not valid UTF-8.)"), undefined);
+    }
+    try {
+      done(null, JSON.parse(text));
+    } catch (err) {
+      done(invalidJson(`(${(err as Error).message})`), undefined);
+    }
+  });
+  app.setErrorHandler((err, req, reply) => {
+    if (req.raw.aborted || (err as { code?: string }).code === "ECONNRESET") {
+      // The client left while sending its body: a client abort (499-style), not a server error.
+      log.info({ event: "client_aborted_request", requestId: req.id, url: req.url }, "client aborted while sending the request");
+      return;
+    }
+    const e = toHttpError(err, opts.bodyLimit);
+    // A 503 (loading, restarting, draining) is the server saying "not now", not a failure: info, with the id.
+    if (e.status === 503) log.info({ event: "unavailable", requestId: req.id, url: req.url, code: e.code }, "request refused: server unavailable");
+    else if (e.status >= 500) log.error({ event: "request_error", requestId: req.id, url: req.url, err: err instanceof Error ? err.message : String(err) }, "request failed");
+    if (e.status === 413 && !req.raw.complete) {
+      // The client may still be sending a body that is too large. Answering and closing at once (Fastify's way) makes
+      // its writes fail with EPIPE before it reads the answer. So answer at once but keep the connection, and read and
+      // discard the rest of the body (bounded in bytes here and in time by --request_timeout); a client sending
+      // more than the bound is cut off.
+      reply.removeHeader("connection");
+      void discardBody(req.raw, MAX_DISCARDED_BODY_BYTES).then((exceeded) => exceeded && req.raw.socket.destroy());
+    }
+    return reply.status(e.status).send(toErrorBody(e));
+  });
+  app.setNotFoundHandler((req, reply) => {
+    void reply.status(404).send(toErrorBody(routeNotFound(req.method, req.url)));
+  });
+
+  const chatCtx = {
+    registry,
+    modelName: opts.modelName,
+    template: () => template,
+    isReady: () => engine.isReady && !draining && !closing,
+    maxModelLen: () => engine.ready?.limits.maxModelLen ?? null,
+    maxQueuedRequests: opts.maxQueuedRequests,
+    maxUnreadBytes: opts.maxStreamBuffer ?? MAX_UNREAD_BYTES,
+    maxNumSeqs: () => engine.ready?.limits.maxNumSeqs ?? 0,
+    unavailable: () => {
+      if (draining || closing) return shuttingDown();
+      if (engine.starts > 1 && !engine.ready) return engineRestarting();
+      return notReady();
+    },
+    isKnownCulprit: (prompt: string) => culpritPrompts.has(prompt),
+    onRejected: (reason: "queue_full" | "not_ready") => metrics.requestsRejected.inc({ reason }),
+    log,
+    onDisconnect: (phase: "queued" | "prefill" | "decode") => metrics.clientDisconnects.inc({ phase }),
+  };
+  for (const path of ["/v3/chat/completions", "/v3/v1/chat/completions", "/v1/chat/completions"]) {
+    app.post(path, (req, reply) => handleChat(chatCtx, req, reply));
+  }
+  const modelsBody = () => ({
+    object: "list",
+    data: [{ id: opts.modelName, object: "model", created: startedAt, owned_by: "keel" }],
+  });
+  const startedAt = Math.floor(Date.now() / 1000);
+  for (const path of ["/v3/models", "/v3/v1/models", "/v1/models"]) app.get(path, async () => modelsBody());
+  app.get("/v2/health/live", async (_req, reply) => reply.status(200).send());
+  app.get("/v2/health/ready", async (_req, reply) => {
+    if (engine.isReady && !closing && !draining) return reply.status(200).send();
+    return reply.status(503).send(toErrorBody(draining || closing ? shuttingDown() : supervisor.unavailableReason === "restarting" ? engineRestarting() : notReady()));
+  });
+  app.get("/metrics", async (_req, reply) => {
+    const text = await metrics.registry.metrics();
+    return reply.type(metrics.registry.contentType).send(text);
+  });
+
+  // `Expect: 100-continue` is answered by Node itself; any other expectation gets the OpenAI envelope, not Node's
+  // bare 417.
+  app.server.on("checkExpectation", (req, res) => {
+    const text = JSON.stringify(toErrorBody(expectationFailed(String(req.headers["expect"]))));
+    res.writeHead(417, { "content-type": "application/json; charset=utf-8", "content-length": Buffer.byteLength(text), connection: "close" });
+    res.end(text);
+  });
+
+  return {
+    app,
+    silent,
+    setTemplate: (t) => (template = t),
+    startDraining: () => (draining = true),
+    startClosing: () => (closing = true),
+  };
+}

@@ -1,0 +1,77 @@
+import pino from "pino";
+import { describe, expect, it } from "vitest";
+import { PROTOCOL_VERSION, type StepMessage } from "../protocol/messages.js";
+import { Metrics } from "./metrics.js";
+import { registryObserver, StepObserver } from "./metrics-observer.js";
+
+function setup() {
+  const lines: { level: number; event?: string; requestId?: string; [k: string]: unknown }[] = [];
+  const log = pino({ level: "info" }, { write: (l: string) => void lines.push(JSON.parse(l)) });
+  const metrics = new Metrics({ counts: () => ({ waiting: 0, running: 0 }), activeSequences: () => 0, cachedSequences: () => 0, lastStepAgeSeconds: () => 0 });
+  const value = async (name: string, labels = ""): Promise<number> => {
+    const text = await metrics.registry.getSingleMetricAsString(name);
+    const line = text.split("\n").find((l) => l.startsWith(`${name}${labels} `));
+    return Number(line?.split(" ")[1]);
+  };
+  return { lines, metrics, value, observer: registryObserver(metrics, log, () => 4) };
+}
+
+const stepMsg = (step: number, hits: number, active = 1): StepMessage => ({
+  v: PROTOCOL_VERSION,
+  type: "step",
+  step,
+  batchTokens: 1,
+  outputs: [],
+  stats: { waiting: 0, running: 1, activeSequences: active, cachedSequences: 2, prefixCacheHitTokens: hits },
+});
+
+describe("registryObserver: every registry hook reaches metrics and the log", () => {
+  it("an internal error while serving one request is logged at error level with its request id", () => {
+    const t = setup();
+    t.observer.onInternalError!("req-1", "sink failed: boom");
+    expect(t.lines).toEqual([expect.objectContaining({ level: 50, event: "internal_error", requestId: "req-1", error: "sink failed: boom" })]);
+  });
+
+  it("cancel, culprit, resume and refusal are logged with the request id", async () => {
+    const t = setup();
+    t.observer.onCancel!("a", "decode", "client_disconnect");
+    t.observer.onCulprit!("b", 3);
+    t.observer.onResumed!("c", 5, 1);
+    t.observer.onRefused!("d", "context_length_exceeded");
+    expect(t.lines.map((l) => [l.event, l.requestId])).toEqual([
+      ["cancelled", "a"],
+      ["culprit_isolated", "b"],
+      ["resumed", "c"],
+      ["rejected", "d"],
+    ]);
+    expect(await t.value("keel_requests_resumed_total")).toBe(1);
+    expect(await t.value("keel_requests_rejected_total", '{reason="invalid_request"}')).toBe(1);
+  });
+
+  it("a finished request counts by reason; errors count by cause", async () => {
+    const t = setup();
+    t.observer.onFinished!("a", "error", { promptTokens: 3, completionTokens: 2 }, { phase: "decode", errorCode: "engine_fault", error: "x", e2eMs: 10 });
+    t.observer.onFinished!("b", "error", { promptTokens: 1, completionTokens: 0 }, { phase: "queued", errorCode: "shutting_down", error: "y", e2eMs: 5 });
+    t.observer.onFinished!("c", "stop", { promptTokens: 4, completionTokens: 6 }, { phase: "decode", e2eMs: 7 });
+    expect(await t.value("keel_requests_finished_total", '{finish_reason="error"}')).toBe(2);
+    expect(await t.value("keel_requests_failed_total", '{reason="engine_fault"}')).toBe(1);
+    expect(await t.value("keel_requests_failed_total", '{reason="shutdown"}')).toBe(1);
+    expect(await t.value("keel_prompt_tokens_total")).toBe(8);
+    expect(await t.value("keel_generation_tokens_total")).toBe(8);
+  });
+});
+
+describe("StepObserver: metrics from step outputs in one place", () => {
+  it("counts step and prefix-hit increments of the engine's cumulative counters, and starts over with a new engine", async () => {
+    const t = setup();
+    const steps = new StepObserver(t.metrics);
+    steps.observe(stepMsg(3, 10));
+    steps.observe(stepMsg(5, 10, 2));
+    expect([steps.lastStep, steps.activeSequences, steps.cachedSequences]).toEqual([5, 2, 2]);
+    steps.engineStarted(); // the restarted engine counts from 0 again
+    expect([steps.lastStep, steps.activeSequences, steps.cachedSequences]).toEqual([0, 0, 0]);
+    steps.observe(stepMsg(2, 4));
+    expect(await t.value("keel_engine_steps_total")).toBe(7);
+    expect(await t.value("keel_prefix_cache_hit_tokens_total")).toBe(14);
+  });
+});
