@@ -4,7 +4,7 @@
  * sampling parameters and seed), drives each request's {@link Lifecycle}, and routes engine outputs to the HTTP
  * handler's sink. Outputs for ids it does not know are dropped silently (docs/design-rules.md, rule 5).
  */
-import type { AddMessage, RequestErrorMessage, SamplingParams, StepMessage } from "../protocol/messages.js";
+import type { AddMessage, PositionLogprobs, RequestErrorMessage, SamplingParams, StepMessage } from "../protocol/messages.js";
 import { PROTOCOL_VERSION } from "../protocol/messages.js";
 import * as lc from "./lifecycle.js";
 import { engineError, engineFault, engineRefusal, shuttingDown, type KeelHttpError } from "./errors.js";
@@ -18,8 +18,11 @@ export interface Usage {
 export interface RequestSink {
   /** The engine admitted the request (its prefill starts). */
   onAdmitted(): void;
-  /** New tokens and the text they completed (text may be "" while a character is incomplete). */
-  onOutput(tokens: number[], text: string): void;
+  /**
+   * New tokens and the text they completed (text may be "" while a character is incomplete), with their log
+   * probabilities when the request asked for them.
+   */
+  onOutput(tokens: number[], text: string, logprobs?: PositionLogprobs[]): void;
   /** The request ended. Not called for a request the gateway cancelled itself. */
   onFinish(reason: lc.FinishReason, usage: Usage, error?: { code: string; message: string; httpError?: KeelHttpError }): void;
 }
@@ -232,7 +235,7 @@ export class RequestRegistry {
         else if (e.lastTokenAt !== null) this.observer.onTokens?.(e.id, o.tokens.length, (now - e.lastTokenAt) / o.tokens.length);
         e.lastTokenAt = now;
       }
-      if (e.lifecycle.state !== "cancelling") e.sink.onOutput(o.tokens, o.text);
+      if (e.lifecycle.state !== "cancelling") e.sink.onOutput(o.tokens, o.text, o.logprobs);
     }
     if (o.finish) {
       const usage = { promptTokens: e.promptTokens.length > 0 ? e.promptTokens.length : o.finish.promptTokens, completionTokens: e.generated.length };

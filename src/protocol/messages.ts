@@ -190,6 +190,12 @@ export type EngineErrorCode = (typeof ENGINE_ERROR_CODES)[number];
 export interface TokenLogprob {
   token: number;
   logprob: number;
+  /**
+   * The token's raw bytes (its piece in the vocabulary; part of a multibyte character for some tokens). Optional so
+   * that an engine without byte access stays valid; the gateway then shows the token as `token_id:<id>` with null
+   * bytes. The llama.cpp engine always sends it.
+   */
+  bytes?: number[];
 }
 
 /** Log probabilities at one generated position: the sampled token and the `params.logprobs` most likely ones. */
