@@ -40,6 +40,8 @@ export interface Encoder {
   stream(ev: Exclude<SessionEvent, { type: "failed" }>, w: ResponseWriter): void;
   /** Streaming: the request failed after the stream began; write the final error event(s). */
   streamError(err: KeelHttpError, w: ResponseWriter): void;
+  /** Whether `data: [DONE]` follows the error event (Responses API, as OVMS) or the stream just ends (chat). */
+  doneAfterError?: boolean;
   /** Unary: the JSON body for the finished request. */
   unary(ev: Extract<SessionEvent, { type: "finished" }>): unknown;
 }
@@ -111,7 +113,7 @@ export function runGeneration(ctx: RouteContext, req: FastifyRequest, reply: Fas
     if (ev.type === "failed") {
       if (writer.streaming) {
         encoder.streamError(ev.error, writer);
-        writer.endStream(false);
+        writer.endStream(encoder.doneAfterError ?? false);
       } else writer.json(ev.error.status, toErrorBody(ev.error));
       log.info({ event: "failed", code: ev.error.code }, "request failed");
       return;

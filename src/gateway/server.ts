@@ -3,8 +3,8 @@
  * it sends the engine commands and applies the engine's outputs.
  *
  * Routes (OVMS 2026.2's REST surface, with OpenAI conventions where the two differ — see README):
- *   POST /v3/chat/completions, /v3/v1/chat/completions, /v1/chat/completions
- *   GET  /v3/models, /v3/v1/models, /v1/models
+ *   under /v3, /v3/v1 and /v1 (src/gateway/routes.ts): POST chat/completions, completions, responses, tokenize;
+ *   GET models, models/{id}
  *   GET  /v2/health/live   — the HTTP loop answers (always 200 while the process runs)
  *   GET  /v2/health/ready  — engine reported ready and answered a ping recently
  *   GET  /metrics          — Prometheus text
@@ -12,7 +12,9 @@
 import http from "node:http";
 import Fastify, { type FastifyInstance } from "fastify";
 import pino, { type Logger } from "pino";
-import { handleChat, MAX_UNREAD_BYTES } from "./chat-route.js";
+import { MAX_UNREAD_BYTES, type RouteContext } from "./route-context.js";
+import { registerRoutes, routeList } from "./routes.js";
+import { TokenizeClient } from "./tokenize-client.js";
 import { ChatTemplate } from "./chat-template.js";
 import { EngineClient } from "./engine-client.js";
 import { engineRestarting, expectationFailed, invalidJson, notReady, routeNotFound, shuttingDown, toErrorBody, toHttpError } from "./errors.js";
@@ -173,6 +175,9 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
           case "request_error":
             registry.handleRequestError(msg);
             break;
+          case "tokenized":
+            tokenizer.handle(msg);
+            break;
           case "protocol_error":
             log.error({ event: "protocol_error", error: msg.message }, "engine rejected a message");
             break;
@@ -303,15 +308,20 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     void reply.status(e.status).send(toErrorBody(e));
   });
   app.setNotFoundHandler((req, reply) => {
-    void reply.status(404).send(toErrorBody(routeNotFound(req.method, req.url)));
+    void reply.status(404).send(toErrorBody(routeNotFound(req.method, req.url, routeList())));
   });
 
-  const chatCtx = {
+  const startedAt = Math.floor(Date.now() / 1000);
+  const tokenizer = new TokenizeClient((msg) => engine.send(msg));
+  const routeCtx: RouteContext = {
     registry,
     modelName: opts.modelName,
+    modelCreated: startedAt,
     template: () => template,
     isReady: () => engine.isReady && !draining && !closing,
     maxModelLen: () => engine.ready?.limits.maxModelLen ?? null,
+    vocabSize: () => engine.ready?.model.vocabSize ?? 0,
+    capabilities: () => engine.ready?.capabilities ?? null,
     maxQueuedRequests: opts.maxQueuedRequests,
     maxUnreadBytes: opts.maxStreamBuffer ?? MAX_UNREAD_BYTES,
     maxNumSeqs: () => engine.ready?.limits.maxNumSeqs ?? 0,
@@ -321,19 +331,12 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       return notReady();
     },
     isKnownCulprit: (prompt: string) => culpritPrompts.has(prompt),
+    tokenize: (text, addSpecialTokens) => tokenizer.tokenize(text, addSpecialTokens),
     onRejected: (reason: "queue_full" | "not_ready") => metrics.requestsRejected.inc({ reason }),
     log,
-    onDisconnect: (phase: "queued" | "prefill" | "decode") => metrics.clientDisconnects.inc({ phase }),
+    onDisconnect: (phase) => metrics.clientDisconnects.inc({ phase }),
   };
-  for (const path of ["/v3/chat/completions", "/v3/v1/chat/completions", "/v1/chat/completions"]) {
-    app.post(path, (req, reply) => handleChat(chatCtx, req, reply));
-  }
-  const modelsBody = () => ({
-    object: "list",
-    data: [{ id: opts.modelName, object: "model", created: startedAt, owned_by: "keel" }],
-  });
-  const startedAt = Math.floor(Date.now() / 1000);
-  for (const path of ["/v3/models", "/v3/v1/models", "/v1/models"]) app.get(path, async () => modelsBody());
+  registerRoutes(app, routeCtx);
   app.get("/v2/health/live", async (_req, reply) => reply.status(200).send());
   app.get("/v2/health/ready", async (_req, reply) => {
     if (engine.isReady && !closing && !draining) return reply.status(200).send();
