@@ -92,8 +92,11 @@ describe("stream backpressure bound", () => {
     // Dropped as soon as the bound was passed, not at the end: about 4 KiB of ~200-byte chunks.
     expect(n).toBeLessThan(60);
     expect(t.res.writableLength).toBeGreaterThan(4096);
-    expect(t.disconnects).toEqual(["decode"]);
     expect(t.sent.filter((m) => m.type === "abort")).toEqual([{ v: PROTOCOL_VERSION, type: "abort", ids: [id] }]);
+    // Counted once the engine confirms the release.
+    expect(t.disconnects).toEqual([]);
+    t.registry.handleStep(step(++n, [{ id, tokens: [], text: "", finish: { reason: "abort", promptTokens: 2, completionTokens: n } }]));
+    expect(t.disconnects).toEqual(["decode"]);
   });
 
   it("a client that reads keeps its stream however long it is", async () => {
@@ -133,6 +136,11 @@ describe("n > 1", () => {
     t.registry.handleStep(step(1, [admit(ids[1]!), { id: ids[1]!, tokens: [5], text: "x" }]));
     t.res.destroy();
     expect(aborted(t.sent).sort()).toEqual([...ids].sort());
+    // One disconnect, counted when the last child is released, in the furthest phase reached.
+    const release = (id: string) => ({ id, tokens: [], text: "", finish: { reason: "abort" as const, promptTokens: 2, completionTokens: 0 } });
+    t.registry.handleStep(step(2, [release(ids[0]!), release(ids[1]!)]));
+    expect(t.disconnects).toEqual([]);
+    t.registry.handleStep(step(3, [release(ids[2]!)]));
     expect(t.disconnects).toEqual(["decode"]);
   });
 
@@ -181,5 +189,30 @@ describe("stop strings and pipelining", () => {
     await handleChat(t.ctx, t.req, t.reply);
     expect(t.disconnects).toEqual([]);
     expect(aborted(t.sent)).toEqual([]);
+  });
+});
+
+describe("disconnect phase", () => {
+  it("a client that leaves during the step that began its prefill is counted in prefill, not queued", async () => {
+    const t = setup(1 << 20);
+    await handleChat(t.ctx, t.req, t.reply);
+    const [id] = idsOf(t.sent);
+    // The client leaves while the engine runs a long first prefill chunk: the gateway still sees it queued.
+    expect(t.registry.phase(id!)).toBe("queued");
+    t.res.destroy();
+    expect(aborted(t.sent)).toEqual([id]);
+    // That step's output reports the admission, then the abort is applied at the next boundary.
+    t.registry.handleStep(step(1, [admit(id!)]));
+    t.registry.handleStep(step(2, [{ id: id!, tokens: [], text: "", finish: { reason: "abort", promptTokens: 2, completionTokens: 0, stepsAfterAbort: 1 } }]));
+    expect(t.disconnects).toEqual(["prefill"]);
+  });
+
+  it("a client that leaves while truly queued is counted in queued", async () => {
+    const t = setup(1 << 20);
+    await handleChat(t.ctx, t.req, t.reply);
+    const [id] = idsOf(t.sent);
+    t.res.destroy();
+    t.registry.handleStep(step(1, [{ id: id!, tokens: [], text: "", finish: { reason: "abort", promptTokens: 0, completionTokens: 0 } }]));
+    expect(t.disconnects).toEqual(["queued"]);
   });
 });

@@ -104,6 +104,17 @@ export function runGeneration(ctx: RouteContext, req: FastifyRequest, reply: Fas
     isSocketGone: () => req.raw.destroyed || socket === null || socket.destroyed,
   });
 
+  /** Set when the client left: the children being released and the phases they were released in. */
+  let gone: { releasing: Set<string>; phases: (Phase | null)[] } | null = null;
+  const released = (id: string, phase: Phase | null): void => {
+    if (!gone || !gone.releasing.delete(id)) return;
+    gone.phases.push(phase);
+    if (gone.releasing.size > 0) return;
+    const where = furthest(gone.phases);
+    if (where) ctx.onDisconnect(where);
+    log.info({ event: "client_disconnect_released", phase: where }, "disconnected client's requests released");
+  };
+
   /** Execute a session step: cancel what it says, then encode its events. */
   const apply = (step: SessionStep, cause: CancelCause): void => {
     for (const id of step.abort) ctx.registry.cancel(id, cause);
@@ -137,6 +148,7 @@ export function runGeneration(ctx: RouteContext, req: FastifyRequest, reply: Fas
       onAdmitted: () => apply(session.admitted(id, ctx.registry.promptLength(id)), "stop_string"),
       onOutput: (tokens, text, logprobs) => apply(session.output(id, tokens, text, logprobs), "stop_string"),
       onFinish: (reason, usage, error) => apply(session.finish(id, reason, usage, error), "internal_error"),
+      onReleased: (phase) => released(id, phase),
     });
     if (!accepted) {
       // The engine went away between the readiness check and now: release the siblings already submitted.
@@ -147,14 +159,15 @@ export function runGeneration(ctx: RouteContext, req: FastifyRequest, reply: Fas
   }
   log.info({ event: "accepted", stream: plan.stream, n: plan.n, maxTokens: plan.params.maxTokens, temperature: plan.params.temperature }, "request accepted");
 
-  // 2. The client leaving releases every child still in the engine (vLLM #14326).
+  // 2. The client leaving releases every child still in the engine (vLLM #14326). The disconnect is counted once
+  //    they are all released, in the furthest phase they had reached: the engine reports an admission only after
+  //    the step that began the prefill, so a client that leaves during a long first prefill chunk is known to
+  //    have been in prefill only then.
   writer.onGone(() => {
     if (session.ended) return;
-    const phase = furthest(ids.map((id) => ctx.registry.phase(id)));
-    if (phase) {
-      ctx.onDisconnect(phase);
-      log.info({ event: "client_disconnect", phase }, "client disconnected");
-    }
-    apply(session.clientGone(), "client_disconnect");
+    const step = session.clientGone();
+    gone = { releasing: new Set(step.abort), phases: [] };
+    log.info({ event: "client_disconnect", children: step.abort.length }, "client disconnected");
+    apply(step, "client_disconnect");
   });
 }

@@ -37,7 +37,7 @@ describe("lifecycle", () => {
     decode: null,
     "cancelling(client_disconnect)": null,
     "cancelling(stop_string)": null,
-    "cancelling(shutdown)": null,
+    "cancelling(shutdown)": { state: "cancelling", phase: "prefill", cause: "shutdown" },
     "cancelling(internal_error)": null,
     finished: null,
   };

@@ -40,9 +40,14 @@ export type Lifecycle =
 
 export const initial: Lifecycle = { state: "queued" };
 
-/** The engine admitted the request to a sequence. */
+/**
+ * The engine admitted the request to a sequence. A request cancelled while queued can still be reported admitted —
+ * the abort arrived during the (long) step that began its prefill — and then was in prefill when it was cancelled.
+ */
 export function admit(s: Lifecycle): Lifecycle | null {
-  return s.state === "queued" ? { state: "prefill" } : null;
+  if (s.state === "queued") return { state: "prefill" };
+  if (s.state === "cancelling" && s.phase === "queued") return { ...s, phase: "prefill" };
+  return null;
 }
 
 /** The first token arrived. */

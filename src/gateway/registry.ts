@@ -25,6 +25,11 @@ export interface RequestSink {
   onOutput(tokens: number[], text: string, logprobs?: PositionLogprobs[]): void;
   /** The request ended. Not called for a request the gateway cancelled itself. */
   onFinish(reason: lc.FinishReason, usage: Usage, error?: { code: string; message: string; httpError?: KeelHttpError }): void;
+  /**
+   * A request the gateway cancelled was released (the engine confirmed, or no engine held it), with the phase it
+   * had reached — known only now when the abort arrived during the step that admitted it.
+   */
+  onReleased?(phase: lc.Phase | null): void;
 }
 
 /** Registry-side record of one request. */
@@ -218,7 +223,7 @@ export class RequestRegistry {
           e.admittedAt = now;
           this.observer.onAdmitted?.(e.id, e.promptTokens.length, { queueMs: now - e.acceptedAt, cachedTokens: o.admitted.cachedTokens });
         }
-        e.sink.onAdmitted();
+        if (next.state !== "cancelling") e.sink.onAdmitted();
       }
     }
     if (o.tokens.length > 0 || o.text.length > 0) {
@@ -410,12 +415,11 @@ export class RequestRegistry {
     // from the gateway's view of the step counter (which lags by the messages in flight).
     const latency = stepsAfterAbort !== undefined ? { abortLatencySteps: stepsAfterAbort } : e.cancelledAtStep === null ? {} : { abortLatencySteps: this.currentStep() - e.cancelledAtStep };
     // The client first, then metrics and logs; neither may stop the other or the caller (an engine exit, a step).
-    if (!wasCancelling) {
-      try {
-        e.sink.onFinish(next.reason, usage, error);
-      } catch (err) {
-        this.observer.onInternalError?.(e.id, `sink failed: ${(err as Error)?.message ?? String(err)}`);
-      }
+    try {
+      if (!wasCancelling) e.sink.onFinish(next.reason, usage, error);
+      else e.sink.onReleased?.(phase);
+    } catch (err) {
+      this.observer.onInternalError?.(e.id, `sink failed: ${(err as Error)?.message ?? String(err)}`);
     }
     try {
       if (refused) this.observer.onRefused?.(e.id, error?.code ?? "invalid_request");
