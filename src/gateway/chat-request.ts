@@ -385,12 +385,19 @@ export const chatRequestBodySchema = z.object({
  * - `top_k`: integer, −1 (all tokens) or ≥ 1. `seed`: integer 0..2^32−1.
  * - `stop`: string or array of ≤ 16 strings, none empty.
  * - `ignore_eos`: boolean.
+ * - `n` (1..16) and `best_of` (only equal to `n`); `logprobs` (boolean) with
+ *   `top_logprobs` (0..20, only with `logprobs: true` unless 0);
+ *   `chat_template_kwargs` (object of extra template variables).
+ * - The sampling set (api/sampling.ts): `presence_penalty`,
+ *   `frequency_penalty`, `repetition_penalty`, `min_p`, `logit_bias`,
+ *   `min_tokens`, `stop_token_ids`, `include_stop_str_in_output`; no-op
+ *   values are dropped. Whether the engine can apply them is checked at
+ *   admission (capabilities), not here.
  * - Not implemented, so 400 `unsupported_field` unless given their no-op
- *   value: `n`/`best_of` (1), `logprobs` (false), `top_logprobs` (0),
- *   `tools`/`functions` ([]), `tool_choice`/`function_call` ("none",
- *   "auto"), `response_format` ({type:"text"}), `logit_bias` ({}),
- *   `presence_penalty`/`frequency_penalty` (0), `modalities` (["text"]),
- *   and `audio`, `parallel_tool_calls`, `prediction` (no no-op value).
+ *   value: `tools`/`functions` ([]), `tool_choice`/`function_call`
+ *   ("none", "auto"), `response_format` ({type:"text"}), `modalities`
+ *   (["text"]), and `audio`, `parallel_tool_calls`, `prediction` (no no-op
+ *   value).
  *
  * @param body - The request body as parsed from JSON (any value).
  * @returns The normalised request.

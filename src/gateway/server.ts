@@ -189,6 +189,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
         }
       },
       onExit({ code, signal }) {
+        tokenizer.failAll("the engine process exited");
         activeSequences = 0;
         cachedSequences = 0;
         if (closing) {
