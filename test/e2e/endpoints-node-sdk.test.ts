@@ -225,6 +225,30 @@ describe("the sampling set", () => {
   });
 });
 
+describe("penalties, min_p and template kwargs on the real engine", () => {
+  const chat = (extra: Record<string, unknown>) =>
+    sdk.chat.completions.create({ model: MODEL, messages: [{ role: "user", content: "Repeat after me: la la la la" }], max_tokens: 32, temperature: 0, ignore_eos: true, ...extra } as OpenAI.ChatCompletionCreateParamsNonStreaming);
+
+  it("min_p 1 at temperature 1 keeps only the most likely token: the greedy text, whatever the seed", async () => {
+    const greedy = (await chat({})).choices[0]!.message.content;
+    for (const seed of [1, 2]) expect((await chat({ temperature: 1, min_p: 1, seed })).choices[0]!.message.content).toBe(greedy);
+  });
+
+  it("repetition, presence and frequency penalties change the greedy text", async () => {
+    const greedy = (await chat({})).choices[0]!.message.content;
+    for (const extra of [{ repetition_penalty: 1.8 }, { presence_penalty: 2 }, { frequency_penalty: 2 }]) {
+      expect((await chat(extra)).choices[0]!.message.content, JSON.stringify(extra)).not.toBe(greedy);
+    }
+  });
+
+  it("chat_template_kwargs are accepted as template variables; the template's own variables cannot be overridden", async () => {
+    expect((await chat({ chat_template_kwargs: { enable_thinking: false } })).choices[0]!.finish_reason).toBe("length");
+    const bad = await post("/v1/chat/completions", { model: MODEL, messages: [{ role: "user", content: "x" }], chat_template_kwargs: { add_generation_prompt: false } });
+    expect(bad.status).toBe(400);
+    expect((bad.json.error as { param: string }).param).toBe("chat_template_kwargs.add_generation_prompt");
+  });
+});
+
 describe("tokenize, models, routes", () => {
   it("/v3/tokenize: a string, a list, add_special_tokens and max_length", async () => {
     const withSpecials = await tokenize("Hello world");
