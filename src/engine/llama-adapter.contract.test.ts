@@ -28,7 +28,7 @@ afterAll(async () => {
   await adapter?.dispose();
 });
 
-const greedy = () => adapter.createSampler({ temperature: 0, topP: 1, topK: 0, seed: 1, bannedTokens: [] });
+const greedy = () => adapter.createSampler({ temperature: 0, topP: 1, topK: 0, minP: 0, seed: 1, bias: new Map(), repetitionPenalty: 1 });
 
 /** Greedy-generate `n` tokens for several prompts at once, one batch per step, sampling sequentially. */
 async function generateTogether(prompts: number[][], n: number): Promise<number[][]> {
@@ -103,6 +103,34 @@ describe("llama.cpp adapter contract (node-llama-cpp 3.21.1 internals)", () => {
     const texts = ["", "hello", "<|im_start|>user\nhi<|im_end|>\n", "<|im_end|>".repeat(50), "ünïcödé 🦊 日本語 ".repeat(20), "x".repeat(3000), "a<|im_start|>b<|endoftext|>c"];
     for (const t of texts) expect(adapter.tokenLowerBound(t), JSON.stringify(t).slice(0, 40)).toBeLessThanOrEqual(adapter.tokenize(t).length);
     expect(adapter.tokenLowerBound("<|im_end|>".repeat(50))).toBe(50);
+  });
+
+  it("logprobs equal the full softmax of the raw logits (window and fallback paths) and leave the logits untouched", async () => {
+    // Reference: the whole sorted distribution from a plain greedy sampler with probabilities (one native call).
+    const native = (adapter as unknown as { native: { ctx: { sampleToken(i: number, s: unknown, p: boolean): Promise<[number, number[]]> }; model: unknown; SamplerClass: new (m: unknown) => { applyConfig(c: object): void; dispose(): void } } }).native;
+    const ref = new native.SamplerClass(native.model);
+    ref.applyConfig({ temperature: 0 });
+    adapter.clearSequence(0);
+    const prompt = adapter.tokenize(prompts[1]!);
+    let [idx] = await adapter.decode([{ slot: 0, pos: 0, tokens: prompt, wantsLogits: true }]);
+    const biased = adapter.createSampler({ temperature: 0, topP: 1, topK: 0, minP: 0, seed: 1, bias: new Map(), repetitionPenalty: 2 }, prompt);
+    for (let step = 0; step < 8; step++) {
+      const [, full] = await native.ctx.sampleToken(idx!, ref, true);
+      const rank = (t: number): number => full.findIndex((v, i) => i % 2 === 0 && v === t) / 2;
+      const lp = (t: number): number => Math.log(full[2 * rank(t) + 1]!);
+      const least = full.at(-2)!; // the least likely token: outside any top-k window
+      const got = await adapter.logprobs(idx!, least, 5);
+      expect(got.top.map((e) => e.token)).toEqual([0, 1, 2, 3, 4].map((i) => full[2 * i]));
+      got.top.forEach((e) => expect(Math.abs(e.logprob - lp(e.token))).toBeLessThan(1e-5));
+      expect(got.logprob).toBeCloseTo(Math.max(-9999, lp(least)), 4);
+      // The logits are untouched by the logprobs calls and by a penalised sampler: the raw distribution is the same.
+      const token = await adapter.sample(idx!, biased);
+      expect((await native.ctx.sampleToken(idx!, ref, true))[1]).toEqual(full);
+      expect((await adapter.logprobs(idx!, token, 0)).logprob).toBeCloseTo(lp(token), 5);
+      [idx] = await adapter.decode([{ slot: 0, pos: prompt.length + step, tokens: [token], wantsLogits: true }]);
+    }
+    biased.dispose();
+    ref.dispose();
   });
 
   it("lists end-of-generation tokens and bans them under ignore_eos", async () => {

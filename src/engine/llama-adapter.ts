@@ -37,21 +37,55 @@ export interface LlamaAdapterOptions {
   log?: (level: string, message: string) => void;
 }
 
-/** Sampling configuration of one sequence. */
+/**
+ * Sampling configuration of one sequence. The native chain applies, in this order (llama/addon/AddonSampler.cpp
+ * `rebuildChainIfNeeded`): `bias` (additive) → repetition penalty → then greedy argmax when temperature is 0, else
+ * top-k → top-p → min-p → temperature → seeded draw. Greedy skips top-k/top-p/min-p (they cannot change the argmax).
+ */
 export interface SamplerConfig {
   temperature: number;
   topP: number;
   topK: number;
+  /** Min-p cut relative to the most likely token (0 = off). */
+  minP: number;
   /** Seed for the next token; the engine reseeds per position. */
   seed: number;
-  /** Token ids to ban (logit bias -inf), e.g. end-of-generation tokens under `ignore_eos`. */
-  bannedTokens: number[];
+  /**
+   * Additive logit bias per token id (-Infinity bans: EOG tokens under ignore_eos, EOG and stop tokens before
+   * min_tokens, logit_bias, presence/frequency penalties). Compared by identity: pass the same map while unchanged.
+   */
+  bias: ReadonlyMap<number, number>;
+  /**
+   * Multiplicative repetition penalty (1 = off): a logit l of a token that occurs in the penalty history becomes
+   * l / r when l > 0, else l · r. The history is what `createSampler` was given plus every token sampled with it.
+   */
+  repetitionPenalty: number;
 }
+
+/** Log probabilities at one position from the raw model distribution (see {@link LlamaAdapter.logprobs}). */
+export interface RawLogprobs {
+  token: number;
+  logprob: number;
+  top: { token: number; logprob: number }[];
+}
+
+/** Tokens whose log probabilities one top-k call returns: the sampled token is usually among them. */
+const LOGPROB_WINDOW = 20;
+
+/** Floor for a probability that underflows float32 (log 0): OpenAI's value for an impossible token. */
+export const MIN_LOGPROB = -9999;
 
 /** Opaque per-sequence sampler. */
 export interface SamplerHandle {
   configure(cfg: SamplerConfig): void;
   dispose(): void;
+}
+
+/** A native sampler and the mirror of its penalty history. */
+interface SamplerState {
+  native: NativeSampler;
+  /** Record a token the native sampler accepted. */
+  accept(token: number): void;
 }
 
 /** One entry of a native batch. */
@@ -68,6 +102,12 @@ interface NativeContext {
   addToBatch(sequenceId: number, firstTokenSequenceIndex: number, tokens: Uint32Array, logitIndexes: Uint32Array): Uint32Array;
   decodeBatch(): Promise<void>;
   sampleToken(batchLogitIndex: number, sampler: NativeSampler): Promise<number>;
+  sampleToken(
+    batchLogitIndex: number,
+    sampler: NativeSampler,
+    probabilities: boolean,
+    confidence?: boolean,
+  ): Promise<[token: number, probabilities: number[] | undefined, confidence: number | undefined]>;
   disposeSequence(sequenceId: number): void;
   removeTokenCellsFromSequence(sequenceId: number, startPos: number, endPos: number): boolean;
   setThreads(threads: number): void;
@@ -161,7 +201,7 @@ export class LlamaAdapter {
   /** End-of-generation tokens as a set (checked per sampled token without a native call). */
   private readonly eogSet: Set<number>;
   /** Native sampler behind each handle. */
-  private readonly samplers = new WeakMap<SamplerHandle, NativeSampler>();
+  private readonly samplers = new WeakMap<SamplerHandle, SamplerState>();
 
   private constructor(
     private readonly llama: Llama,
@@ -294,35 +334,118 @@ export class LlamaAdapter {
     return this.eogSet.has(token);
   }
 
-  /** Create a sampler for one sequence. */
-  createSampler(cfg: SamplerConfig): SamplerHandle {
+  /**
+   * Create a sampler for one sequence. `history` is the penalty window at creation (prompt + resumed tokens); the
+   * native penalty sampler then accepts every token sampled with this handle (AddonSampler::acceptToken), and the
+   * handle mirrors that history so a reconfiguration passes exactly the tokens the native state holds (applyConfig
+   * keeps the state when they match, and rebuilds it from them otherwise). No penalty: no history is kept.
+   */
+  createSampler(cfg: SamplerConfig, history: readonly number[] = []): SamplerHandle {
     const sampler = new this.native.SamplerClass(this.native.model);
-    let banned: readonly number[] | null = null;
+    let bias: ReadonlyMap<number, number> | null = null;
     let biasKeys = new Uint32Array(0);
     let biasValues = new Float32Array(0);
+    /** Penalty history (prompt + resumed + sampled), grown by doubling; only while a repetition penalty is on. */
+    let penaltyTokens: Uint32Array | null = null;
+    let penaltyLength = 0;
+    const state: SamplerState = {
+      native: sampler,
+      accept: (token) => {
+        if (!penaltyTokens) return;
+        if (penaltyLength === penaltyTokens.length) {
+          const grown = new Uint32Array(penaltyTokens.length * 2 + 16);
+          grown.set(penaltyTokens);
+          penaltyTokens = grown;
+        }
+        penaltyTokens[penaltyLength++] = token;
+      },
+    };
     const handle: SamplerHandle = {
       configure: (c) => {
-        // Sampling with a temperature reconfigures per token (seed per position): build the bias arrays once.
-        if (c.bannedTokens !== banned) {
-          banned = c.bannedTokens;
-          biasKeys = Uint32Array.from(banned);
-          biasValues = Float32Array.from(banned, () => -Infinity);
+        // Sampling with a temperature reconfigures per token (seed per position): rebuild the bias arrays only
+        // when the map changed.
+        if (c.bias !== bias) {
+          bias = c.bias;
+          biasKeys = Uint32Array.from(bias.keys());
+          biasValues = Float32Array.from(bias.values());
+        }
+        if (c.repetitionPenalty !== 1 && penaltyTokens === null) {
+          penaltyTokens = Uint32Array.from(history);
+          penaltyLength = history.length;
         }
         sampler.applyConfig({
           temperature: c.temperature,
           topK: c.topK > 0 ? c.topK : 0,
           topP: c.topP,
-          minP: 0,
+          minP: c.minP,
           seed: c.seed,
           tokenBiasKeys: biasKeys,
           tokenBiasValues: biasValues,
+          ...(c.repetitionPenalty !== 1 && penaltyTokens
+            ? {
+                repeatPenalty: c.repetitionPenalty,
+                // The window must hold every token of the sequence: it never slides (docs/protocol.md §6.4).
+                repeatPenaltyMaxTokens: Math.max(this.options.contextSize, penaltyLength + 1),
+                repeatPenaltyPresencePenalty: 0,
+                repeatPenaltyFrequencyPenalty: 0,
+                repeatPenaltyTokens: penaltyTokens.subarray(0, penaltyLength),
+              }
+            : {}),
         });
       },
       dispose: () => sampler.dispose(),
     };
-    this.samplers.set(handle, sampler);
+    this.samplers.set(handle, state);
     handle.configure(cfg);
     return handle;
+  }
+
+  /**
+   * Log probabilities at a batch logit index from the RAW model distribution (softmax of the unmodified logits over
+   * the whole vocabulary), for the sampled `token` and the `top` most likely tokens. Sampling copies the logits into
+   * the sampler's own candidate array and never changes the context's logits, so the request's own sampler and these
+   * calls see the same logits, in any order. Two native calls on bias- and penalty-free samplers:
+   *   1. top-k (k = max(top, LOGPROB_WINDOW)) at temperature 1 with probabilities: the k most likely tokens, sorted,
+   *      with their probabilities renormalised over those k (q_i);
+   *   2. greedy with confidence: the full-vocabulary probability P of the most likely token;
+   * so log p_i = log q_i + log P − log q_0 (measured equal to the full softmax within 2e-7). Only when the sampled
+   * token is outside the k does a third call return the whole distribution (a transfer of the full vocabulary).
+   * Measured on the 1019-token tiny vocabulary: 0.2 ms per token (the full transfer: 0.43 ms; it grows with the
+   * vocabulary, the two calls mostly do not). Call sequentially, between decodes.
+   */
+  async logprobs(batchLogitIndex: number, token: number, top: number): Promise<RawLogprobs> {
+    if (this.decoding) throw new Error("logprobs() while a decode is in flight (one native call at a time)");
+    const raw = (this.rawSamplers ??= this.createRawSamplers());
+    const k = Math.max(top, LOGPROB_WINDOW);
+    raw.topK.applyConfig({ temperature: 1, topK: k, topP: 1, seed: 0 });
+    const [, window] = await this.native.ctx.sampleToken(batchLogitIndex, raw.topK, true);
+    const [argmax, , confidence] = await this.native.ctx.sampleToken(batchLogitIndex, raw.greedy, false, true);
+    if (argmax < 0 || !window || window.length < 2 || confidence === undefined) throw new Error(`no log probabilities at batch logit index ${batchLogitIndex}`);
+    const shift = Math.log(confidence) - Math.log(window[1]!);
+    const logprobOf = (q: number): number => (q > 0 ? Math.max(MIN_LOGPROB, Math.log(q) + shift) : MIN_LOGPROB);
+    const out: RawLogprobs = { token, logprob: NaN, top: [] };
+    for (let i = 0; i < window.length; i += 2) {
+      const t = window[i]!;
+      if (i / 2 < top) out.top.push({ token: t, logprob: logprobOf(window[i + 1]!) });
+      if (t === token) out.logprob = logprobOf(window[i + 1]!);
+    }
+    if (Number.isNaN(out.logprob)) {
+      // Sampled outside the window (temperature sampling): take its probability from the whole distribution.
+      const [, all] = await this.native.ctx.sampleToken(batchLogitIndex, raw.greedy, true);
+      const at = all ? all.findIndex((v, i) => i % 2 === 0 && v === token) : -1;
+      const p = at >= 0 ? all![at + 1]! : 0;
+      out.logprob = p > 0 ? Math.max(MIN_LOGPROB, Math.log(p)) : MIN_LOGPROB;
+    }
+    return out;
+  }
+  /** Bias- and penalty-free samplers shared by every logprobs call (created on first use). */
+  private rawSamplers: { topK: NativeSampler; greedy: NativeSampler } | null = null;
+
+  private createRawSamplers(): { topK: NativeSampler; greedy: NativeSampler } {
+    const topK = new this.native.SamplerClass(this.native.model);
+    const greedy = new this.native.SamplerClass(this.native.model);
+    greedy.applyConfig({ temperature: 0 });
+    return { topK, greedy };
   }
 
   /**
@@ -353,10 +476,11 @@ export class LlamaAdapter {
 
   /** Sample the next token at a batch logit index. Call sequentially, never in parallel (output_reorder race). */
   async sample(batchLogitIndex: number, handle: SamplerHandle): Promise<number> {
-    const native = this.samplers.get(handle);
-    if (!native) throw new Error("sampler not created by this adapter");
-    const token = await this.native.ctx.sampleToken(batchLogitIndex, native);
+    const state = this.samplers.get(handle);
+    if (!state) throw new Error("sampler not created by this adapter");
+    const token = await this.native.ctx.sampleToken(batchLogitIndex, state.native);
     if (token < 0) throw new Error(`sampling failed at batch logit index ${batchLogitIndex}`);
+    state.accept(token); // the native sampler accepted it too (AddonContextSampleTokenWorker → acceptToken)
     return token;
   }
 
@@ -399,6 +523,9 @@ export class LlamaAdapter {
 
   /** Free the context and model. Only after the last decode settled. */
   async dispose(): Promise<void> {
+    this.rawSamplers?.topK.dispose();
+    this.rawSamplers?.greedy.dispose();
+    this.rawSamplers = null;
     await this.context.dispose();
     await this.model.dispose();
     await this.llama.dispose();

@@ -125,7 +125,9 @@ async function main(): Promise<void> {
       }
       const parsed = parseGatewayMessage(frame.message);
       if (!parsed.ok) {
-        send({ v: PROTOCOL_VERSION, type: "protocol_error", message: parsed.error });
+        // A sound add with unusable params refuses that request only; anything else is not a message.
+        if ("refuse" in parsed) send({ v: PROTOCOL_VERSION, type: "request_error", id: parsed.refuse.id, code: parsed.refuse.code, message: parsed.error });
+        else send({ v: PROTOCOL_VERSION, type: "protocol_error", message: parsed.error });
         continue;
       }
       const m = parsed.message;
@@ -157,7 +159,9 @@ async function main(): Promise<void> {
     model: adapter.metadata(),
     limits: { maxNumSeqs: config.maxNumSeqs, maxNumBatchedTokens: config.maxNumBatchedTokens, maxModelLen: config.maxModelLen },
     engine: "node-llama-cpp@3.21.1",
-    capabilities: { exactSeededResume: true, maxTopLogprobs: -1, extendedSampling: false, grammars: false, sharedPrefill: false },
+    // Truthful: resume is exact (per-position seeds, penalty state from ids; docs/protocol.md §6.3–6.4), raw
+    // logprobs up to loop.maxTopLogprobs, the whole sampling set; no grammars, no shared prefill (prefix cache only).
+    capabilities: { exactSeededResume: true, maxTopLogprobs: loop.maxTopLogprobs, extendedSampling: true, grammars: false, sharedPrefill: false },
   });
   logLine("info", "engine ready", { model: config.modelPath, threads: config.threads, kvCacheType: config.kvCacheType, flashAttention: config.flashAttention });
   await loop.run();

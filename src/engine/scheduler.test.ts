@@ -16,7 +16,7 @@ const isEog = (t: number): boolean => t === EOG;
 
 function seq(id: string, inputLength: number, opts: Partial<Omit<NewSequence, "id">> = {}): NewSequence {
   const inputTokens = opts.inputTokens ?? Array.from({ length: inputLength }, (_, i) => 10 + i);
-  return { id, inputTokens, promptLength: opts.promptLength ?? inputTokens.length, maxNewTokens: opts.maxNewTokens ?? null, ignoreEos: opts.ignoreEos ?? false };
+  return { ...opts, id, inputTokens, promptLength: opts.promptLength ?? inputTokens.length, maxNewTokens: opts.maxNewTokens ?? null, ignoreEos: opts.ignoreEos ?? false };
 }
 
 function mk(cfg: Partial<SchedulerConfig> = {}): Scheduler {
@@ -192,6 +192,42 @@ describe("commit", () => {
     expect(step(s, EOG).outcome.finished).toEqual([]);
     const { outcome } = step(s, EOG);
     expect(outcome.finished).toEqual([{ id: "a", reason: "length", promptTokens: 3, completionTokens: 3 }]);
+  });
+
+  it("stops on a stop token (also under ignoreEos), not on an ordinary one", () => {
+    const s = mk();
+    s.add(seq("a", 3, { ignoreEos: true, stopTokens: new Set([7]) }));
+    expect(step(s, 8).outcome.finished).toEqual([]);
+    expect(step(s, EOG).outcome.finished).toEqual([]);
+    expect(step(s, 7).outcome.finished).toEqual([{ id: "a", reason: "stop", promptTokens: 3, completionTokens: 3 }]);
+  });
+
+  it("minTokens: EOG and stop tokens end the request only once minTokens were generated, resumed tokens included", () => {
+    const s = mk();
+    s.add(seq("fresh", 3, { minTokens: 2, stopTokens: new Set([7]) }));
+    // Input of 5 = prompt of 3 + 2 resumed tokens: minTokens 4 needs two more (not four).
+    s.add(seq("resumed", 5, { promptLength: 3, minTokens: 4 }));
+    expect(step(s, (id) => (id === "fresh" ? 7 : EOG)).outcome.finished).toEqual([]);
+    const { outcome } = step(s, EOG);
+    expect(outcome.finished).toEqual([
+      { id: "fresh", reason: "stop", promptTokens: 3, completionTokens: 2 },
+      { id: "resumed", reason: "stop", promptTokens: 5, completionTokens: 2 },
+    ]);
+  });
+
+  it("a sequence's status goes waiting → prefill → decode through admission and commits", () => {
+    const s = mk({ maxNumSeqs: 1, maxNumBatchedTokens: 4 });
+    s.add(seq("a", 6, { maxNewTokens: 2 }));
+    s.add(seq("b", 2));
+    expect([s.phaseOf("a"), s.phaseOf("b")]).toEqual(["waiting", "waiting"]);
+    step(s); // a: 4 of 6 prefilled
+    expect([s.phaseOf("a"), s.phaseOf("b")]).toEqual(["prefill", "waiting"]);
+    step(s); // a: prefill done, first token sampled
+    expect(s.phaseOf("a")).toBe("decode");
+    step(s); // a: second token → length; b is admitted next step
+    expect([s.phaseOf("a"), s.phaseOf("b")]).toEqual([null, "waiting"]);
+    s.schedule();
+    expect(s.phaseOf("b")).toBe("prefill");
   });
 
   it("finishes with length at maxNewTokens", () => {
@@ -675,7 +711,7 @@ describe("prefix cache", () => {
 
 describe("invariant repair (production containment)", () => {
   /** Reach into the scheduler's private state to corrupt it the way a bug would. */
-  const internals = (s: Scheduler) => s as unknown as { waiting: unknown[]; running: { id: string; processed: number }[]; slots: unknown[] };
+  const internals = (s: Scheduler) => s as unknown as { waiting: unknown[]; running: { id: string; status: { processed: number } }[]; slots: unknown[] };
 
   it("a request queued twice is failed alone; the others and the invariants are fine afterwards", () => {
     const s = mk({ maxNumSeqs: 1 });
@@ -709,7 +745,8 @@ describe("invariant repair (production containment)", () => {
     s.add(seq("a", 2));
     s.add(seq("b", 2));
     s.schedule();
-    internals(s).running.find((r) => r.id === "a")!.processed = 99;
+    const a = internals(s).running.find((r) => r.id === "a")!;
+    a.status = { ...a.status, processed: 99 };
     const out = s.repairInvariants();
     expect(out.finished.map((f) => f.id)).toEqual(["a"]);
     expect(out.freedSlots).toHaveLength(1);

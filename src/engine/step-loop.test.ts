@@ -2,7 +2,7 @@ import { describe, expect, it } from "vitest";
 import fc from "fast-check";
 import type { AddMessage, EngineMessage, RequestErrorMessage, RequestOutput, SamplingParams, StepMessage } from "../protocol/messages.js";
 import { PROTOCOL_VERSION } from "../protocol/messages.js";
-import type { DecodeItem, SamplerConfig, SamplerHandle } from "./llama-adapter.js";
+import type { DecodeItem, RawLogprobs, SamplerConfig, SamplerHandle } from "./llama-adapter.js";
 import type { SchedulerConfig } from "./scheduler.js";
 import { StepLoop, tokenSeed, type ModelBackend } from "./step-loop.js";
 
@@ -34,7 +34,13 @@ class FakeSampler implements SamplerHandle {
   constructor(
     readonly index: number,
     readonly created: SamplerConfig,
+    /** Repetition-penalty history given at creation (prompt + resumed tokens when a penalty is on). */
+    readonly penaltyHistory: readonly number[],
   ) {}
+  /** The configuration in force: the last one applied. */
+  get current(): SamplerConfig {
+    return this.configs.at(-1) ?? this.created;
+  }
   configure(cfg: SamplerConfig): void {
     this.configs.push(structuredClone(cfg));
   }
@@ -63,6 +69,14 @@ class FakeBackend implements ModelBackend {
   decodeInFlight = false;
   /** Per-sampler scripted tokens; the default derives a letter from the sampler's history. */
   script: ((s: FakeSampler, item: DecodeItem) => number) | null = null;
+  /**
+   * Fake model logits at an item's last position: when set, sampling applies the sampler's configuration the way
+   * the native chain does (additive bias, then repetition penalty over creation history + sampled tokens), then
+   * takes the argmax (lowest id on ties) — temperature is ignored.
+   */
+  logits: ((s: FakeSampler, item: DecodeItem) => number[]) | null = null;
+  /** Log-probability calls: [batch logit index, token, top]. */
+  readonly logprobCalls: [number, number, number][] = [];
   /** Items of the last decoded batch, by logit index. */
   private logitItems: DecodeItem[] = [];
 
@@ -76,8 +90,8 @@ class FakeBackend implements ModelBackend {
   isEndOfGeneration(token: number): boolean {
     return this.eogTokens.includes(token);
   }
-  createSampler(cfg: SamplerConfig): SamplerHandle {
-    const s = new FakeSampler(this.samplers.length, structuredClone(cfg));
+  createSampler(cfg: SamplerConfig, history: readonly number[] = []): SamplerHandle {
+    const s = new FakeSampler(this.samplers.length, structuredClone(cfg), [...history]);
     this.samplers.push(s);
     return s;
   }
@@ -110,9 +124,26 @@ class FakeBackend implements ModelBackend {
   async sample(batchLogitIndex: number, sampler: SamplerHandle): Promise<number> {
     const s = sampler as FakeSampler;
     const item = this.logitItems[batchLogitIndex]!;
-    const token = this.script ? this.script(s, item) : 97 + ((s.index * 7 + s.history.length) % 26);
+    const token = this.logits ? this.argmax(s, this.logits(s, item)) : this.script ? this.script(s, item) : 97 + ((s.index * 7 + s.history.length) % 26);
     s.history.push(token);
     return token;
+  }
+  private argmax(s: FakeSampler, raw: number[]): number {
+    const cfg = s.current;
+    const seen = new Set([...s.penaltyHistory, ...s.history]);
+    const l = raw.map((x, t) => {
+      const v = x + (cfg.bias.get(t) ?? 0);
+      if (cfg.repetitionPenalty === 1 || !seen.has(t)) return v;
+      return v > 0 ? v / cfg.repetitionPenalty : v * cfg.repetitionPenalty;
+    });
+    let best = 0;
+    for (let t = 1; t < l.length; t++) if (l[t]! > l[best]!) best = t;
+    return best;
+  }
+  /** Fake raw log probabilities: token t gets -(t + 1) (so the top list is 0, 1, 2, …), tagged by logit index. */
+  async logprobs(batchLogitIndex: number, token: number, top: number): Promise<RawLogprobs> {
+    this.logprobCalls.push([batchLogitIndex, token, top]);
+    return { token, logprob: -(token + 1), top: Array.from({ length: top }, (_, t) => ({ token: t, logprob: -(t + 1) })) };
   }
   clearSequence(slot: number): void {
     this.cleared.push({ slot, duringDecode: this.decodeInFlight });
@@ -439,7 +470,7 @@ describe("StepLoop", () => {
     expect(outs.at(-1)!.finish).toEqual({ reason: "stop", promptTokens: 1, completionTokens: 3 });
   });
 
-  it("ignoreEos passes the EOG tokens as bannedTokens to the sampler config", async () => {
+  it("ignoreEos bans the EOG tokens through the sampler's bias", async () => {
     const t = setup();
     const script = [0x61, EOG, 0x62];
     t.backend.script = (s) => script[s.history.length]!;
@@ -447,11 +478,11 @@ describe("StepLoop", () => {
     t.loop.submit(add("no", "pp", { ignoreEos: false, temperature: 0.8, maxTokens: 3, seed: 7 }));
     await t.drain();
     const [ig, no] = t.backend.samplers;
-    expect(ig!.created.bannedTokens).toEqual([EOG, EOT]);
+    expect([...ig!.created.bias]).toEqual([[EOG, -Infinity], [EOT, -Infinity]]);
     expect(ig!.configs.length).toBe(3);
-    expect(ig!.configs.every((c) => c.bannedTokens.join() === [EOG, EOT].join())).toBe(true);
-    expect(no!.created.bannedTokens).toEqual([]);
-    expect(no!.configs.every((c) => c.bannedTokens.length === 0)).toBe(true);
+    expect(ig!.configs.every((c) => [...c.bias].join() === [[EOG, -Infinity], [EOT, -Infinity]].join())).toBe(true);
+    expect(no!.created.bias.size).toBe(0);
+    expect(no!.configs.every((c) => c.bias.size === 0)).toBe(true);
     // EOG does not finish an ignore_eos request (if the sampler ever returned it), and its text is not emitted.
     expect(t.outputsOf("ig").at(-1)!.finish).toEqual({ reason: "length", promptTokens: 2, completionTokens: 3 });
     expect(t.outputsOf("ig").map((o) => o.text).join("")).toBe("ab");
@@ -467,7 +498,7 @@ describe("StepLoop", () => {
     t.loop.submit(add("g", "pp", { temperature: 0, maxTokens: 3, ignoreEos: true }));
     await t.drain();
     expect(t.backend.samplers[0]!.configs).toEqual([]);
-    expect(t.backend.samplers[0]!.created.bannedTokens).toEqual([EOG, EOT]);
+    expect([...t.backend.samplers[0]!.created.bias.keys()]).toEqual([EOG, EOT]);
   });
 
   it("resumes: generated tokens are prefilled, count towards maxTokens, and their text is not emitted again", async () => {
@@ -489,7 +520,8 @@ describe("StepLoop", () => {
     t.loop.submit(add("b", "bb", { maxTokens: 4 }));
     await t.stepOnce();
     // Corrupt the scheduler the way a bug would: a's processed count runs past its tokens.
-    (t.loop.scheduler as unknown as { running: { id: string; processed: number }[] }).running.find((r) => r.id === "a")!.processed = 999;
+    const a = (t.loop.scheduler as unknown as { running: { id: string; status: { processed: number } }[] }).running.find((r) => r.id === "a")!;
+    a.status = { ...a.status, processed: 999 };
     await t.drain();
     expect(t.violations.length).toBeGreaterThan(0);
     const finA = t.outputsOf("a").at(-1)!.finish!;
@@ -497,5 +529,147 @@ describe("StepLoop", () => {
     expect(t.outputsOf("b").at(-1)!.finish!.reason).toBe("length");
     expect(t.loop.scheduler.checkInvariants()).toEqual([]);
     expect(t.loop.liveRequests).toBe(0);
+  });
+});
+
+describe("StepLoop: the extended sampling set", () => {
+  /** Fake logits where `ranked[0]` is the most likely token, then ranked[1], … (everything else far below). */
+  const ranking = (ranked: number[]): number[] => {
+    const l = new Array<number>(512).fill(-50);
+    ranked.forEach((t, i) => (l[t] = 10 - i));
+    return l;
+  };
+  const textOf = (t: ReturnType<typeof setup>, id: string): string => t.outputsOf(id).map((o) => o.text).join("");
+  const tokensOf = (t: ReturnType<typeof setup>, id: string): number[] => t.outputsOf(id).flatMap((o) => o.tokens);
+
+  it("min_tokens bans EOG and stop tokens until reached, counting resumed tokens, then they end the request", async () => {
+    const t = setup({ maxModelLen: 64 });
+    // The model always prefers EOG, then "x" (a stop token), then "a".
+    t.backend.logits = () => ranking([EOG, 0x78, 0x61]);
+    t.loop.submit(add("m", "p", { maxTokens: 10, minTokens: 3, stopTokenIds: [0x78] }));
+    t.loop.submit(add("r", "p", { maxTokens: 10, minTokens: 3, stopTokenIds: [0x78] }, { generated: [0x61, 0x61] }));
+    t.loop.submit(add("plain", "p", { maxTokens: 10 }));
+    await t.drain();
+    expect(tokensOf(t, "m")).toEqual([0x61, 0x61, 0x61, EOG]);
+    expect(t.outputsOf("m").at(-1)!.finish).toEqual({ reason: "stop", promptTokens: 1, completionTokens: 4 });
+    expect(textOf(t, "m")).toBe("aaa");
+    // Two tokens were generated before the resume: one more before EOG may end it.
+    expect(tokensOf(t, "r")).toEqual([0x61, EOG]);
+    expect(t.outputsOf("r").at(-1)!.finish).toEqual({ reason: "stop", promptTokens: 3, completionTokens: 2 });
+    expect(tokensOf(t, "plain")).toEqual([EOG]);
+    // The bans are lifted once: the sampler is reconfigured when min_tokens is reached, not per token before.
+    const m = t.backend.samplers[0]!;
+    expect([...m.created.bias]).toEqual([[EOG, -Infinity], [EOT, -Infinity], [0x78, -Infinity]]);
+    expect(m.configs.map((c) => c.bias.size)).toEqual([0]);
+  });
+
+  it("stop_token_ids end the request with reason stop; the token is reported without text, also under ignore_eos", async () => {
+    const t = setup({ maxModelLen: 64 });
+    const script = [0x68, 0x69, 0x21, 0x7a];
+    t.backend.script = (s) => script[s.history.length]!;
+    t.loop.submit(add("s", "p", { maxTokens: 10, stopTokenIds: [0x21], ignoreEos: true }));
+    await t.drain();
+    expect(tokensOf(t, "s")).toEqual([0x68, 0x69, 0x21]);
+    expect(textOf(t, "s")).toBe("hi");
+    expect(t.outputsOf("s").at(-1)!.finish).toEqual({ reason: "stop", promptTokens: 1, completionTokens: 3 });
+  });
+
+  it("logit_bias is additive and -100 bans: the biased argmax changes accordingly", async () => {
+    const t = setup({ maxModelLen: 64 });
+    t.backend.logits = () => ranking([0x61, 0x62, 0x63]);
+    t.loop.submit(add("none", "p", { maxTokens: 2 }));
+    t.loop.submit(add("ban", "p", { maxTokens: 2, logitBias: [[0x61, -100]] }));
+    t.loop.submit(add("lift", "p", { maxTokens: 2, logitBias: [[0x63, 2.5]] }));
+    await t.drain();
+    expect(textOf(t, "none")).toBe("aa");
+    expect(textOf(t, "ban")).toBe("bb");
+    expect(textOf(t, "lift")).toBe("cc");
+    expect([...t.backend.samplers[1]!.created.bias]).toEqual([[0x61, -Infinity]]);
+    expect([...t.backend.samplers[2]!.created.bias]).toEqual([[0x63, 2.5]]);
+  });
+
+  it("presence and frequency penalties count generated tokens only (not the prompt) and reconfigure greedy sampling", async () => {
+    const t = setup({ maxModelLen: 64 });
+    t.backend.logits = () => ranking([0x61, 0x62, 0x63]);
+    // The prompt is full of "a": a generated-only penalty leaves the first token alone.
+    t.loop.submit(add("pres", "aaaa", { maxTokens: 4, presencePenalty: 1.5 }));
+    t.loop.submit(add("freq", "aaaa", { maxTokens: 5, frequencyPenalty: 0.6 }));
+    await t.drain();
+    // Presence 1.5, once per used token: a(10) → b (9 > a's 8.5) → a (8.5 > b's 7.5 and c's 8) → a (it does not grow).
+    expect(textOf(t, "pres")).toBe("abaa");
+    // Frequency 0.6 per occurrence: a(10) → a(9.4) → b(9) → a(8.8) → b(8.4)… as the counts grow.
+    const freq = t.backend.samplers[1]!;
+    expect(freq.configs.map((c) => [...c.bias])).toEqual([[[0x61, -0.6]], [[0x61, -0.6 * 2]], [[0x61, -0.6 * 2], [0x62, -0.6]], [[0x61, -0.6 * 3], [0x62, -0.6]]]);
+    expect(textOf(t, "freq")).toBe("aabab");
+  });
+
+  it("repetition penalty covers prompt + resumed tokens: the sampler gets them as its history", async () => {
+    const t = setup({ maxModelLen: 64 });
+    t.backend.logits = () => ranking([0x61, 0x62, 0x63]);
+    t.loop.submit(add("rep", "ab", { maxTokens: 3, repetitionPenalty: 1.25 }, { generated: [0x63] }));
+    t.loop.submit(add("off", "ab", { maxTokens: 3 }));
+    await t.drain();
+    expect(t.backend.samplers[0]!.penaltyHistory).toEqual([0x61, 0x62, 0x63]);
+    expect(t.backend.samplers[0]!.created.repetitionPenalty).toBe(1.25);
+    expect(t.backend.samplers[1]!.penaltyHistory).toEqual([]);
+    // All of a, b, c are penalised equally (10/1.25, 9/1.25, 8/1.25): the order stays, "a" wins.
+    expect(textOf(t, "rep")).toBe("aa");
+  });
+
+  it("a continuation with `generated` samples exactly what the uninterrupted run did, at every resume point", async () => {
+    // Logits that depend on the position, so every token matters; all penalties and bias on.
+    const logitsAt = (pos: number): number[] => {
+      const l = new Array<number>(512).fill(-50);
+      for (let k = 0; k < 6; k++) l[0x61 + ((pos * 5 + k * 3) % 7)] = 6 - k * 0.7;
+      l[EOG] = pos % 4 === 0 ? 6.5 : -50;
+      return l;
+    };
+    const p = { maxTokens: 12, presencePenalty: 0.4, frequencyPenalty: 0.3, repetitionPenalty: 1.2, minTokens: 9, logitBias: [[0x62, 0.5]] as [number, number][] };
+    const run = async (generated: number[]): Promise<number[]> => {
+      const t = setup({ maxModelLen: 64 });
+      t.backend.logits = (_s, item) => logitsAt(item.pos + item.tokens.length);
+      t.loop.submit(add("c", "abcab", p, generated.length > 0 ? { generated } : {}));
+      await t.drain();
+      return [...generated, ...tokensOf(t, "c")];
+    };
+    const full = await run([]);
+    expect(full.length).toBeGreaterThan(9);
+    expect(new Set(full).size).toBeGreaterThan(3);
+    for (let k = 1; k < full.length - 1; k++) expect(await run(full.slice(0, k)), `resumed after ${k}`).toEqual(full);
+  });
+
+  it("logprobs: one entry per token from the backend, at the token's own logit index; none unless asked", async () => {
+    const t = setup({ maxNumSeqs: 2 });
+    t.loop.submit(add("lp", "abc", { maxTokens: 3, logprobs: 2 }));
+    t.loop.submit(add("no", "xy", { maxTokens: 3 }));
+    await t.drain();
+    const outs = t.outputsOf("lp").filter((o) => o.tokens.length > 0);
+    expect(outs).toHaveLength(3);
+    for (const o of outs) {
+      expect(o.logprobs).toEqual([{ token: o.tokens[0], logprob: -(o.tokens[0]! + 1), top: [{ token: 0, logprob: -1 }, { token: 1, logprob: -2 }] }]);
+    }
+    expect(t.outputsOf("no").some((o) => o.logprobs !== undefined)).toBe(false);
+    // Only the request that asked paid a call; its logit index is the one it was sampled at (it is first in each batch).
+    expect(t.backend.logprobCalls.map(([idx, , top]) => [idx, top])).toEqual([[0, 2], [0, 2], [0, 2]]);
+    expect(t.backend.logprobCalls.map(([, tok]) => tok)).toEqual(outs.map((o) => o.tokens[0]));
+  });
+
+  it("refuses params the engine cannot serve with invalid_params: out-of-vocabulary ids, logprobs over the cap or without support", async () => {
+    const t = setup();
+    t.loop.submit(add("bias", "a", { logitBias: [[600, 1]] }));
+    t.loop.submit(add("stop", "a", { stopTokenIds: [512] }));
+    t.loop.submit(add("lp", "a", { logprobs: 21 }));
+    t.loop.submit(add("ok", "a", { logprobs: 20, maxTokens: 1 }));
+    await t.drain();
+    const errs = t.messages.filter((m): m is RequestErrorMessage => m.type === "request_error");
+    expect(errs.map((e) => [e.id, e.code])).toEqual([["bias", "invalid_params"], ["stop", "invalid_params"], ["lp", "invalid_params"]]);
+    expect(t.outputsOf("ok").at(-1)!.logprobs![0]!.top).toHaveLength(20);
+    expect(t.loop.maxTopLogprobs).toBe(20);
+    const bare = setup();
+    Object.assign(bare.backend, { logprobs: undefined });
+    expect(bare.loop.maxTopLogprobs).toBe(-1);
+    bare.loop.submit(add("lp0", "a", { logprobs: 0 }));
+    await bare.loop.step();
+    expect(bare.messages).toEqual([expect.objectContaining({ type: "request_error", id: "lp0", code: "invalid_params" })]);
   });
 });

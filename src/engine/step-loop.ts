@@ -6,10 +6,12 @@
  * samples sequentially, and emits exactly one `step` message for each step that did work. No native call ever overlaps a decode:
  * slots are cleared and samplers disposed only between decodes.
  */
-import type { AddMessage, EngineErrorCode, EngineMessage, RequestOutput, SamplingParams } from "../protocol/messages.js";
+import type { AddMessage, EngineErrorCode, EngineMessage, PositionLogprobs, RequestOutput, SamplingParams } from "../protocol/messages.js";
 import { PROTOCOL_VERSION } from "../protocol/messages.js";
-import type { DecodeItem, SamplerConfig, SamplerHandle } from "./llama-adapter.js";
-import { Scheduler, type BatchItem, type Outcome, type Sampled, type SchedulerConfig } from "./scheduler.js";
+import { checkSamplingParams } from "../protocol/validate.js";
+import type { DecodeItem, RawLogprobs, SamplerConfig, SamplerHandle } from "./llama-adapter.js";
+import { SamplingState } from "./sampling-state.js";
+import { Scheduler, type BatchItem, type Outcome, type SchedulerConfig } from "./scheduler.js";
 
 /** What the loop needs from a model backend (the llama.cpp adapter, or a fake in tests). */
 export interface ModelBackend {
@@ -24,10 +26,16 @@ export interface ModelBackend {
   isEndOfGeneration(token: number): boolean;
   readonly eogTokens: number[];
   readonly vocabSize: number;
-  createSampler(cfg: SamplerConfig): SamplerHandle;
+  /** A sampler whose repetition-penalty history starts as `history` (prompt + resumed tokens). */
+  createSampler(cfg: SamplerConfig, history?: readonly number[]): SamplerHandle;
   /** Decode one batch; returns the batch logit index per item (-1 without logits). */
   decode(items: DecodeItem[]): Promise<number[]>;
   sample(batchLogitIndex: number, sampler: SamplerHandle): Promise<number>;
+  /**
+   * Raw-distribution log probabilities at a batch logit index (the sampled `token` and the `top` most likely).
+   * Absent: the engine serves no log probabilities (capabilities.maxTopLogprobs = -1).
+   */
+  logprobs?(batchLogitIndex: number, token: number, top: number): Promise<RawLogprobs>;
   clearSequence(slot: number): void;
   /** Keep the first `keep` tokens of a slot's KV (0 = clear). False if the memory cannot be trimmed partially. */
   trimSequence?(slot: number, keep: number): boolean;
@@ -46,9 +54,19 @@ interface RequestState {
   readonly sampler: SamplerHandle;
   /** Incremental UTF-8 decoder: holds back an incomplete character, U+FFFD for impossible bytes. */
   readonly decoder: TextDecoder;
-  /** Tokens banned for this request (EOG tokens under ignore_eos). */
-  readonly banned: number[];
+  /** Bias, penalty and stop state, a pure function of (params, prompt, generated ids). */
+  readonly sampling: SamplingState;
 }
+
+/** A token sampled for a request, with its log probabilities when the request asked for them. */
+interface SampledToken {
+  id: string;
+  token: number;
+  logprobs?: PositionLogprobs;
+}
+
+/** Largest `params.logprobs` a backend with log probabilities serves (OpenAI's top_logprobs cap). */
+export const MAX_TOP_LOGPROBS = 20;
 
 /**
  * Seed of the token at `position`, derived from the request seed (splitmix32-style mixing). A token's randomness
@@ -167,15 +185,21 @@ export class StepLoop {
       if (decoded.length > 0) {
         this.steps += 1;
         batchTokens = decoded.reduce((a, it) => a + it.tokens.length, 0);
-        // 5. Record tokens and text, then decide who finished.
-        for (const { id, token } of sampled) {
+        // 5. Decide who finished, then record tokens, log probabilities and text (a stop token that ended its
+        //    request is reported without text), then release the finished.
+        const outcome = this.scheduler.commit({ ...plan, items: decoded }, sampled, (t) => this.backend.isEndOfGeneration(t));
+        const stoppedBy = new Set(outcome.finished.filter((f) => f.reason === "stop").map((f) => f.id));
+        for (const { id, token, logprobs } of sampled) {
           const st = this.requests.get(id);
           if (!st) continue;
           const o = out(id);
           o.tokens.push(token);
-          if (!this.backend.isEndOfGeneration(token)) o.text += st.decoder.decode(this.backend.bytesOf(token), { stream: true });
+          if (logprobs) (o.logprobs ??= []).push(logprobs);
+          st.sampling.accept(token);
+          const silent = this.backend.isEndOfGeneration(token) || (stoppedBy.has(id) && st.sampling.isStopToken(token));
+          if (!silent) o.text += st.decoder.decode(this.backend.bytesOf(token), { stream: true });
         }
-        this.finish(this.scheduler.commit({ ...plan, items: decoded }, sampled, (t) => this.backend.isEndOfGeneration(t)), out);
+        this.finish(outcome, out);
       }
     }
     const violations = this.scheduler.checkInvariants();
@@ -213,7 +237,7 @@ export class StepLoop {
   private async decodeAndSample(
     items: BatchItem[],
     step: number,
-  ): Promise<{ sampled: Sampled[]; decoded: BatchItem[]; failed: { item: BatchItem; message: string }[] }> {
+  ): Promise<{ sampled: SampledToken[]; decoded: BatchItem[]; failed: { item: BatchItem; message: string }[] }> {
     let logitIdx: number[] | null = null;
     let lastError: unknown = null;
     for (let attempt = 0; attempt < 2 && logitIdx === null; attempt++) {
@@ -233,7 +257,7 @@ export class StepLoop {
       const b = await this.decodeAndSample(items.slice(half), step);
       return { sampled: [...a.sampled, ...b.sampled], decoded: [...a.decoded, ...b.decoded], failed: [...a.failed, ...b.failed] };
     }
-    const sampled: Sampled[] = [];
+    const sampled: SampledToken[] = [];
     const decoded: BatchItem[] = [];
     const failed: { item: BatchItem; message: string }[] = [];
     for (let i = 0; i < items.length; i++) {
@@ -244,10 +268,16 @@ export class StepLoop {
         continue;
       }
       try {
-        if (st.params.temperature > 0) st.sampler.configure(this.samplerConfig(st, tokenSeed(st.params.seed, it.pos + it.tokens.length)));
+        // Reconfigure only when something changed: the seed (per position, with a temperature) or the bias
+        // (penalties, min_tokens); a greedy request without those keeps its sampler as created.
+        if (st.params.temperature > 0 || st.sampling.biasChanged) st.sampler.configure(this.samplerConfig(st, tokenSeed(st.params.seed, it.pos + it.tokens.length)));
         const token = await this.backend.sample(logitIdx[i]!, st.sampler);
         if (!Number.isInteger(token) || token < 0 || token >= this.backend.vocabSize) throw new Error(`sampled invalid token ${token}`);
-        sampled.push({ id: it.id, token });
+        const top = st.params.logprobs;
+        if (top != null) {
+          if (!this.backend.logprobs) throw new Error("this backend serves no log probabilities");
+          sampled.push({ id: it.id, token, logprobs: await this.backend.logprobs(logitIdx[i]!, token, top) });
+        } else sampled.push({ id: it.id, token });
         decoded.push(it);
       } catch (err) {
         failed.push({ item: it, message: (err as Error).message });
@@ -288,16 +318,27 @@ export class StepLoop {
     if (bad !== undefined) return refuse("invalid_prompt", `token id ${bad} is outside the vocabulary (${this.backend.vocabSize})`);
     const maxNew = cmd.params.maxTokens === null ? null : cmd.params.maxTokens - generated.length;
     if (maxNew !== null && maxNew < 1) return refuse("invalid_prompt", "the resumed generation already reached max_tokens");
-    const banned = cmd.params.ignoreEos ? this.backend.eogTokens : [];
+    const invalid = checkSamplingParams(cmd.params, { vocabSize: this.backend.vocabSize, maxTopLogprobs: this.maxTopLogprobs });
+    if (invalid) return refuse("invalid_params", invalid);
+    const sampling = new SamplingState(cmd.params, this.backend.eogTokens, generated);
     // Engine-side state first: a sampler that cannot be created refuses this add only, before the scheduler
     // holds a request that nobody could sample.
     let sampler: SamplerHandle;
     try {
-      sampler = this.backend.createSampler(this.samplerConfig({ params: cmd.params, banned }, tokenSeed(cmd.params.seed, all.length)));
+      const history = sampling.repetitionPenalty !== 1 ? all : [];
+      sampler = this.backend.createSampler(this.samplerConfig({ params: cmd.params, sampling }, tokenSeed(cmd.params.seed, all.length)), history);
     } catch (err) {
       return refuse("engine_error", `could not create a sampler: ${(err as Error).message}`);
     }
-    const refusal = this.scheduler.add({ id: cmd.id, inputTokens: all, promptLength: prompt.length, maxNewTokens: maxNew, ignoreEos: cmd.params.ignoreEos });
+    const refusal = this.scheduler.add({
+      id: cmd.id,
+      inputTokens: all,
+      promptLength: prompt.length,
+      maxNewTokens: maxNew,
+      ignoreEos: cmd.params.ignoreEos,
+      ...(sampling.stopTokens.size > 0 ? { stopTokens: sampling.stopTokens } : {}),
+      ...(sampling.minTokens > 0 ? { minTokens: sampling.minTokens } : {}),
+    });
     if (refusal) {
       sampler.dispose();
       return refuse(refusal.code, refusal.message);
@@ -305,11 +346,17 @@ export class StepLoop {
     const decoder = new TextDecoder("utf-8", { fatal: false, ignoreBOM: true });
     // Re-prime the decoder with resumed tokens so a character split across the resume point completes.
     for (const t of generated) if (!this.backend.isEndOfGeneration(t)) decoder.decode(this.backend.bytesOf(t), { stream: true });
-    this.requests.set(cmd.id, { params: cmd.params, sampler, decoder, banned });
+    this.requests.set(cmd.id, { params: cmd.params, sampler, decoder, sampling });
   }
 
-  private samplerConfig(st: Pick<RequestState, "params" | "banned">, seed: number): SamplerConfig {
-    return { temperature: st.params.temperature, topP: st.params.topP, topK: st.params.topK, seed, bannedTokens: st.banned };
+  /** Largest `params.logprobs` served: {@link MAX_TOP_LOGPROBS} when the backend has log probabilities, else -1. */
+  get maxTopLogprobs(): number {
+    return this.backend.logprobs ? MAX_TOP_LOGPROBS : -1;
+  }
+
+  private samplerConfig(st: Pick<RequestState, "params" | "sampling">, seed: number): SamplerConfig {
+    const p = st.params;
+    return { temperature: p.temperature, topP: p.topP, topK: p.topK, minP: p.minP ?? 0, seed, bias: st.sampling.takeBias(), repetitionPenalty: st.sampling.repetitionPenalty };
   }
 
   /** Apply an outcome: clear freed slots, dispose samplers, record terminal events. */

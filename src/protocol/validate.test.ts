@@ -1,6 +1,6 @@
 import { describe, expect, it } from "vitest";
 import { PROTOCOL_VERSION } from "./messages.js";
-import { parseGatewayMessage } from "./validate.js";
+import { checkSamplingParams, parseGatewayMessage } from "./validate.js";
 
 const params = { maxTokens: 16, temperature: 0.7, topP: 0.9, topK: 40, seed: 123, ignoreEos: false };
 const addText = { v: PROTOCOL_VERSION, type: "add", id: "req-1", prompt: { text: "hello" }, params };
@@ -22,6 +22,24 @@ describe("parseGatewayMessage: valid messages", () => {
     ["add with maxTokens null and extreme params", { ...addText, params: { ...params, maxTokens: null, temperature: 2, topP: 1, topK: -1, seed: 0xffffffff, ignoreEos: true } }],
     ["add with greedy sampling", { ...addText, params: { ...params, temperature: 0, topK: 0 } }],
     ["add with an empty text prompt", { ...addText, prompt: { text: "" } }],
+    [
+      "add with the whole sampling set",
+      {
+        ...addText,
+        params: {
+          ...params,
+          presencePenalty: -2,
+          frequencyPenalty: 2,
+          repetitionPenalty: 1.3,
+          minP: 0.05,
+          logitBias: [[5, -100], [6, 100], [7, 0.5]],
+          minTokens: 16,
+          stopTokenIds: [2, 3],
+          logprobs: 0,
+        },
+      },
+    ],
+    ["add with logprobs null", { ...addText, params: { ...params, logprobs: null } }],
     ["abort", { v: PROTOCOL_VERSION, type: "abort", ids: ["a", "b"] }],
     ["abort with no ids", { v: PROTOCOL_VERSION, type: "abort", ids: [] }],
     ["ping", { v: PROTOCOL_VERSION, type: "ping", nonce: 1712345678901 }],
@@ -57,18 +75,47 @@ describe("parseGatewayMessage: invalid messages", () => {
     ["empty token prompt", { ...addText, prompt: { tokens: [] } }, "prompt"],
     ["negative token id", { ...addText, prompt: { tokens: [-1] } }, "prompt"],
     ["fractional token id", { ...addText, prompt: { tokens: [1.5] } }, "prompt"],
-    ["maxTokens 0", { ...addText, params: { ...params, maxTokens: 0 } }, "params.maxTokens"],
-    ["temperature above 2", { ...addText, params: { ...params, temperature: 2.5 } }, "params.temperature"],
-    ["topP 0", { ...addText, params: { ...params, topP: 0 } }, "params.topP"],
-    ["topK -2", { ...addText, params: { ...params, topK: -2 } }, "params.topK"],
-    ["seed above uint32", { ...addText, params: { ...params, seed: 2 ** 32 } }, "params.seed"],
-    ["ignoreEos not boolean", { ...addText, params: { ...params, ignoreEos: "yes" } }, "params.ignoreEos"],
-    ["missing params", { ...addText, params: undefined }, "params"],
     ["bad resumed token", { ...addText, generated: ["a"] }, "generated"],
   ])("rejects add with %s, naming the field", (_name, raw, field) => {
     const err = fails(raw as Record<string, unknown>);
     expect(err).toMatch(/^invalid add message: /);
     expect(err).toContain(field);
+  });
+
+  it.each([
+    ["maxTokens 0", { maxTokens: 0 }, "params.maxTokens"],
+    ["temperature above 2", { temperature: 2.5 }, "params.temperature"],
+    ["topP 0", { topP: 0 }, "params.topP"],
+    ["topK -2", { topK: -2 }, "params.topK"],
+    ["seed above uint32", { seed: 2 ** 32 }, "params.seed"],
+    ["ignoreEos not boolean", { ignoreEos: "yes" }, "params.ignoreEos"],
+    ["presencePenalty above 2", { presencePenalty: 2.5 }, "params.presencePenalty"],
+    ["frequencyPenalty below -2", { frequencyPenalty: -3 }, "params.frequencyPenalty"],
+    ["repetitionPenalty 0", { repetitionPenalty: 0 }, "params.repetitionPenalty"],
+    ["minP above 1", { minP: 1.5 }, "params.minP"],
+    ["a logit bias beyond 100", { logitBias: [[1, 101]] }, "params.logitBias"],
+    ["a logit bias on a negative token", { logitBias: [[-1, 1]] }, "params.logitBias"],
+    ["a token biased twice", { logitBias: [[1, 1], [1, 2]] }, "params.logitBias"],
+    ["negative minTokens", { minTokens: -1 }, "params.minTokens"],
+    ["minTokens above maxTokens", { maxTokens: 4, minTokens: 5 }, "params.minTokens"],
+    ["a fractional stop token id", { stopTokenIds: [1.5] }, "params.stopTokenIds"],
+    ["negative logprobs", { logprobs: -1 }, "params.logprobs"],
+    ["an unknown parameter (never accepted and ignored)", { typicalP: 0.5 }, "typicalP"],
+  ])("refuses only that request (invalid_params) for %s, naming the field", (_name, patch, field) => {
+    const r = parseGatewayMessage({ ...addText, params: { ...params, ...patch } });
+    expect(r.ok).toBe(false);
+    if (r.ok || !("refuse" in r)) throw new Error("expected a refusal of the request");
+    expect(r.refuse).toEqual({ id: "req-1", code: "invalid_params" });
+    expect(r.error).toMatch(/^invalid sampling parameters: /);
+    expect(r.error).toContain(field);
+  });
+
+  it("an add without an id or with non-object params is a protocol error, not a refusal", () => {
+    for (const raw of [{ ...addText, id: undefined }, { ...addText, params: 7 }]) {
+      const r = parseGatewayMessage(raw as Record<string, unknown>);
+      expect(r.ok).toBe(false);
+      expect("refuse" in r).toBe(false);
+    }
   });
 
   it.each([
@@ -78,5 +125,22 @@ describe("parseGatewayMessage: invalid messages", () => {
     ["ping with string nonce", { v: PROTOCOL_VERSION, type: "ping", nonce: "1" }],
   ])("rejects %s", (_name, raw) => {
     expect(fails(raw as Record<string, unknown>)).toMatch(/^invalid (abort|ping) message/);
+  });
+});
+
+describe("checkSamplingParams", () => {
+  const limits = { vocabSize: 100, maxTopLogprobs: 20 };
+  it("accepts in-vocabulary ids and logprobs up to the cap", () => {
+    expect(checkSamplingParams({ ...params, logitBias: [[99, 1]], stopTokenIds: [0, 99], logprobs: 20 }, limits)).toBeNull();
+  });
+  it.each([
+    ["a biased token outside the vocabulary", { logitBias: [[100, 1]] as [number, number][] }, /logitBias token 100/],
+    ["a stop token outside the vocabulary", { stopTokenIds: [5, 100] }, /stopTokenIds token 100/],
+    ["logprobs above the cap", { logprobs: 21 }, /exceeds the engine's maximum of 20/],
+  ])("refuses %s", (_name, patch, message) => {
+    expect(checkSamplingParams({ ...params, ...patch }, limits)).toMatch(message);
+  });
+  it("refuses any logprobs when the engine serves none", () => {
+    expect(checkSamplingParams({ ...params, logprobs: 0 }, { vocabSize: 100, maxTopLogprobs: -1 })).toMatch(/does not serve log probabilities/);
   });
 });
