@@ -225,6 +225,27 @@ describe("the sampling set", () => {
   });
 });
 
+describe("stop strings", () => {
+  it("cut the text (include_stop_str_in_output keeps the stop) and release the engine request at once", async () => {
+    const base = { model: MODEL, prompt: "Count with me", max_tokens: 24, temperature: 0, ignore_eos: true } as OpenAI.CompletionCreateParamsNonStreaming;
+    const full = (await sdk.completions.create(base)).choices[0]!.text;
+    // A stop string from the middle of the greedy text (skipping its first characters so the cut is not empty).
+    const at = Math.max(1, Math.floor(full.length / 2));
+    const stop = full.slice(at, at + 2);
+    const cut = full.slice(0, full.indexOf(stop));
+    const before = await waitForMetrics(server.baseUrl, gaugesAtZero);
+    const long = { ...base, max_tokens: 1500, stop: [stop] };
+    const r = await sdk.completions.create(long);
+    expect(r.choices[0]!.text).toBe(cut);
+    expect(r.choices[0]!.finish_reason).toBe("stop");
+    const kept = await sdk.completions.create({ ...long, include_stop_str_in_output: true } as OpenAI.CompletionCreateParamsNonStreaming);
+    expect(kept.choices[0]!.text).toBe(cut + stop);
+    // Both engine requests were aborted when the stop matched, not run to 1,500 tokens.
+    const after = await waitForMetrics(server.baseUrl, (m) => gaugesAtZero(m) && metric(m, 'keel_requests_finished_total{finish_reason="stop"}') === metric(before, 'keel_requests_finished_total{finish_reason="stop"}') + 2);
+    expect(metric(after, "keel_generation_tokens_total") - metric(before, "keel_generation_tokens_total")).toBeLessThan(2 * 24 + 10);
+  });
+});
+
 describe("penalties, min_p and template kwargs on the real engine", () => {
   const chat = (extra: Record<string, unknown>) =>
     sdk.chat.completions.create({ model: MODEL, messages: [{ role: "user", content: "Repeat after me: la la la la" }], max_tokens: 32, temperature: 0, ignore_eos: true, ...extra } as OpenAI.ChatCompletionCreateParamsNonStreaming);
