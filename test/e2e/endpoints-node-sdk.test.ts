@@ -8,7 +8,7 @@
 import net from "node:net";
 import OpenAI, { BadRequestError, NotFoundError } from "openai";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { get, metrics, startServer, waitForMetrics, type ServerHandle } from "../support/server.js";
+import { get, startServer, waitForMetrics, type ServerHandle } from "../support/server.js";
 
 const MODEL = "keel-tiny";
 let server: ServerHandle;
@@ -312,13 +312,20 @@ describe("HTTP/1.1 pipelining", () => {
       });
       socket.on("close", () => reject(new Error(`socket closed after: ${received}`)));
     });
+    answered.catch(() => undefined); // awaited below; a failing assertion first must not leave it unhandled
     socket.write(request + request);
-    await answered;
-    socket.destroy();
-    expect(received.match(/HTTP\/1\.1 200 OK/g)).toHaveLength(2);
-    const after = await metrics(server.baseUrl);
+    // Both requests end on the server — served to their length, or (the defect) the second taken for a disconnect
+    // and aborted — before anything is asserted, so a regression fails here at once instead of hanging.
+    const ended = (m: Map<string, number>) =>
+      metric(m, 'keel_requests_finished_total{finish_reason="length"}') + metric(m, 'keel_requests_finished_total{finish_reason="abort"}') >=
+      metric(before, 'keel_requests_finished_total{finish_reason="length"}') + metric(before, 'keel_requests_finished_total{finish_reason="abort"}') + 2;
+    const after = await waitForMetrics(server.baseUrl, (m) => ended(m) && gaugesAtZero(m));
     for (const phase of ["queued", "prefill", "decode"]) {
       expect(metric(after, `keel_client_disconnects_total{phase="${phase}"}`)).toBe(metric(before, `keel_client_disconnects_total{phase="${phase}"}`));
     }
+    expect(metric(after, 'keel_requests_finished_total{finish_reason="length"}')).toBe(metric(before, 'keel_requests_finished_total{finish_reason="length"}') + 2);
+    await answered;
+    socket.destroy();
+    expect(received.match(/HTTP\/1\.1 200 OK/g)).toHaveLength(2);
   });
 });
