@@ -147,8 +147,11 @@ function usageBody(u: Usage) {
 
 /** The Responses encoder: builds the response object in each state and the typed stream events. */
 export function responsesEncoder(body: ResponsesRequest, id: string, model: string, createdAt: number): Encoder {
+  /** The one output item's id. */
   const itemId = `msg_${id.slice(5)}`;
+  /** `sequence_number` of the next stream event (0, 1, 2, … over the whole stream). */
   let sequence = 0;
+  /** Output text streamed so far (for the `.done` events). */
   let text = "";
   const response = (status: "in_progress" | "completed" | "incomplete" | "failed", extra: { output?: unknown[]; usage?: Usage; error?: KeelHttpError } = {}) => ({
     id,

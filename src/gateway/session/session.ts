@@ -77,6 +77,7 @@ export class GenerationSession {
   readonly #choices: Choice[];
   /** Child id → choice. */
   readonly #byId = new Map<string, Choice>();
+  /** The request's options (children, stop strings, logprobs). */
   readonly #opts: SessionOptions;
   /** Where the session is (see {@link SessionState}). */
   #state: SessionState = { state: "open", started: false };
