@@ -68,6 +68,24 @@ describe("GenerationSession: stop strings", () => {
   });
 });
 
+describe("GenerationSession: UTF-8 text", () => {
+  it("a stop string made of multibyte characters is matched across deltas, never splitting a character", () => {
+    const s = open({ stop: ["🦊é"] });
+    s.admitted("r", 1);
+    const a = s.output("r", [1], "日本🦊");
+    // "🦊" could begin the stop string: held back whole (both UTF-16 units), not half of it.
+    expect(text(a.events)).toBe("日本");
+    const b = s.output("r", [2], "x🦊");
+    expect(text(b.events)).toBe("🦊x");
+    const c = s.output("r", [3], "é tail");
+    expect(c.abort).toEqual(["r"]);
+    expect(text([...a.events, ...b.events, ...c.events])).toBe("日本🦊x");
+    for (const e of [...a.events, ...b.events, ...c.events]) {
+      if (e.type === "delta") expect(e.content).toBe(e.content.toWellFormed());
+    }
+  });
+});
+
 describe("GenerationSession: n children", () => {
   it("children finish in any order; usage counts the prompt once and sums completions; the result is in index order", () => {
     for (const order of [
