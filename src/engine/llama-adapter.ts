@@ -299,6 +299,11 @@ export class LlamaAdapter {
     return this.context.contextSize;
   }
 
+  /** The BOS token id the tokenizer prepends, or null when the model adds none (for `tokenize` without specials). */
+  get bosToken(): number | null {
+    return this.model.tokens.bos != null && this.model.tokens.shouldPrependBosToken ? this.model.tokens.bos : null;
+  }
+
   /** Tokenize prompt text, parsing special tokens (as llama.cpp's server does for chat prompts). */
   tokenize(text: string): number[] {
     const tokens = this.model.tokenize(text, true) as number[];

@@ -646,7 +646,8 @@ describe("StepLoop: the extended sampling set", () => {
     const outs = t.outputsOf("lp").filter((o) => o.tokens.length > 0);
     expect(outs).toHaveLength(3);
     for (const o of outs) {
-      expect(o.logprobs).toEqual([{ token: o.tokens[0], logprob: -(o.tokens[0]! + 1), top: [{ token: 0, logprob: -1 }, { token: 1, logprob: -2 }] }]);
+      // Each entry carries its token's raw bytes (protocol TokenLogprob.bytes).
+      expect(o.logprobs).toEqual([{ token: o.tokens[0], logprob: -(o.tokens[0]! + 1), bytes: [...t.backend.bytesOf(o.tokens[0]!)], top: [{ token: 0, logprob: -1, bytes: [0] }, { token: 1, logprob: -2, bytes: [1] }] }]);
     }
     expect(t.outputsOf("no").some((o) => o.logprobs !== undefined)).toBe(false);
     // Only the request that asked paid a call; its logit index is the one it was sampled at (it is first in each batch).

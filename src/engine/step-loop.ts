@@ -276,7 +276,7 @@ export class StepLoop {
         const top = st.params.logprobs;
         if (top != null) {
           if (!this.backend.logprobs) throw new Error("this backend serves no log probabilities");
-          sampled.push({ id: it.id, token, logprobs: await this.backend.logprobs(logitIdx[i]!, token, top) });
+          sampled.push({ id: it.id, token, logprobs: this.withBytes(await this.backend.logprobs(logitIdx[i]!, token, top)) });
         } else sampled.push({ id: it.id, token });
         decoded.push(it);
       } catch (err) {
@@ -347,6 +347,18 @@ export class StepLoop {
     // Re-prime the decoder with resumed tokens so a character split across the resume point completes.
     for (const t of generated) if (!this.backend.isEndOfGeneration(t)) decoder.decode(this.backend.bytesOf(t), { stream: true });
     this.requests.set(cmd.id, { params: cmd.params, sampler, decoder, sampling });
+  }
+
+  /**
+   * Each token's raw bytes in its logprob entry (protocol TokenLogprob.bytes; added by the gateway branch), so the
+   * gateway can show the token text and OpenAI's `bytes`. A token without bytes (a control token) gets none.
+   */
+  private withBytes(lp: RawLogprobs): PositionLogprobs {
+    const one = (t: { token: number; logprob: number }) => {
+      const bytes = this.backend.bytesOf(t.token);
+      return bytes.length > 0 ? { ...t, bytes: [...bytes] } : { ...t };
+    };
+    return { ...one(lp), top: lp.top.map(one) };
   }
 
   /** Largest `params.logprobs` served: {@link MAX_TOP_LOGPROBS} when the backend has log probabilities, else -1. */

@@ -39,6 +39,11 @@ describe("parseChatRequest: accepted bodies", () => {
       topK: -1,
       stop: [],
       ignoreEos: false,
+      n: 1,
+      sampling: {},
+      includeStopStr: false,
+      logprobs: null,
+      templateKwargs: {},
     });
   });
 
@@ -316,10 +321,7 @@ describe("parseChatRequest: generation parameters", () => {
 
 describe("parseChatRequest: recognised but unsupported fields", () => {
   it.each([
-    ["n", 2],
     ["best_of", 3],
-    ["logprobs", true],
-    ["top_logprobs", 5],
     ["tools", [{ type: "function", function: { name: "f", parameters: {} } }]],
     ["tool_choice", "required"],
     ["tool_choice", { type: "function", function: { name: "f" } }],
@@ -328,9 +330,6 @@ describe("parseChatRequest: recognised but unsupported fields", () => {
     ["function_call", { name: "f" }],
     ["response_format", { type: "json_object" }],
     ["response_format", { type: "json_schema", json_schema: { name: "x", schema: {} } }],
-    ["logit_bias", { "50256": -100 }],
-    ["presence_penalty", 0.5],
-    ["frequency_penalty", -1],
     ["audio", { voice: "alloy", format: "mp3" }],
     ["modalities", ["text", "audio"]],
     ["prediction", { type: "content", content: "x" }],
@@ -341,12 +340,59 @@ describe("parseChatRequest: recognised but unsupported fields", () => {
     expect(e.message).toMatch(new RegExp(`^Unsupported parameter: '${field}' is not supported by this server\\.`));
   });
 
-  it("still validates the type and range of n before calling it unsupported", () => {
-    expectReject(withBase({ n: 0 }), "invalid_value", "n", /must be a positive integer \(got 0\)/);
+  it("validates the type and range of n, penalties and logprobs", () => {
+    expectReject(withBase({ n: 0 }), "invalid_value", "n", /must be an integer between 1 and 16 \(got 0\)/);
+    expectReject(withBase({ n: 17 }), "invalid_value", "n", /must be an integer between 1 and 16 \(got 17\)/);
     expectReject(withBase({ n: -3 }), "invalid_value", "n");
     expectReject(withBase({ n: "2" }), "invalid_value", "n", /got a string/);
     expectReject(withBase({ presence_penalty: "high" }), "invalid_value", "presence_penalty", /got a string/);
     expectReject(withBase({ logprobs: 1 }), "invalid_value", "logprobs", /expected a boolean/);
+    expectReject(withBase({ presence_penalty: 2.5 }), "invalid_value", "presence_penalty", /between -2 and 2 \(got 2.5\)/);
+    expectReject(withBase({ frequency_penalty: -3 }), "invalid_value", "frequency_penalty", /between -2 and 2/);
+    expectReject(withBase({ repetition_penalty: 0 }), "invalid_value", "repetition_penalty", /greater than 0/);
+    expectReject(withBase({ min_p: 1.5 }), "invalid_value", "min_p", /between 0 and 1/);
+    expectReject(withBase({ min_tokens: -1 }), "invalid_value", "min_tokens", /non-negative integer/);
+    expectReject(withBase({ stop_token_ids: [1, "x"] }), "invalid_value", "stop_token_ids[1]");
+    expectReject(withBase({ top_logprobs: 21, logprobs: true }), "invalid_value", "top_logprobs", /between 0 and 20/);
+    expectReject(withBase({ top_logprobs: 2 }), "invalid_value", "top_logprobs", /'logprobs' must be true/);
+    expectReject(withBase({ best_of: 3, n: 2 }), "unsupported_field", "best_of", /equal to n/);
+    expectReject(withBase({ chat_template_kwargs: [1] }), "invalid_value", "chat_template_kwargs");
+  });
+
+  it("logit_bias names the bad key or bias", () => {
+    expectReject(withBase({ logit_bias: { hello: 5 } }), "invalid_value", "logit_bias", /key 'hello' is not a token id/);
+    expectReject(withBase({ logit_bias: { "-1": 5 } }), "invalid_value", "logit_bias", /key '-1' is not a token id/);
+    expectReject(withBase({ logit_bias: { "12": 101 } }), "invalid_value", "logit_bias", /bias of token 12 must be a number between -100 and 100 \(got 101\)/);
+    expectReject(withBase({ logit_bias: [1] }), "invalid_value", "logit_bias", /expected an object/);
+  });
+});
+
+describe("parseChatRequest: the sampling set", () => {
+  it("maps every field, drops no-op values and reads logprobs, n and template kwargs", () => {
+    const r = parseChatRequest(
+      withBase({
+        n: 3,
+        best_of: 3,
+        presence_penalty: 0.5,
+        frequency_penalty: -1,
+        repetition_penalty: 1.2,
+        min_p: 0.05,
+        logit_bias: { "7": -100, "9": 0, "11": 2.5 },
+        min_tokens: 4,
+        stop_token_ids: [5, 5, 6],
+        include_stop_str_in_output: true,
+        logprobs: true,
+        top_logprobs: 3,
+        chat_template_kwargs: { enable_thinking: false },
+      }),
+    );
+    expect(r.n).toBe(3);
+    expect(r.sampling).toEqual({ presencePenalty: 0.5, frequencyPenalty: -1, repetitionPenalty: 1.2, minP: 0.05, logitBias: [[7, -100], [11, 2.5]], minTokens: 4, stopTokenIds: [5, 6] });
+    expect(r.includeStopStr).toBe(true);
+    expect(r.logprobs).toBe(3);
+    expect(r.templateKwargs).toEqual({ enable_thinking: false });
+    expect(parseChatRequest(withBase({ logprobs: true })).logprobs).toBe(0);
+    expect(parseChatRequest(withBase({ repetition_penalty: 1, min_p: 0, min_tokens: 0, stop_token_ids: [] })).sampling).toEqual({});
   });
 });
 

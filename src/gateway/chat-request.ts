@@ -23,6 +23,7 @@ import { z } from "zod";
 import type { ChatMessage } from "./chat-template.js";
 import { KeelHttpError, invalidValue, missingField, quoteClientValue, unsupportedField } from "./errors.js";
 import { sanitizeForJson } from "./utf8-stream.js";
+import { extendedSampling, MAX_TOP_LOGPROBS, SAMPLING_RANGES, samplingFields, type ExtendedSampling } from "./api/sampling.js";
 
 /** A validated chat-completion request, with defaults applied. */
 export interface ChatRequest {
@@ -48,6 +49,16 @@ export interface ChatRequest {
   stop: string[];
   /** Keep generating past the end-of-sequence token (until `maxTokens`). Default false. */
   ignoreEos: boolean;
+  /** Choices to generate (1..16); each is one engine request. Default 1. */
+  n: number;
+  /** Presence/frequency/repetition penalties, min_p, logit_bias, min_tokens, stop_token_ids (no-op values dropped). */
+  sampling: ExtendedSampling;
+  /** Keep the matched stop string in the output. Default false. */
+  includeStopStr: boolean;
+  /** `logprobs: true` → the number of alternatives per token (`top_logprobs`, default 0); null = no logprobs. */
+  logprobs: number | null;
+  /** Extra variables for the chat template (`chat_template_kwargs`, e.g. `enable_thinking`). */
+  templateKwargs: Record<string, unknown>;
 }
 
 /** Largest value of uint32 fields (`max_tokens`, `seed`), as in OVMS. */
@@ -66,12 +77,12 @@ interface IssueCtx {
   addIssue(issue: { code: "custom"; message: string; path?: PropertyKey[]; params?: Record<string, unknown>; input?: unknown }): void;
 }
 
-function report(ctx: IssueCtx, kind: IssueKind, detail: string, path: PropertyKey[] = [], input?: unknown): void {
+export function report(ctx: IssueCtx, kind: IssueKind, detail: string, path: PropertyKey[] = [], input?: unknown): void {
   ctx.addIssue({ code: "custom", message: detail, path, params: { kind }, input });
 }
 
 /** "a string", "null", "an integer", "a decimal", … — the JSON type of `v` for messages. */
-function describe(v: unknown): string {
+export function describe(v: unknown): string {
   if (v === null) return "null";
   if (Array.isArray(v)) return "an array";
   switch (typeof v) {
@@ -112,8 +123,9 @@ const RANGES: Record<string, string> = {
   top_p: "must be greater than 0 and at most 1",
   top_k: "must be -1 (all tokens) or a positive integer",
   seed: `must be an integer between 0 and ${UINT32_MAX}`,
-  n: "must be a positive integer",
   best_of: "must be a positive integer",
+  logprobs: `must be an integer between 0 and ${MAX_TOP_LOGPROBS}`,
+  ...SAMPLING_RANGES,
 };
 
 /** `["messages", 0, "role"]` → `messages[0].role`; `[]` → null. */
@@ -127,7 +139,7 @@ function toParam(path: readonly PropertyKey[]): string | null {
 }
 
 /** Converts one zod issue into the catalogued 400 error. */
-function issueToError(issue: z.core.$ZodIssue): KeelHttpError {
+export function issueToError(issue: z.core.$ZodIssue): KeelHttpError {
   const param = toParam(issue.path);
   const input = (issue as { input?: unknown }).input;
   if (param === null) {
@@ -188,7 +200,7 @@ function issueToError(issue: z.core.$ZodIssue): KeelHttpError {
 /** Content-part types defined by OpenAI that Keel (text-only) does not accept. */
 const UNSUPPORTED_PART_TYPES = new Set(["image_url", "input_audio", "file", "refusal"]);
 
-function isPlainObject(v: unknown): v is Record<string, unknown> {
+export function isPlainObject(v: unknown): v is Record<string, unknown> {
   return typeof v === "object" && v !== null && !Array.isArray(v);
 }
 
@@ -255,7 +267,7 @@ const messageSchema = z
 // ------------------------------------------------------------------ stop
 
 /** `stop`: string or array of ≤ 16 non-empty strings; null/absent → []. */
-const stopSchema = z
+export const stopSchema = z
   .unknown()
   .optional()
   .transform((v, ctx): string[] => {
@@ -291,7 +303,7 @@ const stopSchema = z
  * A recognised OpenAI field Keel does not implement: accepted when absent,
  * null, or `isNoop(value)`; otherwise 400 `unsupported_field`.
  */
-function unsupported(isNoop: (v: unknown) => boolean, reason?: string) {
+export function unsupported(isNoop: (v: unknown) => boolean, reason?: string) {
   return z
     .unknown()
     .optional()
@@ -301,31 +313,10 @@ function unsupported(isNoop: (v: unknown) => boolean, reason?: string) {
 }
 
 const isEmptyArray = (v: unknown): boolean => Array.isArray(v) && v.length === 0;
-const isEmptyObject = (v: unknown): boolean => isPlainObject(v) && Object.keys(v).length === 0;
-
-/** Integer ≥ 1 where only 1 is supported (`n`, `best_of`). */
-function onlyOne(field: string) {
-  return z
-    .number()
-    .int()
-    .min(1)
-    .nullish()
-    .superRefine((v, ctx) => {
-      if (v != null && v > 1) report(ctx, "unsupported_field", `Only ${field}=1 is supported.`, [], v);
-    });
-}
-
-/** Number where only 0 is supported (`presence_penalty`, `frequency_penalty`). */
-const onlyZeroPenalty = z
-  .number()
-  .nullish()
-  .superRefine((v, ctx) => {
-    if (v != null && v !== 0) report(ctx, "unsupported_field", "Only 0 is supported.", [], v);
-  });
 
 // ------------------------------------------------------------------ request
 
-const tokenLimit = z.number().min(1).max(UINT32_MAX).int().nullish();
+export const tokenLimit = z.number().min(1).max(UINT32_MAX).int().nullish();
 
 /**
  * zod schema of the raw chat-completion body (snake_case, before defaults and
@@ -351,16 +342,12 @@ export const chatRequestBodySchema = z.object({
   seed: z.number().min(0).max(UINT32_MAX).int().nullish(),
   stop: stopSchema,
   ignore_eos: z.boolean().nullish(),
+  ...samplingFields,
+  best_of: z.number().int().min(1).nullish(),
+  logprobs: z.boolean().nullish(),
+  top_logprobs: z.number().int().min(0).max(MAX_TOP_LOGPROBS).nullish(),
+  chat_template_kwargs: z.record(z.string(), z.unknown()).nullish(),
   // recognised, not implemented
-  n: onlyOne("n"),
-  best_of: onlyOne("best_of"),
-  logprobs: z
-    .boolean()
-    .nullish()
-    .superRefine((v, ctx) => {
-      if (v === true) report(ctx, "unsupported_field", "Log probabilities are not available.", [], v);
-    }),
-  top_logprobs: unsupported((v) => v === 0, "Log probabilities are not available."),
   tools: unsupported(isEmptyArray, "Tool calling is not available."),
   tool_choice: unsupported((v) => v === "none" || v === "auto", "Tool calling is not available; only 'none' or 'auto' are accepted."),
   parallel_tool_calls: unsupported(() => false, "Tool calling is not available."),
@@ -370,9 +357,6 @@ export const chatRequestBodySchema = z.object({
     (v) => isPlainObject(v) && v.type === "text",
     "Structured output is not available; only {\"type\": \"text\"} is accepted.",
   ),
-  logit_bias: unsupported(isEmptyObject),
-  presence_penalty: onlyZeroPenalty,
-  frequency_penalty: onlyZeroPenalty,
   audio: unsupported(() => false, "Audio output is not available."),
   modalities: unsupported((v) => Array.isArray(v) && v.length === 1 && v[0] === "text", "Only [\"text\"] is supported."),
   prediction: unsupported(() => false, "Predicted outputs are not available."),
@@ -401,12 +385,19 @@ export const chatRequestBodySchema = z.object({
  * - `top_k`: integer, −1 (all tokens) or ≥ 1. `seed`: integer 0..2^32−1.
  * - `stop`: string or array of ≤ 16 strings, none empty.
  * - `ignore_eos`: boolean.
+ * - `n` (1..16) and `best_of` (only equal to `n`); `logprobs` (boolean) with
+ *   `top_logprobs` (0..20, only with `logprobs: true` unless 0);
+ *   `chat_template_kwargs` (object of extra template variables).
+ * - The sampling set (api/sampling.ts): `presence_penalty`,
+ *   `frequency_penalty`, `repetition_penalty`, `min_p`, `logit_bias`,
+ *   `min_tokens`, `stop_token_ids`, `include_stop_str_in_output`; no-op
+ *   values are dropped. Whether the engine can apply them is checked at
+ *   admission (capabilities), not here.
  * - Not implemented, so 400 `unsupported_field` unless given their no-op
- *   value: `n`/`best_of` (1), `logprobs` (false), `top_logprobs` (0),
- *   `tools`/`functions` ([]), `tool_choice`/`function_call` ("none",
- *   "auto"), `response_format` ({type:"text"}), `logit_bias` ({}),
- *   `presence_penalty`/`frequency_penalty` (0), `modalities` (["text"]),
- *   and `audio`, `parallel_tool_calls`, `prediction` (no no-op value).
+ *   value: `tools`/`functions` ([]), `tool_choice`/`function_call`
+ *   ("none", "auto"), `response_format` ({type:"text"}), `modalities`
+ *   (["text"]), and `audio`, `parallel_tool_calls`, `prediction` (no no-op
+ *   value).
  *
  * @param body - The request body as parsed from JSON (any value).
  * @returns The normalised request.
@@ -433,7 +424,19 @@ export function parseChatRequest(body: unknown): ChatRequest {
     topK: b.top_k ?? -1,
     stop: b.stop,
     ignoreEos: b.ignore_eos ?? false,
+    n: b.n ?? 1,
+    sampling: extendedSampling(b),
+    includeStopStr: b.include_stop_str_in_output ?? false,
+    logprobs: null,
+    templateKwargs: b.chat_template_kwargs ?? {},
   };
+  if (b.best_of != null && b.best_of !== request.n) {
+    throw unsupportedField("best_of", "Only best_of equal to n is supported (every generated choice is returned).");
+  }
+  if (b.top_logprobs != null && b.top_logprobs > 0 && b.logprobs !== true) {
+    throw invalidValue("top_logprobs", "Invalid value for 'top_logprobs': 'logprobs' must be true when 'top_logprobs' is set.");
+  }
+  if (b.logprobs === true) request.logprobs = b.top_logprobs ?? 0;
   const maxTokens = b.max_completion_tokens ?? b.max_tokens;
   if (maxTokens != null) request.maxTokens = maxTokens;
   if (b.seed != null) request.seed = b.seed;

@@ -79,4 +79,13 @@ describe("ChatTemplate", () => {
     expect(caught).not.toBeInstanceOf(KeelHttpError);
     expect((caught as Error).message).toMatch(/^Chat template does not parse: /);
   });
+
+  it("passes chat_template_kwargs to the template (enable_thinking) and refuses overriding its own variables", () => {
+    const t = new ChatTemplate("{% if enable_thinking is defined and not enable_thinking %}/no_think {% endif %}{{ messages[0].content }}", specials);
+    expect(t.render(convo, { kwargs: { enable_thinking: false } })).toBe(`/no_think ${convo[0]!.content}`);
+    expect(t.render(convo, { kwargs: { enable_thinking: true } })).toBe(convo[0]!.content);
+    expect(t.render(convo)).toBe(convo[0]!.content);
+    expect(() => t.render(convo, { kwargs: { messages: [] } })).toThrow(expect.objectContaining({ status: 400, param: "chat_template_kwargs.messages" }));
+    expect(() => t.render(convo, { kwargs: { add_generation_prompt: false } })).toThrow(expect.objectContaining({ status: 400, code: "invalid_value" }));
+  });
 });

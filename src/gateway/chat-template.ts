@@ -4,7 +4,7 @@
  * @module
  */
 import { Template } from "@huggingface/jinja";
-import { templateError } from "./errors.js";
+import { invalidValue, templateError } from "./errors.js";
 import { sanitizeForJson } from "./utf8-stream.js";
 
 /**
@@ -33,7 +33,15 @@ export interface ChatRenderOptions {
    * `apply_chat_template`). Default `true`.
    */
   addGenerationPrompt?: boolean;
+  /**
+   * Extra template variables (`chat_template_kwargs`, e.g. `enable_thinking`), as vLLM and OVMS pass them. They
+   * may not replace the variables the renderer sets itself (see {@link RESERVED_TEMPLATE_VARIABLES}).
+   */
+  kwargs?: Readonly<Record<string, unknown>>;
 }
+
+/** Variables the renderer sets; `chat_template_kwargs` may not override them (refused with 400). */
+export const RESERVED_TEMPLATE_VARIABLES = ["messages", "bos_token", "eos_token", "add_generation_prompt", "tools", "raise_exception", "strftime_now"] as const;
 
 /**
  * A parsed chat template, rendered per request with the variables of the
@@ -79,9 +87,16 @@ export class ChatTemplate {
    *   or when it renders an empty prompt.
    */
   render(messages: readonly ChatMessage[], opts: ChatRenderOptions = {}): string {
+    const kwargs = opts.kwargs ?? {};
+    for (const key of Object.keys(kwargs)) {
+      if ((RESERVED_TEMPLATE_VARIABLES as readonly string[]).includes(key)) {
+        throw invalidValue(`chat_template_kwargs.${key}`, `Invalid value for 'chat_template_kwargs': '${key}' is set by the server and cannot be overridden.`);
+      }
+    }
     let prompt: string;
     try {
       prompt = this.#template.render({
+        ...kwargs,
         messages: messages.map((m) => ({ role: m.role, content: m.content })),
         bos_token: this.#specials.bosToken,
         eos_token: this.#specials.eosToken,

@@ -180,13 +180,14 @@ export function modelNotFound(model: string): KeelHttpError {
   });
 }
 
-/** 404 `route_not_found`: no route for this method and path. */
-export function routeNotFound(method: string, path: string): KeelHttpError {
+/** 404 `route_not_found`: no route for this method and path; `routes` (when given) are named in the message. */
+export function routeNotFound(method: string, path: string, routes?: readonly string[]): KeelHttpError {
+  const list = routes && routes.length > 0 ? ` Routes: ${routes.join("; ")}.` : "";
   return new KeelHttpError({
     status: 404,
     type: "invalid_request_error",
     code: "route_not_found",
-    message: `No route for ${quoteClientValue(method)} ${quoteClientValue(path)}.`,
+    message: `No route for ${quoteClientValue(method)} ${quoteClientValue(path)}.${list}`,
   });
 }
 

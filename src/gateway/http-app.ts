@@ -6,7 +6,8 @@
 import http from "node:http";
 import Fastify, { type FastifyInstance } from "fastify";
 import type { Logger } from "pino";
-import { handleChat, MAX_UNREAD_BYTES } from "./chat-route.js";
+import { MAX_UNREAD_BYTES, type RouteContext } from "./route-context.js";
+import { registerRoutes, routeList } from "./routes.js";
 import type { ChatTemplate } from "./chat-template.js";
 import type { EngineClient } from "./engine-client.js";
 import { engineRestarting, expectationFailed, invalidJson, notReady, routeNotFound, shuttingDown, toErrorBody, toHttpError } from "./errors.js";
@@ -134,37 +135,33 @@ export function buildHttpApp(deps: HttpAppDeps): HttpApp {
     return reply.status(e.status).send(toErrorBody(e));
   });
   app.setNotFoundHandler((req, reply) => {
-    void reply.status(404).send(toErrorBody(routeNotFound(req.method, req.url)));
+    void reply.status(404).send(toErrorBody(routeNotFound(req.method, req.url, routeList())));
   });
 
-  const chatCtx = {
+  const startedAt = Math.floor(Date.now() / 1000);
+  const routeCtx: RouteContext = {
     registry,
     modelName: opts.modelName,
+    modelCreated: startedAt,
     template: () => template,
     isReady: () => engine.isReady && !draining && !closing,
     maxModelLen: () => engine.ready?.limits.maxModelLen ?? null,
+    vocabSize: () => engine.ready?.model.vocabSize ?? 0,
+    capabilities: () => engine.ready?.capabilities ?? null,
     maxQueuedRequests: opts.maxQueuedRequests,
     maxUnreadBytes: opts.maxStreamBuffer ?? MAX_UNREAD_BYTES,
     maxNumSeqs: () => engine.ready?.limits.maxNumSeqs ?? 0,
     unavailable: () => {
       if (draining || closing) return shuttingDown();
-      if (engine.starts > 1 && !engine.ready) return engineRestarting();
-      return notReady();
+      return supervisor.unavailableReason === "restarting" ? engineRestarting() : notReady();
     },
     isKnownCulprit: (prompt: string) => culpritPrompts.has(prompt),
+    tokenize: (text, addSpecialTokens) => supervisor.tokenizer.tokenize(text, addSpecialTokens),
     onRejected: (reason: "queue_full" | "not_ready") => metrics.requestsRejected.inc({ reason }),
     log,
-    onDisconnect: (phase: "queued" | "prefill" | "decode") => metrics.clientDisconnects.inc({ phase }),
+    onDisconnect: (phase) => metrics.clientDisconnects.inc({ phase }),
   };
-  for (const path of ["/v3/chat/completions", "/v3/v1/chat/completions", "/v1/chat/completions"]) {
-    app.post(path, (req, reply) => handleChat(chatCtx, req, reply));
-  }
-  const modelsBody = () => ({
-    object: "list",
-    data: [{ id: opts.modelName, object: "model", created: startedAt, owned_by: "keel" }],
-  });
-  const startedAt = Math.floor(Date.now() / 1000);
-  for (const path of ["/v3/models", "/v3/v1/models", "/v1/models"]) app.get(path, async () => modelsBody());
+  registerRoutes(app, routeCtx);
   app.get("/v2/health/live", async (_req, reply) => reply.status(200).send());
   app.get("/v2/health/ready", async (_req, reply) => {
     if (engine.isReady && !closing && !draining) return reply.status(200).send();

@@ -58,7 +58,8 @@ describe("lifecycle", () => {
     expect(initial).toEqual({ state: "queued", deaths: 0 });
   });
 
-  const admitTo = table({ queued: { state: "prefill", deaths: 1 } });
+  // A request cancelled while queued whose admission is reported afterwards was in prefill when cancelled.
+  const admitTo = table({ queued: { state: "prefill", deaths: 1 }, "cancelling(shutdown)": { state: "cancelling", phase: "prefill", cause: "shutdown" } });
   it.each(states)("admit from %s", (name, s) => {
     expect(admit(s)).toEqual(admitTo(name));
   });

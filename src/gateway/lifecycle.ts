@@ -94,9 +94,14 @@ export function deathsOf(s: Lifecycle): number {
   return s.state === "queued" || s.state === "prefill" || s.state === "decode" || s.state === "recovering" ? s.deaths : 0;
 }
 
-/** The engine admitted the request to a sequence. */
+/**
+ * The engine admitted the request to a sequence. A request cancelled while queued can still be reported admitted —
+ * the abort arrived during the (long) step that began its prefill — and then was in prefill when it was cancelled.
+ */
 export function admit(s: Lifecycle): Lifecycle | null {
-  return s.state === "queued" ? { state: "prefill", deaths: s.deaths } : null;
+  if (s.state === "queued") return { state: "prefill", deaths: s.deaths };
+  if (s.state === "cancelling" && s.phase === "queued") return { ...s, phase: "prefill" };
+  return null;
 }
 
 /**

@@ -183,18 +183,31 @@ describe("RequestRegistry", () => {
     expect(s.log.finishes).toEqual([]);
   });
 
-  it("a cancelled queued request counts as waiting until the engine confirms; admission is not forwarded", () => {
+  it("a request cancelled while queued and then reported admitted (the abort came during that step) is released in phase prefill; admission is not forwarded to the sink", () => {
     const t = setup();
     const s = sink();
-    t.reg.submit("q", { text: "hi" }, params, s);
+    const released: (string | null)[] = [];
+    t.reg.submit("q", { text: "hi" }, params, { ...s, onReleased: (phase) => void released.push(phase) });
     t.reg.cancel("q", "client_disconnect");
     expect(t.reg.counts()).toEqual({ waiting: 1, running: 0 });
     t.reg.handleStep(step(out("q", { admitted: { promptTokens: [1], cachedTokens: 0 } })));
     expect(s.log.admitted).toBe(0);
-    expect(t.reg.counts()).toEqual({ waiting: 1, running: 0 });
+    // It holds a sequence until the abort is applied.
+    expect(t.reg.counts()).toEqual({ waiting: 0, running: 1 });
     t.reg.handleStep(step(out("q", { finish: fin("abort", 1, 0) })));
     expect(t.reg.counts()).toEqual({ waiting: 0, running: 0 });
+    expect(t.events.at(-1)).toBe("finished q abort prefill");
+    expect(released).toEqual(["prefill"]);
+  });
+
+  it("a request cancelled while queued and released without admission is released in phase queued", () => {
+    const t = setup();
+    const released: (string | null)[] = [];
+    t.reg.submit("q", { text: "hi" }, params, { ...sink(), onReleased: (phase) => void released.push(phase) });
+    t.reg.cancel("q", "client_disconnect");
+    t.reg.handleStep(step(out("q", { finish: fin("abort", 0, 0) })));
     expect(t.events.at(-1)).toBe("finished q abort queued");
+    expect(released).toEqual(["queued"]);
   });
 
   it("a stop-string cancel finishes as stop for metrics, without calling the sink", () => {

@@ -4,7 +4,7 @@
  * sampling parameters and seed), drives each request's {@link Lifecycle}, and routes engine outputs to the HTTP
  * handler's sink. Outputs for ids it does not know are dropped silently (docs/design-rules.md, rule 5).
  */
-import type { AddMessage, RequestErrorMessage, SamplingParams, StepMessage } from "../protocol/messages.js";
+import type { AddMessage, PositionLogprobs, RequestErrorMessage, SamplingParams, StepMessage } from "../protocol/messages.js";
 import { PROTOCOL_VERSION } from "../protocol/messages.js";
 import * as lc from "./lifecycle.js";
 import { engineErrorToHttp, engineFault, shuttingDown, type KeelHttpError } from "./errors.js";
@@ -18,10 +18,18 @@ export interface Usage {
 export interface RequestSink {
   /** The engine admitted the request (its prefill starts). */
   onAdmitted(): void;
-  /** New tokens and the text they completed (text may be "" while a character is incomplete). */
-  onOutput(tokens: number[], text: string): void;
+  /**
+   * New tokens and the text they completed (text may be "" while a character is incomplete), with their log
+   * probabilities when the request asked for them.
+   */
+  onOutput(tokens: number[], text: string, logprobs?: PositionLogprobs[]): void;
   /** The request ended. Not called for a request the gateway cancelled itself. */
   onFinish(reason: lc.FinishReason, usage: Usage, error?: { code: string; message: string; httpError?: KeelHttpError }): void;
+  /**
+   * A request the gateway cancelled was released (the engine confirmed, or no engine held it), with the phase it
+   * had reached — known only now when the abort arrived during the step that admitted it.
+   */
+  onReleased?(phase: lc.Phase | null): void;
 }
 
 /** Registry-side record of one request. */
@@ -214,7 +222,7 @@ export class RequestRegistry {
           const queueMs = o.admitted.queueMs ?? now - e.acceptedAt;
           this.observer.onAdmitted?.(e.id, e.promptTokens.length, { queueMs, cachedTokens: o.admitted.cachedTokens });
         }
-        e.sink.onAdmitted();
+        if (next.state !== "cancelling") e.sink.onAdmitted();
       }
     }
     if (o.tokens.length > 0 || o.text.length > 0) {
@@ -228,7 +236,7 @@ export class RequestRegistry {
         else if (e.lastTokenAt !== null) this.observer.onTokens?.(e.id, o.tokens.length, (now - e.lastTokenAt) / o.tokens.length);
         e.lastTokenAt = now;
       }
-      if (e.lifecycle.state !== "cancelling") e.sink.onOutput(o.tokens, o.text);
+      if (e.lifecycle.state !== "cancelling") e.sink.onOutput(o.tokens, o.text, o.logprobs);
     }
     if (o.finish) {
       const usage = { promptTokens: e.promptTokens.length > 0 ? e.promptTokens.length : o.finish.promptTokens, completionTokens: e.generated.length };
@@ -423,12 +431,12 @@ export class RequestRegistry {
     // from the gateway's view of the step counter (which lags by the messages in flight).
     const latency = stepsAfterAbort !== undefined ? { abortLatencySteps: stepsAfterAbort } : e.cancelledAtStep === null ? {} : { abortLatencySteps: this.currentStep() - e.cancelledAtStep };
     // The client first, then metrics and logs; neither may stop the other or the caller (an engine exit, a step).
-    if (notifySink) {
-      try {
-        e.sink.onFinish(next.reason, usage, error);
-      } catch (err) {
-        this.observer.onInternalError?.(e.id, `sink failed: ${(err as Error)?.message ?? String(err)}`);
-      }
+    try {
+      // A request the gateway cancelled itself is told only that it was released (and in which phase).
+      if (notifySink) e.sink.onFinish(next.reason, usage, error);
+      else e.sink.onReleased?.(phase);
+    } catch (err) {
+      this.observer.onInternalError?.(e.id, `sink failed: ${(err as Error)?.message ?? String(err)}`);
     }
     try {
       if (refused) this.observer.onRefused?.(e.id, error?.code ?? "invalid_request");

@@ -42,8 +42,10 @@ export class StopMatcher {
   readonly #failure: readonly Int32Array[];
   /** Characters of each stop string matched so far. */
   readonly #state: Int32Array;
+  /** Text seen but not yet emitted: the longest suffix that could still grow into a stop string. */
   #held = "";
-  #stopped = false;
+  /** The stop string that matched, once one has (null before). */
+  #matched: string | null = null;
 
   /**
    * @param stops - Stop strings; empty strings are ignored (they would match
@@ -58,7 +60,12 @@ export class StopMatcher {
 
   /** True once a stop string has matched. */
   get stopped(): boolean {
-    return this.#stopped;
+    return this.#matched !== null;
+  }
+
+  /** The stop string that matched (for `include_stop_str_in_output`), or null. */
+  get matched(): string | null {
+    return this.#matched;
   }
 
   /**
@@ -67,19 +74,23 @@ export class StopMatcher {
    * After a match, further calls return `{ emit: "", stopped: true }`.
    */
   push(text: string): StopPushResult {
-    if (this.#stopped) return { emit: "", stopped: true };
+    if (this.#matched !== null) return { emit: "", stopped: true };
     if (this.#stops.length === 0) return { emit: text, stopped: false };
 
     const buf = this.#held + text;
     for (let i = this.#held.length; i < buf.length; i++) {
       const c = buf.charCodeAt(i);
       let matched = 0;
+      let which = "";
       for (let k = 0; k < this.#stops.length; k++) {
         const n = this.#advance(k, c);
-        if (n === this.#stops[k]!.length && n > matched) matched = n;
+        if (n === this.#stops[k]!.length && n > matched) {
+          matched = n;
+          which = this.#stops[k]!;
+        }
       }
       if (matched > 0) {
-        this.#stopped = true;
+        this.#matched = which;
         this.#held = "";
         return { emit: buf.slice(0, i + 1 - matched), stopped: true };
       }
@@ -99,7 +110,7 @@ export class StopMatcher {
     const rest = this.#held;
     this.#held = "";
     this.#state.fill(0);
-    return this.#stopped ? "" : rest;
+    return this.#matched !== null ? "" : rest;
   }
 
   /** Advances automaton `k` by one UTF-16 unit; returns its new state. */

@@ -4,6 +4,7 @@
  * routes its messages to the request registry, decides whom an engine death can be charged to, and remembers the
  * prompts isolated as engine killers (for a bounded time).
  */
+import { TokenizeClient } from "./tokenize-client.js";
 import type { Logger } from "pino";
 import type { EngineCommand, EngineConfig } from "../protocol/engine-config.js";
 import type { ReadyMessage } from "../protocol/messages.js";
@@ -80,6 +81,8 @@ export class EngineSupervisor {
   private killedByWatchdog = false;
   /** The watchdog timer, or null when stopped. */
   private watchdog: NodeJS.Timeout | null = null;
+  /** `/v3/tokenize` questions to the current engine, answered by id (rejected when the engine exits). */
+  readonly tokenizer: TokenizeClient;
 
   constructor(
     private readonly opts: SupervisorOptions,
@@ -89,6 +92,7 @@ export class EngineSupervisor {
     private readonly log: Logger,
   ) {
     this.isolated = new IsolatedPrompts(opts.isolatedPromptTtlMs);
+    this.tokenizer = new TokenizeClient((msg) => this.engine.send(msg));
     let resolveReady!: () => void;
     this.firstReady = new Promise<void>((r) => (resolveReady = r));
     this.engine = new EngineClient(
@@ -114,6 +118,9 @@ export class EngineSupervisor {
               break;
             case "request_error":
               this.registry.handleRequestError(msg);
+              break;
+            case "tokenized":
+              this.tokenizer.handle(msg);
               break;
             case "protocol_error":
               this.log.error({ event: "protocol_error", error: msg.message }, "engine rejected a message");
@@ -209,6 +216,7 @@ export class EngineSupervisor {
 
   private onExit(exit: { code: number | null; signal: NodeJS.Signals | null }): void {
     this.steps.engineGone();
+    this.tokenizer.failAll("the engine process exited");
     if (this.stopping) {
       this.registry.handleEngineExit("the server is shutting down");
       return;

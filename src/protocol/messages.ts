@@ -93,7 +93,21 @@ export interface ShutdownMessage {
   type: "shutdown";
 }
 
-export type GatewayMessage = AddMessage | AbortMessage | PingMessage | ShutdownMessage;
+/**
+ * gateway → engine: tokenize text with the model's tokenizer (`/v3/tokenize`). Answered by one `tokenized` with the
+ * same `id`, outside the step loop (it touches no sequence). Special-token text is parsed as in prompts;
+ * `addSpecialTokens` prepends BOS when the model uses one.
+ */
+export interface TokenizeMessage {
+  v: number;
+  type: "tokenize";
+  /** Gateway-chosen id echoed in the answer. */
+  id: string;
+  text: string;
+  addSpecialTokens: boolean;
+}
+
+export type GatewayMessage = AddMessage | AbortMessage | PingMessage | ShutdownMessage | TokenizeMessage;
 
 /** What an engine implementation can do; sent once in `ready`. The gateway refuses a request (400) that needs a
  * capability the current engine lacks instead of accepting and ignoring it. */
@@ -190,6 +204,12 @@ export type EngineErrorCode = (typeof ENGINE_ERROR_CODES)[number];
 export interface TokenLogprob {
   token: number;
   logprob: number;
+  /**
+   * The token's raw bytes (its piece in the vocabulary; part of a multibyte character for some tokens). Optional so
+   * that an engine without byte access stays valid; the gateway then shows the token as `token_id:<id>` with null
+   * bytes. The llama.cpp engine always sends it.
+   */
+  bytes?: number[];
 }
 
 /** Log probabilities at one generated position: the sampled token and the `params.logprobs` most likely ones. */
@@ -271,7 +291,11 @@ export interface FatalMessage {
   message: string;
 }
 
+/** engine → gateway: the answer to a `tokenize` — the token ids, or why the text could not be tokenized. */
+export type TokenizedMessage = { v: number; type: "tokenized"; id: string } & ({ tokens: number[] } | { error: string });
+
 export type EngineMessage =
+  | TokenizedMessage
   | ReadyMessage
   | PongMessage
   | StepMessage

@@ -144,3 +144,14 @@ describe("checkSamplingParams", () => {
     expect(checkSamplingParams({ ...params, logprobs: 0 }, { vocabSize: 100, maxTopLogprobs: -1 })).toMatch(/does not serve log probabilities/);
   });
 });
+
+describe("tokenize messages", () => {
+  it("accepts a tokenize question and refuses one without text or with a bad flag", () => {
+    expect(parseGatewayMessage({ v: PROTOCOL_VERSION, type: "tokenize", id: "tok-1", text: "hi", addSpecialTokens: true })).toEqual({
+      ok: true,
+      message: { v: PROTOCOL_VERSION, type: "tokenize", id: "tok-1", text: "hi", addSpecialTokens: true },
+    });
+    expect(parseGatewayMessage({ v: PROTOCOL_VERSION, type: "tokenize", id: "tok-1", addSpecialTokens: true }).ok).toBe(false);
+    expect(parseGatewayMessage({ v: PROTOCOL_VERSION, type: "tokenize", id: "tok-1", text: "hi", addSpecialTokens: "yes" }).ok).toBe(false);
+  });
+});

@@ -54,6 +54,7 @@ const gatewayMessage = z.discriminatedUnion("type", [
   z.object({ v: z.number(), type: z.literal("abort"), ids: z.array(z.string()) }),
   z.object({ v: z.number(), type: z.literal("ping"), nonce: z.number() }),
   z.object({ v: z.number(), type: z.literal("shutdown") }),
+  z.object({ v: z.number(), type: z.literal("tokenize"), id: z.string().min(1).max(256), text: z.string(), addSpecialTokens: z.boolean() }),
 ]);
 
 /** Outcome of {@link parseGatewayMessage}. */

@@ -1,0 +1,159 @@
+/**
+ * Request parsing and encoders of the completions and Responses APIs, driven with session events directly: field
+ * rules and refusals (400 naming the field), the legacy logprobs shape, echo, the Responses event order with
+ * consecutive sequence numbers and its failure event.
+ */
+import { describe, expect, it } from "vitest";
+import { engineError, KeelHttpError } from "../errors.js";
+import type { Encoder } from "../generate.js";
+import type { SessionEvent } from "../session/events.js";
+import type { ResponseWriter } from "../sse.js";
+import { completionEncoder, parseCompletionRequest } from "./completions.js";
+import { completionLogprobs } from "./logprobs.js";
+import { parseResponsesRequest, responsesEncoder } from "./responses.js";
+
+function reject(fn: () => unknown): KeelHttpError {
+  try {
+    fn();
+  } catch (err) {
+    if (err instanceof KeelHttpError) return err;
+    throw err;
+  }
+  throw new Error("expected a rejection");
+}
+
+/** A writer that records what an encoder writes. */
+function recorder() {
+  const out: { event?: string; data: unknown }[] = [];
+  const w = { data: (d: unknown) => void out.push({ data: d }), event: (event: string, d: unknown) => void out.push({ event, data: d }) } as unknown as ResponseWriter;
+  return { out, w };
+}
+
+function play(enc: Encoder, events: SessionEvent[], w: ResponseWriter): void {
+  for (const ev of events) if (ev.type !== "failed") enc.stream(ev, w);
+}
+
+const view = (token: string, logprob: number) => ({ token, logprob, bytes: [...Buffer.from(token)], top: [{ token, logprob, bytes: [...Buffer.from(token)] }, { token: "zz", logprob: logprob - 1, bytes: [122, 122] }] });
+
+describe("completions request", () => {
+  it("defaults: max_tokens 16, one prompt, no echo", () => {
+    const r = parseCompletionRequest({ model: "m", prompt: "hi" });
+    expect(r).toMatchObject({ prompts: ["hi"], maxTokens: 16, echo: false, n: 1, logprobs: null, stream: false });
+    expect(parseCompletionRequest({ model: "m", prompt: ["a", "b"], n: 2, best_of: 2, logprobs: 3 })).toMatchObject({ prompts: ["a", "b"], n: 2, logprobs: 3 });
+  });
+
+  it.each([
+    [{ model: "m" }, "missing_field", "prompt"],
+    [{ model: "m", prompt: [] }, "invalid_value", "prompt"],
+    [{ model: "m", prompt: [1, 2, 3] }, "unsupported_field", "prompt"],
+    [{ model: "m", prompt: "x", suffix: "y" }, "unsupported_field", "suffix"],
+    [{ model: "m", prompt: "x", best_of: 3 }, "unsupported_field", "best_of"],
+    [{ model: "m", prompt: "x", echo: true, logprobs: 1 }, "unsupported_field", "logprobs"],
+    [{ model: "m", prompt: "x", logprobs: true }, "invalid_value", "logprobs"],
+    [{ model: "m", prompt: "x", logprobs: 21 }, "invalid_value", "logprobs"],
+    [{ model: "m", prompt: "x", stream_options: { include_usage: true } }, "invalid_value", "stream_options"],
+  ])("%j → 400 %s on %s", (body, code, param) => {
+    const e = reject(() => parseCompletionRequest(body));
+    expect({ status: e.status, code: e.code, param: e.param }).toEqual({ status: 400, code, param });
+  });
+});
+
+describe("completions encoder", () => {
+  it("legacy logprobs: tokens, token_logprobs, top_logprobs as objects, text_offset advancing by token length", () => {
+    const r = completionLogprobs([view("ab", -0.1), view("c", -0.2)], 5);
+    expect(r.logprobs).toEqual({ tokens: ["ab", "c"], token_logprobs: [-0.1, -0.2], top_logprobs: [{ ab: -0.1, zz: -1.1 }, { c: -0.2, zz: -1.2 }], text_offset: [5, 7] });
+    expect(r.next).toBe(8);
+  });
+
+  it("streams an echo chunk per choice, deltas with offsets after the echoed prompt, a finish chunk, usage, and unary echoes", () => {
+    const body = parseCompletionRequest({ model: "m", prompt: "Hey", echo: true, n: 2, stream: true, stream_options: { include_usage: true } });
+    const enc = completionEncoder(body, "cmpl-1", "m", 1);
+    const { out, w } = recorder();
+    const fin: SessionEvent = { type: "finished", usage: { promptTokens: 2, completionTokens: 2 }, choices: [0, 1].map((i) => ({ index: i, text: "yo", reason: "length" as const, logprobs: [], completionTokens: 1 })) };
+    play(enc, [{ type: "started" }, { type: "delta", index: 1, content: "yo", logprobs: [] }, { type: "choice_finished", index: 1, reason: "length" }, fin], w);
+    const choices = out.map((o) => (o.data as { choices: { index: number; text: string; finish_reason: string | null }[] }).choices);
+    expect(choices).toEqual([
+      [{ index: 0, text: "Hey", logprobs: null, finish_reason: null }],
+      [{ index: 1, text: "Hey", logprobs: null, finish_reason: null }],
+      [{ index: 1, text: "yo", logprobs: null, finish_reason: null }],
+      [{ index: 1, text: "", logprobs: null, finish_reason: "length" }],
+      [],
+    ]);
+    expect((out.at(-1)!.data as { usage: unknown }).usage).toEqual({ prompt_tokens: 2, completion_tokens: 2, total_tokens: 4 });
+    const unary = enc.unary(fin as Extract<SessionEvent, { type: "finished" }>) as { object: string; choices: { text: string }[] };
+    expect(unary.object).toBe("text_completion");
+    expect(unary.choices.map((c) => c.text)).toEqual(["Heyyo", "Heyyo"]);
+  });
+});
+
+describe("responses request", () => {
+  it("input string or message items; instructions become a system message", () => {
+    const r = parseResponsesRequest({ model: "m", instructions: "Be brief.", input: [{ role: "user", content: [{ type: "input_text", text: "a" }, { type: "input_text", text: "b" }] }, { type: "message", role: "assistant", content: "ok" }], max_output_tokens: 5 });
+    expect(r.messages).toEqual([{ role: "system", content: "Be brief." }, { role: "user", content: "a\nb" }, { role: "assistant", content: "ok" }]);
+    expect(r.maxOutputTokens).toBe(5);
+    expect(parseResponsesRequest({ model: "m", input: "hi", store: false }).messages).toEqual([{ role: "user", content: "hi" }]);
+  });
+
+  it.each([
+    [{ model: "m" }, "missing_field", "input"],
+    [{ model: "m", input: [] }, "invalid_value", "input"],
+    [{ model: "m", input: "x", previous_response_id: "resp_1" }, "unsupported_field", "previous_response_id"],
+    [{ model: "m", input: "x", store: true }, "unsupported_field", "store"],
+    [{ model: "m", input: "x", reasoning: { effort: "low" } }, "unsupported_field", "reasoning"],
+    [{ model: "m", input: "x", text: { format: { type: "json_object" } } }, "unsupported_field", "text"],
+    [{ model: "m", input: "x", stream_options: {} }, "unsupported_field", "stream_options"],
+    [{ model: "m", input: [{ type: "function_call_output", output: "x" }] }, "unsupported_field", "input[0].type"],
+    [{ model: "m", input: [{ role: "user", content: [{ type: "input_image", image_url: "x" }] }] }, "unsupported_field", "input[0].content[0].type"],
+    [{ model: "m", input: "x", max_output_tokens: 0 }, "invalid_value", "max_output_tokens"],
+  ])("%j → 400 %s on %s", (body, code, param) => {
+    const e = reject(() => parseResponsesRequest(body));
+    expect({ status: e.status, code: e.code, param: e.param }).toEqual({ status: 400, code, param });
+  });
+});
+
+describe("responses encoder", () => {
+  const body = parseResponsesRequest({ model: "m", input: "hi", stream: true });
+
+  it("streams the typed events in order with consecutive sequence numbers; the done events carry the whole text", () => {
+    const enc = responsesEncoder(body, "resp_abc", "m", 1);
+    const { out, w } = recorder();
+    play(enc, [
+      { type: "started" },
+      { type: "delta", index: 0, content: "Hel", logprobs: [] },
+      { type: "delta", index: 0, content: "", logprobs: [] },
+      { type: "delta", index: 0, content: "lo", logprobs: [] },
+      { type: "choice_finished", index: 0, reason: "stop" },
+      { type: "finished", usage: { promptTokens: 3, completionTokens: 2 }, choices: [{ index: 0, text: "Hello", reason: "stop", logprobs: [], completionTokens: 2 }] },
+    ], w);
+    expect(out.map((o) => o.event)).toEqual([
+      "response.created",
+      "response.in_progress",
+      "response.output_item.added",
+      "response.content_part.added",
+      "response.output_text.delta",
+      "response.output_text.delta",
+      "response.output_text.done",
+      "response.content_part.done",
+      "response.output_item.done",
+      "response.completed",
+    ]);
+    const data = out.map((o) => o.data as Record<string, unknown>);
+    expect(data.map((d) => d.sequence_number)).toEqual(data.map((_, i) => i));
+    expect(data.map((d) => d.type)).toEqual(out.map((o) => o.event));
+    expect(data[6]).toMatchObject({ text: "Hello" });
+    expect(data[9]).toMatchObject({ response: { status: "completed", output: [{ content: [{ text: "Hello" }] }], usage: { input_tokens: 3, output_tokens: 2, total_tokens: 5 } } });
+  });
+
+  it("a length finish is response.incomplete with reason max_output_tokens; a failure is response.failed followed by [DONE]", () => {
+    const enc = responsesEncoder(body, "resp_abc", "m", 1);
+    const { out, w } = recorder();
+    play(enc, [{ type: "started" }, { type: "finished", usage: { promptTokens: 1, completionTokens: 4 }, choices: [{ index: 0, text: "abcd", reason: "length", logprobs: [], completionTokens: 4 }] }], w);
+    expect(out.at(-1)).toMatchObject({ event: "response.incomplete", data: { response: { status: "incomplete", incomplete_details: { reason: "max_output_tokens" } } } });
+    const failed = recorder();
+    const enc2 = responsesEncoder(body, "resp_abc", "m", 1);
+    play(enc2, [{ type: "started" }], failed.w);
+    enc2.streamError(engineError("boom"), failed.w);
+    expect(failed.out.at(-1)).toMatchObject({ event: "response.failed", data: { sequence_number: 4, response: { status: "failed", error: { code: "engine_error" } } } });
+    expect(enc2.doneAfterError).toBe(true);
+  });
+});

@@ -1,0 +1,116 @@
+/**
+ * `POST …/chat/completions`: OpenAI chat completions, unary and streaming, with `n` choices and logprobs.
+ *
+ * Streaming follows OpenAI: `chat.completion.chunk` events, a first chunk per choice with the assistant role, a
+ * chunk with `finish_reason` per choice, an optional usage chunk (`stream_options.include_usage`), then
+ * `data: [DONE]`. An error after streaming began is a final `data: {"error":…}` event without `[DONE]`.
+ * Headers are sent when the engine admits the request, so a refusal before that is a plain JSON 4xx/5xx.
+ */
+import { randomUUID } from "node:crypto";
+import type { FastifyReply, FastifyRequest } from "fastify";
+import { parseChatRequest, type ChatRequest } from "../chat-request.js";
+import { contextLengthExceeded, modelNotFound, toErrorBody } from "../errors.js";
+import { runGeneration, type Encoder } from "../generate.js";
+import type { Usage } from "../registry.js";
+import type { RouteContext } from "../route-context.js";
+import { checkCapabilities } from "./sampling.js";
+import { chatLogprobs } from "./logprobs.js";
+
+export function usageBody(u: Usage): { prompt_tokens: number; completion_tokens: number; total_tokens: number } {
+  return { prompt_tokens: u.promptTokens, completion_tokens: u.completionTokens, total_tokens: u.promptTokens + u.completionTokens };
+}
+
+/** The chat encoder for one request. */
+export function chatEncoder(body: Pick<ChatRequest, "n" | "includeUsage" | "logprobs">, id: string, model: string, created: number): Encoder {
+  const chunk = (choices: unknown[], extra: Record<string, unknown> = {}): unknown => ({
+    id,
+    object: "chat.completion.chunk",
+    created,
+    model,
+    choices,
+    ...(body.includeUsage ? { usage: null } : {}),
+    ...extra,
+  });
+  const wantLogprobs = body.logprobs !== null;
+  return {
+    stream(ev, w) {
+      switch (ev.type) {
+        case "started":
+          for (let i = 0; i < body.n; i++) w.data(chunk([{ index: i, delta: { role: "assistant", content: "" }, logprobs: null, finish_reason: null }]));
+          return;
+        case "delta":
+          w.data(chunk([{ index: ev.index, delta: { content: ev.content }, logprobs: wantLogprobs ? chatLogprobs(ev.logprobs) : null, finish_reason: null }]));
+          return;
+        case "choice_finished":
+          w.data(chunk([{ index: ev.index, delta: {}, logprobs: null, finish_reason: ev.reason }]));
+          return;
+        case "finished":
+          if (body.includeUsage) w.data(chunk([], { usage: usageBody(ev.usage) }));
+          return;
+      }
+    },
+    streamError(err, w) {
+      w.data(toErrorBody(err));
+    },
+    unary(ev) {
+      return {
+        id,
+        object: "chat.completion",
+        created,
+        model,
+        choices: ev.choices.map((c) => ({
+          index: c.index,
+          message: { role: "assistant", content: c.text },
+          logprobs: wantLogprobs ? chatLogprobs(c.logprobs) : null,
+          finish_reason: c.reason,
+        })),
+        usage: usageBody(ev.usage),
+      };
+    },
+  };
+}
+
+/** Handle one chat completion request. */
+export async function handleChat(ctx: RouteContext, req: FastifyRequest, reply: FastifyReply): Promise<void> {
+  const body = parseChatRequest(req.body);
+  if (body.model !== ctx.modelName) throw modelNotFound(body.model);
+  const template = ctx.template();
+  const caps = ctx.capabilities();
+  if (!ctx.isReady() || !template || !caps) {
+    ctx.onRejected("not_ready");
+    void reply.header("retry-after", "1");
+    throw ctx.unavailable();
+  }
+  const refused = checkCapabilities(body.sampling, body.logprobs === null ? null : { param: body.logprobs > 0 ? "top_logprobs" : "logprobs", n: body.logprobs }, caps, ctx.vocabSize());
+  if (refused) throw refused;
+  // Every message renders to at least one token, so this many messages cannot fit; refuse before rendering.
+  const capacity = ctx.maxModelLen();
+  if (capacity !== null && body.messages.length >= capacity) throw contextLengthExceeded(capacity, body.messages.length);
+  const prompt = template.render(body.messages, { addGenerationPrompt: true, kwargs: body.templateKwargs });
+  const id = `chatcmpl-${randomUUID().replaceAll("-", "")}`;
+  const created = Math.floor(Date.now() / 1000);
+  runGeneration(
+    ctx,
+    req,
+    reply,
+    {
+      id,
+      prompts: [prompt],
+      n: body.n,
+      stream: body.stream,
+      params: {
+        maxTokens: body.maxTokens ?? null,
+        temperature: body.temperature,
+        topP: body.topP,
+        topK: body.topK,
+        ignoreEos: body.ignoreEos,
+        ...(body.seed !== undefined ? { seed: body.seed } : {}),
+        ...body.sampling,
+        ...(body.logprobs !== null ? { logprobs: body.logprobs } : {}),
+      },
+      stop: body.stop,
+      includeStopStr: body.includeStopStr,
+    },
+    chatEncoder(body, id, ctx.modelName, created),
+  );
+}

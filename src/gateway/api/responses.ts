@@ -1,0 +1,259 @@
+/**
+ * `POST …/responses`: the subset of OpenAI's Responses API that OVMS serves (docs: shared ovms-compat §2) —
+ * `input` (a string, or message items with text content), `instructions` (a system message before the input),
+ * `max_output_tokens`, `temperature`, `top_p`, `stream`. Keel keeps no server state, so `previous_response_id` and
+ * `store: true` are refused clearly, as are tools, reasoning, structured text formats and the other fields below.
+ *
+ * Streaming sends typed named events, each with a `sequence_number`: response.created, response.in_progress,
+ * response.output_item.added, response.content_part.added, response.output_text.delta…, response.output_text.done,
+ * response.content_part.done, response.output_item.done, then response.completed (or response.incomplete when the
+ * token budget ran out; response.failed on an error), then `data: [DONE]` as OVMS does.
+ */
+import { randomUUID } from "node:crypto";
+import type { FastifyReply, FastifyRequest } from "fastify";
+import { z } from "zod";
+import type { ChatMessage } from "../chat-template.js";
+import { describe, isPlainObject, issueToError, report, tokenLimit, unsupported } from "../chat-request.js";
+import { contextLengthExceeded, modelNotFound, type KeelHttpError } from "../errors.js";
+import { runGeneration, type Encoder } from "../generate.js";
+import type { Usage } from "../registry.js";
+import type { RouteContext } from "../route-context.js";
+import type { ChoiceResult } from "../session/events.js";
+import { sanitizeForJson } from "../utf8-stream.js";
+
+/** A validated Responses request. */
+export interface ResponsesRequest {
+  model: string;
+  /** The conversation: `instructions` as a system message, then the input items. */
+  messages: ChatMessage[];
+  instructions: string | null;
+  stream: boolean;
+  maxOutputTokens: number | null;
+  temperature: number;
+  topP: number;
+  metadata: Record<string, string>;
+}
+
+const INPUT_ROLES = ["user", "assistant", "system", "developer"] as const;
+
+/** Flatten one input item's content: a string or `input_text` / `output_text` parts. */
+function itemText(item: Record<string, unknown>, i: number, ctx: Parameters<typeof report>[0]): string {
+  const c = item.content;
+  if (typeof c === "string") return sanitizeForJson(c);
+  if (!Array.isArray(c) || c.length === 0) {
+    report(ctx, "invalid_value", `expected a string or a non-empty array of input_text parts, but got ${describe(c)}.`, [i, "content"], c);
+    return "";
+  }
+  const texts: string[] = [];
+  for (const [j, part] of c.entries()) {
+    if (!isPlainObject(part) || (part.type !== "input_text" && part.type !== "output_text") || typeof part.text !== "string") {
+      const type = isPlainObject(part) ? part.type : undefined;
+      if (type === "input_image" || type === "input_file" || type === "input_audio") {
+        report(ctx, "unsupported_field", `Content parts of type '${String(type)}' are not supported; only 'input_text' is.`, [i, "content", j, "type"], type);
+      } else report(ctx, "invalid_value", "expected an {\"type\": \"input_text\", \"text\": string} part.", [i, "content", j], part);
+      return "";
+    }
+    texts.push(sanitizeForJson(part.text));
+  }
+  return texts.join("\n");
+}
+
+const inputSchema = z.unknown().transform((v, ctx): ChatMessage[] => {
+  if (typeof v === "string") return [{ role: "user", content: sanitizeForJson(v) }];
+  if (v === undefined) {
+    report(ctx, "missing_field", "", [], v);
+    return [];
+  }
+  if (!Array.isArray(v) || v.length === 0) {
+    report(ctx, "invalid_value", `expected a string or a non-empty array of message items, but got ${describe(v)}.`, [], v);
+    return [];
+  }
+  const out: ChatMessage[] = [];
+  for (const [i, item] of v.entries()) {
+    if (!isPlainObject(item)) {
+      report(ctx, "invalid_type", `expected a message item object, but got ${describe(item)} instead.`, [i], item);
+      return [];
+    }
+    if (item.type !== undefined && item.type !== "message") {
+      report(ctx, "unsupported_field", `Input items of type '${String(item.type)}' are not supported; only messages are.`, [i, "type"], item.type);
+      return [];
+    }
+    if (typeof item.role !== "string" || !(INPUT_ROLES as readonly string[]).includes(item.role)) {
+      report(ctx, "invalid_value", `expected one of ${INPUT_ROLES.map((r) => `'${r}'`).join(", ")}.`, [i, "role"], item.role);
+      return [];
+    }
+    out.push({ role: item.role, content: itemText(item, i, ctx) });
+  }
+  return out;
+});
+
+const responsesBodySchema = z.object({
+  model: z.string().min(1),
+  input: inputSchema,
+  instructions: z.string().nullish(),
+  stream: z.boolean().nullish(),
+  max_output_tokens: tokenLimit,
+  temperature: z.number().min(0).max(2).nullish(),
+  top_p: z.number().gt(0).max(1).nullish(),
+  metadata: z.record(z.string(), z.string()).nullish(),
+  // Keel keeps no conversation state.
+  previous_response_id: unsupported(() => false, "Keel keeps no server-side state; send the whole conversation in 'input'."),
+  store: unsupported((v) => v === false, "Keel keeps no server-side state; responses cannot be stored (send store: false or omit it)."),
+  conversation: unsupported(() => false, "Keel keeps no server-side state; send the whole conversation in 'input'."),
+  background: unsupported((v) => v === false, "Background responses are not available."),
+  // recognised, not implemented
+  tools: unsupported((v) => Array.isArray(v) && v.length === 0, "Tools are not available on /responses."),
+  tool_choice: unsupported((v) => v === "none" || v === "auto", "Tools are not available on /responses."),
+  parallel_tool_calls: unsupported(() => false, "Tools are not available on /responses."),
+  reasoning: unsupported(() => false, "Reasoning options are not available."),
+  text: unsupported((v) => isPlainObject(v) && (v.format === undefined || (isPlainObject(v.format) && v.format.type === "text")) && Object.keys(v).every((k) => k === "format"), "Only plain text output ({\"format\": {\"type\": \"text\"}}) is available."),
+  include: unsupported((v) => Array.isArray(v) && v.length === 0, "No extra output data is available."),
+  top_logprobs: unsupported((v) => v === 0, "Log probabilities are not available on /responses; use /chat/completions."),
+  truncation: unsupported((v) => v === "disabled", "Only truncation 'disabled' is available."),
+  stream_options: unsupported(() => false, "stream_options is not accepted on /responses."),
+  max_tool_calls: unsupported(() => false, "Tools are not available on /responses."),
+  prompt: unsupported(() => false, "Prompt templates are not available."),
+  service_tier: unsupported((v) => v === "auto" || v === "default", "Service tiers are not available."),
+});
+
+/** Validate a Responses body (400 naming the first offending field). */
+export function parseResponsesRequest(body: unknown): ResponsesRequest {
+  const parsed = responsesBodySchema.safeParse(body, { reportInput: true });
+  if (!parsed.success) throw issueToError(parsed.error.issues[0]!);
+  const b = parsed.data;
+  const instructions = b.instructions != null ? sanitizeForJson(b.instructions) : null;
+  return {
+    model: sanitizeForJson(b.model),
+    messages: instructions !== null ? [{ role: "system", content: instructions }, ...b.input] : b.input,
+    instructions,
+    stream: b.stream ?? false,
+    maxOutputTokens: b.max_output_tokens ?? null,
+    temperature: b.temperature ?? 1,
+    topP: b.top_p ?? 1,
+    metadata: b.metadata ?? {},
+  };
+}
+
+/** Responses `usage`. */
+function usageBody(u: Usage) {
+  return {
+    input_tokens: u.promptTokens,
+    input_tokens_details: { cached_tokens: 0 },
+    output_tokens: u.completionTokens,
+    output_tokens_details: { reasoning_tokens: 0 },
+    total_tokens: u.promptTokens + u.completionTokens,
+  };
+}
+
+/** The Responses encoder: builds the response object in each state and the typed stream events. */
+export function responsesEncoder(body: ResponsesRequest, id: string, model: string, createdAt: number): Encoder {
+  /** The one output item's id. */
+  const itemId = `msg_${id.slice(5)}`;
+  /** `sequence_number` of the next stream event (0, 1, 2, … over the whole stream). */
+  let sequence = 0;
+  /** Output text streamed so far (for the `.done` events). */
+  let text = "";
+  const response = (status: "in_progress" | "completed" | "incomplete" | "failed", extra: { output?: unknown[]; usage?: Usage; error?: KeelHttpError } = {}) => ({
+    id,
+    object: "response",
+    created_at: createdAt,
+    status,
+    error: extra.error ? { code: extra.error.code, message: extra.error.message } : null,
+    incomplete_details: status === "incomplete" ? { reason: "max_output_tokens" } : null,
+    instructions: body.instructions,
+    max_output_tokens: body.maxOutputTokens,
+    model,
+    output: extra.output ?? [],
+    parallel_tool_calls: false,
+    previous_response_id: null,
+    reasoning: null,
+    store: false,
+    temperature: body.temperature,
+    text: { format: { type: "text" } },
+    tool_choice: "none",
+    tools: [],
+    top_p: body.topP,
+    truncation: "disabled",
+    usage: extra.usage ? usageBody(extra.usage) : null,
+    metadata: body.metadata,
+  });
+  const part = (t: string) => ({ type: "output_text", text: t, annotations: [] });
+  const item = (status: "in_progress" | "completed" | "incomplete", t: string | null) => ({
+    id: itemId,
+    type: "message",
+    status,
+    role: "assistant",
+    content: t === null ? [] : [part(t)],
+  });
+  const statusOf = (c: ChoiceResult): "completed" | "incomplete" => (c.reason === "length" ? "incomplete" : "completed");
+  return {
+    stream(ev, w) {
+      const send = (type: string, payload: Record<string, unknown>): void => w.event(type, { type, sequence_number: sequence++, ...payload });
+      const at = { item_id: itemId, output_index: 0, content_index: 0 };
+      switch (ev.type) {
+        case "started":
+          send("response.created", { response: response("in_progress") });
+          send("response.in_progress", { response: response("in_progress") });
+          send("response.output_item.added", { output_index: 0, item: item("in_progress", null) });
+          send("response.content_part.added", { ...at, part: part("") });
+          return;
+        case "delta":
+          if (ev.content.length === 0) return;
+          text += ev.content;
+          send("response.output_text.delta", { ...at, delta: ev.content, logprobs: [] });
+          return;
+        case "choice_finished":
+          return;
+        case "finished": {
+          const c = ev.choices[0]!;
+          const status = statusOf(c);
+          send("response.output_text.done", { ...at, text, logprobs: [] });
+          send("response.content_part.done", { ...at, part: part(text) });
+          send("response.output_item.done", { output_index: 0, item: item(status, text) });
+          send(status === "completed" ? "response.completed" : "response.incomplete", { response: response(status, { output: [item(status, text)], usage: ev.usage }) });
+          return;
+        }
+      }
+    },
+    streamError(err, w) {
+      w.event("response.failed", { type: "response.failed", sequence_number: sequence++, response: response("failed", { error: err }) });
+    },
+    doneAfterError: true,
+    unary(ev) {
+      const c = ev.choices[0]!;
+      const status = statusOf(c);
+      return { ...response(status, { output: [item(status, c.text)], usage: ev.usage }), output_text: c.text };
+    },
+  };
+}
+
+/** Handle one Responses request. */
+export async function handleResponses(ctx: RouteContext, req: FastifyRequest, reply: FastifyReply): Promise<void> {
+  const body = parseResponsesRequest(req.body);
+  if (body.model !== ctx.modelName) throw modelNotFound(body.model);
+  const template = ctx.template();
+  if (!ctx.isReady() || !template) {
+    ctx.onRejected("not_ready");
+    void reply.header("retry-after", "1");
+    throw ctx.unavailable();
+  }
+  const capacity = ctx.maxModelLen();
+  if (capacity !== null && body.messages.length >= capacity) throw contextLengthExceeded(capacity, body.messages.length);
+  const prompt = template.render(body.messages, { addGenerationPrompt: true });
+  const id = `resp_${randomUUID().replaceAll("-", "")}`;
+  runGeneration(
+    ctx,
+    req,
+    reply,
+    {
+      id,
+      prompts: [prompt],
+      n: 1,
+      stream: body.stream,
+      params: { maxTokens: body.maxOutputTokens, temperature: body.temperature, topP: body.topP, topK: -1, ignoreEos: false },
+      stop: [],
+      includeStopStr: false,
+    },
+    responsesEncoder(body, id, ctx.modelName, Math.floor(Date.now() / 1000)),
+  );
+}

@@ -1,0 +1,48 @@
+/**
+ * What the API routes need from the server: the registry, readiness, the current engine's limits and
+ * capabilities, and the metric/log hooks. Built once by the server (one object for every route).
+ */
+import type { Logger } from "pino";
+import type { EngineCapabilities } from "../protocol/messages.js";
+import type { ChatTemplate } from "./chat-template.js";
+import type { KeelHttpError } from "./errors.js";
+import type { Phase } from "./lifecycle.js";
+import type { RequestRegistry } from "./registry.js";
+
+/** Default bytes of stream output a client may leave unread before it is treated as gone (per stream). */
+export const MAX_UNREAD_BYTES = 1024 * 1024;
+
+export interface RouteContext {
+  registry: RequestRegistry;
+  /** Served model name. */
+  modelName: string;
+  /** When the server started (unix seconds), the `created` of the model object. */
+  modelCreated: number;
+  /** Chat template of the current engine, or null while no engine is ready. */
+  template(): ChatTemplate | null;
+  isReady(): boolean;
+  /** Sequence capacity (tokens) of the current engine, or null while none is ready. */
+  maxModelLen(): number | null;
+  /** Vocabulary size of the current engine's model (0 while none is ready). */
+  vocabSize(): number;
+  /** What the current engine can do, or null while none is ready. */
+  capabilities(): EngineCapabilities | null;
+  /** The 503 to answer while not ready: loading, restarting after an engine fault, or shutting down. */
+  unavailable(): KeelHttpError;
+  /** True when this rendered prompt was isolated as one that crashes the engine (answered without the engine). */
+  isKnownCulprit(prompt: string): boolean;
+  /** Sequences of the current engine (0 while none is ready). */
+  maxNumSeqs(): number;
+  /** Bytes of stream output a client may leave unread in the server's buffer before it is treated as gone. */
+  maxUnreadBytes: number;
+  /** Bound of the waiting queue; a request beyond it gets 429 at once. */
+  maxQueuedRequests: number;
+  /**
+   * Tokenize text with the current engine's tokenizer (`/v3/tokenize`); rejects when no engine is ready or the
+   * engine refuses.
+   */
+  tokenize(text: string, addSpecialTokens: boolean): Promise<number[]>;
+  onRejected(reason: "queue_full" | "not_ready"): void;
+  log: Logger;
+  onDisconnect(phase: Phase): void;
+}

@@ -1,0 +1,110 @@
+/**
+ * The one response writer every generation route uses: a plain JSON answer (unary, or an error before streaming
+ * began) or a server-sent-events stream — data-only events (`data: {...}`, chat and completions, ending with
+ * `data: [DONE]`) and named events (`event: x\ndata: {...}`, the Responses API).
+ *
+ * It owns the three things each route used to re-implement:
+ *  - disconnect detection from the response's `close` event (not from a failed write: Ollama #11889), reported once
+ *    through `onGone`;
+ *  - the backpressure bound: a client that stops reading may leave at most `maxUnreadBytes` unsent; past that it is
+ *    treated as gone (socket destroyed) instead of buffering without limit;
+ *  - nothing is ever written after the response ended or the client left.
+ */
+import type { ServerResponse } from "node:http";
+import type { Logger } from "pino";
+
+/**
+ * Writer state: `idle` (nothing sent), `streaming` (SSE headers sent), `ended` (we completed the response) or
+ * `gone` (the client left first).
+ */
+type WriterState = "idle" | "streaming" | "ended" | "gone";
+
+export class ResponseWriter {
+  /** Where the response is (see {@link WriterState}). */
+  #state: WriterState = "idle";
+  /** Called once when the client leaves before we ended the response. */
+  #onGone: (() => void) | null = null;
+
+  constructor(
+    private readonly res: ServerResponse,
+    private readonly opts: { requestId: string; maxUnreadBytes: number; log: Logger; isSocketGone: () => boolean },
+  ) {
+    res.once("close", () => this.#closed());
+  }
+
+  /** True while the response can still be written (not ended, client present). */
+  get open(): boolean {
+    return this.#state === "idle" || this.#state === "streaming";
+  }
+
+  /** True once SSE headers went out (later errors must be stream events, not a status). */
+  get streaming(): boolean {
+    return this.#state === "streaming";
+  }
+
+  /**
+   * Register the disconnect handler. Called at once when the client already left (it may leave while the body is
+   * parsed, before any listener existed; the request's own socket tells — the response's socket is null while an
+   * earlier pipelined response on the same connection is still being written, which is not a disconnect).
+   */
+  onGone(fn: () => void): void {
+    this.#onGone = fn;
+    if (this.#state === "gone") return fn();
+    if (this.opts.isSocketGone()) this.#closed();
+  }
+
+  /** Send SSE headers (idempotent). */
+  startStream(): void {
+    if (this.#state !== "idle") return;
+    this.#state = "streaming";
+    this.res.writeHead(200, { "content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache", "x-request-id": this.opts.requestId });
+  }
+
+  /** One data-only event: `data: <json>`. */
+  data(payload: unknown): void {
+    this.#write(`data: ${JSON.stringify(payload)}\n\n`);
+  }
+
+  /** One named event: `event: <name>\ndata: <json>`. */
+  event(name: string, payload: unknown): void {
+    this.#write(`event: ${name}\ndata: ${JSON.stringify(payload)}\n\n`);
+  }
+
+  /** End the stream, with `data: [DONE]` first when `done` is set. */
+  endStream(done: boolean): void {
+    if (this.#state !== "streaming") return;
+    if (done) this.#write("data: [DONE]\n\n");
+    if (this.#state !== "streaming") return;
+    this.#state = "ended";
+    this.res.end();
+  }
+
+  /** A complete JSON answer (unary result, or an error before any stream event). */
+  json(status: number, payload: unknown): void {
+    if (this.#state !== "idle") return;
+    this.#state = "ended";
+    const text = JSON.stringify(payload);
+    this.res.writeHead(status, {
+      "content-type": "application/json; charset=utf-8",
+      "content-length": Buffer.byteLength(text),
+      "x-request-id": this.opts.requestId,
+      ...(status === 503 || status === 429 ? { "retry-after": "1" } : {}),
+    });
+    this.res.end(text);
+  }
+
+  #write(s: string): void {
+    if (this.#state !== "streaming" || this.res.destroyed) return;
+    this.res.write(s);
+    if (this.res.writableLength > this.opts.maxUnreadBytes) {
+      this.opts.log.warn({ event: "slow_client", unreadBytes: this.res.writableLength }, "client is not reading its stream; aborting it");
+      this.res.destroy();
+    }
+  }
+
+  #closed(): void {
+    if (this.#state === "ended" || this.#state === "gone") return;
+    this.#state = "gone";
+    this.#onGone?.();
+  }
+}
