@@ -181,6 +181,33 @@ function setup(cfg: Partial<SchedulerConfig> = {}) {
   return { backend, messages, loop, violations, steps, outputsOf, stepOnce, drain };
 }
 
+describe("queue time", () => {
+  it("admitted.queueMs runs from the add's arrival to its admission, not to the end of the prefill step", async () => {
+    const t = setup({ maxNumSeqs: 1 });
+    let now = 1_000;
+    const realNow = Date.now;
+    Date.now = () => now;
+    try {
+      t.loop.submit(add("a", "hi", { maxTokens: 1, temperature: 0 }));
+      now = 1_200; // a waits 200 ms for the step boundary
+      t.backend.holdNext = true;
+      const first = t.loop.step();
+      await Promise.resolve();
+      now = 1_900; // the prefill decode takes 700 ms: not queue time
+      t.backend.pending!.resolve();
+      await first;
+      expect(t.outputsOf("a")[0]!.admitted!.queueMs).toBe(200);
+      // b arrives later and waits 150 ms for the next step boundary.
+      t.loop.submit(add("b", "yo", { maxTokens: 1, temperature: 0 }));
+      now = 2_050;
+      await t.drain();
+      expect(t.outputsOf("b")[0]!.admitted!.queueMs).toBe(150);
+    } finally {
+      Date.now = realNow;
+    }
+  });
+});
+
 describe("tokenSeed", () => {
   it("is deterministic", () => {
     fc.assert(fc.property(fc.integer({ min: 0, max: 0xffffffff }), fc.nat(), (seed, pos) => tokenSeed(seed, pos) === tokenSeed(seed, pos)));
@@ -275,7 +302,7 @@ describe("StepLoop", () => {
     const outA = next!.outputs.find((o) => o.id === "a")!;
     expect(outA.finish).toEqual({ reason: "abort", promptTokens: 3, completionTokens: 2, stepsAfterAbort: 1 });
     expect(outA.tokens).toEqual([]);
-    expect(next!.outputs.find((o) => o.id === "b")!.admitted).toEqual({ promptTokens: [122, 122], cachedTokens: 0 });
+    expect(next!.outputs.find((o) => o.id === "b")!.admitted).toMatchObject({ promptTokens: [122, 122], cachedTokens: 0 });
     expect(t.backend.cleared.slice(clearedBefore)).toEqual([{ slot: 0, duringDecode: false }]);
     expect(t.backend.batches.at(-1)).toEqual([{ slot: 0, pos: 0, tokens: [122, 122], wantsLogits: true }]);
     expect(t.backend.cleared.every((c) => !c.duringDecode)).toBe(true);
@@ -507,7 +534,7 @@ describe("StepLoop", () => {
     t.loop.submit({ ...add("r", "ab", { maxTokens: 3, temperature: 1, seed: 5 }), generated: [0x78, 0xc3] });
     await t.drain();
     const outs = t.outputsOf("r");
-    expect(outs[0]!.admitted).toEqual({ promptTokens: [97, 98], cachedTokens: 0 });
+    expect(outs[0]!.admitted).toMatchObject({ promptTokens: [97, 98], cachedTokens: 0 });
     expect(t.backend.batches[0]).toEqual([{ slot: 0, pos: 0, tokens: [97, 98, 0x78, 0xc3], wantsLogits: true }]);
     expect(outs.map((o) => o.text).join("")).toBe("é");
     expect(outs.at(-1)!.finish).toEqual({ reason: "length", promptTokens: 4, completionTokens: 1 });

@@ -86,6 +86,8 @@ export class StepLoop {
   private readonly requests = new Map<string, RequestState>();
   /** Step counter when an abort for a live or pending request arrived. */
   private readonly abortArrivedAtStep = new Map<string, number>();
+  /** When each `add` arrived (ms since epoch), until its admission: the queue time reported in `admitted.queueMs`. */
+  private readonly addArrivedAt = new Map<string, number>();
   /** Resolves the idle wait when a command arrives. */
   private wake: (() => void) | null = null;
   /** Set by stop(); the loop exits at the next boundary. */
@@ -112,6 +114,7 @@ export class StepLoop {
 
   /** Queue a command for the next step boundary. Never touches engine state. */
   submit(cmd: LoopCommand): void {
+    if (cmd.type === "add" && !this.addArrivedAt.has(cmd.id)) this.addArrivedAt.set(cmd.id, Date.now());
     if (cmd.type === "abort") {
       // Remember when each abort arrived, to report how many steps it took to apply (docs/design-rules.md, I4/I5).
       for (const id of cmd.ids) {
@@ -164,7 +167,13 @@ export class StepLoop {
     this.finish(this.scheduler.abort(abortIds), out);
     // 3. Admission and one batch.
     const plan = this.scheduler.schedule();
-    for (const a of plan.admitted) out(a.id).admitted = { promptTokens: a.promptTokens, cachedTokens: a.cachedTokens };
+    // Queue time ends here, at admission — before the prefill runs (the step output arrives only after it).
+    const admittedAt = Date.now();
+    for (const a of plan.admitted) {
+      const arrived = this.addArrivedAt.get(a.id);
+      this.addArrivedAt.delete(a.id);
+      out(a.id).admitted = { promptTokens: a.promptTokens, cachedTokens: a.cachedTokens, ...(arrived !== undefined ? { queueMs: admittedAt - arrived } : {}) };
+    }
     // 3b. Trim reused prefix-cache slots to the shared prefix before decoding into them.
     for (const op of plan.kvOps) {
       const ok = this.backend.trimSequence ? this.backend.trimSequence(op.slot, op.keep) : (this.backend.clearSequence(op.slot), op.keep === 0);
@@ -294,6 +303,7 @@ export class StepLoop {
   private applyAdd(cmd: AddMessage): void {
     const refuse = (code: EngineErrorCode, message: string): void => {
       this.abortArrivedAtStep.delete(cmd.id);
+      if (!this.requests.has(cmd.id)) this.addArrivedAt.delete(cmd.id);
       this.emit({ v: PROTOCOL_VERSION, type: "request_error", id: cmd.id, code, message });
     };
     if (this.requests.has(cmd.id)) return refuse("duplicate_id", `request id ${cmd.id} is already live`);
@@ -384,6 +394,7 @@ export class StepLoop {
       }
       const arrived = this.abortArrivedAtStep.get(f.id);
       this.abortArrivedAtStep.delete(f.id);
+      this.addArrivedAt.delete(f.id);
       o.finish = {
         reason: f.reason,
         promptTokens: f.promptTokens,

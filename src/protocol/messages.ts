@@ -238,7 +238,7 @@ export interface RequestOutput {
   id: string;
   /**
    * Set once, in the step where the request was admitted to a sequence (its prefill begins): the prompt's token
-   * ids and how many leading tokens were reused from the prefix cache (not prefilled again). `queueMs` (optional):
+   * ids and how many leading tokens were reused from the prefix cache (not prefilled again). `queueMs`:
    * milliseconds from the `add`'s arrival in the engine to its admission, measured before the prefill runs; without
    * it the gateway can only measure queue time to this step output, which includes the first prefill chunk.
    */
