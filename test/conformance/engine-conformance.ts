@@ -9,6 +9,7 @@
  * room for a prompt of several hundred tokens (maxModelLen ≥ 1024) and make a prefill of that prompt span many
  * steps (maxNumBatchedTokens ≤ 16) with at least 4 sequences; runs are reproducible (no prefix-reuse numerics).
  */
+import type { EngineConfig } from "../../src/protocol/engine-config.js";
 import { spawn, type ChildProcess } from "node:child_process";
 import type { Duplex } from "node:stream";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -29,8 +30,8 @@ import {
 export interface EngineLaunch {
   command: string;
   args: string[];
-  /** The engine's start configuration, passed as its last argument (JSON). */
-  config: Record<string, unknown>;
+  /** The engine's start configuration, passed as its last argument (JSON): the engine-neutral one every engine takes. */
+  config: EngineConfig;
   env?: Record<string, string>;
 }
 

@@ -1,12 +1,13 @@
 /**
  * The wire-level conformance suite against the real llama.cpp engine (dist/engine/main.js, run `node
- * scripts/prepare.mjs` first) on the embedded tiny model. The start configuration is the one the gateway passes
- * (src/cli.ts), with small limits so that a prefill spans many steps; prefix caching off keeps reruns bit-identical.
+ * scripts/prepare.mjs` first) on the embedded tiny model. The start configuration is the engine-neutral EngineConfig
+ * (src/protocol/engine-config.ts), with small limits so that a prefill spans many steps; prefix caching off keeps reruns bit-identical.
  */
 import path from "node:path";
 import { ensureDefaultModel } from "../../src/model/default-model.js";
 import { ROOT } from "../support/server.js";
 import { defineEngineConformance } from "./engine-conformance.js";
+import type { EngineConfig } from "../../src/protocol/engine-config.js";
 
 defineEngineConformance("llama.cpp (node-llama-cpp)", async () => {
   const modelPath = await ensureDefaultModel();
@@ -17,17 +18,14 @@ defineEngineConformance("llama.cpp (node-llama-cpp)", async () => {
     config: {
       mode: "serve",
       modelPath,
-      sequences: 4,
-      contextSize: maxModelLen,
-      batchSize: 8,
-      threads: 1,
-      flashAttention: false,
-      kvCacheType: "f16",
-      gpu: "cpu",
       maxNumSeqs: 4,
       maxNumBatchedTokens: 8,
       maxModelLen,
       prefixCaching: false,
-    },
+      threads: 1,
+      flashAttention: false,
+      kvCacheType: "f16",
+      device: "cpu",
+    } satisfies EngineConfig,
   };
 });
