@@ -145,11 +145,17 @@ describe("n > 1", () => {
   });
 
   it("the queue bound counts every choice", async () => {
-    // 4 sequences, none running, queue bound 10: 14 choices fit, 15 do not.
+    // 4 sequences, none running, queue bound 10: 14 choices fit.
     const fits = setup(1 << 20, { n: 14 }, { maxQueuedRequests: 10 });
     await expect(handleChat(fits.ctx, fits.req, fits.reply)).resolves.toBeUndefined();
+    // With those 14 waiting, one more request of 1 choice is over the bound: 429 (a retry can get in later).
+    const sentBefore = fits.sent.length;
+    const next = setup(1 << 20, { n: 1 }, { maxQueuedRequests: 10, registry: fits.registry });
+    await expect(handleChat(next.ctx, next.req, next.reply)).rejects.toMatchObject({ status: 429, code: "queue_full" });
+    expect(fits.sent.length).toBe(sentBefore);
+    // 15 choices can never be held at once (4 sequences + 10 queued): a 400 naming n, not a 429 forever.
     const over = setup(1 << 20, { n: 15 }, { maxQueuedRequests: 10 });
-    await expect(handleChat(over.ctx, over.req, over.reply)).rejects.toMatchObject({ status: 429, code: "queue_full" });
+    await expect(handleChat(over.ctx, over.req, over.reply)).rejects.toMatchObject({ status: 400, param: "n" });
     expect(over.sent).toEqual([]);
   });
 

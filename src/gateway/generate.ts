@@ -12,7 +12,7 @@ import { randomBytes } from "node:crypto";
 import type { FastifyReply, FastifyRequest } from "fastify";
 import type { SamplingParams } from "../protocol/messages.js";
 import { childSeed } from "./api/sampling.js";
-import { engineFault, queueFull, toErrorBody, type KeelHttpError } from "./errors.js";
+import { engineFault, invalidValue, queueFull, toErrorBody, type KeelHttpError } from "./errors.js";
 import type { CancelCause, Phase } from "./lifecycle.js";
 import type { RouteContext } from "./route-context.js";
 import { GenerationSession } from "./session/session.js";
@@ -69,6 +69,14 @@ export function admissionError(ctx: RouteContext, plan: Pick<GenerationPlan, "n"
   const { waiting, running } = ctx.registry.counts();
   const freeSequences = Math.max(0, ctx.maxNumSeqs() - running);
   const choices = plan.n * plan.prompts.length;
+  // More choices than the server can ever hold at once (every sequence plus the whole queue) is a 400, not a 429
+  // that a retry could never get past.
+  if (choices > ctx.maxNumSeqs() + ctx.maxQueuedRequests) {
+    return invalidValue(
+      "n",
+      `Invalid value for 'n': this request needs ${choices} sequences (n × prompts), more than the server can hold at once (${ctx.maxNumSeqs()} sequences + ${ctx.maxQueuedRequests} queued).`,
+    );
+  }
   if (waiting + choices - freeSequences > ctx.maxQueuedRequests) {
     ctx.onRejected("queue_full");
     return queueFull();
