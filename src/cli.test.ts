@@ -9,6 +9,15 @@ describe("parseServeFlags", () => {
     expect(() => parseServeFlags(["--no_such", "1", "--max_num_seqs", "4", "--other=2", "--third"])).toThrow("unknown flags --no_such, --other, --third");
   });
 
+  it("reports unknown flags, missing values and bad values together", () => {
+    expect(() => parseServeFlags(["--bogus", "1", "--rest_port"])).toThrow("unknown flag --bogus; flag --rest_port needs a value");
+    // A flag swallowed as the value of another is named too.
+    expect(() => parseServeFlags(["--log_level", "--bogus"])).toThrow("unknown flag --bogus; flag --log_level needs a value");
+    expect(() => parseServeFlags(["--nope", "--max_num_seqs", "0", "--log_level", "LOUD"])).toThrow(
+      /^unknown flag --nope; --max_num_seqs must be an integer between 1 and 256, got "0"; .*log_level/,
+    );
+  });
+
   it("reports every known flag that misses its value", () => {
     expect(() => parseServeFlags(["--rest_port", "--max_num_seqs"])).toThrow("flag --rest_port needs a value");
     expect(() => parseServeFlags(["--model_name", "--rest_port", "1", "--max_num_seqs"])).toThrow("flags --model_name, --max_num_seqs need a value");

@@ -86,20 +86,34 @@ export function parseServeFlags(argv: string[]): Record<string, unknown> {
   for (const t of parsed.tokens ?? []) {
     if (t.kind !== "option") continue;
     if (!known.has(t.name)) unknown.push(t.rawName);
-    // A value that is itself a flag (`--rest_port --max_num_seqs 4`) means the value was forgotten.
-    else if (t.name !== "help" && (t.value === undefined || (!t.inlineValue && t.value.startsWith("--")))) valueless.push(t.rawName);
+    // A value that is itself a flag (`--rest_port --max_num_seqs 4`) means the value was forgotten; that flag is
+    // checked too (`--log_level --bogus` names both).
+    else if (t.name !== "help" && (t.value === undefined || (!t.inlineValue && t.value.startsWith("--")))) {
+      valueless.push(t.rawName);
+      const swallowed = t.value?.slice(2).split("=")[0];
+      if (swallowed !== undefined && !known.has(swallowed)) unknown.push(`--${swallowed}`);
+    }
   }
-  if (unknown.length > 0) throw new Error(`unknown flag${unknown.length > 1 ? "s" : ""} ${[...new Set(unknown)].join(", ")}`);
-  if (valueless.length > 0) throw new Error(`flag${valueless.length > 1 ? "s" : ""} ${valueless.join(", ")} need${valueless.length > 1 ? "" : "s"} a value`);
+  // Every problem of the command line in one message, not the first one per run.
+  const problems: string[] = [];
+  if (unknown.length > 0) problems.push(`unknown flag${unknown.length > 1 ? "s" : ""} ${[...new Set(unknown)].join(", ")}`);
+  if (valueless.length > 0) problems.push(`flag${valueless.length > 1 ? "s" : ""} ${valueless.join(", ")} need${valueless.length > 1 ? "" : "s"} a value`);
   const values = parsed.values as Record<string, string | boolean | undefined>;
   const positionals = parsed.positionals;
-  if (positionals.length > 0) throw new Error(`unexpected argument "${positionals[0]}"`);
-  if (values["help"]) return { help: true };
+  if (positionals.length > 0) problems.push(`unexpected argument "${positionals[0]}"`);
+  if (values["help"] && problems.length === 0) return { help: true };
   const out: Record<string, unknown> = {};
   for (const f of SERVE_FLAGS) {
-    const raw = (values[f.name] as string | undefined) ?? f.default;
-    out[f.name] = raw === undefined ? undefined : f.parse ? f.parse(raw) : raw;
+    if (valueless.includes(`--${f.name}`)) continue;
+    const given = values[f.name];
+    const raw = (typeof given === "string" ? given : undefined) ?? f.default;
+    try {
+      out[f.name] = raw === undefined ? undefined : f.parse ? f.parse(raw) : raw;
+    } catch (err) {
+      problems.push((err as Error).message);
+    }
   }
+  if (problems.length > 0) throw new Error(problems.join("; "));
   if ((out["max_num_batched_tokens"] as number) < (out["max_num_seqs"] as number)) {
     throw new Error(`--max_num_batched_tokens (${out["max_num_batched_tokens"]}) must be >= --max_num_seqs (${out["max_num_seqs"]})`);
   }
