@@ -225,6 +225,21 @@ export function unsupportedMediaType(): KeelHttpError {
 }
 
 /** 429 `queue_full`: the admission queue is at capacity; the client should retry later. */
+/**
+ * The answer to a connection-level client error that Node reports before any route runs (`clientError`): a request
+ * not sent within --request_timeout (408 `request_timeout`), headers too large (431 `headers_too_large`), or a
+ * request that is not HTTP (400 `malformed_request`).
+ */
+export function clientConnectionError(nodeCode: string | undefined): KeelHttpError {
+  if (nodeCode === "ERR_HTTP_REQUEST_TIMEOUT") {
+    return new KeelHttpError({ status: 408, type: "invalid_request_error", code: "request_timeout", message: "The request (headers and body) was not received within the server's request timeout." });
+  }
+  if (nodeCode === "HPE_HEADER_OVERFLOW") {
+    return new KeelHttpError({ status: 431, type: "invalid_request_error", code: "headers_too_large", message: "The request headers are too large." });
+  }
+  return new KeelHttpError({ status: 400, type: "invalid_request_error", code: "malformed_request", message: "The request is not valid HTTP." });
+}
+
 export function queueFull(): KeelHttpError {
   return new KeelHttpError({
     status: 429,

@@ -10,7 +10,7 @@ import { MAX_UNREAD_BYTES, type RouteContext } from "./route-context.js";
 import { registerRoutes, routeList } from "./routes.js";
 import type { ChatTemplate } from "./chat-template.js";
 import type { EngineClient } from "./engine-client.js";
-import { engineRestarting, expectationFailed, invalidJson, notReady, routeNotFound, shuttingDown, toErrorBody, toHttpError } from "./errors.js";
+import { clientConnectionError, engineRestarting, expectationFailed, invalidJson, notReady, routeNotFound, shuttingDown, toErrorBody, toHttpError } from "./errors.js";
 import type { Metrics } from "./metrics.js";
 import type { RequestRegistry } from "./registry.js";
 import type { GatewayOptions } from "./server.js";
@@ -87,6 +87,17 @@ export function buildHttpApp(deps: HttpAppDeps): HttpApp {
     logger: false,
     bodyLimit: opts.bodyLimit,
     return503OnClosing: true,
+    // Errors Node reports on the connection before any route (a request not sent in time, oversized headers, not
+    // HTTP) get the OpenAI envelope too, not Fastify's own body.
+    clientErrorHandler: (err: NodeJS.ErrnoException, socket) => {
+      if (err.code === "ECONNRESET" || socket.destroyed) return;
+      const e = clientConnectionError(err.code);
+      const body = JSON.stringify(toErrorBody(e));
+      if (socket.writable) {
+        socket.write(`HTTP/1.1 ${e.status} ${http.STATUS_CODES[e.status]}\r\ncontent-type: application/json; charset=utf-8\r\ncontent-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`);
+      }
+      socket.destroy();
+    },
     // Node drops a client that has not sent its whole request (headers and body) within requestTimeout; it checks
     // on connectionsCheckingInterval, kept below the timeout so short limits are honoured.
     serverFactory: (handler) =>

@@ -254,4 +254,28 @@ describe("slow clients", () => {
       await s.stop();
     }
   });
+
+  it("a body not sent within --request_timeout gets a 408 in the OpenAI error envelope", async () => {
+    const s = await startServer(["--request_timeout", "1"]);
+    try {
+      const net = await import("node:net");
+      const sock = net.connect(s.port, "127.0.0.1");
+      await new Promise<void>((r) => sock.once("connect", () => r()));
+      const closed = new Promise<string>((resolve) => {
+        let data = "";
+        sock.on("data", (d) => (data += d.toString()));
+        sock.once("close", () => resolve(data));
+      });
+      // Whole headers, one byte of a 100-byte body, then nothing.
+      sock.write("POST /v3/chat/completions HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{");
+      const reply = await closed;
+      expect(reply.startsWith("HTTP/1.1 408")).toBe(true);
+      const body = JSON.parse(reply.slice(reply.indexOf("\r\n\r\n") + 4)) as { error: { code: string; type: string; message: string } };
+      expect(body.error.code).toBe("request_timeout");
+      expect(body.error.type).toBe("invalid_request_error");
+      expect((await get(s.baseUrl, "/v2/health/live")).status).toBe(200);
+    } finally {
+      await s.stop();
+    }
+  });
 });
