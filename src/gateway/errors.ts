@@ -262,7 +262,10 @@ export function notReady(): KeelHttpError {
 }
 
 /** 503 while the server drains for shutdown (graceful SIGTERM/SIGINT). */
-export function shuttingDown(message = "The server is shutting down."): KeelHttpError {
+/** The one wording of the shutdown answer (new requests and in-flight ones ended by the drain alike). */
+export const SHUTTING_DOWN_MESSAGE = "The server is shutting down.";
+
+export function shuttingDown(message = SHUTTING_DOWN_MESSAGE): KeelHttpError {
   return new KeelHttpError({ status: 503, type: "service_unavailable_error", code: "shutting_down", message });
 }
 

@@ -10,6 +10,7 @@
  *   GET  /v2/health/ready  — engine reported ready and answered a ping recently
  *   GET  /metrics          — Prometheus text
  */
+import { SHUTTING_DOWN_MESSAGE } from "./errors.js";
 import type { FastifyInstance } from "fastify";
 import pino, { type Logger } from "pino";
 import type { EngineClient } from "./engine-client.js";
@@ -100,6 +101,8 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
   );
   /** When a running drain stops waiting for in-flight requests (ms since epoch). */
   let drainDeadline = 0;
+  /** Set by hurryDrain() (a second signal): what the drain ends early is logged as hurried, not as a timeout. */
+  let hurried = false;
 
   const web = buildHttpApp({ opts, registry, supervisor, metrics, log });
   const app = web.app;
@@ -135,8 +138,11 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       // 1. Let in-flight requests finish (observed through the registry; bounded by the timeout).
       while (registry.size > 0 && Date.now() < drainDeadline) await new Promise((r) => setTimeout(r, 50));
       // 2. End what is left cleanly and abort it in the engine.
-      const left = registry.endAll("the server is shutting down");
-      if (left > 0) log.warn({ event: "drain_timeout", aborted: left }, "shutdown timeout reached: remaining requests aborted");
+      const left = registry.endAll(SHUTTING_DOWN_MESSAGE);
+      if (left > 0) {
+        if (hurried) log.warn({ event: "drain_hurried", aborted: left }, "second signal: remaining requests aborted");
+        else log.warn({ event: "drain_timeout", aborted: left }, "shutdown timeout reached: remaining requests aborted");
+      }
       // 3. Give the engine a moment to confirm the aborts, then stop everything.
       const settle = Date.now() + 2000;
       while (registry.size > 0 && Date.now() < settle) await new Promise((r) => setTimeout(r, 20));
@@ -144,6 +150,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       log.info({ event: "drain_finished" }, "shutdown complete");
     },
     hurryDrain() {
+      hurried = true;
       drainDeadline = 0;
     },
     async close() {

@@ -4,6 +4,7 @@
  * routes its messages to the request registry, decides whom an engine death can be charged to, and remembers the
  * prompts isolated as engine killers (for a bounded time).
  */
+import { SHUTTING_DOWN_MESSAGE } from "./errors.js";
 import { TokenizeClient } from "./tokenize-client.js";
 import type { Logger } from "pino";
 import type { EngineCommand, EngineConfig } from "../protocol/engine-config.js";
@@ -190,7 +191,7 @@ export class EngineSupervisor {
     this.stopWatchdog();
     await this.engine.stop();
     // Whatever the engine did not release (e.g. no engine was running) ends now, so no response stays open.
-    this.registry.handleEngineExit("the server is shutting down");
+    this.registry.handleEngineExit(SHUTTING_DOWN_MESSAGE);
   }
 
   private onReady(msg: ReadyMessage): void {
@@ -218,7 +219,7 @@ export class EngineSupervisor {
     this.steps.engineGone();
     this.tokenizer.failAll("the engine process exited");
     if (this.stopping) {
-      this.registry.handleEngineExit("the server is shutting down");
+      this.registry.handleEngineExit(SHUTTING_DOWN_MESSAGE);
       return;
     }
     const verdict = deathVerdict(exit, this.killedByWatchdog);

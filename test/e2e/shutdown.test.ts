@@ -136,6 +136,33 @@ describe("graceful drain", () => {
     expect(server.logs.some((l) => (JSON.parse(l) as { level: number }).level >= 50 && l.includes("shutting down"))).toBe(false);
   });
 
+  it("a second signal, well after the first, ends the wait at once: logged as hurried, one shutdown wording", async () => {
+    const server = await startServer(["--max_num_seqs", "1", "--shutdown_timeout", "60", "--max_num_batched_tokens", "8"]);
+    started.push(server);
+    let firstAt = 0;
+    const stream = chat(server.baseUrl, req(1900), {
+      onEvent: (_e, i) => {
+        if (i === 2) {
+          firstAt = Date.now();
+          server.proc.kill("SIGTERM");
+        }
+      },
+    });
+    await waitForMetrics(server.baseUrl, () => server.logs.some((l) => l.includes('"event":"drain_started"')));
+    // "Well after" is the condition under test (a repeat within 100 ms counts as the same signal), so wait it out.
+    await new Promise((r) => setTimeout(r, Math.max(0, firstAt + 250 - Date.now())));
+    server.proc.kill("SIGTERM");
+    const r = await stream;
+    expect(r.done).toBe(false);
+    const last = r.events.at(-1) as { error?: { code?: string; message?: string } };
+    expect(last.error?.code).toBe("shutting_down");
+    expect(last.error?.message).toBe("The server is shutting down.");
+    expect(await exited(server.proc)).toBe(0);
+    const events = server.logs.map((l) => (JSON.parse(l) as { event?: string }).event);
+    expect(events).toContain("drain_hurried");
+    expect(events).not.toContain("drain_timeout");
+  });
+
   it("--shutdown_timeout ends what is still running with an error event, then exits 0", async () => {
     const server = await startServer(["--max_num_seqs", "1", "--shutdown_timeout", "0", "--max_num_batched_tokens", "8"]);
     started.push(server);
