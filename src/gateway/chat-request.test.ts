@@ -352,6 +352,9 @@ describe("parseChatRequest: recognised but unsupported fields", () => {
     expectReject(withBase({ repetition_penalty: 0 }), "invalid_value", "repetition_penalty", /greater than 0/);
     expectReject(withBase({ min_p: 1.5 }), "invalid_value", "min_p", /between 0 and 1/);
     expectReject(withBase({ min_tokens: -1 }), "invalid_value", "min_tokens", /non-negative integer/);
+    expectReject(withBase({ min_tokens: 20, max_tokens: 5 }), "invalid_value", "min_tokens", /must not exceed the token budget \(max_tokens 5\), got 20/);
+    expectReject(withBase({ min_tokens: 20, max_tokens: 50, max_completion_tokens: 5 }), "invalid_value", "min_tokens", /max_tokens 5/);
+    expect(parseChatRequest(withBase({ min_tokens: 5, max_tokens: 5 })).sampling).toEqual({ minTokens: 5 });
     expectReject(withBase({ stop_token_ids: [1, "x"] }), "invalid_value", "stop_token_ids[1]");
     expectReject(withBase({ top_logprobs: 21, logprobs: true }), "invalid_value", "top_logprobs", /between 0 and 20/);
     expectReject(withBase({ top_logprobs: 2 }), "invalid_value", "top_logprobs", /'logprobs' must be true/);

@@ -23,7 +23,7 @@ import { z } from "zod";
 import type { ChatMessage } from "./chat-template.js";
 import { KeelHttpError, invalidValue, missingField, quoteClientValue, unsupportedField } from "./errors.js";
 import { sanitizeForJson } from "./utf8-stream.js";
-import { extendedSampling, MAX_TOP_LOGPROBS, SAMPLING_RANGES, samplingFields, type ExtendedSampling } from "./api/sampling.js";
+import { checkMinTokens, extendedSampling, MAX_TOP_LOGPROBS, SAMPLING_RANGES, samplingFields, type ExtendedSampling } from "./api/sampling.js";
 
 /** A validated chat-completion request, with defaults applied. */
 export interface ChatRequest {
@@ -439,6 +439,7 @@ export function parseChatRequest(body: unknown): ChatRequest {
   if (b.logprobs === true) request.logprobs = b.top_logprobs ?? 0;
   const maxTokens = b.max_completion_tokens ?? b.max_tokens;
   if (maxTokens != null) request.maxTokens = maxTokens;
+  checkMinTokens(request.sampling, maxTokens);
   if (b.seed != null) request.seed = b.seed;
   return request;
 }

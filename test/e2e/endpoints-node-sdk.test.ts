@@ -280,6 +280,11 @@ describe("tokenize, models, routes", () => {
     expect(list.status).toBe(200);
     expect((list.json.tokens as number[][]).map((t) => t.length)).toEqual([Math.min(2, withSpecials.length), Math.min(2, (await tokenize("x")).length)]);
     expect((await post("/v3/tokenize", { model: MODEL, text: "x", pad_to_max_length: true })).status).toBe(400);
+    // Padding under its other name is refused too, not accepted and ignored.
+    const padded = await post("/v3/tokenize", { model: MODEL, text: "x", padding: true });
+    expect(padded.status).toBe(400);
+    expect((padded.json.error as { param: string }).param).toBe("padding");
+    expect((await post("/v3/tokenize", { model: MODEL, text: "x", padding: false })).status).toBe(200);
   });
 
   it("models.retrieve finds the served model and answers 404 model_not_found for another", async () => {

@@ -52,6 +52,8 @@ describe("completions request", () => {
     [{ model: "m", prompt: "x", logprobs: true }, "invalid_value", "logprobs"],
     [{ model: "m", prompt: "x", logprobs: 21 }, "invalid_value", "logprobs"],
     [{ model: "m", prompt: "x", stream_options: { include_usage: true } }, "invalid_value", "stream_options"],
+    // The default budget (16) is below min_tokens.
+    [{ model: "m", prompt: "x", min_tokens: 17 }, "invalid_value", "min_tokens"],
   ])("%j → 400 %s on %s", (body, code, param) => {
     const e = reject(() => parseCompletionRequest(body));
     expect({ status: e.status, code: e.code, param: e.param }).toEqual({ status: 400, code, param });

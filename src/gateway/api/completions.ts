@@ -16,7 +16,7 @@ import type { RouteContext } from "../route-context.js";
 import { sanitizeForJson } from "../utf8-stream.js";
 import { usageBody } from "./chat.js";
 import { completionLogprobs } from "./logprobs.js";
-import { checkCapabilities, extendedSampling, MAX_TOP_LOGPROBS, samplingFields, type ExtendedSampling } from "./sampling.js";
+import { checkCapabilities, checkMinTokens, extendedSampling, MAX_TOP_LOGPROBS, samplingFields, type ExtendedSampling } from "./sampling.js";
 
 /** OpenAI's default completion budget for this endpoint. */
 export const DEFAULT_COMPLETION_MAX_TOKENS = 16;
@@ -116,6 +116,7 @@ export function parseCompletionRequest(body: unknown): CompletionRequest {
     includeStopStr: b.include_stop_str_in_output ?? false,
     logprobs: b.logprobs ?? null,
   };
+  checkMinTokens(request.sampling, request.maxTokens);
   if (b.seed != null) request.seed = b.seed;
   return request;
 }

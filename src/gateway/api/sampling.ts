@@ -88,6 +88,13 @@ export function extendedSampling(b: SamplingFieldsBody): ExtendedSampling {
   return out;
 }
 
+/** `min_tokens` above the token budget can never be honoured: refused here, with the field named. */
+export function checkMinTokens(ext: ExtendedSampling, maxTokens: number | null | undefined): void {
+  if (ext.minTokens !== undefined && maxTokens != null && ext.minTokens > maxTokens) {
+    throw invalidValue("min_tokens", `Invalid value for 'min_tokens': must not exceed the token budget (max_tokens ${maxTokens}), got ${ext.minTokens}.`);
+  }
+}
+
 const EXTENDED_FIELD_NAMES: Record<keyof ExtendedSampling, string> = {
   presencePenalty: "presence_penalty",
   frequencyPenalty: "frequency_penalty",

@@ -30,6 +30,7 @@ const tokenizeBodySchema = z.object({
   max_length: z.number().int().min(1).max(0xffffffff).nullish(),
   pad_to_max_length: unsupported((v) => v === false, "Padding is not available (no pad token)."),
   padding_side: unsupported(() => false, "Padding is not available (no pad token)."),
+  padding: unsupported((v) => v === false || v === "do_not_pad", "Padding is not available (no pad token)."),
 });
 
 /** Handle one tokenize request. */
