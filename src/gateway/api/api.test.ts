@@ -9,7 +9,7 @@ import type { Encoder } from "../generate.js";
 import type { SessionEvent } from "../session/events.js";
 import type { ResponseWriter } from "../sse.js";
 import { completionEncoder, parseCompletionRequest } from "./completions.js";
-import { completionLogprobs } from "./logprobs.js";
+import { completionLogprobs, TextOffsets } from "./logprobs.js";
 import { parseResponsesRequest, responsesEncoder } from "./responses.js";
 
 function reject(fn: () => unknown): KeelHttpError {
@@ -62,9 +62,20 @@ describe("completions request", () => {
 
 describe("completions encoder", () => {
   it("legacy logprobs: tokens, token_logprobs, top_logprobs as objects, text_offset advancing by token length", () => {
-    const r = completionLogprobs([view("ab", -0.1), view("c", -0.2)], 5);
-    expect(r.logprobs).toEqual({ tokens: ["ab", "c"], token_logprobs: [-0.1, -0.2], top_logprobs: [{ ab: -0.1, zz: -1.1 }, { c: -0.2, zz: -1.2 }], text_offset: [5, 7] });
-    expect(r.next).toBe(8);
+    const at = new TextOffsets(5);
+    expect(completionLogprobs([view("ab", -0.1), view("c", -0.2)], at)).toEqual({ tokens: ["ab", "c"], token_logprobs: [-0.1, -0.2], top_logprobs: [{ ab: -0.1, zz: -1.1 }, { c: -0.2, zz: -1.2 }], text_offset: [5, 7] });
+    // The same offsets carry on into the next chunk.
+    expect(completionLogprobs([view("d", -0.3)], at).text_offset).toEqual([8]);
+  });
+
+  it("text_offset follows the decoded text when a character is split over tokens; the sampled token is always in top_logprobs", () => {
+    // "é" (c3 a9) split over two tokens, each shown as U+FFFD on its own; the text is "é x" (one char, then " x").
+    const part = (b: number, logprob: number) => ({ token: "\ufffd", logprob, bytes: [b], top: [] });
+    const r = completionLogprobs([part(0xc3, -0.1), part(0xa9, -0.2), view(" x", -0.3)], new TextOffsets(0));
+    expect(r.text_offset).toEqual([0, 0, 1]);
+    expect("é x".slice(r.text_offset[2])).toBe(" x");
+    // logprobs: 0 asks for no alternatives, yet each position names its sampled token (OpenAI: up to logprobs+1).
+    expect(r.top_logprobs[0]).toEqual({ "\ufffd": -0.1 });
   });
 
   it("streams an echo chunk per choice, deltas with offsets after the echoed prompt, a finish chunk, usage, and unary echoes", () => {

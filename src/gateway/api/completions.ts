@@ -15,7 +15,7 @@ import { runGeneration, type Encoder } from "../generate.js";
 import type { RouteContext } from "../route-context.js";
 import { sanitizeForJson } from "../utf8-stream.js";
 import { usageBody } from "./chat.js";
-import { completionLogprobs } from "./logprobs.js";
+import { completionLogprobs, TextOffsets } from "./logprobs.js";
 import { checkCapabilities, checkMinTokens, extendedSampling, MAX_TOP_LOGPROBS, samplingFields, type ExtendedSampling } from "./sampling.js";
 
 /** OpenAI's default completion budget for this endpoint. */
@@ -125,8 +125,8 @@ export function parseCompletionRequest(body: unknown): CompletionRequest {
 export function completionEncoder(body: CompletionRequest, id: string, model: string, created: number): Encoder {
   const wantLogprobs = body.logprobs !== null;
   const promptOf = (index: number): string => body.prompts[Math.floor(index / body.n)]!;
-  /** Character offset of the next token per choice (legacy text_offset; the echoed prompt counts). */
-  const offsets = new Map<number, number>();
+  /** Token offsets per choice in its streamed text (legacy text_offset; the echoed prompt counts). */
+  const offsets = new Map<number, TextOffsets>();
   const chunk = (choices: unknown[], extra: Record<string, unknown> = {}): unknown => ({
     id,
     object: "text_completion",
@@ -146,9 +146,9 @@ export function completionEncoder(body: CompletionRequest, id: string, model: st
         case "delta": {
           let logprobs = null;
           if (wantLogprobs) {
-            const r = completionLogprobs(ev.logprobs, offsets.get(ev.index) ?? (body.echo ? promptOf(ev.index).length : 0));
-            offsets.set(ev.index, r.next);
-            logprobs = r.logprobs;
+            let at = offsets.get(ev.index);
+            if (!at) offsets.set(ev.index, (at = new TextOffsets(body.echo ? promptOf(ev.index).length : 0)));
+            logprobs = completionLogprobs(ev.logprobs, at);
           }
           w.data(chunk([{ index: ev.index, text: ev.content, logprobs, finish_reason: null }]));
           return;
@@ -173,7 +173,7 @@ export function completionEncoder(body: CompletionRequest, id: string, model: st
         choices: ev.choices.map((c) => ({
           index: c.index,
           text: body.echo ? promptOf(c.index) + c.text : c.text,
-          logprobs: wantLogprobs ? completionLogprobs(c.logprobs, 0).logprobs : null,
+          logprobs: wantLogprobs ? completionLogprobs(c.logprobs, new TextOffsets(0)) : null,
           finish_reason: c.reason,
         })),
         usage: usageBody(ev.usage),
