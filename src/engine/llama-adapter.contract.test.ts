@@ -133,6 +133,38 @@ describe("llama.cpp adapter contract (node-llama-cpp 3.21.1 internals)", () => {
     ref.dispose();
   });
 
+  it("repetition-penalty state is a pure function of the history: kept, reconfigured or rebuilt, the same tokens", async () => {
+    const cfg = { temperature: 0, topP: 1, topK: 0, minP: 0, seed: 1, bias: new Map<number, number>(), repetitionPenalty: 3 };
+    const prompt = adapter.tokenize(prompts[2]!);
+    /** Greedy-generate 12 tokens; `samplerAt(history)` gives the sampler for the next position. */
+    const run = async (samplerAt: (history: number[]) => SamplerHandle): Promise<number[]> => {
+      adapter.clearSequence(0);
+      const out: number[] = [];
+      let [idx] = await adapter.decode([{ slot: 0, pos: 0, tokens: prompt, wantsLogits: true }]);
+      for (let i = 0; i < 12; i++) {
+        out.push(await adapter.sample(idx!, samplerAt([...prompt, ...out])));
+        [idx] = await adapter.decode([{ slot: 0, pos: prompt.length + i, tokens: [out.at(-1)!], wantsLogits: true }]);
+      }
+      return out;
+    };
+    const kept = adapter.createSampler(cfg, prompt);
+    const keptTokens = await run(() => kept);
+    const reconfigured = adapter.createSampler(cfg, prompt);
+    const reconfiguredTokens = await run(() => (reconfigured.configure({ ...cfg, bias: new Map() }), reconfigured));
+    const fresh: SamplerHandle[] = [];
+    const rebuiltTokens = await run((history) => {
+      fresh.push(adapter.createSampler(cfg, history));
+      return fresh.at(-1)!;
+    });
+    const plain = greedy();
+    const unpenalised = await run(() => plain);
+    plain.dispose();
+    expect(reconfiguredTokens).toEqual(keptTokens);
+    expect(rebuiltTokens).toEqual(keptTokens);
+    expect(keptTokens).not.toEqual(unpenalised);
+    [kept, reconfigured, ...fresh].forEach((x) => x.dispose());
+  });
+
   it("lists end-of-generation tokens and bans them under ignore_eos", async () => {
     expect(adapter.eogTokens.length).toBeGreaterThan(0);
     expect(adapter.eogTokens.every((t) => adapter.isEndOfGeneration(t))).toBe(true);

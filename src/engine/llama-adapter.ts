@@ -11,7 +11,12 @@
  * Contract (checked by src/engine/llama-adapter.contract.test.ts, which must be re-run on any upgrade):
  * - one native call at a time: the caller never calls into the context while `decode()` is pending;
  * - `clearSequence()` frees a slot's KV at once (only between decodes);
- * - a failed decode is rolled back by llama.cpp and the next decode works.
+ * - a failed decode is rolled back by llama.cpp and the next decode works;
+ * - sampling never changes the context's logits (AddonSampler copies them into its own candidate array), so the
+ *   raw-distribution log probabilities of a position can be read with extra samplers before or after the request's
+ *   own sampler; a top-k + greedy-confidence pair of calls equals the full softmax;
+ * - a native repetition-penalty sampler accepts every token it samples (acceptToken), and applyConfig keeps its
+ *   state when given the same history (else rebuilds it from the given tokens): the adapter mirrors that history.
  */
 import { getLlama, LlamaLogLevel, type Llama, type LlamaContext, type LlamaModel } from "node-llama-cpp";
 import type { ModelMetadata } from "../protocol/messages.js";

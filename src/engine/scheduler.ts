@@ -12,7 +12,7 @@
  * Terms: a *slot* is one of `maxNumSeqs` KV partitions (a llama.cpp sequence id); *processed* counts tokens whose
  * KV is in the slot; a sequence's {@link SequenceStatus} says whether it waits, prefills or decodes.
  */
-import type { EngineErrorCode } from "../protocol/messages.js";
+import type { EngineErrorCode, FinishReason } from "../protocol/messages.js";
 
 /** Scheduler limits (tokens / sequences). */
 export interface SchedulerConfig {
@@ -123,8 +123,6 @@ export interface StepPlan {
   totalTokens: number;
 }
 
-/** Why a request left the scheduler. */
-export type FinishReason = "stop" | "length" | "abort" | "error";
 
 /** A request that left the scheduler. */
 export interface Finished {

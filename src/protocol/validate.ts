@@ -80,7 +80,9 @@ export function parseGatewayMessage(raw: Record<string, unknown>): ParsedGateway
   if (result.data.type !== "add") return { ok: true, message: result.data as GatewayMessage };
   const params = samplingParams.safeParse(result.data.params);
   if (!params.success) {
-    const error = `invalid sampling parameters: params.${describe(params.error.issues)}`;
+    const first = params.error.issues[0];
+    const where = ["params", ...(first?.path ?? []).map(String)].join(".");
+    const error = `invalid sampling parameters: ${where} ${first?.message ?? ""}`.trim();
     return { ok: false, error, refuse: { id: result.data.id, code: "invalid_params" } };
   }
   return { ok: true, message: { ...result.data, params: params.data } as GatewayMessage };

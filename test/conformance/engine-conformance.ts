@@ -331,6 +331,39 @@ export function defineEngineConformance(name: string, start: () => EngineLaunch 
       }
     });
 
+    it("stop_token_ids, min_tokens and logit_bias act on what is sampled (or are refused without extendedSampling)", async () => {
+      const probe = nextId("probe");
+      add(probe, "stop here", { maxTokens: 4 });
+      const probeTokens = tokensOf(await engine.finished(probe));
+      const first = probeTokens[0];
+      const stop = nextId("stop-token");
+      add(stop, "stop here", { maxTokens: 4, stopTokenIds: [first!] });
+      if (!ready.capabilities.extendedSampling) {
+        expect((await engine.refused(stop)).code).toBe("invalid_params");
+        return;
+      }
+      // The greedy first token is a stop token: the request ends at once, reporting the token without text.
+      const stopped = await engine.finished(stop);
+      expect(tokensOf(stopped)).toEqual([first]);
+      expect(stopped.map((o) => o.text).join("")).toBe("");
+      expect(stopped.at(-1)!.finish).toMatchObject({ reason: "stop", completionTokens: 1 });
+      // With min_tokens 3 the stop token is banned for the first three tokens.
+      const gated = nextId("min-tokens");
+      add(gated, "stop here", { maxTokens: 6, stopTokenIds: [first!], minTokens: 3 });
+      const gatedTokens = tokensOf(await engine.finished(gated));
+      expect(gatedTokens.length).toBeGreaterThanOrEqual(3);
+      expect(gatedTokens.slice(0, 3)).not.toContain(first);
+      // logit_bias -100 bans the greedy choice; +100 forces another token.
+      const banned = nextId("bias-ban");
+      add(banned, "stop here", { maxTokens: 4, logitBias: [[first!, -100]] });
+      expect(tokensOf(await engine.finished(banned))).not.toContain(first);
+      const forced = nextId("bias-force");
+      // A token the model generated under ignore_eos (so not an end-of-generation token, which stays banned).
+      const other = probeTokens.find((t) => t !== first) ?? (first! + 1) % ready.model.vocabSize;
+      add(forced, "stop here", { maxTokens: 3, logitBias: [[other, 100]] });
+      expect(tokensOf(await engine.finished(forced))).toEqual([other, other, other]);
+    });
+
     it("logprobs: one entry per token, the sampled token first for greedy, top sorted, probabilities ≤ 1; over the cap refused", async () => {
       const max = ready.capabilities.maxTopLogprobs;
       const id = nextId("logprobs");
