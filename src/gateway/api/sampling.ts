@@ -23,7 +23,7 @@ export type ExtendedSampling = Pick<
 export const SAMPLING_RANGES: Record<string, string> = {
   presence_penalty: "must be between -2 and 2",
   frequency_penalty: "must be between -2 and 2",
-  repetition_penalty: "must be greater than 0 (1 = off)",
+  repetition_penalty: "must be greater than 0 and at most 1000000 (1 = off)",
   min_p: "must be between 0 and 1",
   min_tokens: "must be a non-negative integer",
   n: `must be an integer between 1 and ${MAX_N}`,
