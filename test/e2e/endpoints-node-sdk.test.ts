@@ -285,6 +285,10 @@ describe("tokenize, models, routes", () => {
     expect(padded.status).toBe(400);
     expect((padded.json.error as { param: string }).param).toBe("padding");
     expect((await post("/v3/tokenize", { model: MODEL, text: "x", padding: false })).status).toBe(200);
+    // Text far beyond what the context could hold is refused at the door instead of stalling the engine.
+    const huge = await post("/v3/tokenize", { model: MODEL, text: "x".repeat(2_000_000) });
+    expect(huge.status).toBe(400);
+    expect((huge.json.error as { param: string }).param).toBe("text");
   });
 
   it("models.retrieve finds the served model and answers 404 model_not_found for another", async () => {

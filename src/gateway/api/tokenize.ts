@@ -8,12 +8,18 @@
 import type { FastifyReply, FastifyRequest } from "fastify";
 import { z } from "zod";
 import { issueToError, report, unsupported } from "../chat-request.js";
-import { engineError, modelNotFound } from "../errors.js";
+import { engineError, invalidValue, modelNotFound } from "../errors.js";
 import type { RouteContext } from "../route-context.js";
 import { sanitizeForJson } from "../utf8-stream.js";
 
 /** Most texts per request. */
 export const MAX_TOKENIZE_TEXTS = 64;
+/**
+ * Characters of text per token of the model's context that one request may ask to tokenize. The engine tokenizes
+ * between steps (synchronously), so an unbounded text would stall every generation (8 MB: 10 s); text longer than
+ * this could never be a prompt anyway.
+ */
+export const TOKENIZE_CHARS_PER_CONTEXT_TOKEN = 16;
 
 const textSchema = z.unknown().transform((v, ctx): string[] | string => {
   if (typeof v === "string") return sanitizeForJson(v);
@@ -45,6 +51,11 @@ export async function handleTokenize(ctx: RouteContext, req: FastifyRequest, rep
     throw ctx.unavailable();
   }
   const texts = typeof b.text === "string" ? [b.text] : b.text;
+  const limit = (ctx.maxModelLen() ?? 0) * TOKENIZE_CHARS_PER_CONTEXT_TOKEN;
+  const total = texts.reduce((n, t) => n + t.length, 0);
+  if (total > limit) {
+    throw invalidValue("text", `Invalid value for 'text': ${total} characters is more than this model's context can hold (at most ${limit} characters per request: ${TOKENIZE_CHARS_PER_CONTEXT_TOKEN} per token of the ${ctx.maxModelLen()}-token context).`);
+  }
   let results: number[][];
   try {
     results = await Promise.all(texts.map((t) => ctx.tokenize(t, b.add_special_tokens ?? true)));
