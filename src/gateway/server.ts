@@ -73,6 +73,9 @@ export interface Gateway {
   close(): Promise<void>;
 }
 
+/** How long the HTTP server may take to close its connections at shutdown before the rest are dropped (ms). */
+const CLOSE_GRACE_MS = 2000;
+
 /** Build and start the gateway (HTTP listening, engine spawned). */
 export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
   const log = pino({ level: opts.logLevel, base: { component: "gateway", pid: process.pid } });
@@ -119,7 +122,16 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     const closed = app.close();
     const dropped = web.silent.destroyAll();
     if (dropped > 0) log.info({ event: "silent_connections_dropped", count: dropped }, "dropped connections that never sent a request");
-    await closed;
+    // Every request the server took has ended by now; what still holds a connection is a client half-way through
+    // sending one (it would hold the exit until --request_timeout). Let answers already written flush, then drop it.
+    let grace: NodeJS.Timeout | undefined;
+    const flushed = await Promise.race([closed.then(() => true), new Promise<boolean>((r) => (grace = setTimeout(() => r(false), CLOSE_GRACE_MS)))]);
+    clearTimeout(grace);
+    if (!flushed) {
+      log.info({ event: "connections_dropped" }, "dropped connections still sending a request at shutdown");
+      app.server.closeAllConnections();
+      await closed;
+    }
   }
 
   return {

@@ -116,6 +116,25 @@ describe("graceful drain", () => {
     await silentClosed;
   });
 
+  it("a client half-way through sending its request does not hold the exit past --shutdown_timeout", async () => {
+    // --request_timeout far beyond the test's own limit: only the shutdown can end this connection in time.
+    const server = await startServer(["--request_timeout", "600", "--shutdown_timeout", "1"]);
+    started.push(server);
+    const half = net.connect(server.port, "127.0.0.1");
+    half.on("error", () => undefined);
+    await new Promise<void>((r) => half.once("connect", () => r()));
+    const halfClosed = new Promise<void>((r) => half.once("close", () => r()));
+    half.write('POST /v3/chat/completions HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{"mo');
+    server.proc.kill("SIGTERM");
+    // Without the drop the process waits for the client (600 s): a bound far above a normal drain tells the two apart
+    // with a clear failure instead of the test runner's timeout.
+    let bound: NodeJS.Timeout | undefined;
+    const outcome = await Promise.race([exited(server.proc), new Promise<"still running">((r) => (bound = setTimeout(() => r("still running"), 20_000)))]);
+    clearTimeout(bound);
+    expect(outcome).toBe(0);
+    await halfClosed;
+  });
+
   it("a 503 while draining is logged at info with the request id, not as an error", async () => {
     const server = await startServer(["--max_num_seqs", "1", "--shutdown_timeout", "5"]);
     started.push(server);
