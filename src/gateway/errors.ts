@@ -181,6 +181,11 @@ export function modelNotFound(model: string): KeelHttpError {
 }
 
 /** 404 `route_not_found`: no route for this method and path; `routes` (when given) are named in the message. */
+/** 400 `invalid_url`: the request's URL cannot be decoded (e.g. a bad percent escape in a path parameter). */
+export function invalidUrl(path: string): KeelHttpError {
+  return new KeelHttpError({ status: 400, type: "invalid_request_error", code: "invalid_url", message: `The request URL ${quoteClientValue(path)} is not valid (bad percent-encoding).` });
+}
+
 export function routeNotFound(method: string, path: string, routes?: readonly string[]): KeelHttpError {
   const list = routes && routes.length > 0 ? ` Routes: ${routes.join("; ")}.` : "";
   return new KeelHttpError({

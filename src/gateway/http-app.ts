@@ -4,13 +4,13 @@
  * it owns only the HTTP-side state (draining, closing, the current chat template).
  */
 import http from "node:http";
-import Fastify, { type FastifyInstance } from "fastify";
+import Fastify, { type FastifyInstance, type FastifyReply } from "fastify";
 import type { Logger } from "pino";
 import { MAX_UNREAD_BYTES, type RouteContext } from "./route-context.js";
 import { registerRoutes, routeList } from "./routes.js";
 import type { ChatTemplate } from "./chat-template.js";
 import type { EngineClient } from "./engine-client.js";
-import { clientConnectionError, engineRestarting, expectationFailed, invalidJson, notReady, routeNotFound, shuttingDown, toErrorBody, toHttpError } from "./errors.js";
+import { clientConnectionError, engineRestarting, invalidUrl, expectationFailed, invalidJson, notReady, routeNotFound, shuttingDown, toErrorBody, toHttpError } from "./errors.js";
 import type { Metrics } from "./metrics.js";
 import type { RequestRegistry } from "./registry.js";
 import type { GatewayOptions } from "./server.js";
@@ -87,6 +87,11 @@ export function buildHttpApp(deps: HttpAppDeps): HttpApp {
     logger: false,
     bodyLimit: opts.bodyLimit,
     return503OnClosing: true,
+    // Errors fastify raises before routing (a path parameter that does not decode) in the OpenAI envelope too.
+    frameworkErrors: (err, req, reply) => {
+      const e = err.code === "FST_ERR_BAD_URL" ? invalidUrl(req.url) : toHttpError(err, opts.bodyLimit);
+      void (reply as unknown as FastifyReply).status(e.status).send(toErrorBody(e));
+    },
     // Errors Node reports on the connection before any route (a request not sent in time, oversized headers, not
     // HTTP) get the OpenAI envelope too, not Fastify's own body.
     clientErrorHandler: (err: NodeJS.ErrnoException, socket) => {

@@ -74,6 +74,25 @@ describe("routes", () => {
     expect(r.status).toBe(404);
     expect(JSON.parse(r.body).error.type).toBe("invalid_request_error");
   });
+
+  it("a URL that does not decode and a request that is not HTTP get OpenAI-shaped 400s", async () => {
+    const bad = await get(server.baseUrl, "/v1/models/%zz");
+    expect(bad.status).toBe(400);
+    expect(JSON.parse(bad.body).error.code).toBe("invalid_url");
+    const net = await import("node:net");
+    const sock = net.connect(server.port, "127.0.0.1");
+    const reply = new Promise<string>((resolve) => {
+      let data = "";
+      sock.on("data", (d) => (data += d.toString()));
+      sock.once("close", () => resolve(data));
+    });
+    sock.on("error", () => undefined);
+    sock.write("GARBAGE\r\n\r\n");
+    const text = await reply;
+    expect(text.startsWith("HTTP/1.1 400")).toBe(true);
+    expect(JSON.parse(text.slice(text.indexOf("\r\n\r\n") + 4)).error.code).toBe("malformed_request");
+    expect((await get(server.baseUrl, "/v2/health/ready")).status).toBe(200);
+  });
 });
 
 describe("request metrics", () => {
