@@ -111,6 +111,11 @@ describe("responses request", () => {
     [{ model: "m" }, "missing_field", "input"],
     [{ model: "m", input: [] }, "invalid_value", "input"],
     [{ model: "m", input: "x", previous_response_id: "resp_1" }, "unsupported_field", "previous_response_id"],
+    // Chat fields sent to /responses are refused, not accepted and ignored.
+    [{ model: "m", input: "x", seed: 5 }, "unsupported_field", "seed"],
+    [{ model: "m", input: "x", stop: ["a"] }, "unsupported_field", "stop"],
+    [{ model: "m", input: "x", n: 2 }, "unsupported_field", "n"],
+    [{ model: "m", input: "x", logit_bias: { "1": 5 } }, "unsupported_field", "logit_bias"],
     [{ model: "m", input: "x", store: true }, "unsupported_field", "store"],
     [{ model: "m", input: "x", reasoning: { effort: "low" } }, "unsupported_field", "reasoning"],
     [{ model: "m", input: "x", text: { format: { type: "json_object" } } }, "unsupported_field", "text"],

@@ -87,6 +87,13 @@ const inputSchema = z.unknown().transform((v, ctx): ChatMessage[] => {
   return out;
 });
 
+/** Chat/completions request fields that clients send to /responses by mistake. */
+const CHAT_ONLY_FIELDS = [
+  "messages", "max_tokens", "max_completion_tokens", "seed", "stop", "n", "best_of", "logprobs", "logit_bias",
+  "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p", "top_k", "min_tokens", "stop_token_ids",
+  "ignore_eos", "include_stop_str_in_output", "chat_template_kwargs", "response_format",
+] as const;
+
 const responsesBodySchema = z.object({
   model: z.string().min(1),
   input: inputSchema,
@@ -114,6 +121,8 @@ const responsesBodySchema = z.object({
   max_tool_calls: unsupported(() => false, "Tools are not available on /responses."),
   prompt: unsupported(() => false, "Prompt templates are not available."),
   service_tier: unsupported((v) => v === "auto" || v === "default", "Service tiers are not available."),
+  // Chat/completions fields that the Responses API does not have: refused, not accepted and ignored.
+  ...Object.fromEntries(CHAT_ONLY_FIELDS.map((f) => [f, unsupported(() => false, `'${f}' is not a Responses API field; use /chat/completions for it.`)])),
 });
 
 /** Validate a Responses body (400 naming the first offending field). */
