@@ -155,13 +155,13 @@ export function runGeneration(ctx: RouteContext, req: FastifyRequest, reply: Fas
     const accepted = ctx.registry.submit(id, { text: plan.prompts[promptOf[c]!]! }, params, {
       onAdmitted: () => apply(session.admitted(id, ctx.registry.promptLength(id)), "stop_string"),
       onOutput: (tokens, text, logprobs) => apply(session.output(id, tokens, text, logprobs), "stop_string"),
-      onFinish: (reason, usage, error) => apply(session.finish(id, reason, usage, error), "internal_error"),
+      onFinish: (reason, usage, error) => apply(session.finish(id, reason, usage, error), "sibling_failed"),
       onReleased: (phase) => released(id, phase),
     });
     if (!accepted) {
       // The engine went away between the readiness check and now: release the siblings already submitted.
       ctx.onRejected("not_ready");
-      apply(session.fail(ctx.unavailable()), "internal_error");
+      apply(session.fail(ctx.unavailable()), "sibling_failed");
       return;
     }
   }

@@ -30,8 +30,11 @@ export type { FinishReason };
 /** Where a request is when it is cancelled; also the `phase` label of the disconnect metric. */
 export type Phase = "queued" | "prefill" | "decode";
 
-/** Why the gateway cancels a request. */
-export type CancelCause = "client_disconnect" | "stop_string" | "shutdown" | "internal_error";
+/**
+ * Why the gateway cancels a request. `sibling_failed`: another choice of the same `n` request failed, so the
+ * response has failed and this choice is released (an abort, not an error of its own).
+ */
+export type CancelCause = "client_disconnect" | "stop_string" | "shutdown" | "internal_error" | "sibling_failed";
 
 /** Tokens of progress after a (re)submission that clear a request's death count. */
 export const FORGIVE_AFTER_TOKENS = 8;
