@@ -292,6 +292,8 @@ describe("parseChatRequest: generation parameters", () => {
     expectReject(withBase({ stop: "" }), "invalid_value", "stop", /non-empty/);
     expectReject(withBase({ stop: ["a", ""] }), "invalid_value", "stop[1]", /non-empty/);
     expectReject(withBase({ stop: Array.from({ length: 100 }, (_, i) => `s${i}`) }), "invalid_value", "stop", /at most 16 stop strings, but got 100/);
+    expectReject(withBase({ stop: ["ok", "x".repeat(4097)] }), "invalid_value", "stop[1]", /at most 4096 characters \(got 4097\)/);
+    expect(parseChatRequest(withBase({ stop: "x".repeat(4096) })).stop).toEqual(["x".repeat(4096)]);
     expectReject(withBase({ stop: Array.from({ length: 17 }, () => "x") }), "invalid_value", "stop");
     expectReject(withBase({ stop: ["a", 3] }), "invalid_value", "stop[1]", /expected a string, but got an integer/);
     expectReject(withBase({ stop: 5 }), "invalid_value", "stop", /string or an array of strings/);

@@ -65,6 +65,12 @@ export interface ChatRequest {
 export const UINT32_MAX = 4_294_967_295;
 /** Most stop strings per request (OVMS limit; OpenAI documents 4). */
 export const MAX_STOP_STRINGS = 16;
+/**
+ * Longest stop string (UTF-16 units). Each choice matches every stop string against its text as it streams, so
+ * sixteen 450 KB stop strings with n = 16 froze the gateway for a second; a stop string this long is already far
+ * beyond anything a client means.
+ */
+export const MAX_STOP_STRING_LENGTH = 4096;
 /** Accepted `messages[].role` values. */
 export const CHAT_ROLES = ["system", "user", "assistant", "tool", "developer"] as const;
 
@@ -290,6 +296,10 @@ export const stopSchema = z
       }
       if (s.length === 0) {
         report(ctx, "invalid_value", "stop strings must be non-empty.", path, s);
+        return [];
+      }
+      if (s.length > MAX_STOP_STRING_LENGTH) {
+        report(ctx, "invalid_value", `stop strings must be at most ${MAX_STOP_STRING_LENGTH} characters (got ${s.length}).`, path, s);
         return [];
       }
       out.push(sanitizeForJson(s));
