@@ -3,18 +3,23 @@
  * and a fake engine channel: the stream backpressure bound (a client that stops reading is dropped past
  * `maxUnreadBytes` — loopback buffers absorb more than the tiny model generates, so this is tested here), `n`
  * children released together when the client leaves, `n` counted by the queue bound, a stop string's engine abort,
- * and a pipelined request (whose response has no socket yet) not taken for a disconnect.
+ * and a pipelined request (whose response has no socket yet) not taken for a disconnect. Then runGeneration driven
+ * directly with a fake registry and a recording encoder: admission refusals (503/429 with retry-after, the `n`
+ * bound, an isolated prompt), children of a prompt list, a submit refused midway, failures streaming vs unary,
+ * the logprobs flag, a client already gone at the start, and the disconnect counted once.
  */
 import { EventEmitter } from "node:events";
 import pino from "pino";
 import { describe, expect, it } from "vitest";
 import type { FastifyReply, FastifyRequest } from "fastify";
-import { PROTOCOL_VERSION, type GatewayMessage, type StepMessage } from "../protocol/messages.js";
+import { PROTOCOL_VERSION, type GatewayMessage, type SamplingParams, type StepMessage } from "../protocol/messages.js";
 import { CHATML_TEMPLATE } from "../model/tiny-model.js";
 import { handleChat } from "./api/chat.js";
 import type { RouteContext } from "./route-context.js";
 import { ChatTemplate } from "./chat-template.js";
-import { notReady } from "./errors.js";
+import { engineFault, notReady, type KeelHttpError } from "./errors.js";
+import { admissionError, childIds, runGeneration, type Encoder, type GenerationPlan } from "./generate.js";
+import type { SessionEvent } from "./session/events.js";
 import { RequestRegistry } from "./registry.js";
 
 /** A response whose client never reads: every write stays in the unsent buffer. */
@@ -220,5 +225,307 @@ describe("disconnect phase", () => {
     t.res.destroy();
     t.registry.handleStep(step(1, [{ id: id!, tokens: [], text: "", finish: { reason: "abort", promptTokens: 0, completionTokens: 0 } }]));
     expect(t.disconnects).toEqual(["queued"]);
+  });
+});
+
+// ---------------------------------------------------------------- runGeneration driven directly
+//
+// A fake registry hands each child's sink to the test, records every submit and cancel (with its cause), and can
+// refuse a submit (the engine went away); a recording encoder shows which events reach the wire and how.
+
+type Sink = Parameters<RequestRegistry["submit"]>[3];
+
+function direct(over: Partial<RouteContext> = {}, refuseSubmitOf: string | null = null) {
+  const sinks = new Map<string, Sink>();
+  const submitted: { id: string; text: string; params: SamplingParams }[] = [];
+  const cancelled: [string, string][] = [];
+  const registry = {
+    counts: () => ({ waiting: 0, running: 0 }),
+    promptLength: () => 5,
+    submit(id: string, prompt: { text: string }, params: SamplingParams, sink: Sink): boolean {
+      if (id === refuseSubmitOf) return false;
+      submitted.push({ id, text: prompt.text, params });
+      sinks.set(id, sink);
+      return true;
+    },
+    cancel(id: string, cause: string): void {
+      cancelled.push([id, cause]);
+    },
+  };
+  const t = setup(1 << 20, {}, { registry: registry as unknown as RequestRegistry, ...over });
+  const rejected: string[] = [];
+  if (!over.onRejected) t.ctx.onRejected = (why) => void rejected.push(why);
+  const headers: Record<string, string> = {};
+  (t.reply as unknown as { header: (k: string, v: string) => unknown }).header = (k, v) => {
+    headers[k] = v;
+    return t.reply;
+  };
+  // What reaches the client: the status line, the body (JSON or SSE text) and whether the response ended.
+  const wire = { status: 0, headers: {} as Record<string, unknown>, body: "", ended: false };
+  t.res.writeHead = ((status: number, h: Record<string, unknown>) => {
+    wire.status = status;
+    wire.headers = h;
+    return t.res;
+  }) as StalledResponse["writeHead"];
+  t.res.write = (c: string): boolean => (wire.body += c).length >= 0;
+  const end = t.res.end.bind(t.res);
+  t.res.end = ((c?: string) => {
+    wire.body += c ?? "";
+    wire.ended = true;
+    end();
+  }) as StalledResponse["end"];
+  return { ...t, sinks, submitted, cancelled, rejected, headers, wire };
+}
+
+/** An encoder that writes each event's type (and content) as one SSE data line and records what it was given. */
+function recordingEncoder(doneAfterError?: boolean) {
+  const streamed: SessionEvent[] = [];
+  const errors: KeelHttpError[] = [];
+  const unary: Extract<SessionEvent, { type: "finished" }>[] = [];
+  const encoder: Encoder = {
+    stream(ev, w) {
+      streamed.push(ev);
+      w.data({ ev: ev.type, ...(ev.type === "delta" ? { content: ev.content, logprobs: ev.logprobs.length } : {}) });
+    },
+    streamError(err, w) {
+      errors.push(err);
+      w.data({ error: err.code });
+    },
+    unary(ev) {
+      unary.push(ev);
+      return { text: ev.choices.map((c) => c.text), usage: ev.usage };
+    },
+    ...(doneAfterError !== undefined ? { doneAfterError } : {}),
+  };
+  return { encoder, streamed, errors, unary };
+}
+
+const plan = (over: Partial<GenerationPlan> = {}): GenerationPlan => ({
+  id: "req",
+  prompts: ["p"],
+  n: 1,
+  stream: true,
+  params: { maxTokens: 8, temperature: 0, topP: 1, topK: -1, ignoreEos: false, seed: 7 },
+  stop: [],
+  includeStopStr: false,
+  ...over,
+});
+const usage = (completionTokens: number) => ({ promptTokens: 0, completionTokens });
+
+describe("admission", () => {
+  it("not ready: 503 with retry-after, counted as not_ready, nothing submitted", () => {
+    const t = direct({ isReady: () => false });
+    const enc = recordingEncoder();
+    expect(() => runGeneration(t.ctx, t.req, t.reply, plan(), enc.encoder)).toThrow(expect.objectContaining({ status: 503, code: "not_ready" }));
+    expect(t.headers).toEqual({ "retry-after": "1" });
+    expect(t.rejected).toEqual(["not_ready"]);
+    expect(t.submitted).toEqual([]);
+  });
+
+  it("the queue bound subtracts only the sequences that are free: 429 with retry-after, counted as queue_full", () => {
+    // 4 sequences all running, queue bound 2: 3 choices would wait 3 > 2.
+    const t = direct({ maxNumSeqs: () => 4, maxQueuedRequests: 2 });
+    (t.ctx.registry as unknown as { counts: () => unknown }).counts = () => ({ waiting: 0, running: 4 });
+    expect(() => runGeneration(t.ctx, t.req, t.reply, plan({ n: 3 }), recordingEncoder().encoder)).toThrow(expect.objectContaining({ status: 429, code: "queue_full" }));
+    expect(t.headers).toEqual({ "retry-after": "1" });
+    expect(t.rejected).toEqual(["queue_full"]);
+    expect(t.submitted).toEqual([]);
+    // Two of the four sequences free: 3 choices leave 1 waiting, within the bound; exactly at the bound also fits.
+    (t.ctx.registry as unknown as { counts: () => unknown }).counts = () => ({ waiting: 1, running: 2 });
+    expect(admissionError(t.ctx, { n: 3, prompts: ["p"] })).toBeNull();
+    expect(admissionError(t.ctx, { n: 4, prompts: ["p"] })).toMatchObject({ status: 429 });
+  });
+
+  it("n counts once per prompt of a prompt list: over every sequence plus the queue is a 400 naming n, without retry-after", () => {
+    const t = direct({ maxNumSeqs: () => 4, maxQueuedRequests: 1 });
+    // 3 × 2 prompts = 6 > 4 + 1.
+    const err = admissionError(t.ctx, { n: 3, prompts: ["a", "b"] });
+    expect(err).toMatchObject({ status: 400, param: "n" });
+    expect(err?.message).toContain("needs 6 sequences");
+    expect(admissionError(t.ctx, { n: 2, prompts: ["a", "b"] })).toBeNull();
+    expect(() => runGeneration(t.ctx, t.req, t.reply, plan({ n: 3, prompts: ["a", "b"] }), recordingEncoder().encoder)).toThrow(expect.objectContaining({ status: 400 }));
+    expect(t.headers).toEqual({});
+    expect(t.rejected).toEqual([]);
+  });
+
+  it("a prompt isolated as an engine killer refuses the request (any prompt of a list), without retry-after", () => {
+    const t = direct({ isKnownCulprit: (p) => p === "bad" });
+    expect(admissionError(t.ctx, { n: 1, prompts: ["ok"] })).toBeNull();
+    expect(() => runGeneration(t.ctx, t.req, t.reply, plan({ prompts: ["ok", "bad"] }), recordingEncoder().encoder)).toThrow(expect.objectContaining({ status: 500, code: "engine_fault", message: expect.stringContaining("isolated") }));
+    expect(t.headers).toEqual({});
+    expect(t.submitted).toEqual([]);
+  });
+});
+
+describe("children", () => {
+  it("one choice runs under the response id itself; several under <id>-<i>", () => {
+    expect(childIds("x", 1)).toEqual(["x"]);
+    expect(childIds("x", 3)).toEqual(["x-0", "x-1", "x-2"]);
+    const t = direct();
+    runGeneration(t.ctx, t.req, t.reply, plan(), recordingEncoder().encoder);
+    expect(t.submitted.map((s) => s.id)).toEqual(["req"]);
+  });
+
+  it("a prompt list with n > 1: choices in prompt order, each prompt's n seeds repeat, the logprobs flag reaches the engine", () => {
+    const t = direct();
+    runGeneration(t.ctx, t.req, t.reply, plan({ prompts: ["a", "b"], n: 2, params: { ...plan().params, logprobs: 2 } }), recordingEncoder().encoder);
+    expect(t.submitted.map((s) => [s.id, s.text])).toEqual([
+      ["req-0", "a"],
+      ["req-1", "a"],
+      ["req-2", "b"],
+      ["req-3", "b"],
+    ]);
+    const seeds = t.submitted.map((s) => s.params.seed);
+    expect(seeds[0]).toBe(7);
+    expect(seeds[1]).not.toBe(7);
+    expect(seeds.slice(2)).toEqual(seeds.slice(0, 2));
+    expect(t.submitted.every((s) => s.params.logprobs === 2 && s.params.maxTokens === 8)).toBe(true);
+  });
+
+  it("a submit refused midway (the engine went away): the siblings already submitted are released and the answer is 503", () => {
+    const t = direct({}, "req-1");
+    const enc = recordingEncoder();
+    runGeneration(t.ctx, t.req, t.reply, plan({ n: 3 }), enc.encoder);
+    expect(t.submitted.map((s) => s.id)).toEqual(["req-0"]);
+    expect(t.cancelled).toEqual([["req-0", "internal_error"], ["req-1", "internal_error"], ["req-2", "internal_error"]]);
+    expect(t.rejected).toEqual(["not_ready"]);
+    expect(t.wire.status).toBe(503);
+    expect(t.wire.headers["retry-after"]).toBe("1");
+    expect(JSON.parse(t.wire.body)).toMatchObject({ error: { code: "not_ready" } });
+    expect(enc.streamed).toEqual([]);
+  });
+});
+
+describe("events to the wire", () => {
+  it("streaming: the admission starts the stream, deltas and the finish are encoded, [DONE] ends it; a stop string aborts with its cause", () => {
+    const t = direct();
+    const enc = recordingEncoder();
+    runGeneration(t.ctx, t.req, t.reply, plan({ stop: ["!"] }), enc.encoder);
+    const sink = t.sinks.get("req")!;
+    sink.onAdmitted();
+    expect(t.wire.status).toBe(200);
+    expect(enc.streamed).toEqual([{ type: "started" }]);
+    sink.onOutput([1], "hi!");
+    expect(t.cancelled).toEqual([["req", "stop_string"]]);
+    expect(enc.streamed.map((e) => e.type)).toEqual(["started", "delta", "choice_finished", "finished"]);
+    expect(enc.streamed.at(-1)).toMatchObject({ usage: { promptTokens: 5, completionTokens: 1 } });
+    expect(t.wire.body.endsWith("data: [DONE]\n\n")).toBe(true);
+    expect(t.wire.ended).toBe(true);
+    // The response end is not a client leaving.
+    expect(t.disconnects).toEqual([]);
+  });
+
+  it("logprobs requested: the engine's entries reach the encoder; not requested: they are dropped", () => {
+    const lp = [{ token: 1, logprob: -0.5, top: [] }];
+    for (const logprobs of [2, undefined]) {
+      const t = direct();
+      const enc = recordingEncoder();
+      runGeneration(t.ctx, t.req, t.reply, plan({ params: { ...plan().params, ...(logprobs !== undefined ? { logprobs } : {}) } }), enc.encoder);
+      t.sinks.get("req")!.onOutput([1], "a", lp);
+      const delta = enc.streamed.find((e) => e.type === "delta");
+      expect(delta).toMatchObject({ logprobs: logprobs === undefined ? [] : [{ token: "token_id:1", logprob: -0.5 }] });
+    }
+  });
+
+  it("unary: nothing is streamed; the finished request is one 200 JSON body", () => {
+    const t = direct();
+    const enc = recordingEncoder();
+    runGeneration(t.ctx, t.req, t.reply, plan({ stream: false, n: 2 }), enc.encoder);
+    for (const id of ["req-0", "req-1"]) t.sinks.get(id)!.onAdmitted();
+    t.sinks.get("req-0")!.onOutput([1], "x");
+    t.sinks.get("req-0")!.onFinish("stop", usage(1));
+    expect(t.wire.status).toBe(0);
+    t.sinks.get("req-1")!.onFinish("length", usage(3));
+    expect(enc.streamed).toEqual([]);
+    expect(t.wire.status).toBe(200);
+    expect(JSON.parse(t.wire.body)).toEqual({ text: ["x", ""], usage: { promptTokens: 5, completionTokens: 4 } });
+  });
+
+  it("unary: a failed child is an HTTP error answer and its siblings are aborted", () => {
+    const t = direct();
+    const enc = recordingEncoder();
+    runGeneration(t.ctx, t.req, t.reply, plan({ stream: false, n: 2 }), enc.encoder);
+    t.sinks.get("req-0")!.onAdmitted();
+    t.sinks.get("req-0")!.onOutput([1], "x");
+    t.sinks.get("req-1")!.onFinish("error", usage(0), { code: "engine_error", message: "boom", httpError: engineFault("boom") });
+    expect(t.cancelled).toEqual([["req-0", "internal_error"]]);
+    expect(t.wire.status).toBe(500);
+    expect(JSON.parse(t.wire.body)).toMatchObject({ error: { code: "engine_fault", message: "boom" } });
+    expect(enc.errors).toEqual([]);
+    expect(enc.streamed).toEqual([]);
+  });
+
+  it("streaming: a failure after the stream began is an error event; [DONE] follows only for encoders that ask", () => {
+    for (const doneAfterError of [undefined, false, true]) {
+      const t = direct();
+      const enc = recordingEncoder(doneAfterError);
+      runGeneration(t.ctx, t.req, t.reply, plan(), enc.encoder);
+      t.sinks.get("req")!.onAdmitted();
+      t.sinks.get("req")!.onFinish("error", usage(0), { code: "engine_error", message: "boom" });
+      expect(enc.errors.map((e) => [e.status, e.code])).toEqual([[500, "engine_error"]]);
+      expect(enc.errors[0]!.message).toContain("boom");
+      expect(t.wire.status).toBe(200);
+      expect(t.wire.ended).toBe(true);
+      expect(t.wire.body.includes('{"error":"engine_error"}')).toBe(true);
+      expect(t.wire.body.endsWith("data: [DONE]\n\n")).toBe(doneAfterError === true);
+    }
+  });
+
+  it("streaming: a failure before anything was sent is still a plain HTTP error", () => {
+    const t = direct();
+    const enc = recordingEncoder();
+    runGeneration(t.ctx, t.req, t.reply, plan(), enc.encoder);
+    t.sinks.get("req")!.onFinish("error", usage(0), { code: "engine_error", message: "boom" });
+    expect(enc.errors).toEqual([]);
+    expect(t.wire.status).toBe(500);
+    expect(JSON.parse(t.wire.body)).toMatchObject({ error: { code: "engine_error", message: expect.stringContaining("boom") } });
+  });
+});
+
+describe("client gone", () => {
+  for (const [what, leave] of [
+    ["the request was destroyed", (t: ReturnType<typeof direct>) => void ((t.req.raw as { destroyed: boolean }).destroyed = true)],
+    ["the request has no socket", (t: ReturnType<typeof direct>) => void ((t.req.raw as unknown as { socket: null }).socket = null)],
+    ["the request's socket was destroyed", (t: ReturnType<typeof direct>) => void ((t.req.raw.socket as { destroyed: boolean }).destroyed = true)],
+  ] as const) {
+    it(`a client already gone when the generation starts (${what}) releases every child at once`, () => {
+      const t = direct();
+      leave(t);
+      runGeneration(t.ctx, t.req, t.reply, plan({ n: 2 }), recordingEncoder().encoder);
+      expect(t.cancelled).toEqual([["req-0", "client_disconnect"], ["req-1", "client_disconnect"]]);
+    });
+  }
+
+  it("the disconnect is counted once, after the last child is released, in the furthest phase; releases of other children do not count", () => {
+    const t = direct();
+    runGeneration(t.ctx, t.req, t.reply, plan({ n: 3, stop: ["!"] }), recordingEncoder().encoder);
+    // Child 0 ends by a stop string (released for that reason, not the client's).
+    t.sinks.get("req-0")!.onOutput([1], "!");
+    t.res.destroy();
+    expect(t.cancelled).toEqual([["req-0", "stop_string"], ["req-1", "client_disconnect"], ["req-2", "client_disconnect"]]);
+    t.sinks.get("req-0")!.onReleased!("decode");
+    t.sinks.get("req-1")!.onReleased!("queued");
+    expect(t.disconnects).toEqual([]);
+    t.sinks.get("req-2")!.onReleased!("prefill");
+    expect(t.disconnects).toEqual(["prefill"]);
+    // A late duplicate release is not counted again.
+    t.sinks.get("req-2")!.onReleased!("prefill");
+    expect(t.disconnects).toEqual(["prefill"]);
+  });
+
+  it("children released with no phase (no engine held them) count no disconnect", () => {
+    const t = direct();
+    runGeneration(t.ctx, t.req, t.reply, plan(), recordingEncoder().encoder);
+    t.res.destroy();
+    t.sinks.get("req")!.onReleased!(null);
+    expect(t.disconnects).toEqual([]);
+  });
+
+  it("a client leaving after the response ended releases nothing", () => {
+    const t = direct();
+    runGeneration(t.ctx, t.req, t.reply, plan(), recordingEncoder().encoder);
+    t.sinks.get("req")!.onFinish("stop", usage(1));
+    t.res.destroy();
+    expect(t.cancelled).toEqual([]);
   });
 });

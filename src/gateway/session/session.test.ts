@@ -1,7 +1,8 @@
 /**
  * The generation session driven with plain inputs (what the registry's sinks deliver): stop strings (the engine
  * abort decision, splits across deltas, include_stop_str_in_output), UTF-8 in logprob tokens, n children finishing
- * in any order, a child failing, the client leaving, late events.
+ * in any order, a child failing (with or without an HTTP error, an abort not asked for), the client leaving, late
+ * events for unknown or ended children and after the end, held-back text flushed at the finish, usage.
  */
 import fc from "fast-check";
 import { describe, expect, it } from "vitest";
@@ -180,5 +181,151 @@ describe("GenerationSession: logprobs and UTF-8", () => {
     s.admitted("r", 1);
     const step = s.output("r", [1], "a", [{ token: 1, logprob: -1, top: [] }]);
     expect(step.events).toEqual([{ type: "delta", index: 0, content: "a", logprobs: [] }]);
+  });
+});
+
+describe("GenerationSession: inputs it must ignore", () => {
+  it("a session needs at least one child", () => {
+    expect(() => open({ childIds: [] })).toThrow(/at least one child/);
+  });
+
+  it("events for an unknown child id change nothing", () => {
+    const s = open();
+    expect(s.admitted("other", 3)).toEqual({ events: [], abort: [] });
+    expect(s.output("other", [1], "x")).toEqual({ events: [], abort: [] });
+    expect(s.finish("other", "error", { promptTokens: 1, completionTokens: 1 })).toEqual({ events: [], abort: [] });
+    expect(s.ended).toBe(false);
+    // The real child still starts the request.
+    expect(s.admitted("r", 3).events).toEqual([{ type: "started" }]);
+  });
+
+  it("after the client left, late admissions, output and finishes produce nothing", () => {
+    const s = open({ childIds: ["r-0", "r-1"] });
+    s.clientGone();
+    expect(s.ended).toBe(true);
+    expect(s.admitted("r-0", 3)).toEqual({ events: [], abort: [] });
+    expect(s.output("r-1", [1], "x")).toEqual({ events: [], abort: [] });
+    expect(s.finish("r-1", "error", { promptTokens: 1, completionTokens: 1 })).toEqual({ events: [], abort: [] });
+    expect(s.fail(engineFault("late"))).toEqual({ events: [], abort: [] });
+  });
+
+  it("after the request finished, a late admission and a failure produce nothing", () => {
+    const s = open();
+    s.admitted("r", 1);
+    expect(s.finish("r", "stop", { promptTokens: 1, completionTokens: 1 }).events.at(-1)).toMatchObject({ type: "finished" });
+    expect(s.ended).toBe(true);
+    expect(s.admitted("r", 1)).toEqual({ events: [], abort: [] });
+    expect(s.fail(engineFault("late"))).toEqual({ events: [], abort: [] });
+  });
+
+  it("a child ended by a stop string ignores its late admission, output and the engine's abort confirmation; the siblings go on", () => {
+    const s = open({ childIds: ["r-0", "r-1"], stop: ["!"] });
+    s.admitted("r-1", 2);
+    expect(s.output("r-0", [1], "a!").abort).toEqual(["r-0"]);
+    // The engine reports the admission of the aborted child late: it stays ended.
+    expect(s.admitted("r-0", 2)).toEqual({ events: [], abort: [] });
+    expect(s.output("r-0", [2], "more")).toEqual({ events: [], abort: [] });
+    expect(s.finish("r-0", "abort", { promptTokens: 2, completionTokens: 2 })).toEqual({ events: [], abort: [] });
+    expect(s.ended).toBe(false);
+    const end = s.finish("r-1", "stop", { promptTokens: 2, completionTokens: 1 });
+    expect(end.events.at(-1)).toMatchObject({ type: "finished", choices: [{ text: "a", reason: "stop" }, { text: "", reason: "stop" }] });
+  });
+});
+
+describe("GenerationSession: output and finish", () => {
+  it("output before any admission starts the request first; a choice still waiting can produce output", () => {
+    const s = open({ childIds: ["r-0", "r-1"] });
+    expect(s.output("r-1", [1], "x").events).toEqual([{ type: "started" }, { type: "delta", index: 1, content: "x", logprobs: [] }]);
+    expect(s.output("r-0", [1], "y").events).toEqual([{ type: "delta", index: 0, content: "y", logprobs: [] }]);
+  });
+
+  it("a finish before any admission starts the request, and a finish of one of several children ends nothing else", () => {
+    const s = open({ childIds: ["r-0", "r-1"] });
+    expect(s.finish("r-0", "length", { promptTokens: 4, completionTokens: 2 })).toEqual({
+      events: [{ type: "started" }, { type: "choice_finished", index: 0, reason: "length" }],
+      abort: [],
+    });
+    expect(s.ended).toBe(false);
+    expect(s.finish("r-1", "stop", { promptTokens: 4, completionTokens: 1 })).toEqual({
+      events: [
+        { type: "choice_finished", index: 1, reason: "stop" },
+        { type: "finished", usage: { promptTokens: 4, completionTokens: 3 }, choices: expect.any(Array) },
+      ],
+      abort: [],
+    });
+    expect(s.ended).toBe(true);
+  });
+
+  it("text held back as a possible stop-string prefix emits no empty delta, and is flushed when the choice finishes", () => {
+    const s = open({ stop: ["END"] });
+    s.admitted("r", 1);
+    expect(s.output("r", [1], "ab").events).toEqual([{ type: "delta", index: 0, content: "ab", logprobs: [] }]);
+    expect(s.output("r", [2], "EN")).toEqual({ events: [], abort: [] });
+    const end = s.finish("r", "length", { promptTokens: 1, completionTokens: 2 });
+    expect(end.events.slice(0, 2)).toEqual([
+      { type: "delta", index: 0, content: "EN", logprobs: [] },
+      { type: "choice_finished", index: 0, reason: "length" },
+    ]);
+    expect(end.events.at(-1)).toMatchObject({ type: "finished", choices: [{ text: "abEN", reason: "length" }] });
+  });
+
+  it("a finish with nothing held back emits no delta", () => {
+    const s = open({ stop: ["END"] });
+    s.admitted("r", 1);
+    s.output("r", [1], "ab");
+    expect(s.finish("r", "stop", { promptTokens: 1, completionTokens: 1 }).events.map((e) => e.type)).toEqual(["choice_finished", "finished"]);
+  });
+
+  it("usage: the admission's prompt length stands when the finish reports none; the finish's count wins when it reports one", () => {
+    const a = open();
+    a.admitted("r", 6);
+    expect(a.finish("r", "stop", { promptTokens: 0, completionTokens: 1 }).events.at(-1)).toMatchObject({ usage: { promptTokens: 6, completionTokens: 1 } });
+    const b = open();
+    b.admitted("r", 6);
+    expect(b.finish("r", "stop", { promptTokens: 9, completionTokens: 1 }).events.at(-1)).toMatchObject({ usage: { promptTokens: 9, completionTokens: 1 } });
+  });
+
+  it("usage: completion tokens are the larger of the tokens seen and the registry's count", () => {
+    const s = open({ childIds: ["r-0", "r-1"] });
+    s.output("r-0", [1, 2, 3], "abc");
+    s.finish("r-0", "stop", { promptTokens: 1, completionTokens: 1 });
+    s.output("r-1", [1], "a");
+    const fin = s.finish("r-1", "stop", { promptTokens: 1, completionTokens: 4 }).events.at(-1) as Extract<SessionEvent, { type: "finished" }>;
+    expect(fin.usage).toEqual({ promptTokens: 1, completionTokens: 7 });
+    expect(fin.choices.map((c) => c.completionTokens)).toEqual([3, 4]);
+  });
+});
+
+describe("GenerationSession: failures", () => {
+  it("an engine error without an HTTP error is a 500 engine_error carrying the engine's message", () => {
+    const s = open({ childIds: ["r-0", "r-1"] });
+    s.admitted("r-0", 1);
+    const step = s.finish("r-0", "error", { promptTokens: 1, completionTokens: 0 }, { message: "kv cache exploded" });
+    expect(step.abort).toEqual(["r-1"]);
+    expect(step.events).toHaveLength(1);
+    const ev = step.events[0] as Extract<SessionEvent, { type: "failed" }>;
+    expect(ev.type).toBe("failed");
+    expect([ev.error.status, ev.error.code]).toEqual([500, "engine_error"]);
+    expect(ev.error.message).toContain("kv cache exploded");
+    expect(s.ended).toBe(true);
+  });
+
+  it("an abort the session did not ask for fails the request, with a message saying so", () => {
+    const s = open();
+    s.admitted("r", 1);
+    const step = s.finish("r", "abort", { promptTokens: 1, completionTokens: 0 });
+    expect(step.abort).toEqual([]);
+    const ev = step.events[0] as Extract<SessionEvent, { type: "failed" }>;
+    expect(ev.type).toBe("failed");
+    expect(ev.error.message).toContain("the request was aborted by the engine");
+  });
+
+  it("fail() from outside aborts every child that has not ended and ends the session", () => {
+    const s = open({ childIds: ["r-0", "r-1", "r-2"] });
+    s.finish("r-1", "stop", { promptTokens: 1, completionTokens: 1 });
+    const err = engineFault("shutdown");
+    expect(s.fail(err)).toEqual({ events: [{ type: "failed", error: err }], abort: ["r-0", "r-2"] });
+    expect(s.ended).toBe(true);
+    expect(s.clientGone()).toEqual({ events: [], abort: [] });
   });
 });
