@@ -387,7 +387,7 @@ describe("children", () => {
     const enc = recordingEncoder();
     runGeneration(t.ctx, t.req, t.reply, plan({ n: 3 }), enc.encoder);
     expect(t.submitted.map((s) => s.id)).toEqual(["req-0"]);
-    expect(t.cancelled).toEqual([["req-0", "internal_error"], ["req-1", "internal_error"], ["req-2", "internal_error"]]);
+    expect(t.cancelled).toEqual([["req-0", "sibling_failed"], ["req-1", "sibling_failed"], ["req-2", "sibling_failed"]]);
     expect(t.rejected).toEqual(["not_ready"]);
     expect(t.wire.status).toBe(503);
     expect(t.wire.headers["retry-after"]).toBe("1");
@@ -448,7 +448,7 @@ describe("events to the wire", () => {
     t.sinks.get("req-0")!.onAdmitted();
     t.sinks.get("req-0")!.onOutput([1], "x");
     t.sinks.get("req-1")!.onFinish("error", usage(0), { code: "engine_error", message: "boom", httpError: engineFault("boom") });
-    expect(t.cancelled).toEqual([["req-0", "internal_error"]]);
+    expect(t.cancelled).toEqual([["req-0", "sibling_failed"]]);
     expect(t.wire.status).toBe(500);
     expect(JSON.parse(t.wire.body)).toMatchObject({ error: { code: "engine_fault", message: "boom" } });
     expect(enc.errors).toEqual([]);
