@@ -1,6 +1,5 @@
 import { describe, expect, it } from "vitest";
 import {
-  acquit,
   admit,
   cancel,
   deathsOf,
@@ -122,11 +121,6 @@ describe("lifecycle", () => {
     expect(resubmit(s)).toEqual(resubmitTo(name));
   });
 
-  const acquitTo = table({ recovering: { state: "recovering", phase: "prefill", deaths: 0 } });
-  it.each(states)("acquit from %s", (name, s) => {
-    expect(acquit(s)).toEqual(acquitTo(name));
-  });
-
   const isolateTo = table({ recovering: { state: "finished", reason: "error" } });
   it.each(states)("isolate from %s", (name, s) => {
     expect(isolate(s)).toEqual(isolateTo(name));
@@ -193,7 +187,6 @@ describe("lifecycle", () => {
     engineDied(s, true);
     cancel(s, "shutdown");
     finish(s, "stop");
-    acquit(r);
     resubmit(r);
     isolate(r);
     cancel(r, "client_disconnect");

@@ -8,9 +8,8 @@
  *     └──── cancel ─────┴──────── cancel ───────┘──▶ cancelling ──finish / engineDied──▶ finished
  *     │                 │                       │
  *     └── engineDied ───┴────── engineDied ─────┘──▶ recovering ──resubmit──▶ queued
- *                                                      │  ├── cancel ──▶ finished (no engine holds it)
- *                                                      │  ├── isolate ──▶ finished(error) (the engine's killer)
- *                                                      └──┴── acquit ──▶ recovering (suspicion cleared)
+ *                                                      ├── cancel ──▶ finished (no engine holds it)
+ *                                                      └── isolate ──▶ finished(error) (the engine's killer)
  *
  * `recovering` means the engine died while it held the request; the gateway kept what it needs (prompt and
  * generated token ids, sampling parameters, seed) and resubmits it as a continuation to the restarted engine.
@@ -136,11 +135,6 @@ export function engineDied(s: Lifecycle, blamed: boolean): Lifecycle | null {
 /** The request was resubmitted to a restarted engine as a continuation. Its progress count starts again. */
 export function resubmit(s: Lifecycle): Lifecycle | null {
   return s.state === "recovering" ? { state: "queued", deaths: s.deaths } : null;
-}
-
-/** A recovering request is cleared of suspicion (it was held back while the engine died without it). */
-export function acquit(s: Lifecycle): Lifecycle | null {
-  return s.state === "recovering" ? { state: "recovering", phase: s.phase, deaths: 0 } : null;
 }
 
 /** A recovering request was isolated as the one whose presence kills the engine: it ends with an error. */

@@ -324,10 +324,11 @@ describe("RequestRegistry", () => {
 
 describe("culprit isolation by bisection (simulated engine)", () => {
   /**
-   * n requests, one of which (index `culprit`) kills the engine whenever it is in flight. The fake engine either
-   * dies (if the culprit is in flight) or finishes everything in flight. Returns how each request ended.
+   * n requests; those at the indices in `culprits` kill the engine whenever one of them is in flight. The fake engine
+   * either dies (a culprit is in flight) or finishes everything in flight. Returns how each request ended and how
+   * many times the engine died.
    */
-  async function simulate(n: number, culprit: number): Promise<{ ends: Map<string, { reason: FinishReason; code?: string }>; deaths: number }> {
+  async function simulate(n: number, culprits: number[]): Promise<{ ends: Map<string, { reason: FinishReason; code?: string }>; deaths: number }> {
     const inEngine = new Set<string>();
     const reg = new RequestRegistry((m) => {
       if (m.type === "add") inEngine.add(m.id);
@@ -342,8 +343,8 @@ describe("culprit isolation by bisection (simulated engine)", () => {
     }
     let deaths = 0;
     let step = 0;
-    for (let round = 0; round < 100 && reg.size > 0; round++) {
-      if (inEngine.has(`r${culprit}`)) {
+    for (let round = 0; round < 200 && reg.size > 0; round++) {
+      if (culprits.some((c) => inEngine.has(`r${c}`))) {
         deaths += 1;
         inEngine.clear();
         reg.handleEngineDeath("killed");
@@ -358,18 +359,51 @@ describe("culprit isolation by bisection (simulated engine)", () => {
     return { ends, deaths };
   }
 
+  /** Exactly the culprits end with engine_fault; every other request finishes (reason stop). */
+  function expectOnlyCulpritsFail(ends: Map<string, { reason: FinishReason; code?: string }>, n: number, culprits: number[]): void {
+    expect(ends.size).toBe(n);
+    for (let i = 0; i < n; i++) {
+      if (culprits.includes(i)) expect(ends.get(`r${i}`), `r${i} is a culprit`).toEqual({ reason: "error", code: "engine_fault" });
+      else expect(ends.get(`r${i}`), `r${i} is a bystander`).toEqual({ reason: "stop" });
+    }
+  }
+
   for (const n of [1, 2, 5, 8, 16]) {
     for (const culprit of [0, Math.floor(n / 2), n - 1]) {
       it(`n=${n}, culprit r${culprit}: only the culprit fails (engine_fault), everyone else finishes, deaths bounded`, async () => {
-        const { ends, deaths } = await simulate(n, culprit);
-        expect(ends.size).toBe(n);
-        for (let i = 0; i < n; i++) {
-          if (i === culprit) expect(ends.get(`r${i}`)).toEqual({ reason: "error", code: "engine_fault" });
-          else expect(ends.get(`r${i}`)).toEqual({ reason: "stop" });
-        }
+        const { ends, deaths } = await simulate(n, [culprit]);
+        expectOnlyCulpritsFail(ends, n, [culprit]);
+        // Two deaths start the bisection, one per halving, one for the lone culprit.
         expect(deaths).toBeLessThanOrEqual(2 + Math.ceil(Math.log2(n)) + 1);
       });
     }
+  }
+
+  // Several culprits: adjacent (the same test group), far apart, at both ends, and everyone but one.
+  const several: [number, number[]][] = [
+    [2, [0, 1]],
+    [3, [0, 2]],
+    [6, [4, 5]],
+    [6, [0, 5]],
+    [8, [1, 6]],
+    [8, [3, 4]],
+    [16, [0, 15]],
+    [16, [7, 8]],
+    [3, [0, 1, 2]],
+    [5, [0, 2, 4]],
+    [6, [3, 4, 5]],
+    [8, [0, 1, 7]],
+    [16, [2, 9, 13]],
+    [16, [5, 6, 7]],
+    [5, [0, 1, 2, 3]],
+  ];
+  for (const [n, culprits] of several) {
+    it(`n=${n}, culprits ${culprits.map((c) => `r${c}`).join("+")}: exactly the culprits fail (engine_fault), every bystander finishes`, async () => {
+      const { ends, deaths } = await simulate(n, culprits);
+      expectOnlyCulpritsFail(ends, n, culprits);
+      // Group testing: each culprit costs at most one halving per level plus its lone death and a retest.
+      expect(deaths).toBeLessThanOrEqual(2 + culprits.length * (Math.ceil(Math.log2(n)) + 2));
+    });
   }
 });
 
@@ -628,7 +662,7 @@ describe("bisection bookkeeping", () => {
     expect(t.reg.recoveringCount).toBe(1);
   });
 
-  it("a request resumed beside a bisection group is not charged with the group's death", () => {
+  it("a request in flight beside a lone group member when it dies is not charged, but the member is not isolated until it dies alone", async () => {
     const t = tracked();
     t.submit("a");
     t.submit("b");
@@ -636,15 +670,25 @@ describe("bisection bookkeeping", () => {
     t.reg.resumeRecovering();
     t.reg.handleEngineDeath("SIGABRT"); // both at 2: bisection over [a, b]
     t.reg.resumeRecovering(); // group [a]; b held back
-    t.submit("c"); // a bystander, not a suspect
-    t.reg.handleEngineDeath("SIGABRT"); // the group dies alone: a is isolated
+    t.submit("c"); // arrives beside the group: it could be a second culprit
+    t.reg.handleEngineDeath("SIGABRT");
+    expect(t.sinks.get("a")!.log.finishes).toEqual([]);
+    t.adds.length = 0;
+    t.reg.resumeRecovering(); // a again, alone: c and b are held back as suspects
+    expect(t.adds).toEqual(["a"]);
+    t.reg.handleEngineDeath("SIGABRT"); // a died alone: it is isolated
     expect(t.sinks.get("a")!.log.finishes.map((f) => f.error?.code)).toEqual(["engine_fault"]);
-    t.reg.resumeRecovering();
-    expect(t.resumed.get("c")).toEqual([0]);
-    expect(t.sinks.get("c")!.log.finishes).toEqual([]);
+    t.adds.length = 0;
+    t.reg.resumeRecovering(); // the remaining suspects are tested together
+    expect(t.adds).toEqual(["b", "c"]);
+    expect(t.resumed.get("c")).toEqual([0]); // never charged
+    t.reg.handleStep(step(out("b", { finish: fin("stop") }), out("c", { finish: fin("stop") })));
+    await Promise.resolve();
+    expect([t.sinks.get("b")!.log.finishes, t.sinks.get("c")!.log.finishes].map((f) => f.map((x) => x.reason))).toEqual([["stop"], ["stop"]]);
+    expect(t.reg.size).toBe(0);
   });
 
-  it("candidates held back while a group of several dies are cleared of suspicion (resumed with no deaths)", () => {
+  it("suspects held back while a group of several dies stay suspects: not resumed until the group is resolved", async () => {
     const t = tracked();
     for (const id of ["a", "b", "c", "d"]) t.submit(id);
     t.reg.handleEngineDeath("SIGABRT");
@@ -656,9 +700,32 @@ describe("bisection bookkeeping", () => {
     t.reg.handleEngineDeath("SIGABRT"); // the group of two dies: c and d were not in flight
     t.adds.length = 0;
     t.reg.resumeRecovering();
-    // c and d are no longer suspects: resumed at once, with their deaths forgotten; [a, b] bisected again.
-    expect(t.adds).toEqual(["c", "d", "a"]);
-    expect([t.resumed.get("c")!.at(-1), t.resumed.get("d")!.at(-1)]).toEqual([0, 0]);
+    // c and d may hold a second culprit: they wait; [a, b] is bisected alone.
+    expect(t.adds).toEqual(["a"]);
+    expect(t.reg.recoveringCount).toBe(3);
+    t.reg.handleStep(step(out("a", { finish: fin("stop") })));
+    await Promise.resolve();
+    expect(t.adds).toEqual(["a", "b"]); // b alone next
+    t.reg.handleEngineDeath("SIGABRT"); // b dies alone: isolated
+    expect(t.sinks.get("b")!.log.finishes.map((f) => f.error?.code)).toEqual(["engine_fault"]);
+    t.adds.length = 0;
+    t.reg.resumeRecovering();
+    expect(t.adds).toEqual(["c", "d"]); // the remaining suspects, tested together, with their deaths kept
+    expect([t.resumed.get("c")!.at(-1), t.resumed.get("d")!.at(-1)]).toEqual([2, 2]);
+  });
+
+  it("a death nobody caused during a bisection reruns the same test group (its members are not stranded)", () => {
+    const t = tracked();
+    for (const id of ["a", "b"]) t.submit(id);
+    t.reg.handleEngineDeath("SIGABRT");
+    t.reg.resumeRecovering();
+    t.reg.handleEngineDeath("SIGABRT");
+    t.reg.resumeRecovering(); // group [a]
+    t.reg.handleEngineDeath("watchdog", { blame: false });
+    t.adds.length = 0;
+    t.reg.resumeRecovering();
+    expect(t.adds).toEqual(["a"]);
+    expect(t.resumed.get("a")!.at(-1)).toBe(2); // not charged
   });
 
   it("a group that ends cleanly releases the next half of the suspects", async () => {

@@ -88,12 +88,22 @@ export class RequestRegistry {
   /** Live requests by id. */
   private readonly live = new Map<string, Entry>();
   /**
-   * Culprit bisection. `candidates`: the requests one of which kills the engine (those in flight at the last death
-   * once deaths repeat), in order. `group`: the first half of them, resubmitted alone while the other candidates
-   * wait in `recovering`. If the group dies, the candidates shrink to what was in flight; if it ends cleanly, the
-   * group is cleared of suspicion and the next half goes. Both empty when no bisection runs.
+   * Culprit isolation is group testing (it stays correct when several requests kill the engine). A suspect is a
+   * request that was in flight at a death once deaths repeat; suspects are held back (`recovering`) until they are
+   * tested in a group of their own, never resumed beside another test, so one culprit cannot frame another request.
+   * `pool`: the suspects under test, in order; when `poolGuilty` it is known to hold a culprit (it died) and is
+   * tested half at a time, else it is tested whole. `deferred`: suspects waiting until the pool is resolved (held
+   * back when a group died, or in flight beside a group when it died). `group`: the suspects in flight as the current
+   * test. A group that dies narrows the pool to its members in flight; a group that ends cleanly clears its members
+   * (they finished); when the pool empties, the deferred suspects become the next pool. All empty when no
+   * bisection runs.
    */
-  private candidates: string[] = [];
+  private pool: string[] = [];
+  /** The pool died as a whole (it holds a culprit), so halving it finds one. */
+  private poolGuilty = false;
+  /** Suspects not in the pool, tested after it (a group of their own), in order. */
+  private deferred: string[] = [];
+  /** The suspects resubmitted as the current test (a subset of `pool`). */
   private readonly group = new Set<string>();
   /** Deaths after which an isolated request is failed with `engine_fault`. */
   faultThreshold = 2;
@@ -283,19 +293,21 @@ export class RequestRegistry {
   /**
    * The engine process died and is being restarted. Requests it held move to `recovering` (cancelling ones are
    * released by the death). Culprit isolation: blame must be earned — only a death the requests could have caused
-   * (`opts.blame`, decided by the supervisor from how the engine died) counts one more death for them; a request
-   * that was the only suspect in flight when the engine died, after `faultThreshold` deaths, is failed with
-   * `engine_fault`; everyone else is resumed. Returns the ids failed as culprits.
+   * (`opts.blame`, decided by the supervisor from how the engine died) counts one more death for them. Once deaths
+   * repeat, everyone in flight is a suspect and is tested in groups (see `pool`); a request that was alone in
+   * flight when the engine died, after `faultThreshold` deaths, is failed with `engine_fault`; everyone else is
+   * resumed (suspects when their test comes). Returns the ids failed as culprits.
    */
   handleEngineDeath(description: string, opts: { blame: boolean } = { blame: true }): { id: string; prompt: AddMessage["prompt"] }[] {
     const inFlight = [...this.live.values()].filter((e) => lc.heldByEngine(e.lifecycle));
     const culprits: { id: string; prompt: AddMessage["prompt"] }[] = [];
     const died: Entry[] = [];
+    const bisecting = this.pool.length > 0 || this.deferred.length > 0;
     for (const e of inFlight) {
       const phase = lc.phaseOf(e.lifecycle);
       // A death Keel caused itself (the watchdog's kill) or one from outside is nobody's fault. While a bisection
-      // group is in flight the death is charged to the group only: requests resumed beside it are not suspects.
-      const blamed = opts.blame && (this.group.size === 0 || this.group.has(e.id));
+      // runs the death is charged to the group only: requests in flight beside it become suspects, uncharged.
+      const blamed = opts.blame && (!bisecting || this.group.has(e.id));
       const next = lc.engineDied(e.lifecycle, blamed);
       if (!next) continue;
       if (next.state === "finished") {
@@ -306,35 +318,48 @@ export class RequestRegistry {
       e.lifecycle = next;
       died.push(e);
     }
-    if (!opts.blame) return culprits;
-    if (this.group.size > 0) {
-      // A bisection group was running and the engine died: the culprit was in flight.
-      const members = died.filter((e) => this.group.has(e.id));
-      // A lone group member dies: it is the culprit.
-      if (members.length === 1 && lc.deathsOf(members[0]!.lifecycle) >= this.faultThreshold) {
-        const e = members[0]!;
-        culprits.push({ id: e.id, prompt: e.prompt });
-        this.observer.onCulprit?.(e.id, lc.deathsOf(e.lifecycle));
-        this.group.clear();
-        this.candidates = [];
-        this.failCulprit(e, description);
-        return culprits;
-      }
-      // Candidates that were held back (not in flight) are cleared of suspicion: forget their deaths so that,
-      // resumed next to a later group, they are not suspects again.
-      const inFlightIds = new Set(died.map((e) => e.id));
-      for (const id of this.candidates) {
-        const held = this.live.get(id);
-        if (held && !inFlightIds.has(id)) held.lifecycle = lc.acquit(held.lifecycle) ?? held.lifecycle;
-      }
-      // The culprit was in flight, and (bisection started from everyone in flight) in the group.
-      this.candidates = members.map((e) => e.id);
+    if (!opts.blame) {
+      // Nobody's fault: the running test proves nothing and is run again (its members are still in the pool).
       this.group.clear();
       return culprits;
     }
-    // No bisection running: start one when deaths repeat (everyone in flight is a suspect).
-    if (died.some((e) => lc.deathsOf(e.lifecycle) >= this.faultThreshold)) this.candidates = died.map((e) => e.id);
+    if (!bisecting) {
+      // Start a bisection when deaths repeat: everyone in flight is a suspect, and one of them is guilty.
+      if (died.some((e) => lc.deathsOf(e.lifecycle) >= this.faultThreshold)) this.startPool(died.map((e) => e.id), true);
+      return culprits;
+    }
+    // 1. Who was in flight: members of the test, and others (in flight beside it, so possibly a culprit too).
+    const members = died.filter((e) => this.group.has(e.id));
+    const others = died.filter((e) => !this.group.has(e.id)).map((e) => e.id);
+    this.group.clear();
+    this.deferred.push(...others.filter((id) => !this.deferred.includes(id)));
+    if (members.length === 0) return culprits;
+    // 2. A lone member that died with nothing else in flight is a culprit (after repeated deaths).
+    const lone = members.length === 1 && others.length === 0 ? members[0]! : null;
+    if (lone && lc.deathsOf(lone.lifecycle) >= this.faultThreshold) {
+      culprits.push({ id: lone.id, prompt: lone.prompt });
+      this.observer.onCulprit?.(lone.id, lc.deathsOf(lone.lifecycle));
+      // The rest of the pool is no longer known to hold a culprit: it is tested again with the deferred suspects.
+      this.startPool([...this.pool.filter((id) => id !== lone.id), ...this.deferred], false);
+      this.failCulprit(lone, description);
+      return culprits;
+    }
+    // 3. Otherwise narrow to the members in flight; the rest of the pool waits, still suspect, with the deferred.
+    const memberIds = members.map((e) => e.id);
+    const rest = this.pool.filter((id) => !memberIds.includes(id));
+    this.deferred = [...rest, ...this.deferred.filter((id) => !rest.includes(id))];
+    // Known guilty only if nothing else was in flight: with others beside it, the culprit may be among them.
+    this.pool = memberIds;
+    this.poolGuilty = others.length === 0;
     return culprits;
+  }
+
+  /** Make `ids` the pool under test (guilty: it died as a whole), with nothing deferred. */
+  private startPool(ids: string[], guilty: boolean): void {
+    this.pool = ids;
+    this.poolGuilty = guilty;
+    this.deferred = [];
+    this.group.clear();
   }
 
   /** Fail a request isolated as the engine's killer with an OpenAI-shaped `engine_fault` error. */
@@ -350,18 +375,23 @@ export class RequestRegistry {
 
   /**
    * A (re)started engine is ready: resubmit recovering requests as continuations (prompt token ids + generated
-   * token ids; the engine prefills both and emits only new text). Everyone who is not a bisection candidate goes at
-   * once; candidates go half at a time (see `candidates`).
+   * token ids; the engine prefills both and emits only new text). Everyone who is not a suspect goes at once;
+   * suspects go one test group at a time (see `pool`).
    */
   resumeRecovering(): void {
-    const suspects = new Set(this.candidates);
+    const suspects = new Set([...this.pool, ...this.deferred]);
     for (const e of [...this.live.values()]) {
       if (e.lifecycle.state === "recovering" && !suspects.has(e.id)) this.resubmit(e);
     }
     if (this.group.size > 0) return;
-    this.candidates = this.candidates.filter((id) => this.live.get(id)?.lifecycle.state === "recovering");
-    const next = this.candidates.slice(0, Math.ceil(this.candidates.length / 2));
-    for (const id of next) {
+    // 1. Forget suspects that are gone (finished, cancelled); the pool empties into the deferred suspects.
+    const waiting = (id: string) => this.live.get(id)?.lifecycle.state === "recovering";
+    this.pool = this.pool.filter(waiting);
+    this.deferred = this.deferred.filter(waiting);
+    if (this.pool.length === 0) this.startPool(this.deferred, false);
+    // 2. A guilty pool is halved; one not known to be guilty is tested whole (no death if it is clean).
+    const next = this.poolGuilty ? this.pool.slice(0, Math.ceil(this.pool.length / 2)) : this.pool;
+    for (const id of [...next]) {
       const e = this.live.get(id)!;
       if (this.resubmit(e)) this.group.add(id);
     }
@@ -421,10 +451,11 @@ export class RequestRegistry {
     const { error, stepsAfterAbort, refused = false, notifySink = true } = how;
     e.lifecycle = next;
     this.live.delete(e.id);
-    // A bisection group that has fully ended releases the next group of suspects.
-    this.candidates = this.candidates.filter((id) => id !== e.id);
+    // A suspect that ended is cleared; a test group that has fully ended releases the next test.
+    this.pool = this.pool.filter((id) => id !== e.id);
+    this.deferred = this.deferred.filter((id) => id !== e.id);
     if (this.group.delete(e.id) && this.group.size === 0) {
-      // The group ended without killing the engine: none of it is the culprit; release the next half.
+      // The group ended without killing the engine: none of it is a culprit; release the next test.
       queueMicrotask(() => this.resumeRecovering());
     }
     // Abort latency in engine steps: measured by the engine from the abort's arrival when it reports it, else

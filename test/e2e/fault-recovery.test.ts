@@ -209,6 +209,39 @@ describe("culprit isolation", () => {
     const m2 = await metrics(s.baseUrl);
     expect(m2.get('keel_engine_restarts_total{reason="signal"}')).toBe(m.get('keel_engine_restarts_total{reason="signal"}'));
   });
+
+  it("two requests that crash the engine fail alone with engine_fault; the 6 others beside them are identical (no innocent is framed)", async () => {
+    server = await startServer(["--max_num_seqs", "8"], { KEEL_FAULT_INJECTION: JSON.stringify({ crashOnPrompt: "POISON" }) });
+    const s = server;
+    const innocents = PROMPTS.slice(0, 6);
+    const expected = await controls(s, innocents);
+    const innocent = async (p: string): Promise<ChatResult> => {
+      for (let attempt = 0; ; attempt++) {
+        const r = await chat(s.baseUrl, body(p));
+        if (r.status !== 503 || attempt >= 100) return r;
+        await waitForReady(s.baseUrl);
+      }
+    };
+    // Sent in this order (the order they reach the registry): 5 innocents, a culprit, an innocent, a culprit. The
+    // second half of the suspects is then [innocent, culprit, innocent, culprit]: an innocent is tested alone while
+    // the other culprit is still a suspect — the case a single-culprit bisection got wrong (it framed the innocent).
+    const poisons = ["POISON one: this request kills the engine", "POISON two: so does this one"];
+    const started = innocents.slice(0, 5).map(innocent);
+    started.push(chat(s.baseUrl, body(poisons[0]!)), innocent(innocents[5]!), chat(s.baseUrl, body(poisons[1]!)));
+    const all = await Promise.all(started);
+    const culprits = [all.splice(5, 1)[0]!, all.pop()!];
+    expectIdentical(all, expected);
+    for (const c of culprits) {
+      const code = (c.events.at(-1) as { error?: { code?: string } } | undefined)?.error?.code ?? (c.body as { error?: { code?: string } } | null)?.error?.code;
+      expect(code).toBe("engine_fault");
+    }
+    const m = await waitForMetrics(s.baseUrl, (x) => x.get("keel_requests_running") === 0 && x.get("keel_requests_waiting") === 0);
+    expect(m.get('keel_requests_failed_total{reason="engine_fault"}')).toBe(2);
+    // Only the culprits' prompts are refused afterwards: an innocent one is served.
+    await waitForReady(s.baseUrl);
+    const fresh = await chat(s.baseUrl, body(innocents[5]!));
+    expect(fresh.text).toBe(expected[5]);
+  });
 });
 
 describe("step errors that are not deaths", () => {
