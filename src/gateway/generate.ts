@@ -110,6 +110,7 @@ export function runGeneration(ctx: RouteContext, req: FastifyRequest, reply: Fas
     log,
     // The request's socket, not the response's: a pipelined response has no socket until the one before it ends.
     isSocketGone: () => req.raw.destroyed || socket === null || socket.destroyed,
+    socket,
   });
 
   /** Set when the client left: the children being released and the phases they were released in. */

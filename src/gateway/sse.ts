@@ -11,6 +11,7 @@
  *  - nothing is ever written after the response ended or the client left.
  */
 import type { ServerResponse } from "node:http";
+import type { Socket } from "node:net";
 import type { Logger } from "pino";
 
 /**
@@ -25,11 +26,20 @@ export class ResponseWriter {
   /** Called once when the client leaves before we ended the response. */
   #onGone: (() => void) | null = null;
 
+  /** The request's connection, watched while the response is open (see the constructor). */
+  readonly #socket: Socket | null;
+  /** Listener on the connection's `close`, removed once the response is over (keep-alive connections are reused). */
+  readonly #onSocketClose = (): void => this.#closed();
+
   constructor(
     private readonly res: ServerResponse,
-    private readonly opts: { requestId: string; maxUnreadBytes: number; log: Logger; isSocketGone: () => boolean },
+    private readonly opts: { requestId: string; maxUnreadBytes: number; log: Logger; isSocketGone: () => boolean; socket?: Socket | null },
   ) {
     res.once("close", () => this.#closed());
+    // A pipelined response queued behind an earlier one on the same connection gets no `close` of its own when the
+    // connection drops (Node emits it only for the response being written), so the connection is watched too.
+    this.#socket = opts.socket ?? null;
+    this.#socket?.on("close", this.#onSocketClose);
   }
 
   /** True while the response can still be written (not ended, client present). */
@@ -76,6 +86,7 @@ export class ResponseWriter {
     if (done) this.#write("data: [DONE]\n\n");
     if (this.#state !== "streaming") return;
     this.#state = "ended";
+    this.#socket?.off("close", this.#onSocketClose);
     this.res.end();
   }
 
@@ -83,6 +94,7 @@ export class ResponseWriter {
   json(status: number, payload: unknown): void {
     if (this.#state !== "idle") return;
     this.#state = "ended";
+    this.#socket?.off("close", this.#onSocketClose);
     const text = JSON.stringify(payload);
     this.res.writeHead(status, {
       "content-type": "application/json; charset=utf-8",
@@ -103,6 +115,7 @@ export class ResponseWriter {
   }
 
   #closed(): void {
+    this.#socket?.off("close", this.#onSocketClose);
     if (this.#state === "ended" || this.#state === "gone") return;
     this.#state = "gone";
     this.#onGone?.();

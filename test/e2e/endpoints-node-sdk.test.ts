@@ -337,4 +337,22 @@ describe("HTTP/1.1 pipelining", () => {
     socket.destroy();
     expect(received.match(/HTTP\/1\.1 200 OK/g)).toHaveLength(2);
   });
+
+  it("a connection that closes with pipelined requests still queued behind a stream releases every one of them", async () => {
+    const before = await waitForMetrics(server.baseUrl, gaugesAtZero);
+    const long = (stream: boolean) => {
+      const body = JSON.stringify({ model: MODEL, prompt: "pipelined and left", max_tokens: 1000, temperature: 0, ignore_eos: true, stream });
+      return `POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`;
+    };
+    const socket = net.connect(server.port, "127.0.0.1");
+    socket.on("error", () => undefined);
+    await new Promise<void>((r) => socket.once("connect", () => r()));
+    // A stream first, then two unary requests queued behind it on the same connection.
+    socket.write(long(true) + long(false) + long(false));
+    // All three are in the engine (the later two started generating although their answers must wait).
+    await waitForMetrics(server.baseUrl, (m) => metric(m, "keel_requests_running") + metric(m, "keel_requests_waiting") >= 3);
+    socket.destroy();
+    const after = await waitForMetrics(server.baseUrl, gaugesAtZero);
+    expect(metric(after, 'keel_requests_finished_total{finish_reason="abort"}')).toBe(metric(before, 'keel_requests_finished_total{finish_reason="abort"}') + 3);
+  });
 });
