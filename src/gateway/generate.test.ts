@@ -74,7 +74,7 @@ function setup(maxUnreadBytes: number, body: Record<string, unknown> = {}, over:
   };
   const res = new StalledResponse();
   const reply = { hijack() {}, raw: res, header() { return reply; } } as unknown as FastifyReply;
-  const reqSocket = { destroyed: false };
+  const reqSocket = Object.assign(new EventEmitter(), { destroyed: false });
   const req = { body: { model: "m", messages: [{ role: "user", content: "hi" }], stream: true, temperature: 0, ...body }, raw: { socket: reqSocket, destroyed: false } } as unknown as FastifyRequest;
   return { ctx, res, reply, req, sent, disconnects, registry };
 }
@@ -192,6 +192,27 @@ describe("stop strings and pipelining", () => {
     expect(text).toContain('"finish_reason":"stop"');
     expect(text.endsWith("data: [DONE]\n\n")).toBe(true);
     expect(t.disconnects).toEqual([]);
+  });
+
+  it("the connection closing releases a request whose own response never got a close (queued behind another)", async () => {
+    const t = setup(1 << 20, { n: 2 });
+    await handleChat(t.ctx, t.req, t.reply);
+    const socket = t.req.raw.socket as unknown as EventEmitter;
+    expect(socket.listenerCount("close")).toBe(1);
+    socket.emit("close");
+    expect(aborted(t.sent).sort()).toEqual(idsOf(t.sent).sort());
+    expect(socket.listenerCount("close")).toBe(0);
+  });
+
+  it("a finished response stops watching its connection (a keep-alive connection is reused)", async () => {
+    const t = setup(1 << 20, { stream: false, max_tokens: 1 });
+    await handleChat(t.ctx, t.req, t.reply);
+    const socket = t.req.raw.socket as unknown as EventEmitter;
+    const [id] = idsOf(t.sent);
+    t.registry.handleStep(step(1, [admit(id!), { id: id!, tokens: [5], text: "a", finish: { reason: "length", promptTokens: 2, completionTokens: 1 } }]));
+    expect(socket.listenerCount("close")).toBe(0);
+    socket.emit("close");
+    expect(aborted(t.sent)).toEqual([]);
   });
 
   it("a pipelined request whose response has no socket yet is not taken for a disconnect", async () => {

@@ -1,7 +1,7 @@
 import { describe, expect, it } from "vitest";
 import type { AddMessage, FinishInfo, RequestOutput, SamplingParams, StepMessage } from "../protocol/messages.js";
 import { PROTOCOL_VERSION } from "../protocol/messages.js";
-import { KeelHttpError } from "./errors.js";
+import { KeelHttpError, shuttingDown } from "./errors.js";
 import type { FinishReason } from "./lifecycle.js";
 import { FORGIVE_AFTER_TOKENS, RequestRegistry, type RegistryObserver, type RequestSink, type Usage } from "./registry.js";
 
@@ -268,6 +268,14 @@ describe("RequestRegistry", () => {
     expect(t.events).toEqual([]);
   });
 
+  it("handleEngineExit at shutdown answers shutting_down", () => {
+    const t = setup();
+    const s = sink();
+    t.reg.submit("a", { text: "a" }, params, s);
+    t.reg.handleEngineExit("The server is shutting down.", shuttingDown());
+    expect(s.log.finishes[0]!.error).toMatchObject({ code: "shutting_down", httpError: { status: 503, code: "shutting_down" } });
+  });
+
   it("handleEngineExit fails every live request with code engine_fault", () => {
     const t = setup();
     const sinks = { q: sink(), p: sink(), d: sink(), c: sink() };
@@ -281,7 +289,9 @@ describe("RequestRegistry", () => {
       expect(sinks[id].log.finishes, id).toHaveLength(1);
       const f = sinks[id].log.finishes[0]!;
       expect(f.reason).toBe("error");
-      expect(f.error).toEqual({ code: "engine_fault", message: "engine exited with signal SIGABRT" });
+      expect(f.error).toMatchObject({ code: "engine_fault", message: "engine exited with signal SIGABRT" });
+      // What the client sees carries the same code (it was a 500 engine_error when no HTTP error was attached).
+      expect(f.error?.httpError).toMatchObject({ status: 500, code: "engine_fault" });
     }
     expect(sinks.p.log.finishes[0]!.usage).toEqual({ promptTokens: 2, completionTokens: 0 });
     expect(sinks.d.log.finishes[0]!.usage).toEqual({ promptTokens: 1, completionTokens: 2 });

@@ -283,10 +283,13 @@ export class RequestRegistry {
     return n;
   }
 
-  /** The engine process died and will not come back (shutdown): every live request ends with an error. */
-  handleEngineExit(description: string): void {
+  /**
+   * No engine will serve the live requests (the server is shutting down, or the engine keeps failing to start):
+   * every one ends with an error — `httpError` is what its client sees (the code it is counted under follows it).
+   */
+  handleEngineExit(description: string, httpError: KeelHttpError = engineFault(description)): void {
     for (const e of [...this.live.values()]) {
-      this.end(e, "error", { promptTokens: e.promptTokens.length, completionTokens: e.generated.length }, { code: "engine_fault", message: description });
+      this.end(e, "error", { promptTokens: e.promptTokens.length, completionTokens: e.generated.length }, { code: httpError.code, message: description, httpError });
     }
   }
 

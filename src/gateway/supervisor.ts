@@ -4,7 +4,7 @@
  * routes its messages to the request registry, decides whom an engine death can be charged to, and remembers the
  * prompts isolated as engine killers (for a bounded time).
  */
-import { SHUTTING_DOWN_MESSAGE } from "./errors.js";
+import { SHUTTING_DOWN_MESSAGE, shuttingDown } from "./errors.js";
 import { TokenizeClient } from "./tokenize-client.js";
 import type { Logger } from "pino";
 import type { EngineCommand, EngineConfig } from "../protocol/engine-config.js";
@@ -191,7 +191,7 @@ export class EngineSupervisor {
     this.stopWatchdog();
     await this.engine.stop();
     // Whatever the engine did not release (e.g. no engine was running) ends now, so no response stays open.
-    this.registry.handleEngineExit(SHUTTING_DOWN_MESSAGE);
+    this.registry.handleEngineExit(SHUTTING_DOWN_MESSAGE, shuttingDown());
   }
 
   private onReady(msg: ReadyMessage): void {
@@ -219,7 +219,7 @@ export class EngineSupervisor {
     this.steps.engineGone();
     this.tokenizer.failAll("the engine process exited");
     if (this.stopping) {
-      this.registry.handleEngineExit(SHUTTING_DOWN_MESSAGE);
+      this.registry.handleEngineExit(SHUTTING_DOWN_MESSAGE, shuttingDown());
       return;
     }
     const verdict = deathVerdict(exit, this.killedByWatchdog);
