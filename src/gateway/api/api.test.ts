@@ -1,3 +1,4 @@
+import fc from "fast-check";
 /**
  * Request parsing and encoders of the completions and Responses APIs, driven with session events directly: field
  * rules and refusals (400 naming the field), the legacy logprobs shape, echo, the Responses event order with
@@ -66,6 +67,42 @@ describe("completions encoder", () => {
     expect(completionLogprobs([view("ab", -0.1), view("c", -0.2)], at)).toEqual({ tokens: ["ab", "c"], token_logprobs: [-0.1, -0.2], top_logprobs: [{ ab: -0.1, zz: -1.1 }, { c: -0.2, zz: -1.2 }], text_offset: [5, 7] });
     // The same offsets carry on into the next chunk.
     expect(completionLogprobs([view("d", -0.3)], at).text_offset).toEqual([8]);
+  });
+
+  it("text_offset: a lone byte that never completes a character takes one U+FFFD, and the next token starts after it", () => {
+    const part = (b: number) => ({ token: "\ufffd", logprob: -0.1, bytes: [b], top: [] });
+    // "\xe2" (a 3-byte lead) followed by "y": the text is "x\ufffdy".
+    const r = completionLogprobs([view("x", -0.1), part(0xe2), view("y", -0.2)], new TextOffsets(0));
+    expect(r.text_offset).toEqual([0, 1, 2]);
+    expect("x\ufffdy".slice(r.text_offset[2])).toBe("y");
+  });
+
+  it("text_offset of every self-contained token points at its text in the decoded whole (any split of any bytes)", () => {
+    const token = fc.oneof(
+      fc.string({ minLength: 1, maxLength: 4 }).map((t) => [...Buffer.from(t)]),
+      fc.uint8Array({ minLength: 1, maxLength: 3 }).map((b) => [...b]),
+    );
+    fc.assert(
+      fc.property(fc.array(token, { minLength: 1, maxLength: 12 }), (tokens) => {
+        const views = tokens.map((bytes) => ({ token: new TextDecoder().decode(Uint8Array.from(bytes)), logprob: -1, bytes, top: [] }));
+        const offsets = completionLogprobs(views, new TextOffsets(0)).text_offset;
+        const whole = new TextDecoder().decode(Uint8Array.from(tokens.flat()));
+        for (let i = 0; i < tokens.length; i++) {
+          expect(offsets[i]).toBeGreaterThanOrEqual(i > 0 ? offsets[i - 1]! : 0);
+          expect(offsets[i]).toBeLessThanOrEqual(whole.length);
+          // A token that is valid UTF-8 on its own starts a character whatever came before (held-back bytes before
+          // it decode on their own), so its text stands at its offset in the whole.
+          let own: string | null = null;
+          try {
+            own = new TextDecoder("utf-8", { fatal: true }).decode(Uint8Array.from(tokens[i]!));
+          } catch {
+            own = null;
+          }
+          if (own !== null) expect(whole.slice(offsets[i]!).startsWith(own)).toBe(true);
+        }
+      }),
+      { numRuns: 300 },
+    );
   });
 
   it("text_offset follows the decoded text when a character is split over tokens; the sampled token is always in top_logprobs", () => {

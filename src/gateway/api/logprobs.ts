@@ -38,19 +38,51 @@ export interface CompletionLogprobs {
  * counts once: offsets follow the decoded text, not the per-token strings.
  */
 export class TextOffsets {
-  /** Decodes the choice's token bytes as one stream, holding back an incomplete character. */
-  readonly #decoder = new TextDecoder("utf-8", { fatal: false });
-  /** Length of the text decoded so far (UTF-16 units), from the start offset. */
+  /** Length of the text decoded so far (UTF-16 units), from the start offset; excludes `#pending`. */
   #at: number;
+  /** Bytes of an incomplete character held back at the end of what was decoded (at most 3). */
+  #pending: number[] = [];
+  /** Where the held-back character starts. */
   constructor(start: number) {
     this.#at = start;
   }
   /** Offset of the token `v` (where its text starts), then advance past it. */
   next(v: TokenLogprobView): number {
-    const at = this.#at;
-    this.#at += v.bytes ? this.#decoder.decode(Uint8Array.from(v.bytes), { stream: true }).length : v.token.length;
+    if (!v.bytes) {
+      const at = this.#at + flushedLength(this.#pending);
+      this.#pending = [];
+      this.#at = at + v.token.length;
+      return at;
+    }
+    const bytes = v.bytes;
+    // A token that continues the held-back character starts where that character starts; any other token starts
+    // after it (the held-back bytes then decode on their own, as U+FFFD).
+    const continues = this.#pending.length > 0 && bytes.length > 0 && (bytes[0]! & 0xc0) === 0x80;
+    const at = continues ? this.#at : this.#at + flushedLength(this.#pending);
+    const all = [...this.#pending, ...bytes];
+    const keep = incompleteTail(all);
+    this.#at += utf8.decode(Uint8Array.from(all.slice(0, all.length - keep))).length;
+    this.#pending = all.slice(all.length - keep);
     return at;
   }
+}
+
+const utf8 = new TextDecoder("utf-8", { fatal: false });
+
+/** UTF-16 length of held-back bytes decoded on their own (each invalid sequence one U+FFFD). */
+function flushedLength(bytes: readonly number[]): number {
+  return bytes.length === 0 ? 0 : utf8.decode(Uint8Array.from(bytes)).length;
+}
+
+/** How many bytes at the end of `b` are the start of a character that more bytes could still complete. */
+function incompleteTail(b: readonly number[]): number {
+  for (let k = 1; k <= Math.min(3, b.length); k++) {
+    const lead = b[b.length - k]!;
+    if ((lead & 0xc0) === 0x80) continue; // a continuation byte: look further back for its lead
+    const need = lead >= 0xf5 ? 1 : lead >= 0xf0 ? 4 : lead >= 0xe0 ? 3 : lead >= 0xc2 ? 2 : 1;
+    return need > k ? k : 0;
+  }
+  return 0;
 }
 
 /**
