@@ -75,6 +75,31 @@ describe("routes", () => {
     expect(JSON.parse(r.body).error.type).toBe("invalid_request_error");
   });
 
+  it("garbage after a streaming request on the same connection never writes a raw error into the stream", async () => {
+    const net = await import("node:net");
+    const sock = net.connect(server.port, "127.0.0.1");
+    sock.on("error", () => undefined);
+    await new Promise<void>((r) => sock.once("connect", () => r()));
+    const body = JSON.stringify({ ...base, messages: [{ role: "user", content: "then garbage" }], max_tokens: 400, stream: true });
+    let data = "";
+    const closed = new Promise<void>((r) => sock.once("close", () => r()));
+    let sentGarbage = false;
+    sock.on("data", (d) => {
+      data += d.toString();
+      // Once the stream is flowing, the same connection sends something that is not HTTP.
+      if (!sentGarbage && data.includes("chat.completion.chunk")) {
+        sentGarbage = true;
+        sock.write("GARBAGE\r\n\r\n");
+      }
+    });
+    sock.write(`POST /v3/chat/completions HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\ncontent-length: ${Buffer.byteLength(body)}\r\n\r\n${body}`);
+    await closed;
+    expect(sentGarbage).toBe(true);
+    expect(data.match(/HTTP\/1\.1 /g)).toHaveLength(1);
+    const { waitForMetrics } = await import("../support/server.js");
+    await waitForMetrics(server.baseUrl, (m) => m.get("keel_requests_running") === 0 && m.get("keel_requests_waiting") === 0);
+  });
+
   it("a URL that does not decode and a request that is not HTTP get OpenAI-shaped 400s", async () => {
     const bad = await get(server.baseUrl, "/v1/models/%zz");
     expect(bad.status).toBe(400);
