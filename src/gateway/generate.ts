@@ -101,7 +101,14 @@ export function runGeneration(ctx: RouteContext, req: FastifyRequest, reply: Fas
   const ids = childIds(plan.id, plan.n * plan.prompts.length);
   const promptOf = ids.map((_, c) => Math.floor(c / plan.n));
   const seed = plan.params.seed ?? randomBytes(4).readUInt32LE(0);
-  const session = new GenerationSession({ childIds: ids, promptOf, stop: plan.stop, includeStopStr: plan.includeStopStr, logprobs: plan.params.logprobs != null });
+  const session = new GenerationSession({
+    childIds: ids,
+    promptOf,
+    stop: plan.stop,
+    includeStopStr: plan.includeStopStr,
+    logprobs: plan.params.logprobs != null,
+    ...(plan.params.minTokens ? { minTokens: plan.params.minTokens } : {}),
+  });
   reply.hijack();
   const socket = req.raw.socket;
   const writer = new ResponseWriter(reply.raw, {

@@ -18,6 +18,21 @@ const text = (events: SessionEvent[], index = 0): string =>
   events.map((e) => (e.type === "delta" && e.index === index ? e.content : "")).join("");
 
 describe("GenerationSession: stop strings", () => {
+  it("min_tokens: stop strings are not matched before the choice generated that many tokens (vLLM)", () => {
+    const s = open({ stop: ["e"], minTokens: 3 });
+    s.admitted("r", 5);
+    // Tokens 1 and 2 contain the stop string: passed through as they are.
+    const a = s.output("r", [1], "he");
+    const b = s.output("r", [2], "re");
+    expect([...a.abort, ...b.abort]).toEqual([]);
+    expect(text([...a.events, ...b.events])).toBe("here");
+    // From the third token on, the stop string ends the choice.
+    const c = s.output("r", [3], "xe!");
+    expect(c.abort).toEqual(["r"]);
+    expect(text(c.events)).toBe("x");
+  });
+
+
   it("a matched stop string ends the choice with 'stop' and returns the engine abort of that child", () => {
     const s = open({ stop: ["END"] });
     expect(s.admitted("r", 5)).toEqual({ events: [{ type: "started" }], abort: [] });

@@ -27,6 +27,8 @@ export interface SessionOptions {
   includeStopStr: boolean;
   /** Logprobs were requested: turn the engine's entries into views (else they are ignored). */
   logprobs: boolean;
+  /** `min_tokens`: stop strings are not matched until a choice generated this many tokens (vLLM). Absent = 0. */
+  minTokens?: number;
 }
 
 /**
@@ -123,8 +125,9 @@ export class GenerationSession {
     c.tokens += tokens.length;
     const views = this.#opts.logprobs && logprobs ? logprobs.map(positionView) : [];
     c.logprobs.push(...views);
-    // 2. Stop strings: emit what is certain, hold back a possible stop-string prefix.
-    const r = c.stop.push(text);
+    // 2. Stop strings: emit what is certain, hold back a possible stop-string prefix — once min_tokens tokens were
+    //    generated; before that the text goes out as it is.
+    const r = c.tokens < (this.#opts.minTokens ?? 0) ? { emit: text, stopped: false } : c.stop.push(text);
     let content = r.emit;
     if (r.stopped && this.#opts.includeStopStr) content += c.stop.matched ?? "";
     c.text += content;
