@@ -2,6 +2,7 @@
  * What the API routes need from the server: the registry, readiness, the current engine's limits and
  * capabilities, and the metric/log hooks. Built once by the server (one object for every route).
  */
+import type { FastifyReply } from "fastify";
 import type { Logger } from "pino";
 import type { EngineCapabilities } from "../protocol/messages.js";
 import type { ChatTemplate } from "./chat-template.js";
@@ -45,4 +46,19 @@ export interface RouteContext {
   onRejected(reason: "queue_full" | "not_ready"): void;
   log: Logger;
   onDisconnect(phase: Phase): void;
+}
+
+/**
+ * The current engine as a route needs it, or the 503 (with Retry-After) to answer while there is none ready: loading,
+ * restarting or shutting down. Counted as a `not_ready` rejection.
+ */
+export function readyEngine(ctx: RouteContext, reply: FastifyReply): { template: ChatTemplate; capabilities: EngineCapabilities } {
+  const template = ctx.template();
+  const capabilities = ctx.capabilities();
+  if (!ctx.isReady() || !template || !capabilities) {
+    ctx.onRejected("not_ready");
+    void reply.header("retry-after", "1");
+    throw ctx.unavailable();
+  }
+  return { template, capabilities };
 }

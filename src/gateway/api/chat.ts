@@ -12,7 +12,7 @@ import { parseChatRequest, type ChatRequest } from "../chat-request.js";
 import { contextLengthExceeded, modelNotFound, toErrorBody } from "../errors.js";
 import { runGeneration, type Encoder } from "../generate.js";
 import type { Usage } from "../registry.js";
-import type { RouteContext } from "../route-context.js";
+import { readyEngine, type RouteContext } from "../route-context.js";
 import { checkCapabilities } from "./sampling.js";
 import { chatLogprobs } from "./logprobs.js";
 
@@ -74,13 +74,7 @@ export function chatEncoder(body: Pick<ChatRequest, "n" | "includeUsage" | "logp
 export async function handleChat(ctx: RouteContext, req: FastifyRequest, reply: FastifyReply): Promise<void> {
   const body = parseChatRequest(req.body);
   if (body.model !== ctx.modelName) throw modelNotFound(body.model);
-  const template = ctx.template();
-  const caps = ctx.capabilities();
-  if (!ctx.isReady() || !template || !caps) {
-    ctx.onRejected("not_ready");
-    void reply.header("retry-after", "1");
-    throw ctx.unavailable();
-  }
+  const { template, capabilities: caps } = readyEngine(ctx, reply);
   const refused = checkCapabilities(body.sampling, body.logprobs === null ? null : { param: body.logprobs > 0 ? "top_logprobs" : "logprobs", n: body.logprobs }, caps, ctx.vocabSize());
   if (refused) throw refused;
   // Every message renders to at least one token, so this many messages cannot fit; refuse before rendering.

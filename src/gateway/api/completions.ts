@@ -12,7 +12,7 @@ import { z } from "zod";
 import { describe, issueToError, report, stopSchema, tokenLimit, UINT32_MAX } from "../chat-request.js";
 import { invalidValue, modelNotFound, toErrorBody, unsupportedField } from "../errors.js";
 import { runGeneration, type Encoder } from "../generate.js";
-import type { RouteContext } from "../route-context.js";
+import { readyEngine, type RouteContext } from "../route-context.js";
 import { sanitizeForJson } from "../utf8-stream.js";
 import { usageBody } from "./chat.js";
 import { completionLogprobs, TextOffsets } from "./logprobs.js";
@@ -186,12 +186,7 @@ export function completionEncoder(body: CompletionRequest, id: string, model: st
 export async function handleCompletion(ctx: RouteContext, req: FastifyRequest, reply: FastifyReply): Promise<void> {
   const body = parseCompletionRequest(req.body);
   if (body.model !== ctx.modelName) throw modelNotFound(body.model);
-  const caps = ctx.capabilities();
-  if (!ctx.isReady() || !caps) {
-    ctx.onRejected("not_ready");
-    void reply.header("retry-after", "1");
-    throw ctx.unavailable();
-  }
+  const { capabilities: caps } = readyEngine(ctx, reply);
   const refused = checkCapabilities(body.sampling, body.logprobs === null ? null : { param: "logprobs", n: body.logprobs }, caps, ctx.vocabSize());
   if (refused) throw refused;
   const id = `cmpl-${randomUUID().replaceAll("-", "")}`;

@@ -17,7 +17,7 @@ import { describe, isPlainObject, issueToError, report, tokenLimit, unsupported 
 import { contextLengthExceeded, modelNotFound, type KeelHttpError } from "../errors.js";
 import { runGeneration, type Encoder } from "../generate.js";
 import type { Usage } from "../registry.js";
-import type { RouteContext } from "../route-context.js";
+import { readyEngine, type RouteContext } from "../route-context.js";
 import type { ChoiceResult } from "../session/events.js";
 import { sanitizeForJson } from "../utf8-stream.js";
 
@@ -240,12 +240,7 @@ export function responsesEncoder(body: ResponsesRequest, id: string, model: stri
 export async function handleResponses(ctx: RouteContext, req: FastifyRequest, reply: FastifyReply): Promise<void> {
   const body = parseResponsesRequest(req.body);
   if (body.model !== ctx.modelName) throw modelNotFound(body.model);
-  const template = ctx.template();
-  if (!ctx.isReady() || !template) {
-    ctx.onRejected("not_ready");
-    void reply.header("retry-after", "1");
-    throw ctx.unavailable();
-  }
+  const { template } = readyEngine(ctx, reply);
   const capacity = ctx.maxModelLen();
   if (capacity !== null && body.messages.length >= capacity) throw contextLengthExceeded(capacity, body.messages.length);
   const prompt = template.render(body.messages, { addGenerationPrompt: true });

@@ -9,7 +9,7 @@ import type { FastifyReply, FastifyRequest } from "fastify";
 import { z } from "zod";
 import { issueToError, report, unsupported } from "../chat-request.js";
 import { engineError, invalidValue, modelNotFound } from "../errors.js";
-import type { RouteContext } from "../route-context.js";
+import { readyEngine, type RouteContext } from "../route-context.js";
 import { sanitizeForJson } from "../utf8-stream.js";
 
 /** Most texts per request. */
@@ -45,11 +45,7 @@ export async function handleTokenize(ctx: RouteContext, req: FastifyRequest, rep
   if (!parsed.success) throw issueToError(parsed.error.issues[0]!);
   const b = parsed.data;
   if (b.model !== ctx.modelName) throw modelNotFound(b.model);
-  if (!ctx.isReady()) {
-    ctx.onRejected("not_ready");
-    void reply.header("retry-after", "1");
-    throw ctx.unavailable();
-  }
+  readyEngine(ctx, reply);
   const texts = typeof b.text === "string" ? [b.text] : b.text;
   const limit = (ctx.maxModelLen() ?? 0) * TOKENIZE_CHARS_PER_CONTEXT_TOKEN;
   const total = texts.reduce((n, t) => n + t.length, 0);
