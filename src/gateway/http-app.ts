@@ -98,9 +98,10 @@ export function buildHttpApp(deps: HttpAppDeps): HttpApp {
       if (err.code === "ECONNRESET" || socket.destroyed) return;
       const e = clientConnectionError(err.code);
       const body = JSON.stringify(toErrorBody(e));
-      // A response already under way on this connection (an earlier pipelined request) must not get a raw error
-      // written into its body: the connection is unusable, so it is closed (that response's request is released).
-      const busy = (socket as unknown as { _httpMessage?: unknown })._httpMessage != null;
+      // A response already under way on this connection (its headers sent: an earlier pipelined request is
+      // streaming) must not get a raw error written into its body: the connection is unusable, so it is closed (that
+      // response's request is released). A response not started yet is the one this error answers (Node's rule).
+      const busy = (socket as unknown as { _httpMessage?: { headersSent?: boolean } | null })._httpMessage?.headersSent === true;
       if (socket.writable && !busy) {
         socket.write(`HTTP/1.1 ${e.status} ${http.STATUS_CODES[e.status]}\r\ncontent-type: application/json; charset=utf-8\r\ncontent-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`);
       }
