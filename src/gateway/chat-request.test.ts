@@ -372,7 +372,7 @@ describe("parseChatRequest: recognised but unsupported fields", () => {
     // A deeply nested bias is described by its type: not serialised back (a 10,000-level array overflowed the stack: 500).
     const deep = JSON.parse(`${"[".repeat(10000)}${"]".repeat(10000)}`) as unknown;
     expectReject(withBase({ logit_bias: { "12": deep } }), "invalid_value", "logit_bias", /bias of token 12 must be a number between -100 and 100 \(got an array\)/);
-    expectReject(withBase({ logit_bias: { "12": "x".repeat(5000) } }), "invalid_value", "logit_bias", /\(got "x{40}…"\)/);
+    expectReject(withBase({ logit_bias: { "12": "x".repeat(5000) } }), "invalid_value", "logit_bias", /\(got 'x{120}…'\)/);
     expectReject(withBase({ logit_bias: [1] }), "invalid_value", "logit_bias", /expected an object/);
   });
 });

@@ -21,7 +21,7 @@
  */
 import { z } from "zod";
 import type { ChatMessage } from "./chat-template.js";
-import { KeelHttpError, invalidValue, missingField, quoteClientValue, unsupportedField } from "./errors.js";
+import { describe, KeelHttpError, invalidValue, missingField, show, unsupportedField } from "./errors.js";
 import { sanitizeForJson } from "./utf8-stream.js";
 import { checkMinTokens, extendedSampling, MAX_TOP_LOGPROBS, SAMPLING_RANGES, samplingFields, type ExtendedSampling } from "./api/sampling.js";
 
@@ -87,30 +87,7 @@ export function report(ctx: IssueCtx, kind: IssueKind, detail: string, path: Pro
   ctx.addIssue({ code: "custom", message: detail, path, params: { kind }, input });
 }
 
-/** "a string", "null", "an integer", "a decimal", … — the JSON type of `v` for messages. */
-export function describe(v: unknown): string {
-  if (v === null) return "null";
-  if (Array.isArray(v)) return "an array";
-  switch (typeof v) {
-    case "string":
-      return "a string";
-    case "boolean":
-      return "a boolean";
-    case "number":
-      return Number.isInteger(v) ? "an integer" : "a decimal";
-    case "object":
-      return "an object";
-    default:
-      return typeof v;
-  }
-}
-
-/** Renders a client value for a message: strings quoted and truncated, numbers as is. */
-function show(v: unknown): string {
-  if (typeof v === "string") return quoteClientValue(v);
-  if (typeof v === "number" || typeof v === "boolean" || v === null) return String(v);
-  return describe(v);
-}
+export { describe };
 
 const TYPE_NAMES: Record<string, string> = {
   string: "a string",

@@ -411,3 +411,28 @@ export function toErrorBody(err: unknown): ErrorBody {
   const e = toHttpError(err);
   return { error: { message: e.message, type: e.type, code: e.code, param: e.param } };
 }
+
+/** "a string", "null", "an integer", "a decimal", … — the JSON type of `v` for messages. */
+export function describe(v: unknown): string {
+  if (v === null) return "null";
+  if (Array.isArray(v)) return "an array";
+  switch (typeof v) {
+    case "string":
+      return "a string";
+    case "boolean":
+      return "a boolean";
+    case "number":
+      return Number.isInteger(v) ? "an integer" : "a decimal";
+    case "object":
+      return "an object";
+    default:
+      return typeof v;
+  }
+}
+
+/** Renders a client value for a message: strings quoted and truncated, numbers as is. */
+export function show(v: unknown): string {
+  if (typeof v === "string") return quoteClientValue(v);
+  if (typeof v === "number" || typeof v === "boolean" || v === null) return String(v);
+  return describe(v);
+}

@@ -6,7 +6,7 @@
  */
 import { z } from "zod";
 import type { EngineCapabilities, SamplingParams } from "../../protocol/messages.js";
-import { invalidValue, unsupportedField, type KeelHttpError } from "../errors.js";
+import { invalidValue, show, unsupportedField, type KeelHttpError } from "../errors.js";
 
 /** Largest `n` per request (each choice is one engine request; OpenAI allows 128, a CPU server much less). */
 export const MAX_N = 16;
@@ -34,13 +34,6 @@ export const SAMPLING_RANGES: Record<string, string> = {
  * `logit_bias`: OpenAI's object of token-id strings to a bias in -100..100. The error names the offending key, so
  * a client that sent words instead of token ids learns why.
  */
-/** A bias value for an error message: numbers and short strings as they are, anything else by its type (a deeply
- * nested value must not be serialised back: it would overflow the stack or flood the message). */
-function shownBias(v: unknown): string {
-  if (typeof v === "number" || typeof v === "boolean" || v === null) return String(v);
-  if (typeof v === "string") return JSON.stringify(v.length > 40 ? `${v.slice(0, 40)}…` : v);
-  return Array.isArray(v) ? "an array" : typeof v === "object" ? "an object" : typeof v;
-}
 
 const logitBiasSchema = z
   .unknown()
@@ -59,7 +52,7 @@ const logitBiasSchema = z
         return [];
       }
       if (typeof bias !== "number" || !Number.isFinite(bias) || bias < -100 || bias > 100) {
-        ctx.addIssue({ code: "custom", message: `the bias of token ${key} must be a number between -100 and 100 (got ${shownBias(bias)}).`, input: v, params: { kind: "invalid_value" } });
+        ctx.addIssue({ code: "custom", message: `the bias of token ${key} must be a number between -100 and 100 (got ${show(bias)}).`, input: v, params: { kind: "invalid_value" } });
         return [];
       }
       if (bias !== 0) out.push([Number(key), bias]);
