@@ -5,8 +5,8 @@
 import type { FastifyReply } from "fastify";
 import type { Logger } from "pino";
 import type { EngineCapabilities } from "../protocol/messages.js";
-import type { ChatTemplate } from "./chat-template.js";
-import type { KeelHttpError } from "./errors.js";
+import type { ChatMessage, ChatTemplate } from "./chat-template.js";
+import { contextLengthExceeded, type KeelHttpError } from "./errors.js";
 import type { Phase } from "./lifecycle.js";
 import type { RequestRegistry } from "./registry.js";
 
@@ -61,4 +61,14 @@ export function readyEngine(ctx: RouteContext, reply: FastifyReply): { template:
     throw ctx.unavailable();
   }
   return { template, capabilities };
+}
+
+/**
+ * Render chat messages into the prompt text with the model's template. Every message renders to at least one token,
+ * so more messages than the context holds is refused before rendering (400 context_length_exceeded).
+ */
+export function renderMessages(ctx: RouteContext, template: ChatTemplate, messages: ChatMessage[], kwargs?: Record<string, unknown>): string {
+  const capacity = ctx.maxModelLen();
+  if (capacity !== null && messages.length >= capacity) throw contextLengthExceeded(capacity, messages.length);
+  return template.render(messages, { addGenerationPrompt: true, ...(kwargs ? { kwargs } : {}) });
 }

@@ -9,12 +9,28 @@
 import { randomUUID } from "node:crypto";
 import type { FastifyReply, FastifyRequest } from "fastify";
 import { parseChatRequest, type ChatRequest } from "../chat-request.js";
-import { contextLengthExceeded, modelNotFound, toErrorBody } from "../errors.js";
+import { modelNotFound, toErrorBody } from "../errors.js";
 import { runGeneration, type Encoder } from "../generate.js";
 import type { Usage } from "../registry.js";
-import { readyEngine, type RouteContext } from "../route-context.js";
+import { readyEngine, renderMessages, type RouteContext } from "../route-context.js";
 import { checkCapabilities } from "./sampling.js";
 import { chatLogprobs } from "./logprobs.js";
+
+/**
+ * Builder of one API's stream chunks: `{id, object, created, model, choices}`, with `usage: null` on every chunk when
+ * the client asked for a final usage chunk (OpenAI's shape), plus any `extra` fields.
+ */
+export function chunkBuilder(object: string, id: string, created: number, model: string, includeUsage: boolean) {
+  return (choices: unknown[], extra: Record<string, unknown> = {}): unknown => ({
+    id,
+    object,
+    created,
+    model,
+    choices,
+    ...(includeUsage ? { usage: null } : {}),
+    ...extra,
+  });
+}
 
 export function usageBody(u: Usage): { prompt_tokens: number; completion_tokens: number; total_tokens: number } {
   return { prompt_tokens: u.promptTokens, completion_tokens: u.completionTokens, total_tokens: u.promptTokens + u.completionTokens };
@@ -22,15 +38,7 @@ export function usageBody(u: Usage): { prompt_tokens: number; completion_tokens:
 
 /** The chat encoder for one request. */
 export function chatEncoder(body: Pick<ChatRequest, "n" | "includeUsage" | "logprobs">, id: string, model: string, created: number): Encoder {
-  const chunk = (choices: unknown[], extra: Record<string, unknown> = {}): unknown => ({
-    id,
-    object: "chat.completion.chunk",
-    created,
-    model,
-    choices,
-    ...(body.includeUsage ? { usage: null } : {}),
-    ...extra,
-  });
+  const chunk = chunkBuilder("chat.completion.chunk", id, created, model, body.includeUsage);
   const wantLogprobs = body.logprobs !== null;
   return {
     stream(ev, w) {
@@ -77,10 +85,7 @@ export async function handleChat(ctx: RouteContext, req: FastifyRequest, reply: 
   const { template, capabilities: caps } = readyEngine(ctx, reply);
   const refused = checkCapabilities(body.sampling, body.logprobs === null ? null : { param: body.logprobs > 0 ? "top_logprobs" : "logprobs", n: body.logprobs }, caps, ctx.vocabSize());
   if (refused) throw refused;
-  // Every message renders to at least one token, so this many messages cannot fit; refuse before rendering.
-  const capacity = ctx.maxModelLen();
-  if (capacity !== null && body.messages.length >= capacity) throw contextLengthExceeded(capacity, body.messages.length);
-  const prompt = template.render(body.messages, { addGenerationPrompt: true, kwargs: body.templateKwargs });
+  const prompt = renderMessages(ctx, template, body.messages, body.templateKwargs);
   const id = `chatcmpl-${randomUUID().replaceAll("-", "")}`;
   const created = Math.floor(Date.now() / 1000);
   runGeneration(

@@ -14,7 +14,7 @@ import { invalidValue, modelNotFound, toErrorBody, unsupportedField } from "../e
 import { runGeneration, type Encoder } from "../generate.js";
 import { readyEngine, type RouteContext } from "../route-context.js";
 import { sanitizeForJson } from "../utf8-stream.js";
-import { usageBody } from "./chat.js";
+import { chunkBuilder, usageBody } from "./chat.js";
 import { completionLogprobs, TextOffsets } from "./logprobs.js";
 import { checkCapabilities, checkMinTokens, extendedSampling, MAX_TOP_LOGPROBS, samplingFields, type ExtendedSampling } from "./sampling.js";
 
@@ -127,15 +127,7 @@ export function completionEncoder(body: CompletionRequest, id: string, model: st
   const promptOf = (index: number): string => body.prompts[Math.floor(index / body.n)]!;
   /** Token offsets per choice in its streamed text (legacy text_offset; the echoed prompt counts). */
   const offsets = new Map<number, TextOffsets>();
-  const chunk = (choices: unknown[], extra: Record<string, unknown> = {}): unknown => ({
-    id,
-    object: "text_completion",
-    created,
-    model,
-    choices,
-    ...(body.includeUsage ? { usage: null } : {}),
-    ...extra,
-  });
+  const chunk = chunkBuilder("text_completion", id, created, model, body.includeUsage);
   const choiceCount = body.n * body.prompts.length;
   return {
     stream(ev, w) {

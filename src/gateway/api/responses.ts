@@ -14,10 +14,10 @@ import type { FastifyReply, FastifyRequest } from "fastify";
 import { z } from "zod";
 import type { ChatMessage } from "../chat-template.js";
 import { describe, isPlainObject, issueToError, report, tokenLimit, unsupported } from "../chat-request.js";
-import { contextLengthExceeded, modelNotFound, type KeelHttpError } from "../errors.js";
+import { modelNotFound, type KeelHttpError } from "../errors.js";
 import { runGeneration, type Encoder } from "../generate.js";
 import type { Usage } from "../registry.js";
-import { readyEngine, type RouteContext } from "../route-context.js";
+import { readyEngine, renderMessages, type RouteContext } from "../route-context.js";
 import type { ChoiceResult } from "../session/events.js";
 import { sanitizeForJson } from "../utf8-stream.js";
 
@@ -241,9 +241,7 @@ export async function handleResponses(ctx: RouteContext, req: FastifyRequest, re
   const body = parseResponsesRequest(req.body);
   if (body.model !== ctx.modelName) throw modelNotFound(body.model);
   const { template } = readyEngine(ctx, reply);
-  const capacity = ctx.maxModelLen();
-  if (capacity !== null && body.messages.length >= capacity) throw contextLengthExceeded(capacity, body.messages.length);
-  const prompt = template.render(body.messages, { addGenerationPrompt: true });
+  const prompt = renderMessages(ctx, template, body.messages);
   const id = `resp_${randomUUID().replaceAll("-", "")}`;
   runGeneration(
     ctx,
