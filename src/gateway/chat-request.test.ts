@@ -352,6 +352,9 @@ describe("parseChatRequest: recognised but unsupported fields", () => {
     expectReject(withBase({ presence_penalty: 2.5 }), "invalid_value", "presence_penalty", /between -2 and 2 \(got 2.5\)/);
     expectReject(withBase({ frequency_penalty: -3 }), "invalid_value", "frequency_penalty", /between -2 and 2/);
     expectReject(withBase({ repetition_penalty: 0 }), "invalid_value", "repetition_penalty", /greater than 0/);
+    expectReject(withBase({ reasoning_effort: "high" }), "unsupported_field", "reasoning_effort");
+    expectReject(withBase({ store: true }), "unsupported_field", "store");
+    expect(parseChatRequest(withBase({ store: false, service_tier: "auto" })).model).toBe(withBase({}).model);
     expectReject(withBase({ repetition_penalty: 1e300 }), "invalid_value", "repetition_penalty", /at most 1000000 \(1 = off\) \(got 1e\+300\)/);
     expectReject(withBase({ min_p: 1.5 }), "invalid_value", "min_p", /between 0 and 1/);
     expectReject(withBase({ min_tokens: -1 }), "invalid_value", "min_tokens", /non-negative integer/);

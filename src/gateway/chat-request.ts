@@ -347,6 +347,11 @@ export const chatRequestBodySchema = z.object({
   audio: unsupported(() => false, "Audio output is not available."),
   modalities: unsupported((v) => Array.isArray(v) && v.length === 1 && v[0] === "text", "Only [\"text\"] is supported."),
   prediction: unsupported(() => false, "Predicted outputs are not available."),
+  // OpenAI fields with an effect Keel does not provide: refused rather than dropped.
+  reasoning_effort: unsupported(() => false, "Reasoning options are not available."),
+  web_search_options: unsupported(() => false, "Web search is not available."),
+  store: unsupported((v) => v === false, "Keel keeps no server-side state; completions cannot be stored."),
+  service_tier: unsupported((v) => v === "auto" || v === "default", "Service tiers are not available."),
 });
 
 /**
