@@ -11,7 +11,7 @@
  */
 import net from "node:net";
 import { encodeFrame, FrameDecoder } from "../protocol/framing.js";
-import { PROTOCOL_VERSION, type EngineMessage, type TokenizedMessage, type TokenizeMessage } from "../protocol/messages.js";
+import { PROTOCOL_VERSION, type EngineMessage } from "../protocol/messages.js";
 import { parseGatewayMessage } from "../protocol/validate.js";
 import { LlamaAdapter } from "./llama-adapter.js";
 import { parseEngineConfig, toAdapterOptions } from "./start-config.js";
@@ -121,7 +121,6 @@ async function main(): Promise<void> {
       const m = parsed.message;
       if (m.type === "ping") send({ v: PROTOCOL_VERSION, type: "pong", nonce: m.nonce, step: loop.steps });
       else if (m.type === "shutdown") loop.stop();
-      else if (m.type === "tokenize") send(answerTokenize(adapter, m));
       else {
         if (faults && m.type === "add") {
           const text = "text" in m.prompt ? m.prompt.text : Buffer.concat(m.prompt.tokens.map((t) => Buffer.from(adapter.bytesOf(t)))).toString("utf8");
@@ -157,21 +156,6 @@ async function main(): Promise<void> {
   channel.end();
 }
 
-/**
- * `tokenize` (docs/protocol.md §3.5): the model's tokenizer, outside the step loop — it reads no sequence state, so
- * it is answered at once even while a step runs. Without `addSpecialTokens` a leading BOS the tokenizer adds is
- * dropped.
- */
-function answerTokenize(adapter: LlamaAdapter, m: TokenizeMessage): TokenizedMessage {
-  try {
-    const tokens = adapter.tokenize(m.text);
-    const bos = adapter.bosToken;
-    if (!m.addSpecialTokens && bos !== null && tokens[0] === bos) tokens.shift();
-    return { v: PROTOCOL_VERSION, type: "tokenized", id: m.id, tokens };
-  } catch (err) {
-    return { v: PROTOCOL_VERSION, type: "tokenized", id: m.id, error: (err as Error)?.message ?? String(err) };
-  }
-}
 
 // Last resort inside the engine process: report, then exit non-zero so the gateway restarts the engine. The
 // gateway process is never affected (docs/design-rules.md, rule 4).

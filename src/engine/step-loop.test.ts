@@ -181,6 +181,24 @@ function setup(cfg: Partial<SchedulerConfig> = {}) {
   return { backend, messages, loop, violations, steps, outputsOf, stepOnce, drain };
 }
 
+describe("tokenize", () => {
+  it("is answered at a step boundary, never while a decode is in flight", async () => {
+    const t = setup();
+    t.loop.submit(add("a", "hi", { maxTokens: 2, temperature: 0 }));
+    t.backend.holdNext = true;
+    const first = t.loop.step();
+    await Promise.resolve();
+    expect(t.backend.decodeInFlight).toBe(true);
+    t.loop.submit({ v: PROTOCOL_VERSION, type: "tokenize", id: "tok-1", text: "ok", addSpecialTokens: true });
+    expect(t.messages.filter((m) => m.type === "tokenized")).toEqual([]);
+    t.backend.pending!.resolve();
+    await first;
+    expect(t.messages.filter((m) => m.type === "tokenized")).toEqual([]);
+    await t.loop.step();
+    expect(t.messages.filter((m) => m.type === "tokenized")).toEqual([{ v: PROTOCOL_VERSION, type: "tokenized", id: "tok-1", tokens: [111, 107] }]);
+  });
+});
+
 describe("queue time", () => {
   it("admitted.queueMs runs from the add's arrival to its admission, not to the end of the prefill step", async () => {
     const t = setup({ maxNumSeqs: 1 });

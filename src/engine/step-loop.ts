@@ -6,7 +6,7 @@
  * samples sequentially, and emits exactly one `step` message for each step that did work. No native call ever overlaps a decode:
  * slots are cleared and samplers disposed only between decodes.
  */
-import type { AddMessage, EngineErrorCode, EngineMessage, PositionLogprobs, RequestOutput, SamplingParams } from "../protocol/messages.js";
+import type { AddMessage, EngineErrorCode, EngineMessage, TokenizeMessage, TokenizedMessage, PositionLogprobs, RequestOutput, SamplingParams } from "../protocol/messages.js";
 import { PROTOCOL_VERSION } from "../protocol/messages.js";
 import { checkSamplingParams } from "../protocol/validate.js";
 import type { DecodeItem, RawLogprobs, SamplerConfig, SamplerHandle } from "./llama-adapter.js";
@@ -16,6 +16,8 @@ import { Scheduler, type BatchItem, type Outcome, type SchedulerConfig } from ".
 /** What the loop needs from a model backend (the llama.cpp adapter, or a fake in tests). */
 export interface ModelBackend {
   tokenize(text: string): number[];
+  /** The BOS token id the tokenizer prepends, or null when it adds none (tokenize without special tokens). */
+  readonly bosToken?: number | null;
   /**
    * A cheap lower bound on the tokens `tokenize(text)` would produce, computed without tokenizing. The loop refuses
    * a prompt whose bound already exceeds the capacity, because tokenizing is synchronous and llama.cpp's
@@ -44,7 +46,7 @@ export interface ModelBackend {
 }
 
 /** A command for the loop, applied at the next step boundary. */
-export type LoopCommand = AddMessage | { type: "abort"; ids: string[] };
+export type LoopCommand = AddMessage | { type: "abort"; ids: string[] } | TokenizeMessage;
 
 /** Engine-side data of one live request (the scheduler owns its tokens and slot). */
 interface RequestState {
@@ -161,6 +163,7 @@ export class StepLoop {
     const abortIds: string[] = [];
     for (const cmd of snapshot) {
       if (cmd.type === "add") this.applyAdd(cmd);
+      else if (cmd.type === "tokenize") this.emit(this.tokenize(cmd));
       else abortIds.push(...cmd.ids);
     }
     // 2. Aborts free their slots at once (no decode is in flight here).
@@ -298,6 +301,22 @@ export class StepLoop {
   /** Number of requests the loop holds (for tests). */
   get liveRequests(): number {
     return this.requests.size;
+  }
+
+  /**
+   * Answer a `tokenize` question (docs/protocol.md §3.5) at the step boundary, like every other call into the model:
+   * nothing touches the backend while a decode is in flight. Without `addSpecialTokens` a leading BOS the tokenizer
+   * adds is dropped.
+   */
+  private tokenize(m: TokenizeMessage): TokenizedMessage {
+    try {
+      const tokens = this.backend.tokenize(m.text);
+      const bos = this.backend.bosToken ?? null;
+      if (!m.addSpecialTokens && bos !== null && tokens[0] === bos) tokens.shift();
+      return { v: PROTOCOL_VERSION, type: "tokenized", id: m.id, tokens };
+    } catch (err) {
+      return { v: PROTOCOL_VERSION, type: "tokenized", id: m.id, error: (err as Error)?.message ?? String(err) };
+    }
   }
 
   private applyAdd(cmd: AddMessage): void {
