@@ -26,17 +26,14 @@ import { sanitizeForJson } from "./utf8-stream.js";
 import { checkMinTokens, extendedSampling, MAX_TOP_LOGPROBS, SAMPLING_RANGES, samplingFields, type ExtendedSampling } from "./api/sampling.js";
 
 /** A validated chat-completion request, with defaults applied. */
-export interface ChatRequest {
+/** The fields chat and completions share: how to generate, whatever the prompt. */
+export interface GenerationFields {
   /** Model name as sent (not yet resolved). */
   model: string;
-  /** At least one message; content flattened to text. */
-  messages: ChatMessage[];
   /** Server-sent events response. Default false. */
   stream: boolean;
   /** `stream_options.include_usage`: send a final usage chunk. Default false. */
   includeUsage: boolean;
-  /** Completion token budget (`max_completion_tokens`, else `max_tokens`), 1..2^32−1; absent = until EOS / context end. */
-  maxTokens?: number;
   /** Sampling temperature, 0..2 (0 = greedy). Default 1. */
   temperature: number;
   /** Nucleus sampling mass, 0 < topP ≤ 1. Default 1 (disabled). */
@@ -49,14 +46,21 @@ export interface ChatRequest {
   stop: string[];
   /** Keep generating past the end-of-sequence token (until `maxTokens`). Default false. */
   ignoreEos: boolean;
-  /** Choices to generate (1..16); each is one engine request. Default 1. */
+  /** Choices to generate (1..16 per prompt); each is one engine request. Default 1. */
   n: number;
   /** Presence/frequency/repetition penalties, min_p, logit_bias, min_tokens, stop_token_ids (no-op values dropped). */
   sampling: ExtendedSampling;
   /** Keep the matched stop string in the output. Default false. */
   includeStopStr: boolean;
-  /** `logprobs: true` → the number of alternatives per token (`top_logprobs`, default 0); null = no logprobs. */
+  /** Alternatives per token for log probabilities (chat `top_logprobs`, completions integer `logprobs`); null = none. */
   logprobs: number | null;
+}
+
+export interface ChatRequest extends GenerationFields {
+  /** At least one message; content flattened to text. */
+  messages: ChatMessage[];
+  /** Completion token budget (`max_completion_tokens`, else `max_tokens`), 1..2^32−1; absent = until EOS / context end. */
+  maxTokens?: number;
   /** Extra variables for the chat template (`chat_template_kwargs`, e.g. `enable_thinking`). */
   templateKwargs: Record<string, unknown>;
 }

@@ -13,6 +13,7 @@ import type { FastifyReply, FastifyRequest } from "fastify";
 import type { SamplingParams } from "../protocol/messages.js";
 import { childSeed } from "./api/sampling.js";
 import { engineFault, invalidValue, queueFull, toErrorBody, type KeelHttpError } from "./errors.js";
+import type { GenerationFields } from "./chat-request.js";
 import type { CancelCause, Phase } from "./lifecycle.js";
 import type { RouteContext } from "./route-context.js";
 import { GenerationSession } from "./session/session.js";
@@ -32,6 +33,26 @@ export interface GenerationPlan {
   params: Omit<SamplingParams, "seed"> & { seed?: number };
   stop: readonly string[];
   includeStopStr: boolean;
+}
+
+/** The part of a plan that chat and completions build alike from their shared request fields. */
+export function generationOptions(body: GenerationFields, maxTokens: number | null): Pick<GenerationPlan, "n" | "stream" | "params" | "stop" | "includeStopStr"> {
+  return {
+    n: body.n,
+    stream: body.stream,
+    params: {
+      maxTokens,
+      temperature: body.temperature,
+      topP: body.topP,
+      topK: body.topK,
+      ignoreEos: body.ignoreEos,
+      ...(body.seed !== undefined ? { seed: body.seed } : {}),
+      ...body.sampling,
+      ...(body.logprobs !== null ? { logprobs: body.logprobs } : {}),
+    },
+    stop: body.stop,
+    includeStopStr: body.includeStopStr,
+  };
 }
 
 /** Turns session events into one API's wire shape. */

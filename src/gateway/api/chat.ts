@@ -10,7 +10,7 @@ import { randomUUID } from "node:crypto";
 import type { FastifyReply, FastifyRequest } from "fastify";
 import { parseChatRequest, type ChatRequest } from "../chat-request.js";
 import { modelNotFound, toErrorBody } from "../errors.js";
-import { runGeneration, type Encoder } from "../generate.js";
+import { generationOptions, runGeneration, type Encoder } from "../generate.js";
 import type { Usage } from "../registry.js";
 import { readyEngine, renderMessages, type RouteContext } from "../route-context.js";
 import { checkCapabilities } from "./sampling.js";
@@ -95,20 +95,7 @@ export async function handleChat(ctx: RouteContext, req: FastifyRequest, reply: 
     {
       id,
       prompts: [prompt],
-      n: body.n,
-      stream: body.stream,
-      params: {
-        maxTokens: body.maxTokens ?? null,
-        temperature: body.temperature,
-        topP: body.topP,
-        topK: body.topK,
-        ignoreEos: body.ignoreEos,
-        ...(body.seed !== undefined ? { seed: body.seed } : {}),
-        ...body.sampling,
-        ...(body.logprobs !== null ? { logprobs: body.logprobs } : {}),
-      },
-      stop: body.stop,
-      includeStopStr: body.includeStopStr,
+      ...generationOptions(body, body.maxTokens ?? null),
     },
     chatEncoder(body, id, ctx.modelName, created),
   );

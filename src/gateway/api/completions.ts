@@ -9,9 +9,9 @@
 import { randomUUID } from "node:crypto";
 import type { FastifyReply, FastifyRequest } from "fastify";
 import { z } from "zod";
-import { describe, issueToError, report, stopSchema, tokenLimit, UINT32_MAX } from "../chat-request.js";
+import { describe, issueToError, report, stopSchema, tokenLimit, UINT32_MAX, type GenerationFields } from "../chat-request.js";
 import { invalidValue, modelNotFound, toErrorBody, unsupportedField } from "../errors.js";
-import { runGeneration, type Encoder } from "../generate.js";
+import { generationOptions, runGeneration, type Encoder } from "../generate.js";
 import { readyEngine, type RouteContext } from "../route-context.js";
 import { sanitizeForJson } from "../utf8-stream.js";
 import { chunkBuilder, usageBody } from "./chat.js";
@@ -24,25 +24,13 @@ export const DEFAULT_COMPLETION_MAX_TOKENS = 16;
 export const MAX_PROMPTS = 16;
 
 /** A validated completions request. */
-export interface CompletionRequest {
-  model: string;
+export interface CompletionRequest extends GenerationFields {
   /** One or more prompt texts. */
   prompts: string[];
-  stream: boolean;
-  includeUsage: boolean;
+  /** Put the prompt before the completion in each choice's text. */
   echo: boolean;
+  /** Completion token budget (default 16, as OpenAI's). */
   maxTokens: number;
-  temperature: number;
-  topP: number;
-  topK: number;
-  seed?: number;
-  stop: string[];
-  ignoreEos: boolean;
-  n: number;
-  sampling: ExtendedSampling;
-  includeStopStr: boolean;
-  /** Integer `logprobs` (alternatives per token), or null. */
-  logprobs: number | null;
 }
 
 const promptSchema = z.unknown().transform((v, ctx): string[] => {
@@ -189,20 +177,7 @@ export async function handleCompletion(ctx: RouteContext, req: FastifyRequest, r
     {
       id,
       prompts: body.prompts,
-      n: body.n,
-      stream: body.stream,
-      params: {
-        maxTokens: body.maxTokens,
-        temperature: body.temperature,
-        topP: body.topP,
-        topK: body.topK,
-        ignoreEos: body.ignoreEos,
-        ...(body.seed !== undefined ? { seed: body.seed } : {}),
-        ...body.sampling,
-        ...(body.logprobs !== null ? { logprobs: body.logprobs } : {}),
-      },
-      stop: body.stop,
-      includeStopStr: body.includeStopStr,
+      ...generationOptions(body, body.maxTokens),
     },
     completionEncoder(body, id, ctx.modelName, Math.floor(Date.now() / 1000)),
   );
