@@ -55,6 +55,60 @@ export interface SamplingParams {
    * (softmax of the logits before temperature, penalties, bias and truncation — vLLM's default).
    */
   logprobs?: number | null;
+  /**
+   * Constrained generation (issue #9: tool-guided generation, structured output). Needs the engine capability
+   * `grammars`; absent = unconstrained. See {@link GuideSpec}.
+   */
+  guide?: GuideSpec;
+}
+
+/**
+ * Where a guided request is: `free` (unconstrained; triggers armed), `reasoning` (unconstrained; no trigger armed;
+ * ends when `GuideSpec.reasoning.close` is generated), or `rule` (every token must continue the grammar rule `rule`;
+ * EOG only once the rule is complete). A rule phase ends when the rule is complete and cannot continue
+ * (`then: "free"` re-arms the triggers, e.g. text after a tool call) or only at EOG (`then: "end"`).
+ */
+export type GuidePhase = { kind: "free" } | { kind: "reasoning" } | { kind: "rule"; rule: string; then: "free" | "end" };
+
+/**
+ * A free-phase trigger: when `text` appears in the text generated since the free phase began, the engine constrains
+ * generation with `rule` from the first character of the match (text before it stays free; the tokens from the one
+ * holding the match start on are replayed into the grammar). `atStart`: match only at the start of the free text,
+ * after optional whitespace (a model that opens a bare JSON call). The first trigger in list order that matches wins.
+ * A trigger whose replay the grammar rejects drops the constraint for the rest of the request (never a failure).
+ */
+export interface GuideTrigger {
+  text: string;
+  rule: string;
+  atStart?: boolean;
+  /** Phase after the rule completes; default "free". */
+  then?: "free" | "end";
+}
+
+/**
+ * Constrained generation of one request, built by the gateway from `tools`/`tool_choice`/`response_format`.
+ * Engine-neutral: the grammar is GBNF (llama.cpp's dialect; code points and string literals, no token references),
+ * and the phases are driven by generated text, so any engine with a GBNF-compatible grammar sampler can apply it.
+ * Phase state is a pure function of the generated tokens: a resumed request (`generated`) replays them.
+ */
+export interface GuideSpec {
+  /** GBNF text defining every rule named by the phases and triggers. */
+  grammar: string;
+  /**
+   * Phase at the first generated token. A `rule` start phase with `reasoning` set switches to `reasoning` when the
+   * generated text so far equals `reasoning.open` (the gateway's rule must allow it, e.g. `gate ::= "<think>" | body`).
+   */
+  start: GuidePhase;
+  /** Reasoning markers (e.g. `<think>` / `</think>`) and the phase after `close` is generated. */
+  reasoning?: { open: string; close: string; after: GuidePhase };
+  /** Armed in the `free` phase only. */
+  triggers?: GuideTrigger[];
+  /**
+   * Texts of the special tokens the grammar itself uses (e.g. `<tool_call>`, `</tool_call>`). In a `rule` phase
+   * every other special (control / user-defined, non-EOG) token is banned, so a JSON string cannot swallow
+   * `<|im_start|>`.
+   */
+  specialTokens?: string[];
 }
 
 /** gateway → engine: queue a request. Applied at the next step boundary. */
@@ -118,7 +172,7 @@ export interface EngineCapabilities {
   maxTopLogprobs: number;
   /** presence/frequency/repetition penalties, min_p, logit_bias, min_tokens and stop_token_ids are applied. */
   extendedSampling: boolean;
-  /** Grammar-constrained sampling (issue #9 tool-guided generation). */
+  /** `params.guide` (GBNF, phases, triggers; issue #9 tool-guided generation and structured output) is applied. */
   grammars: boolean;
   /** Requests with the same prompt submitted together share one prefill (for `n` > 1); else the prefix cache. */
   sharedPrefill: boolean;
@@ -249,6 +303,11 @@ export interface RequestOutput {
   logprobs?: PositionLogprobs[];
   /** Text that became complete in this step (UTF-8 held back until a character is whole). */
   text: string;
+  /**
+   * Set once, in the step where the engine stopped constraining this request (a trigger replay the grammar
+   * rejected, a grammar it could not build, a sampler error inside a rule): why. The request goes on unconstrained.
+   */
+  guideDropped?: string;
   finish?: FinishInfo;
 }
 
