@@ -10,6 +10,7 @@ import { startGateway } from "./gateway/server.js";
 import { DEFAULT_MODEL_NAME, ensureDefaultModel } from "./model/default-model.js";
 import type { EngineCommand, EngineConfig } from "./protocol/engine-config.js";
 import type { ModelMetadata } from "./protocol/messages.js";
+import { REASONING_PARSERS, TOOL_PARSERS, type ReasoningParserName, type ToolParserName } from "./gateway/tools.js";
 import path from "node:path";
 
 /** One `keel serve` flag. */
@@ -64,6 +65,9 @@ export const SERVE_FLAGS: FlagSpec[] = [
   { name: "max_stream_buffer", help: "bytes of stream output a client may leave unread before it is treated as disconnected", default: String(1024 * 1024), parse: int("max_stream_buffer", 1024) },
   { name: "max_request_body", help: "request body limit in bytes", default: String(8 * 1024 * 1024), parse: int("max_request_body", 1024) },
   { name: "flash_attention", help: "flash attention in llama.cpp (off: the embedded model's greedy output does not depend on batching)", default: "false", parse: bool("flash_attention") },
+  { name: "tool_parser", help: "tool-call format to parse (and guide): hermes3, qwen3coder, llama3, or auto (from the model's chat template); unset = requests with tools are refused", default: undefined, parse: oneOf("tool_parser", [...TOOL_PARSERS, "auto"]) },
+  { name: "reasoning_parser", help: "reasoning format to split into reasoning_content: qwen3 (<think>…</think>); unset = reasoning stays in content", default: undefined, parse: oneOf("reasoning_parser", [...REASONING_PARSERS]) },
+  { name: "enable_tool_guided_generation", help: "constrain tool calls with a grammar under tool_choice auto too (required and a named function are always guided)", default: "false", parse: bool("enable_tool_guided_generation") },
   { name: "deterministic", help: "same request + seed → same text on every run: prefix reuse off, flash attention off, f16 KV (see README)", default: "false", parse: bool("deterministic") },
 ];
 
@@ -314,6 +318,11 @@ async function serve(argv: string[]): Promise<void> {
     requestTimeoutMs: (flags["request_timeout"] as number) * 1000,
     maxStreamBuffer: flags["max_stream_buffer"] as number,
     engineStallTimeoutMs: (flags["engine_stall_timeout"] as number) * 1000,
+    agents: {
+      toolParser: (flags["tool_parser"] as ToolParserName | "auto" | undefined) ?? null,
+      reasoningParser: (flags["reasoning_parser"] as ReasoningParserName | undefined) ?? null,
+      guideAuto: flags["enable_tool_guided_generation"] as boolean,
+    },
     logLevel,
   });
   } catch (err) {

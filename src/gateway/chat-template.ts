@@ -70,6 +70,8 @@ export const RESERVED_TEMPLATE_VARIABLES = ["messages", "bos_token", "eos_token"
 export class ChatTemplate {
   readonly #template: Template;
   readonly #specials: ChatTemplateSpecials;
+  /** The Jinja source (to recognise the model's tool-call format for `--tool_parser auto`). */
+  readonly source: string;
 
   /**
    * Parses the template.
@@ -88,6 +90,7 @@ export class ChatTemplate {
       throw new Error(`Chat template does not parse: ${messageOf(err)}`, { cause: err });
     }
     this.#specials = { ...specials };
+    this.source = template;
   }
 
   /**

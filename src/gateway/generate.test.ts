@@ -69,6 +69,8 @@ function setup(maxUnreadBytes: number, body: Record<string, unknown> = {}, over:
     isKnownCulprit: () => false,
     onRejected: () => undefined,
     onDisconnect: (phase) => void disconnects.push(phase),
+    agents: () => ({ toolParser: null, reasoningParser: null, guideAuto: false, toolParserSource: "none" }),
+    onGuideDropped: () => undefined,
     log: pino({ level: "silent" }),
     ...over,
   };

@@ -119,7 +119,7 @@ describe("completions encoder", () => {
     const body = parseCompletionRequest({ model: "m", prompt: "Hey", echo: true, n: 2, stream: true, stream_options: { include_usage: true } });
     const enc = completionEncoder(body, "cmpl-1", "m", 1);
     const { out, w } = recorder();
-    const fin: SessionEvent = { type: "finished", usage: { promptTokens: 2, completionTokens: 2 }, choices: [0, 1].map((i) => ({ index: i, text: "yo", reason: "length" as const, logprobs: [], completionTokens: 1 })) };
+    const fin: SessionEvent = { type: "finished", usage: { promptTokens: 2, completionTokens: 2 }, choices: [0, 1].map((i) => ({ index: i, text: "yo", reason: "length" as const, logprobs: [], completionTokens: 1, reasoning: null, toolCalls: [] })) };
     play(enc, [{ type: "started" }, { type: "delta", index: 1, content: "yo", logprobs: [] }, { type: "choice_finished", index: 1, reason: "length" }, fin], w);
     const choices = out.map((o) => (o.data as { choices: { index: number; text: string; finish_reason: string | null }[] }).choices);
     expect(choices).toEqual([
@@ -178,7 +178,7 @@ describe("responses encoder", () => {
       { type: "delta", index: 0, content: "", logprobs: [] },
       { type: "delta", index: 0, content: "lo", logprobs: [] },
       { type: "choice_finished", index: 0, reason: "stop" },
-      { type: "finished", usage: { promptTokens: 3, completionTokens: 2 }, choices: [{ index: 0, text: "Hello", reason: "stop", logprobs: [], completionTokens: 2 }] },
+      { type: "finished", usage: { promptTokens: 3, completionTokens: 2 }, choices: [{ index: 0, text: "Hello", reason: "stop", logprobs: [], completionTokens: 2, reasoning: null, toolCalls: [] }] },
     ], w);
     expect(out.map((o) => o.event)).toEqual([
       "response.created",
@@ -202,7 +202,7 @@ describe("responses encoder", () => {
   it("a length finish is response.incomplete with reason max_output_tokens; a failure is response.failed followed by [DONE]", () => {
     const enc = responsesEncoder(body, "resp_abc", "m", 1);
     const { out, w } = recorder();
-    play(enc, [{ type: "started" }, { type: "finished", usage: { promptTokens: 1, completionTokens: 4 }, choices: [{ index: 0, text: "abcd", reason: "length", logprobs: [], completionTokens: 4 }] }], w);
+    play(enc, [{ type: "started" }, { type: "finished", usage: { promptTokens: 1, completionTokens: 4 }, choices: [{ index: 0, text: "abcd", reason: "length", logprobs: [], completionTokens: 4, reasoning: null, toolCalls: [] }] }], w);
     expect(out.at(-1)).toMatchObject({ event: "response.incomplete", data: { response: { status: "incomplete", incomplete_details: { reason: "max_output_tokens" } } } });
     const failed = recorder();
     const enc2 = responsesEncoder(body, "resp_abc", "m", 1);
