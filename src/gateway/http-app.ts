@@ -10,7 +10,7 @@ import { MAX_UNREAD_BYTES, type RouteContext } from "./route-context.js";
 import { registerRoutes, routeList } from "./routes.js";
 import { NO_AGENT_FLAGS, resolveAgentSettings, type AgentSettings } from "./agent-config.js";
 import type { ChatTemplate } from "./chat-template.js";
-import { pickToolParser } from "./agent-parsers.js";
+import { pickToolParser } from "./parsers/index.js";
 import type { EngineClient } from "./engine-client.js";
 import { clientConnectionError, engineRestarting, invalidUrl, expectationFailed, invalidJson, notReady, routeNotFound, shuttingDown, toErrorBody, toHttpError } from "./errors.js";
 import type { Metrics } from "./metrics.js";

@@ -15,6 +15,7 @@ import type { Usage } from "../registry.js";
 import type { ChoiceResult, SessionEvent } from "../session/events.js";
 import { readyEngine, renderMessages, type RouteContext } from "../route-context.js";
 import { checkCapabilities } from "./sampling.js";
+import { outputParserFactory, requestToolParser, toolsForTemplate } from "../agent-request.js";
 import { chatLogprobs } from "./logprobs.js";
 
 /**
@@ -125,7 +126,11 @@ export async function handleChat(ctx: RouteContext, req: FastifyRequest, reply: 
   const { template, capabilities: caps } = readyEngine(ctx, reply);
   const refused = checkCapabilities(body.sampling, body.logprobs === null ? null : { param: body.logprobs > 0 ? "top_logprobs" : "logprobs", n: body.logprobs }, caps, ctx.vocabSize());
   if (refused) throw refused;
-  const prompt = renderMessages(ctx, template, body.messages, body.templateKwargs);
+  const agents = ctx.agents();
+  // Tools asked for but no parser to read the calls: refused before rendering (never accepted and ignored).
+  const toolParser = requestToolParser(body, agents);
+  const prompt = renderMessages(ctx, template, body.messages, body.templateKwargs, toolsForTemplate(body));
+  const parser = outputParserFactory(body, toolParser, agents, prompt);
   const id = `chatcmpl-${randomUUID().replaceAll("-", "")}`;
   const created = Math.floor(Date.now() / 1000);
   runGeneration(
@@ -136,6 +141,7 @@ export async function handleChat(ctx: RouteContext, req: FastifyRequest, reply: 
       id,
       prompts: [prompt],
       ...generationOptions(body, body.maxTokens ?? null),
+      ...(parser ? { parser } : {}),
     },
     chatEncoder(body, id, ctx.modelName, created),
   );
