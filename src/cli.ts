@@ -7,7 +7,7 @@ import fs from "node:fs";
 import { parseArgs } from "node:util";
 import { DEFAULT_ENGINE_COMMAND, spawnEngine } from "./gateway/engine-client.js";
 import { startGateway } from "./gateway/server.js";
-import { DEFAULT_MODEL_NAME, ensureDefaultModel } from "./model/default-model.js";
+import { DEFAULT_MODEL_NAME, ensureTinyModel, isTinyModelName } from "./model/default-model.js";
 import type { EngineCommand, EngineConfig } from "./protocol/engine-config.js";
 import type { ModelMetadata } from "./protocol/messages.js";
 import { REASONING_PARSERS, TOOL_PARSERS, type ReasoningParserName, type ToolParserName } from "./gateway/tools.js";
@@ -248,8 +248,11 @@ async function serve(argv: string[]): Promise<void> {
     process.stdout.write(usage() + "\n");
     return;
   }
-  const demo = flags["model_path"] === undefined;
-  const modelPath = demo ? await ensureDefaultModel() : path.resolve(flags["model_path"] as string);
+  const requested = flags["model_path"] as string | undefined;
+  // A generated tiny model by name (keel-tiny, keel-tiny-qwen3, keel-tiny-qwen3coder), else a GGUF file.
+  const tinyName = requested === undefined ? DEFAULT_MODEL_NAME : isTinyModelName(requested) ? requested : null;
+  const demo = tinyName !== null;
+  const modelPath = tinyName !== null ? await ensureTinyModel(tinyName) : path.resolve(requested!);
   const notAModel = demo ? null : checkModelFile(modelPath);
   if (notAModel) {
     process.stderr.write(`keel serve: ${notAModel}\n`);
@@ -304,7 +307,7 @@ async function serve(argv: string[]): Promise<void> {
     }
   }
   const logLevel = ({ DEBUG: "debug", INFO: "info", WARNING: "warn", ERROR: "error" } as const)[flags["log_level"] as "INFO"];
-  const modelName = (flags["model_name"] as string | undefined) ?? (demo ? DEFAULT_MODEL_NAME : path.basename(modelPath).replace(/\.gguf$/i, ""));
+  const modelName = (flags["model_name"] as string | undefined) ?? (tinyName ?? path.basename(modelPath).replace(/\.gguf$/i, ""));
   let gw: Awaited<ReturnType<typeof startGateway>>;
   try {
     gw = await startGateway({
