@@ -1,0 +1,139 @@
+/**
+ * Tools, reasoning and structured output through the real server and the tiny random-weight models (issue #9):
+ * bad agent input is a 400 before the engine and a valid request right after works (recipe M2); a server without
+ * --tool_parser refuses tools instead of ignoring them; `--tool_parser auto` resolves from the template; tool-call
+ * turns round-trip through the template; streamed deltas concatenate to the unary answer of the same seed.
+ */
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { chat } from "../support/chat-client.js";
+import { startServer, type ServerHandle } from "../support/server.js";
+
+let agent: ServerHandle;
+let plain: ServerHandle;
+
+beforeAll(async () => {
+  [agent, plain] = await Promise.all([
+    startServer(["--model_path", "keel-tiny-qwen3", "--tool_parser", "auto", "--reasoning_parser", "qwen3", "--max_num_seqs", "4", "--max_num_batched_tokens", "64"]),
+    startServer(["--max_num_seqs", "2", "--max_num_batched_tokens", "64"]),
+  ]);
+}, 120_000);
+afterAll(async () => {
+  await Promise.all([agent?.stop(), plain?.stop()]);
+});
+
+const weather = {
+  type: "function",
+  function: {
+    name: "get_weather",
+    description: "Current weather of a city",
+    parameters: { type: "object", properties: { city: { type: "string" }, days: { type: "integer", minimum: 1, maximum: 7 } }, required: ["city"] },
+  },
+};
+const user = [{ role: "user", content: "Weather in Paris?" }];
+
+type ErrorBody = { error: { code: string; param: string | null; message: string } };
+
+/** Stream and unary of the same request: content, reasoning and tool calls (arguments joined per index). */
+function collect(events: Record<string, unknown>[]) {
+  let content = "";
+  let reasoning = "";
+  const calls = new Map<number, { id: string; name: string; arguments: string }>();
+  for (const ev of events) {
+    const choice = (ev.choices as { delta?: Record<string, unknown> }[] | undefined)?.[0];
+    const d = choice?.delta;
+    if (!d) continue;
+    if (typeof d.content === "string") content += d.content;
+    if (typeof d.reasoning_content === "string") reasoning += d.reasoning_content;
+    for (const t of (d.tool_calls as { index: number; id?: string; function: { name?: string; arguments?: string } }[] | undefined) ?? []) {
+      const c = calls.get(t.index) ?? { id: "", name: "", arguments: "" };
+      if (t.id) c.id = t.id;
+      if (t.function.name) c.name = t.function.name;
+      c.arguments += t.function.arguments ?? "";
+      calls.set(t.index, c);
+    }
+  }
+  return { content, reasoning, calls: [...calls.values()] };
+}
+
+describe("agent requests: bad input before the engine (recipe M2), then a valid request", () => {
+  it.each([
+    [{ tools: [{ type: "function", function: { name: "f", parameters: "object" } }] }, "tools[0].function.parameters"],
+    [{ tools: [weather], tool_choice: { type: "function", function: { name: "missing" } } }, "tool_choice"],
+    [{ tools: [weather, weather] }, "tools[1].function.name"],
+    [{ tools: [{ type: "retrieval" }] }, "tools[0].type"],
+    [{ functions: [{ name: "f" }] }, "functions"],
+    [{ messages: [...user, { role: "assistant", content: null, tool_calls: [{ id: "c", function: {} }] }] }, "messages[1].tool_calls[0].function.name"],
+    [{ messages: [...user, { role: "tool", content: "x" }] }, "messages[1].tool_call_id"],
+    [{ response_format: { type: "json_schema", json_schema: { name: "x", schema: "{}" } } }, "response_format.json_schema.schema"],
+  ])("%j → 400 on %s, and the server answers the next request", async (extra, param) => {
+    const bad = await chat(agent.baseUrl, { model: "keel-tiny-qwen3", messages: user, max_tokens: 4, ...extra });
+    expect(bad.status).toBe(400);
+    expect((bad.body as ErrorBody).error.param).toBe(param);
+    const ok = await chat(agent.baseUrl, { model: "keel-tiny-qwen3", messages: user, tools: [weather], max_tokens: 4 });
+    expect(ok.status).toBe(200);
+  });
+});
+
+describe("server agent flags", () => {
+  it("--tool_parser auto resolves from the model's template (hermes tool calls in keel-tiny-qwen3)", () => {
+    const line = agent.logs.find((l) => l.includes('"tool_parser_resolved"'));
+    expect(line).toBeDefined();
+    expect(JSON.parse(line!).toolParser).toBe("hermes3");
+  });
+
+  it("a server without --tool_parser refuses tools (not ignored), but tool_choice none renders no tools and is served", async () => {
+    const refused = await chat(plain.baseUrl, { model: "keel-tiny", messages: user, tools: [weather], max_tokens: 4 });
+    expect(refused.status).toBe(400);
+    expect((refused.body as ErrorBody).error).toMatchObject({ code: "unsupported_field", param: "tools" });
+    expect((refused.body as ErrorBody).error.message).toContain("--tool_parser");
+    const none = await chat(plain.baseUrl, { model: "keel-tiny", messages: user, tools: [weather], tool_choice: "none", max_tokens: 2, temperature: 0 });
+    const without = await chat(plain.baseUrl, { model: "keel-tiny", messages: user, max_tokens: 2, temperature: 0 });
+    expect([none.status, without.status]).toEqual([200, 200]);
+    const promptTokens = (r: typeof none) => (r.body as { usage: { prompt_tokens: number } }).usage.prompt_tokens;
+    expect(promptTokens(none)).toBe(promptTokens(without));
+  });
+
+  it("tools are rendered into the prompt (the prompt grows by the declaration), only the named one for a named tool_choice", async () => {
+    const time = { type: "function", function: { name: "get_time", description: "Current time", parameters: { type: "object", properties: {} } } };
+    const usage = async (extra: Record<string, unknown>) => {
+      const r = await chat(agent.baseUrl, { model: "keel-tiny-qwen3", messages: user, max_tokens: 1, temperature: 0, ...extra });
+      expect(r.status).toBe(200);
+      return (r.body as { usage: { prompt_tokens: number } }).usage.prompt_tokens;
+    };
+    const none = await usage({});
+    const one = await usage({ tools: [weather] });
+    const both = await usage({ tools: [weather, time] });
+    const named = await usage({ tools: [weather, time], tool_choice: { type: "function", function: { name: "get_weather" } } });
+    expect(one).toBeGreaterThan(none);
+    expect(both).toBeGreaterThan(one);
+    expect(named).toBe(one);
+  });
+});
+
+describe("tool-call turns and streaming agreement", () => {
+  const turn = {
+    model: "keel-tiny-qwen3",
+    tools: [weather],
+    messages: [
+      ...user,
+      { role: "assistant", content: null, reasoning_content: "I should call the tool.", tool_calls: [{ id: "call_1", type: "function", function: { name: "get_weather", arguments: '{"city": "Paris"}' } }] },
+      { role: "tool", tool_call_id: "call_1", content: '{"temp_c": 21}' },
+    ],
+    max_tokens: 24,
+    temperature: 0.9,
+    seed: 7,
+    chat_template_kwargs: { enable_thinking: true },
+  };
+
+  it("a conversation with tool calls and a tool result is accepted, and stream deltas concatenate to the unary answer", async () => {
+    const unary = await chat(agent.baseUrl, turn);
+    const stream = await chat(agent.baseUrl, { ...turn, stream: true });
+    expect([unary.status, stream.status]).toEqual([200, 200]);
+    const choice = (unary.body as { choices: { message: { content: string | null; reasoning_content?: string; tool_calls?: { id: string; function: { name: string; arguments: string } }[] }; finish_reason: string }[] }).choices[0]!;
+    const s = collect(stream.events);
+    expect(s.content).toBe(choice.message.content ?? "");
+    expect(s.reasoning).toBe(choice.message.reasoning_content ?? "");
+    expect(s.calls.map((c) => ({ name: c.name, arguments: c.arguments }))).toEqual((choice.message.tool_calls ?? []).map((c) => ({ name: c.function.name, arguments: c.function.arguments })));
+    expect(stream.finishReason).toBe(choice.finish_reason);
+  });
+});
