@@ -16,6 +16,8 @@ import type { ChoiceResult, SessionEvent } from "../session/events.js";
 import { readyEngine, renderMessages, type RouteContext } from "../route-context.js";
 import { checkCapabilities } from "./sampling.js";
 import { outputParserFactory, requestToolParser, toolsForTemplate } from "../agent-request.js";
+import { noGuideBuilder, requestGuide } from "../guide-plan.js";
+import type { GuideSpec } from "../../protocol/messages.js";
 import { chatLogprobs } from "./logprobs.js";
 
 /**
@@ -119,6 +121,11 @@ export function chatEncoder(body: Pick<ChatRequest, "n" | "includeUsage" | "logp
   };
 }
 
+/** The plan options with `params.guide` set when there is a guide. */
+function withGuide<T extends { params: object }>(opts: T, guide: GuideSpec | null): T {
+  return guide === null ? opts : { ...opts, params: { ...opts.params, guide } };
+}
+
 /** Handle one chat completion request. */
 export async function handleChat(ctx: RouteContext, req: FastifyRequest, reply: FastifyReply): Promise<void> {
   const body = parseChatRequest(req.body);
@@ -131,6 +138,8 @@ export async function handleChat(ctx: RouteContext, req: FastifyRequest, reply: 
   const toolParser = requestToolParser(body, agents);
   const prompt = renderMessages(ctx, template, body.messages, body.templateKwargs, toolsForTemplate(body));
   const parser = outputParserFactory(body, toolParser, agents, prompt);
+  // A bad schema, or a guide this engine cannot apply, is a 400 here, before the engine sees the request.
+  const guide = requestGuide(noGuideBuilder, body, toolParser, agents, prompt, caps);
   const id = `chatcmpl-${randomUUID().replaceAll("-", "")}`;
   const created = Math.floor(Date.now() / 1000);
   runGeneration(
@@ -140,7 +149,7 @@ export async function handleChat(ctx: RouteContext, req: FastifyRequest, reply: 
     {
       id,
       prompts: [prompt],
-      ...generationOptions(body, body.maxTokens ?? null),
+      ...withGuide(generationOptions(body, body.maxTokens ?? null), guide),
       ...(parser ? { parser } : {}),
     },
     chatEncoder(body, id, ctx.modelName, created),
