@@ -166,3 +166,53 @@ describe("GenerationSession with an output parser", () => {
     expect(finished(end.events).choices[0]).toMatchObject({ text: "@f(1)", reasoning: null, toolCalls: [], reason: "stop" });
   });
 });
+
+describe("GenerationSession with the real parsers (qwen3 reasoning + hermes3 / qwen3coder calls)", () => {
+  const tools = [{ name: "get_weather", parameters: { type: "object", properties: { city: { type: "string" } } } }];
+  const outputs = {
+    hermes3: '<think>need weather</think>\nLet me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
+    qwen3coder: "<think>need weather</think>\nLet me check.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>",
+  } as const;
+
+  for (const format of ["hermes3", "qwen3coder"] as const) {
+    it(`${format}: any split of the output streams to deltas that concatenate to the unary answer; finish tool_calls`, async () => {
+      const { createOutputParser } = await import("../parsers/index.js");
+      const whole = outputs[format];
+      let n = 0;
+      const run = (cuts: number[]) => {
+        const s = new GenerationSession({
+          childIds: ["r"],
+          stop: [],
+          includeStopStr: false,
+          logprobs: false,
+          parser: () => createOutputParser({ toolParser: format, tools, reasoningParser: "qwen3", reasoningOpen: false, newId: () => `call_${n++}` }),
+        });
+        s.admitted("r", 3);
+        const events: SessionEvent[] = [];
+        let at = 0;
+        for (const cut of [...cuts, whole.length]) {
+          events.push(...s.output("r", [1], whole.slice(at, cut)).events);
+          at = cut;
+        }
+        events.push(...s.finish("r", "stop", { promptTokens: 3, completionTokens: cuts.length + 1 }).events);
+        return events;
+      };
+      // Every single cut, and every character on its own.
+      const splits = [...Array.from({ length: whole.length - 1 }, (_, i) => [i + 1]), Array.from({ length: whole.length - 1 }, (_, i) => i + 1)];
+      for (const cuts of splits) {
+        const events = run(cuts);
+        const ds = deltas(events);
+        const result = finished(events).choices[0]!;
+        expect(result.reason).toBe("tool_calls");
+        expect(result.reasoning).toBe("need weather");
+        expect(result.toolCalls.map((c) => ({ name: c.name, args: JSON.parse(c.arguments) }))).toEqual([{ name: "get_weather", args: { city: "Paris" } }]);
+        expect(ds.map((d) => d.content).join("")).toBe(result.text);
+        expect(result.text).toContain("Let me check.");
+        expect(ds.map((d) => d.reasoning ?? "").join("")).toBe(result.reasoning);
+        const frags = ds.flatMap((d) => d.toolCalls ?? []);
+        expect(frags.map((f) => f.arguments ?? "").join("")).toBe(result.toolCalls[0]!.arguments);
+        expect(frags[0]).toMatchObject({ index: 0, id: result.toolCalls[0]!.id, name: "get_weather" });
+      }
+    });
+  }
+});
