@@ -165,9 +165,15 @@ export class GbnfBuilder {
       return name;
     }
     this.rules.set(name, body);
-    this.size += name.length + body.length + 6;
+    // llama.cpp expands `x{m,n}` into about n copies: count them, so a short text cannot hide a huge grammar.
+    let expanded = 0;
+    for (const m of body.matchAll(/\{(\d+)(?:,(\d*))?\}/g)) expanded += 8 * Math.max(Number(m[1]), Number(m[2] || 0));
+    this.size += name.length + body.length + 6 + expanded;
     if (this.size > MAX_GBNF_CHARS) {
-      throw invalidValue(this.lastParam, `The grammar for '${this.lastParam ?? "the request"}' exceeds ${MAX_GBNF_CHARS} characters; simplify the schema or send fewer tools.`);
+      throw invalidValue(
+        this.lastParam,
+        `The grammar for '${this.lastParam ?? "the request"}' at '#' exceeds ${MAX_GBNF_CHARS} characters (repetitions counted expanded); simplify the schema or send fewer tools.`,
+      );
     }
     return name;
   }
