@@ -3,7 +3,7 @@
  * candidate values (mostly near the schema's edges) are accepted by the grammar exactly when ajv says they are
  * valid. Candidates keep properties in declaration order (the grammar fixes the order: documented inexactness).
  */
-import Ajv2020 from "ajv/dist/2020.js";
+import { Ajv2020 } from "ajv/dist/2020.js";
 import fc from "fast-check";
 import { describe, expect, it } from "vitest";
 import { KeelHttpError } from "../errors.js";
