@@ -1,0 +1,135 @@
+/**
+ * Tool-call grammars in the exact text formats the output parsers read (parsers/), built on one
+ * {@link GbnfBuilder} so that every tool's argument schema and the shared primitives appear once:
+ *
+ * - hermes3: `<tool_call>\n{"name": "N", "arguments": ARGS}\n</tool_call>` — tags and their newlines exact,
+ *   bounded `space` inside the JSON object (as llama.cpp's grammar allows).
+ * - hermes bare JSON (a small model that opens the call without the tag): `{"name": "N", "arguments": ARGS}`.
+ * - qwen3coder: `<tool_call>\n<function=N>\n` + parameters + `</function>\n</tool_call>`, each parameter
+ *   `<parameter=P>\n` VALUE `\n</parameter>\n`. VALUE: string-like → raw text never containing `\n</parameter>`;
+ *   boolean `true|false|True|False`; null `null|None`; numbers by their rules; objects/arrays their JSON.
+ *   Parameters come in DECLARATION ORDER (required ones mandatory, optional ones at most once, skippable): a
+ *   guided model writes them in the order the template listed them, so a fixed order costs nothing and keeps the
+ *   grammar linear in the parameter count. Zero parameters is `<function=N>\n</function>`.
+ * - llama3 (Llama 3.1 JSON calls): `{"name": "N", "parameters": ARGS}`, several joined by `;` (OVMS's llama3 parser
+ *   splits on it), optionally after `<|python_tag|>`.
+ *
+ * A tool without `parameters` takes no arguments: ARGS is `{}` (qwen3coder: no parameter).
+ */
+import { invalidValue } from "../errors.js";
+import type { ToolSpec } from "../tools.js";
+import { literal } from "./gbnf-text.js";
+import { GbnfBuilder } from "./json-schema-gbnf.js";
+
+/** Call formats with grammars. */
+export type CallFormat = "hermes3" | "hermes3-bare" | "qwen3coder" | "llama3";
+
+/** Rules for calls of a tool set in one builder. */
+export interface CallRules {
+  /** One complete call of any of the tools, in `format`, by rule name. */
+  call: string;
+  /** Per tool name, the rule of one call of that tool (for named tool_choice and `<function=N>` triggers). */
+  byTool: ReadonlyMap<string, string>;
+}
+
+/** Request field path of a tool's parameters, for 400s. */
+export const toolParam = (index: number) => `tools[${index}].function.parameters`;
+
+/**
+ * Adds the rules for one call of any of `tools` in `format` to `b`. `indexOf` gives each tool's index in the
+ * request (for error params). Throws a KeelHttpError 400 on a bad parameter schema.
+ */
+export function addCallRules(b: GbnfBuilder, format: CallFormat, tools: readonly ToolSpec[], indexOf: (t: ToolSpec) => number): CallRules {
+  const byTool = new Map<string, string>();
+  for (const tool of tools) {
+    const i = indexOf(tool);
+    const prefix = `t${i}-${format === "hermes3-bare" ? "hb" : format === "qwen3coder" ? "qc" : format === "llama3" ? "l3" : "h"}`;
+    byTool.set(tool.name, b.define(b.fresh(prefix, "call"), callBody(b, format, tool, prefix, toolParam(i))));
+  }
+  const call = b.define(b.fresh(`calls-${format}`, "any"), [...byTool.values()].join(" | "));
+  return { call, byTool };
+}
+
+/** Parameters schema → object rule (JSON formats); a missing schema is `{}`. */
+function argsRule(b: GbnfBuilder, tool: ToolSpec, prefix: string, param: string): string {
+  if (tool.parameters === undefined) return b.define(`${prefix}-noargs`, `"{" ${b.primitive("space")} "}"`);
+  return b.addSchema(tool.parameters, `${prefix}-args`, param);
+}
+
+function callBody(b: GbnfBuilder, format: CallFormat, tool: ToolSpec, prefix: string, param: string): string {
+  const sp = b.primitive("space");
+  const nameLit = literal(JSON.stringify(tool.name));
+  switch (format) {
+    case "hermes3":
+    case "hermes3-bare":
+    case "llama3": {
+      const argsKey = format === "llama3" ? '"\\"parameters\\""' : '"\\"arguments\\""';
+      const obj = `"{" ${sp} "\\"name\\"" ${sp} ":" ${sp} ${nameLit} ${sp} "," ${sp} ${argsKey} ${sp} ":" ${sp} ${argsRule(b, tool, prefix, param)} ${sp} "}"`;
+      return format === "hermes3" ? `"<tool_call>\\n" ${obj} "\\n</tool_call>"` : obj;
+    }
+    case "qwen3coder":
+      return `"<tool_call>\\n" ${qwenFunction(b, tool, prefix, param)} "\\n</tool_call>"`;
+  }
+}
+
+/** `<function=N>\n` + parameters + `</function>` for one tool. */
+export function qwenFunction(b: GbnfBuilder, tool: ToolSpec, prefix: string, param: string): string {
+  const open = literal(`<function=${tool.name}>\n`);
+  const params = qwenParams(b, tool, prefix, param);
+  return `${open} ${params} "</function>"`;
+}
+
+function qwenParams(b: GbnfBuilder, tool: ToolSpec, prefix: string, param: string): string {
+  const schema = tool.parameters;
+  if (schema === undefined) return '""';
+  // Validate the whole schema once as JSON (refs, keywords), so a bad schema is refused the same way in every format.
+  b.addSchema(schema, `${prefix}-check`, param);
+  const props = (schema.properties ?? {}) as Record<string, unknown>;
+  const required = new Set(Array.isArray(schema.required) ? (schema.required as string[]) : []);
+  const names = Object.keys(props);
+  if (schema.additionalProperties !== undefined && schema.additionalProperties !== false && names.length === 0) {
+    // Free-form arguments have no parameter names to constrain: refuse rather than guide something arbitrary.
+    throw invalidForQwen(param, "a parameters schema without 'properties' cannot be guided in the qwen3coder format");
+  }
+  const items = names.map((name, k) => {
+    const sub = props[name];
+    // Converted in place so the tool schema's $defs stay reachable.
+    const ptr = `#/properties/${name.replace(/~/g, "~0").replace(/\//g, "~1")}`;
+    const value = b.addSchemaAt(schema, ptr, `${prefix}-p${k}`, param, isStringLike(sub, schema) ? "raw" : "json");
+    return `${literal(`<parameter=${name}>\n`)} ${value} "\\n</parameter>\\n"`;
+  });
+  // Declaration order; optional parameters skippable.
+  let body = '""';
+  for (let k = names.length - 1; k >= 0; k--) {
+    const one = `${items[k]} ${body}`;
+    body = required.has(names[k]!) ? one : `(${items[k]})? ${body}`;
+    body = b.define(b.fresh(prefix, `params-${k}`), body);
+  }
+  return body;
+}
+
+/** Whether a parameter is written as raw text by the qwen3coder template (a string, or string-or-null, or any). */
+function isStringLike(sub: unknown, root: Record<string, unknown>): boolean {
+  let s = sub;
+  for (let i = 0; i < 8 && typeof s === "object" && s !== null && "$ref" in s; i++) {
+    const ref = (s as { $ref: unknown }).$ref;
+    if (typeof ref !== "string" || !ref.startsWith("#/")) return false;
+    s = ref
+      .slice(2)
+      .split("/")
+      .reduce<unknown>((cur, seg) => (typeof cur === "object" && cur !== null ? (cur as Record<string, unknown>)[seg] : undefined), root);
+  }
+  if (s === true) return true;
+  if (typeof s !== "object" || s === null) return false;
+  const o = s as Record<string, unknown>;
+  if ("enum" in o) return Array.isArray(o.enum) && o.enum.every((v) => typeof v === "string");
+  if ("const" in o) return typeof o.const === "string";
+  const t = o.type;
+  if (t === "string") return true;
+  if (Array.isArray(t)) return t.includes("string") && t.every((x) => x === "string" || x === "null");
+  return t === undefined && !("properties" in o) && !("items" in o) && !("anyOf" in o) && !("oneOf" in o) && !("allOf" in o);
+}
+
+function invalidForQwen(param: string, why: string) {
+  return invalidValue(param, `Invalid schema for '${param}': ${why}.`);
+}

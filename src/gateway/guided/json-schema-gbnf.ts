@@ -1,0 +1,684 @@
+/**
+ * JSON schema → GBNF with llama.cpp's semantics, written for Keel (no upstream code).
+ *
+ * One {@link GbnfBuilder} collects the rules of many schemas (each under its own name prefix) plus shared
+ * primitives emitted once, so a request's tools share one GBNF text. Values are emitted WITHOUT trailing
+ * whitespace; containers put the bounded `space` rule between tokens.
+ *
+ * Semantics (what a value must look like):
+ * - objects: declared properties in declaration order, required ones mandatory, optional ones skippable;
+ *   `additionalProperties` false/absent → declared only; a schema → extra keys (any name) of that schema after the
+ *   declared ones; an object schema without `properties` (and additionalProperties absent/true) → any object.
+ * - anyOf/oneOf → alternatives (oneOf's exclusivity is not enforced); allOf → merged object schemas, else refused.
+ * - `$ref` to any JSON pointer inside the schema (`#`, `#/$defs/…`, `#/definitions/…`); a cycle of refs with no
+ *   object/array in between is refused (it would be left recursion).
+ * - enum/const → the JSON literals (compact `JSON.stringify` form); type arrays → alternatives per type.
+ * - integer: at most 16 digits, no exponent; minimum/maximum (and exclusive forms) as digit-range rules.
+ * - number: JSON number (at most 16 integral digits); bounds are refused (not expressible exactly here).
+ * - string: minLength/maxLength (code points; a `\uXXXX` escape counts as one), `format` (date, time, date-time,
+ *   uuid, email, uri; others refused), `pattern` (subset, see pattern-gbnf.ts; not combined with lengths/format).
+ * - arrays: items/prefixItems (and draft-7 tuple `items` + additionalItems), minItems/maxItems.
+ * - `{}`/`true` → any JSON value; `false` → refused. Annotations and unknown keywords are ignored (they do not
+ *   constrain, per JSON Schema); constraining keywords we cannot honour → 400 naming the keyword.
+ *
+ * Inexact (the grammar accepts a subset of what a validator accepts, never more, except where noted): property
+ * order is fixed; JSON written with non-canonical escapes (`\u0061`) inside patterns/formats/enums; numbers with
+ * more than 16 integral digits; `date` accepts day 31 in any month (more than a validator); extra keys of an
+ * `additionalProperties` schema may repeat declared names (more); oneOf may match several branches (more).
+ */
+import { invalidValue, type KeelHttpError } from "../errors.js";
+import { literal } from "./gbnf-text.js";
+import { MAX_REPEAT, PatternError, patternToGbnf, type CharMode, RAW_ANY } from "./pattern-gbnf.js";
+
+/** Deepest schema nesting we convert. */
+export const MAX_SCHEMA_DEPTH = 64;
+/** Largest GBNF text one builder may produce (characters). */
+export const MAX_GBNF_CHARS = 2 * 1024 * 1024;
+/** Largest integral part of an integer/number, in digits (llama.cpp's bound). */
+const MAX_DIGITS = 16;
+
+/** Shared primitive rules: name → body. Emitted once per builder, on first use (with their dependencies). */
+const PRIMITIVES: Readonly<Record<string, string>> = {
+  space: '| " " | "\\n" [ \\t]{0,20}',
+  "json-char": '[^"\\\\\\x00-\\x1F] | "\\\\" (["\\\\/bfnrt] | "u" [0-9a-fA-F]{4})',
+  "json-string": '"\\"" json-char* "\\""',
+  "json-int": '"-"? ([0-9] | [1-9] [0-9]{0,15})',
+  "json-number": 'json-int ("." [0-9]+)? ([eE] [-+]? [0-9]{1,15})?',
+  "json-bool": '"true" | "false"',
+  "json-null": '"null"',
+  "json-value": "json-object | json-array | json-string | json-number | json-bool | json-null",
+  "json-member": 'json-string space ":" space json-value',
+  "json-object": '"{" space (json-member space ("," space json-member space)*)? "}"',
+  "json-array": '"[" space (json-value space ("," space json-value space)*)? "]"',
+  // Raw text (a qwen3coder parameter value) that never contains "\n</parameter>": an automaton whose state counts
+  // how much of that terminator has just been seen; the full terminator has no transition.
+  "raw-text": "raw-s0",
+};
+/** Dependencies of primitives (emitting a primitive emits these too). */
+const PRIMITIVE_DEPS: Readonly<Record<string, readonly string[]>> = {
+  "json-string": ["json-char"],
+  "json-number": ["json-int"],
+  "json-value": ["json-object", "json-array", "json-string", "json-number", "json-bool", "json-null"],
+  "json-member": ["json-string", "space", "json-value"],
+  "json-object": ["space", "json-member"],
+  "json-array": ["space", "json-value"],
+};
+
+/** The terminator a raw parameter value must not contain. */
+const RAW_TERMINATOR = "\n</parameter>";
+
+/** Rules of the raw-text automaton (see PRIMITIVES["raw-text"]). */
+function rawTextRules(): Array<[string, string]> {
+  const t = Array.from(RAW_TERMINATOR);
+  const rules: Array<[string, string]> = [];
+  // s0: nothing of the terminator seen.
+  rules.push(["raw-s0", '[^\\n] raw-s0 | "\\n" raw-s1 | ""']);
+  for (let j = 1; j < t.length; j++) {
+    const expect = t[j]!;
+    const code = expect.codePointAt(0)!.toString(16).toUpperCase().padStart(2, "0");
+    const advance = j + 1 < t.length ? `${literal(expect)} raw-s${j + 1} | ` : "";
+    rules.push([`raw-s${j}`, `${advance}"\\n" raw-s1 | [^\\n\\x${code}] raw-s0 | ""`]);
+  }
+  return rules;
+}
+
+/** Keywords that constrain but that the grammar cannot honour: always refused (unless trivially satisfied). */
+const REFUSED_KEYWORDS = [
+  "multipleOf",
+  "not",
+  "if",
+  "then",
+  "else",
+  "dependentRequired",
+  "dependentSchemas",
+  "dependencies",
+  "patternProperties",
+  "propertyNames",
+  "contains",
+  "minContains",
+  "maxContains",
+  "unevaluatedProperties",
+  "unevaluatedItems",
+  "$dynamicRef",
+  "$recursiveRef",
+  "contentSchema",
+] as const;
+
+/** Where a conversion is and what it may not revisit. */
+interface Ctx {
+  /** JSON pointer of the current schema inside the root (`#/properties/a`). */
+  ptr: string;
+  /** Nesting depth. */
+  depth: number;
+  /** Refs entered since the last object/array: re-entering one is a ref cycle without structure. */
+  unguarded: ReadonlySet<string>;
+}
+
+/** One schema's conversion state. */
+interface SchemaJob {
+  /** The root schema (target of `#…` refs). */
+  root: unknown;
+  /** Rule-name prefix. */
+  prefix: string;
+  /** Request field path for errors (`tools[2].function.parameters`). */
+  param: string;
+  /** Rule name per resolved `$ref` pointer (emitted once). */
+  refRules: Map<string, string>;
+}
+
+type JsonSchema = Record<string, unknown>;
+
+/**
+ * Collects GBNF rules. `addSchema` converts one schema under a prefix and returns its value rule's name; `rule`
+ * adds a hand-written rule; `text()` renders all rules.
+ */
+export class GbnfBuilder {
+  /** Rule bodies by name, in insertion order. */
+  private readonly rules = new Map<string, string>();
+  /** Counter for generated rule names. */
+  private next = 0;
+  /** Running size of the rule text, checked against MAX_GBNF_CHARS. */
+  private size = 0;
+  /** Request field path blamed when the grammar grows too large. */
+  private lastParam: string | null = null;
+
+  /** Ensures a shared primitive (and its dependencies) is defined; returns its name. */
+  primitive(name: string): string {
+    if (this.rules.has(name)) return name;
+    if (name === "raw-text") {
+      for (const [n, b] of rawTextRules()) this.define(n, b);
+      this.define(name, PRIMITIVES[name]!);
+      return name;
+    }
+    const body = PRIMITIVES[name];
+    if (body === undefined) throw new Error(`unknown primitive ${name}`);
+    this.define(name, body);
+    for (const dep of PRIMITIVE_DEPS[name] ?? []) this.primitive(dep);
+    return name;
+  }
+
+  /** Defines rule `name` (must be new, or identical). */
+  define(name: string, body: string): string {
+    const old = this.rules.get(name);
+    if (old !== undefined) {
+      if (old !== body) throw new Error(`rule ${name} defined twice`);
+      return name;
+    }
+    this.rules.set(name, body);
+    // llama.cpp expands `x{m,n}` into about n copies: count them, so a short text cannot hide a huge grammar.
+    let expanded = 0;
+    for (const m of body.matchAll(/\{(\d+)(?:,(\d*))?\}/g)) expanded += 8 * Math.max(Number(m[1]), Number(m[2] || 0));
+    this.size += name.length + body.length + 6 + expanded;
+    if (this.size > MAX_GBNF_CHARS) {
+      throw invalidValue(
+        this.lastParam,
+        `The grammar for '${this.lastParam ?? "the request"}' at '#' exceeds ${MAX_GBNF_CHARS} characters (repetitions counted expanded); simplify the schema or send fewer tools.`,
+      );
+    }
+    return name;
+  }
+
+  /** A fresh rule name under `prefix` with a readable hint. */
+  fresh(prefix: string, hint: string): string {
+    const clean = hint.replace(/[^a-zA-Z0-9]+/g, "-").replace(/^-+|-+$/g, "").slice(0, 24);
+    return `${prefix}-${clean ? `${clean}-` : ""}${this.next++}`;
+  }
+
+  /** The GBNF text (one `name ::= body` per line). */
+  text(): string {
+    return [...this.rules].map(([n, b]) => `${n} ::= ${b}`).join("\n") + "\n";
+  }
+
+  /**
+   * Converts `schema` into rules named `prefix-…`; returns the name of the rule matching one value (no trailing
+   * whitespace). `mode` "raw" converts a top-level string as raw text (qwen3coder parameter values). Throws a
+   * KeelHttpError 400 `invalid_value` with `param` and a message naming the JSON pointer on a bad schema.
+   */
+  addSchema(schema: unknown, prefix: string, param: string, mode: CharMode = "json"): string {
+    return this.addSchemaAt(schema, "#", prefix, param, mode);
+  }
+
+  /**
+   * Like {@link addSchema} for the subschema at JSON pointer `ptr` of `root` (refs resolve against `root`): a
+   * qwen3coder parameter is its tool schema's `#/properties/NAME`.
+   */
+  addSchemaAt(root: unknown, ptr: string, prefix: string, param: string, mode: CharMode = "json"): string {
+    this.lastParam = param;
+    const job: SchemaJob = { root, prefix: sanitizePrefix(prefix), param, refRules: new Map() };
+    const target = resolvePointer(root, ptr);
+    if (target === undefined) throw this.fail(job, ptr, "no schema at this location.");
+    const expr = this.visit(job, target, { ptr, depth: 0, unguarded: new Set() }, mode);
+    return this.define(this.fresh(job.prefix, "root"), expr);
+  }
+
+  // ---------------------------------------------------------------- visitor
+
+  private fail(job: SchemaJob, ptr: string, message: string): KeelHttpError {
+    return invalidValue(job.param, `Invalid schema for '${job.param}' at '${ptr}': ${message}`);
+  }
+
+  /** GBNF expression for one value of `schema` at `ctx`. */
+  private visit(job: SchemaJob, schema: unknown, ctx: Ctx, mode: CharMode): string {
+    if (ctx.depth > MAX_SCHEMA_DEPTH) throw this.fail(job, ctx.ptr, `nested deeper than ${MAX_SCHEMA_DEPTH} levels.`);
+    if (schema === true) return mode === "raw" ? this.primitive("raw-text") : this.primitive("json-value");
+    if (schema === false) throw this.fail(job, ctx.ptr, "the schema `false` accepts no value.");
+    if (typeof schema !== "object" || schema === null || Array.isArray(schema)) {
+      throw this.fail(job, ctx.ptr, "a schema must be an object or a boolean.");
+    }
+    const s = schema as JsonSchema;
+    for (const k of REFUSED_KEYWORDS) {
+      if (k in s) throw this.fail(job, ctx.ptr, `the keyword '${k}' is not supported in guided generation.`);
+    }
+    if (s.uniqueItems === true) throw this.fail(job, ctx.ptr, "the keyword 'uniqueItems' is not supported in guided generation.");
+    const child = (seg: string): Ctx => ({ ptr: `${ctx.ptr}/${seg}`, depth: ctx.depth + 1, unguarded: ctx.unguarded });
+
+    // 1. $ref (siblings other than annotations are refused: we would have to merge them).
+    if ("$ref" in s) return this.visitRef(job, s, ctx, mode);
+    // 2. enum / const.
+    if ("const" in s || "enum" in s) return this.visitEnum(job, s, ctx, mode);
+    // 3. combinators.
+    if ("allOf" in s) return this.visit(job, this.mergeAllOf(job, s, ctx), child("allOf"), mode);
+    for (const key of ["anyOf", "oneOf"] as const) {
+      if (key in s) {
+        const alts = s[key];
+        if (!Array.isArray(alts) || alts.length === 0) throw this.fail(job, ctx.ptr, `'${key}' must be a non-empty array.`);
+        const rest = { ...s };
+        delete rest[key];
+        const hasRest = Object.keys(rest).some((k) => !ANNOTATIONS.has(k));
+        const options = alts.map((a, i) => {
+          const sub = hasRest && typeof a === "object" && a !== null ? { ...rest, ...(a as JsonSchema) } : a;
+          return this.visit(job, sub, child(`${key}/${i}`), mode);
+        });
+        return `(${options.join(" | ")})`;
+      }
+    }
+    // 4. type (explicit, array, or inferred from keywords).
+    const type = s.type ?? inferType(s);
+    if (Array.isArray(type)) {
+      if (type.length === 0) throw this.fail(job, ctx.ptr, "'type' must not be an empty array.");
+      return `(${type.map((t) => this.visitTyped(job, s, t, ctx, mode)).join(" | ")})`;
+    }
+    if (type === undefined) return mode === "raw" ? this.primitive("raw-text") : this.primitive("json-value");
+    return this.visitTyped(job, s, type, ctx, mode);
+  }
+
+  private visitTyped(job: SchemaJob, s: JsonSchema, type: unknown, ctx: Ctx, mode: CharMode): string {
+    switch (type) {
+      case "object":
+        return this.visitObject(job, s, ctx);
+      case "array":
+        return this.visitArray(job, s, ctx);
+      case "string":
+        return this.visitString(job, s, ctx, mode);
+      case "integer":
+        return this.visitInteger(job, s, ctx);
+      case "number":
+        for (const k of ["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"]) {
+          if (k in s) throw this.fail(job, ctx.ptr, `'${k}' on a 'number' is not supported in guided generation (use 'integer', or drop the bound).`);
+        }
+        return this.primitive("json-number");
+      case "boolean":
+        // The qwen3coder template renders Python booleans; its parsers normalise them.
+        return mode === "raw" ? '("true" | "false" | "True" | "False")' : this.primitive("json-bool");
+      case "null":
+        return mode === "raw" ? '("null" | "None")' : this.primitive("json-null");
+      default:
+        throw this.fail(job, ctx.ptr, `unknown type ${JSON.stringify(type)}.`);
+    }
+  }
+
+  private visitRef(job: SchemaJob, s: JsonSchema, ctx: Ctx, mode: CharMode): string {
+    const ref = s.$ref;
+    if (typeof ref !== "string" || !ref.startsWith("#")) {
+      throw this.fail(job, ctx.ptr, `'$ref' must be a local reference starting with '#' (got ${JSON.stringify(ref)}).`);
+    }
+    const extra = Object.keys(s).filter((k) => k !== "$ref" && !ANNOTATIONS.has(k) && k !== "$defs" && k !== "definitions");
+    if (extra.length > 0) throw this.fail(job, ctx.ptr, `'$ref' next to '${extra[0]}' is not supported.`);
+    if (ctx.unguarded.has(ref)) {
+      throw this.fail(job, ctx.ptr, `'$ref' ${JSON.stringify(ref)} refers back to itself without an object or array in between (infinite recursion).`);
+    }
+    const key = `${mode}:${ref}`;
+    const known = job.refRules.get(key);
+    if (known) return known;
+    const target = resolvePointer(job.root, ref);
+    if (target === undefined) throw this.fail(job, ctx.ptr, `'$ref' ${JSON.stringify(ref)} does not resolve inside the schema.`);
+    const name = this.fresh(job.prefix, `ref-${ref.split("/").pop() ?? ""}`);
+    job.refRules.set(key, name);
+    const unguarded = new Set(ctx.unguarded);
+    unguarded.add(ref);
+    const body = this.visit(job, target, { ptr: ref, depth: ctx.depth + 1, unguarded }, mode);
+    this.define(name, body);
+    return name;
+  }
+
+  private visitEnum(job: SchemaJob, s: JsonSchema, ctx: Ctx, mode: CharMode): string {
+    const values = "const" in s ? [s.const] : s.enum;
+    if (!Array.isArray(values) || values.length === 0) throw this.fail(job, ctx.ptr, "'enum' must be a non-empty array.");
+    const types = s.type === undefined ? null : Array.isArray(s.type) ? s.type : [s.type];
+    const kept = values.filter((v) => types === null || types.some((t) => jsonTypeMatches(v, t)));
+    if (kept.length === 0) throw this.fail(job, ctx.ptr, "no 'enum'/'const' value has the schema's 'type'.");
+    // A qwen3coder parameter writes strings raw (unquoted); other values stay JSON.
+    const lits = [...new Set(kept.map((v) => literal(mode === "raw" && typeof v === "string" ? v : JSON.stringify(v))))];
+    return `(${lits.join(" | ")})`;
+  }
+
+  /** Merges allOf's object schemas (properties, required, additionalProperties) into one schema. */
+  private mergeAllOf(job: SchemaJob, s: JsonSchema, ctx: Ctx): JsonSchema {
+    const parts = s.allOf;
+    if (!Array.isArray(parts) || parts.length === 0) throw this.fail(job, ctx.ptr, "'allOf' must be a non-empty array.");
+    const rest = { ...s };
+    delete rest.allOf;
+    const all = [rest, ...parts.map((p, i) => this.derefShallow(job, p, `${ctx.ptr}/allOf/${i}`))];
+    if (parts.length === 1 && Object.keys(rest).every((k) => ANNOTATIONS.has(k))) return all[1]!;
+    const merged: JsonSchema = { type: "object", properties: {} as JsonSchema, required: [] as string[] };
+    const props = merged.properties as JsonSchema;
+    for (const [i, p] of all.entries()) {
+      const where = i === 0 ? ctx.ptr : `${ctx.ptr}/allOf/${i - 1}`;
+      for (const [k, v] of Object.entries(p)) {
+        if (ANNOTATIONS.has(k)) continue;
+        if (k === "type") {
+          if (v !== "object") throw this.fail(job, where, "'allOf' is supported only over object schemas.");
+        } else if (k === "properties") {
+          for (const [name, sub] of Object.entries(v as JsonSchema)) {
+            if (name in props && JSON.stringify(props[name]) !== JSON.stringify(sub)) {
+              throw this.fail(job, where, `'allOf' declares property '${name}' twice with different schemas.`);
+            }
+            props[name] = sub;
+          }
+        } else if (k === "required") {
+          if (!Array.isArray(v)) throw this.fail(job, where, "'required' must be an array.");
+          (merged.required as string[]).push(...(v as string[]).filter((r) => !(merged.required as string[]).includes(r)));
+        } else if (k === "additionalProperties") {
+          if (v !== false && merged.additionalProperties === undefined) merged.additionalProperties = v;
+          if (v === false) merged.additionalProperties = false;
+        } else if (k !== "$defs" && k !== "definitions") {
+          throw this.fail(job, where, `'allOf' is supported only over object schemas (found '${k}').`);
+        }
+      }
+    }
+    return merged;
+  }
+
+  /** Resolves a `$ref` one level (for allOf merging). */
+  private derefShallow(job: SchemaJob, p: unknown, ptr: string): JsonSchema {
+    let cur = p;
+    for (let i = 0; i < MAX_SCHEMA_DEPTH && typeof cur === "object" && cur !== null && "$ref" in cur; i++) {
+      const ref = (cur as JsonSchema).$ref;
+      cur = typeof ref === "string" ? resolvePointer(job.root, ref) : undefined;
+      if (cur === undefined) throw this.fail(job, ptr, `'$ref' ${JSON.stringify(ref)} does not resolve inside the schema.`);
+    }
+    if (typeof cur !== "object" || cur === null || Array.isArray(cur)) throw this.fail(job, ptr, "'allOf' members must be schemas.");
+    return cur as JsonSchema;
+  }
+
+  private visitObject(job: SchemaJob, s: JsonSchema, ctx: Ctx): string {
+    const sp = this.primitive("space");
+    const props = s.properties ?? {};
+    if (typeof props !== "object" || props === null || Array.isArray(props)) throw this.fail(job, ctx.ptr, "'properties' must be an object.");
+    const required = s.required ?? [];
+    if (!Array.isArray(required) || required.some((r) => typeof r !== "string")) throw this.fail(job, ctx.ptr, "'required' must be an array of strings.");
+    const names = Object.keys(props);
+    for (const r of required as string[]) {
+      if (!names.includes(r)) throw this.fail(job, ctx.ptr, `required property '${r}' is not declared in 'properties'.`);
+    }
+    const addl = s.additionalProperties;
+    if ("minProperties" in s && (typeof s.minProperties !== "number" || s.minProperties > required.length)) {
+      throw this.fail(job, ctx.ptr, "'minProperties' above the number of required properties is not supported.");
+    }
+    if ("maxProperties" in s && (typeof s.maxProperties !== "number" || s.maxProperties < names.length || (addl !== undefined && addl !== false))) {
+      throw this.fail(job, ctx.ptr, "'maxProperties' below the number of declared properties is not supported.");
+    }
+    // Any object: no declared properties and extra keys not restricted.
+    if (names.length === 0 && (addl === undefined || addl === true)) return this.primitive("json-object");
+    const guarded: Ctx = { ...ctx, unguarded: new Set() };
+    const kv = names.map((name) => {
+      const value = this.visit(job, (props as JsonSchema)[name], { ...guarded, ptr: `${ctx.ptr}/properties/${escapePointer(name)}`, depth: ctx.depth + 1 }, "json");
+      return `${literal(JSON.stringify(name))} ${sp} ":" ${sp} ${value} ${sp}`;
+    });
+    let extra: string | null = null;
+    if (addl !== undefined && addl !== false) {
+      const value = addl === true ? this.primitive("json-value") : this.visit(job, addl, { ...guarded, ptr: `${ctx.ptr}/additionalProperties`, depth: ctx.depth + 1 }, "json");
+      extra = this.define(this.fresh(job.prefix, "extra-kv"), `${this.primitive("json-string")} ${sp} ":" ${sp} ${value} ${sp}`);
+    }
+    const req = new Set(required as string[]);
+    // seq(i, first): the members from declaration index i on, `first` = nothing written yet (no comma before).
+    const memo = new Map<string, string>();
+    const seq = (i: number, first: boolean): string => {
+      const key = `${i}:${first}`;
+      const known = memo.get(key);
+      if (known !== undefined) return known;
+      let body: string;
+      const comma = first ? "" : `"," ${sp} `;
+      if (i === names.length) {
+        if (extra === null) body = '""';
+        else body = first ? `(${extra} ("," ${sp} ${extra})*)?` : `("," ${sp} ${extra})*`;
+      } else {
+        const take = `${comma}${kv[i]} ${seq(i + 1, false)}`;
+        body = req.has(names[i]!) ? take : `${take} | ${seq(i + 1, first)}`;
+      }
+      const name = this.define(this.fresh(job.prefix, `obj-${i}${first ? "f" : "n"}`), body);
+      memo.set(key, name);
+      return name;
+    };
+    return `"{" ${sp} ${seq(0, true)} "}"`;
+  }
+
+  private visitArray(job: SchemaJob, s: JsonSchema, ctx: Ctx): string {
+    const sp = this.primitive("space");
+    const guarded: Ctx = { ...ctx, unguarded: new Set() };
+    const sub = (x: unknown, seg: string) => this.visit(job, x, { ...guarded, ptr: `${ctx.ptr}/${seg}`, depth: ctx.depth + 1 }, "json");
+    let prefix: unknown[] = [];
+    let rest: unknown = s.items ?? true;
+    if (Array.isArray(s.prefixItems)) {
+      prefix = s.prefixItems;
+      rest = s.items ?? true;
+    } else if (Array.isArray(s.items)) {
+      prefix = s.items;
+      rest = s.additionalItems ?? true;
+    }
+    const min = num(s.minItems, 0);
+    const max = s.maxItems === undefined ? null : num(s.maxItems, 0);
+    if (max !== null && max < min) throw this.fail(job, ctx.ptr, "'maxItems' is below 'minItems'.");
+    if (min > MAX_REPEAT || (max !== null && max > MAX_REPEAT)) throw this.fail(job, ctx.ptr, `item counts above ${MAX_REPEAT} are not supported.`);
+    const k = max === null ? prefix.length : Math.min(prefix.length, max);
+    const prefixRules = prefix.slice(0, k).map((p, i) => sub(p, `${Array.isArray(s.prefixItems) ? "prefixItems" : "items"}/${i}`));
+    const restRule = rest === false ? null : sub(rest, Array.isArray(s.prefixItems) || !Array.isArray(s.items) ? "items" : "additionalItems");
+    if (restRule === null && min > k) throw this.fail(job, ctx.ptr, "'minItems' exceeds the number of allowed items.");
+    const item = (rule: string) => `${rule} ${sp}`;
+    const sep = `"," ${sp} `;
+    // Tail after the prefix: rest items, count in [lo, hi].
+    let tail = '""';
+    if (restRule !== null && (max === null || max > k)) {
+      const lo = Math.max(0, min - k);
+      const hi = max === null ? null : max - k;
+      const rep = (a: number, b: number | null) => (b === null ? (a === 0 ? "*" : a === 1 ? "+" : `{${a},}`) : `{${a},${b}}`);
+      if (k === 0) {
+        const more = `(${sep}${item(restRule)})${rep(Math.max(0, lo - 1), hi === null ? null : hi - 1)}`;
+        tail = lo === 0 ? `(${item(restRule)} ${more})?` : `${item(restRule)} ${more}`;
+      } else tail = `(${sep}${item(restRule)})${rep(lo, hi)}`;
+    }
+    // Prefix positions from the end: position i is mandatory below minItems.
+    let body = tail;
+    for (let i = k - 1; i >= 0; i--) {
+      const one = `${i === 0 ? "" : sep}${item(prefixRules[i]!)} ${body}`;
+      body = i < min ? one : `(${one})?`;
+    }
+    const name = this.define(this.fresh(job.prefix, "items"), body);
+    return `"[" ${sp} ${name} "]"`;
+  }
+
+  private visitString(job: SchemaJob, s: JsonSchema, ctx: Ctx, mode: CharMode): string {
+    const quote = (content: string) => (mode === "json" ? `"\\"" ${content} "\\""` : content);
+    const anyChar = mode === "json" ? this.primitive("json-char") : RAW_ANY;
+    const hasLen = "minLength" in s || "maxLength" in s;
+    if ("pattern" in s || "format" in s) {
+      if (hasLen) throw this.fail(job, ctx.ptr, "'minLength'/'maxLength' together with 'pattern' or 'format' is not supported.");
+      if ("pattern" in s && "format" in s) throw this.fail(job, ctx.ptr, "'pattern' together with 'format' is not supported.");
+    }
+    if ("pattern" in s) {
+      if (typeof s.pattern !== "string") throw this.fail(job, `${ctx.ptr}/pattern`, "'pattern' must be a string.");
+      try {
+        const body = this.define(this.fresh(job.prefix, "pattern"), patternToGbnf(s.pattern, mode, anyChar));
+        return quote(body);
+      } catch (e) {
+        if (e instanceof PatternError) throw this.fail(job, `${ctx.ptr}/pattern`, `${e.message}.`);
+        throw e;
+      }
+    }
+    if ("format" in s) {
+      const f = FORMATS[String(s.format)];
+      if (f === undefined) {
+        throw this.fail(job, `${ctx.ptr}/format`, `the format ${JSON.stringify(s.format)} is not supported (supported: ${Object.keys(FORMATS).join(", ")}).`);
+      }
+      const name = `fmt-${String(s.format)}`;
+      this.define(name, f);
+      return quote(name);
+    }
+    if (hasLen) {
+      const min = num(s.minLength, 0);
+      const max = s.maxLength === undefined ? null : num(s.maxLength, 0);
+      if (max !== null && max < min) throw this.fail(job, ctx.ptr, "'maxLength' is below 'minLength'.");
+      if (min > MAX_REPEAT || (max !== null && max > MAX_REPEAT)) throw this.fail(job, ctx.ptr, `string lengths above ${MAX_REPEAT} are not supported.`);
+      const c = mode === "json" ? anyChar : `(${anyChar})`;
+      return quote(max === null ? `${c}{${min},}` : `${c}{${min},${max}}`);
+    }
+    return mode === "json" ? this.primitive("json-string") : this.primitive("raw-text");
+  }
+
+  private visitInteger(job: SchemaJob, s: JsonSchema, ctx: Ctx): string {
+    const limit = 10n ** BigInt(MAX_DIGITS) - 1n;
+    let lo = -limit;
+    let hi = limit;
+    const bound = (k: string): number | null => {
+      const v = s[k];
+      if (v === undefined) return null;
+      if (typeof v !== "number" || !Number.isFinite(v)) throw this.fail(job, `${ctx.ptr}/${k}`, `'${k}' must be a number.`);
+      return v;
+    };
+    const exMinBool = s.exclusiveMinimum === true;
+    const exMaxBool = s.exclusiveMaximum === true;
+    const minimum = bound("minimum");
+    const maximum = bound("maximum");
+    const exMin = typeof s.exclusiveMinimum === "boolean" ? null : bound("exclusiveMinimum");
+    const exMax = typeof s.exclusiveMaximum === "boolean" ? null : bound("exclusiveMaximum");
+    const clamp = (v: bigint) => (v > limit ? limit + 1n : v < -limit ? -limit - 1n : v);
+    if (minimum !== null) {
+      const v = clamp(BigInt(Math.ceil(minimum)));
+      lo = exMinBool && Number.isInteger(minimum) ? v + 1n : v;
+      if (lo < -limit) lo = -limit;
+    }
+    if (exMin !== null) {
+      const v = clamp(BigInt(Math.floor(exMin)) + 1n);
+      if (v > lo) lo = v;
+    }
+    if (maximum !== null) {
+      const v = clamp(BigInt(Math.floor(maximum)));
+      const h = exMaxBool && Number.isInteger(maximum) ? v - 1n : v;
+      if (h < hi) hi = h;
+    }
+    if (exMax !== null) {
+      const v = clamp(BigInt(Math.ceil(exMax)) - 1n);
+      if (v < hi) hi = v;
+    }
+    if (lo > hi) throw this.fail(job, ctx.ptr, "the integer bounds admit no value (within 16 digits).");
+    if (lo === -limit && hi === limit) return this.primitive("json-int");
+    return `(${integerRange(lo, hi)})`;
+  }
+}
+
+/** Annotation keywords: never constrain. */
+const ANNOTATIONS = new Set(["title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated", "readOnly", "writeOnly", "$anchor"]);
+
+/** `format` rules over the string content (ASCII only, so the same text serves JSON and raw modes). */
+const FORMATS: Readonly<Record<string, string>> = {
+  date: '[0-9]{4} "-" ("0" [1-9] | "1" [0-2]) "-" ("0" [1-9] | [12] [0-9] | "3" [01])',
+  time: '([01] [0-9] | "2" [0-3]) ":" [0-5] [0-9] ":" [0-5] [0-9] ("." [0-9]{1,9})? ([zZ] | [-+] ([01] [0-9] | "2" [0-3]) ":" [0-5] [0-9])',
+  "date-time":
+    '[0-9]{4} "-" ("0" [1-9] | "1" [0-2]) "-" ("0" [1-9] | [12] [0-9] | "3" [01]) [tT] ([01] [0-9] | "2" [0-3]) ":" [0-5] [0-9] ":" [0-5] [0-9] ("." [0-9]{1,9})? ([zZ] | [-+] ([01] [0-9] | "2" [0-3]) ":" [0-5] [0-9])',
+  uuid: "[0-9a-fA-F]{8} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{12}",
+  email: '[a-zA-Z0-9._%+\\x2D]{1,64} "@" [a-zA-Z0-9] [a-zA-Z0-9\\x2D]{0,62} ("." [a-zA-Z0-9] [a-zA-Z0-9\\x2D]{0,62})+',
+  uri: '[a-zA-Z] [a-zA-Z0-9+.\\x2D]* ":" [a-zA-Z0-9\\x2D._~:/?#@!$&\'()*+,;=%\\x5B\\x5D]+',
+};
+
+function num(v: unknown, dflt: number): number {
+  return typeof v === "number" && Number.isFinite(v) ? Math.max(0, Math.floor(v)) : dflt;
+}
+
+function sanitizePrefix(p: string): string {
+  const clean = p.replace(/[^a-zA-Z0-9]+/g, "-").replace(/^-+|-+$/g, "");
+  return clean || "s";
+}
+
+function escapePointer(seg: string): string {
+  return seg.replace(/~/g, "~0").replace(/\//g, "~1");
+}
+
+/** Resolves `#`, `#/a/b` (with ~0/~1 and %-escapes) inside `root`; undefined when absent. */
+function resolvePointer(root: unknown, ref: string): unknown {
+  if (ref === "#") return root;
+  if (!ref.startsWith("#/")) return undefined;
+  let cur: unknown = root;
+  for (const raw of ref.slice(2).split("/")) {
+    const seg = safeDecode(raw).replace(/~1/g, "/").replace(/~0/g, "~");
+    if (typeof cur !== "object" || cur === null || !Object.prototype.hasOwnProperty.call(cur, seg)) return undefined;
+    cur = (cur as Record<string, unknown>)[seg];
+  }
+  return cur;
+}
+
+/** %-decoding of a pointer segment; a stray `%` stays literal. */
+function safeDecode(seg: string): string {
+  try {
+    return decodeURIComponent(seg);
+  } catch {
+    return seg;
+  }
+}
+
+/** The type a schema without `type` constrains, from its keywords (undefined: any value). */
+function inferType(s: JsonSchema): string | undefined {
+  if ("properties" in s || "additionalProperties" in s || "required" in s) return "object";
+  if ("items" in s || "prefixItems" in s || "minItems" in s || "maxItems" in s) return "array";
+  if ("pattern" in s || "minLength" in s || "maxLength" in s || "format" in s) return "string";
+  if ("minimum" in s || "maximum" in s || "exclusiveMinimum" in s || "exclusiveMaximum" in s) return "number";
+  return undefined;
+}
+
+function jsonTypeMatches(v: unknown, t: unknown): boolean {
+  switch (t) {
+    case "null":
+      return v === null;
+    case "boolean":
+      return typeof v === "boolean";
+    case "string":
+      return typeof v === "string";
+    case "integer":
+      return typeof v === "number" && Number.isInteger(v);
+    case "number":
+      return typeof v === "number";
+    case "array":
+      return Array.isArray(v);
+    case "object":
+      return typeof v === "object" && v !== null && !Array.isArray(v);
+    default:
+      return false;
+  }
+}
+
+// ---------------------------------------------------------------- integer ranges
+
+/** GBNF alternatives for the integers in [lo, hi] (JSON spelling: no leading zeros, no "-0"). */
+export function integerRange(lo: bigint, hi: bigint): string {
+  const alts: string[] = [];
+  if (hi >= 0n) alts.push(...uintRange(lo > 0n ? lo : 0n, hi));
+  if (lo < 0n) {
+    const mags = uintRange(hi < -1n ? -hi : 1n, -lo);
+    alts.push(`"-" (${mags.join(" | ")})`);
+  }
+  return alts.join(" | ");
+}
+
+/** Alternatives for non-negative integers in [a, b], split by digit count. */
+function uintRange(a: bigint, b: bigint): string[] {
+  const out: string[] = [];
+  const la = a.toString().length;
+  const lb = b.toString().length;
+  for (let len = la; len <= lb; len++) {
+    const floor = len === 1 ? 0n : 10n ** BigInt(len - 1);
+    const ceil = 10n ** BigInt(len) - 1n;
+    const x = a > floor ? a : floor;
+    const y = b < ceil ? b : ceil;
+    if (x <= y) out.push(sameLength(x.toString(), y.toString()));
+  }
+  return out;
+}
+
+/** GBNF for the decimal strings of equal length n between `lo` and `hi` (inclusive), digit by digit. */
+function sameLength(lo: string, hi: string): string {
+  if (lo === hi) return literal(lo);
+  const n = lo.length;
+  if (n === 1) return `[${lo}-${hi}]`;
+  const restLo = lo.slice(1);
+  const restHi = hi.slice(1);
+  const anyRest = `[0-9]{${n - 1}}`;
+  if (lo[0] === hi[0]) return `"${lo[0]}" (${sameLength(restLo, restHi)})`;
+  if (/^0+$/.test(restLo) && /^9+$/.test(restHi)) return `[${lo[0]}-${hi[0]}] ${anyRest}`;
+  const alts: string[] = [];
+  const d0 = Number(lo[0]);
+  const d1 = Number(hi[0]);
+  alts.push(`"${d0}" (${sameLength(restLo, "9".repeat(n - 1))})`);
+  if (d1 - d0 >= 2) alts.push(`[${d0 + 1}-${d1 - 1}] ${anyRest}`);
+  alts.push(`"${d1}" (${sameLength("0".repeat(n - 1), restHi)})`);
+  return alts.join(" | ");
+}
+
+/**
+ * Convenience: one schema to a complete GBNF text whose `root` rule matches one value (no surrounding whitespace).
+ * Throws a KeelHttpError 400 on a bad schema (see {@link GbnfBuilder.addSchema}).
+ */
+export function schemaToGbnf(schema: unknown, opts: { prefix?: string; param: string }): { grammar: string; rule: string } {
+  const b = new GbnfBuilder();
+  const rule = b.addSchema(schema, opts.prefix ?? "s", opts.param);
+  b.define("root", rule);
+  return { grammar: b.text(), rule };
+}
