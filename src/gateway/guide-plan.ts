@@ -8,7 +8,7 @@ import type { EngineCapabilities, GuideSpec } from "../protocol/messages.js";
 import type { AgentSettings } from "./agent-config.js";
 import { reasoningOpen, toolsActive } from "./agent-request.js";
 import type { ChatRequest } from "./chat-request.js";
-import { guidedNotSupported, unsupportedField } from "./errors.js";
+import { guidedNotSupported } from "./errors.js";
 import type { BuildGuide, GuideRequest } from "./guided/types.js";
 import type { ToolParserName } from "./tools.js";
 
@@ -41,13 +41,3 @@ export function requestGuide(build: BuildGuide, body: GuideFields, toolParser: T
   return guide;
 }
 
-/**
- * Interim builder while guided/guide.ts is not merged: nothing can be constrained, so what needs a guide is refused
- * (never accepted and ignored).
- */
-export const noGuideBuilder: BuildGuide = (req) => {
-  if (req.responseFormat.kind !== "text") throw unsupportedField("response_format", "Structured output is not available on this build.");
-  const choice = req.toolChoice.kind;
-  if (req.tools.length > 0 && (choice === "required" || choice === "function")) throw unsupportedField("tool_choice", "Forcing tool calls is not available on this build.");
-  return null;
-};

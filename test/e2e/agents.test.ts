@@ -30,6 +30,7 @@ const weather = {
   },
 };
 const user = [{ role: "user", content: "Weather in Paris?" }];
+const fn = (parameters: unknown, name = "lookup") => ({ type: "function", function: { name, parameters } });
 
 type ErrorBody = { error: { code: string; param: string | null; message: string } };
 
@@ -65,6 +66,13 @@ describe("agent requests: bad input before the engine (recipe M2), then a valid 
     [{ messages: [...user, { role: "assistant", content: null, tool_calls: [{ id: "c", function: {} }] }] }, "messages[1].tool_calls[0].function.name"],
     [{ messages: [...user, { role: "tool", content: "x" }] }, "messages[1].tool_call_id"],
     [{ response_format: { type: "json_schema", json_schema: { name: "x", schema: "{}" } } }, "response_format.json_schema.schema"],
+    // Schemas the grammar converter refuses: checked for every request with tools, guided or not.
+    [{ tools: [fn({ type: "object", properties: { a: { type: "strin" } } })] }, "tools[0].function.parameters"],
+    [{ tools: [weather, fn({ enum: [] })] }, "tools[1].function.parameters"],
+    [{ tools: [fn({ $defs: { a: { $ref: "#/$defs/a" } }, $ref: "#/$defs/a" })] }, "tools[0].function.parameters"],
+    [{ tools: [fn({ type: "object", properties: { code: { type: "string", pattern: "([a-z]" } } })] }, "tools[0].function.parameters"],
+    [{ response_format: { type: "json_schema", json_schema: { name: "x", schema: { $ref: "#" } } } }, "response_format.json_schema.schema"],
+    [{ response_format: { type: "json_schema", json_schema: { name: "x", schema: { type: "string", pattern: "(?<=a)b" } } } }, "response_format.json_schema.schema"],
   ])("%j → 400 on %s, and the server answers the next request", async (extra, param) => {
     const bad = await chat(agent.baseUrl, { model: "keel-tiny-qwen3", messages: user, max_tokens: 4, ...extra });
     expect(bad.status).toBe(400);

@@ -16,7 +16,8 @@ import type { ChoiceResult, SessionEvent } from "../session/events.js";
 import { readyEngine, renderMessages, type RouteContext } from "../route-context.js";
 import { checkCapabilities } from "./sampling.js";
 import { outputParserFactory, requestToolParser, toolsForTemplate } from "../agent-request.js";
-import { noGuideBuilder, requestGuide } from "../guide-plan.js";
+import { requestGuide } from "../guide-plan.js";
+import { buildGuide } from "../guided/guide.js";
 import type { GuideSpec } from "../../protocol/messages.js";
 import { chatLogprobs } from "./logprobs.js";
 
@@ -139,7 +140,7 @@ export async function handleChat(ctx: RouteContext, req: FastifyRequest, reply: 
   const prompt = renderMessages(ctx, template, body.messages, body.templateKwargs, toolsForTemplate(body));
   const parser = outputParserFactory(body, toolParser, agents, prompt);
   // A bad schema, or a guide this engine cannot apply, is a 400 here, before the engine sees the request.
-  const guide = requestGuide(noGuideBuilder, body, toolParser, agents, prompt, caps);
+  const guide = requestGuide(buildGuide, body, toolParser, agents, prompt, caps);
   const id = `chatcmpl-${randomUUID().replaceAll("-", "")}`;
   const created = Math.floor(Date.now() / 1000);
   runGeneration(
