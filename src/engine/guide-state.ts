@@ -117,7 +117,12 @@ export class GuideState {
     return new Set(specials.filter((s) => !allowed.has(s.text)).map((s) => s.token));
   }
 
-  /** True in a rule phase with a usable grammar (the sampler must be constrained). */
+  /** Special tokens banned in rule phases. */
+  get bansInRules(): ReadonlySet<number> {
+    return this.bans;
+  }
+
+  /** True in a rule phase (the sampler must be constrained). */
   get constrained(): boolean {
     return this.current.kind === "rule";
   }
