@@ -39,6 +39,15 @@ export function reasoningOpen(agents: AgentSettings, prompt: string): boolean {
   return agents.reasoningParser !== null && promptOpensReasoning(prompt);
 }
 
+/**
+ * The prompt already closed reasoning (it ends with `</think>`: the template switched thinking off with an empty
+ * `<think></think>` block, as Qwen3's does for `enable_thinking: false`). A guide then forces its rule from the first
+ * token instead of letting the model open reasoning again.
+ */
+export function reasoningClosed(agents: AgentSettings, prompt: string): boolean {
+  return agents.reasoningParser !== null && prompt.trimEnd().endsWith("</think>");
+}
+
 /** The per-choice parser factory, or undefined when nothing is parsed (no tool format for it, no reasoning parser). */
 export function outputParserFactory(body: AgentFields, toolParser: ToolParserName | null, agents: AgentSettings, prompt: string): (() => OutputParser) | undefined {
   if (toolParser === null && agents.reasoningParser === null) return undefined;

@@ -33,6 +33,9 @@ describe("requestGuide", () => {
     expect(r.asked[0]).toMatchObject({ toolParser: "hermes3", toolChoice: { kind: "required" }, reasoning: { parser: "qwen3", open: true }, guideAuto: false });
     requestGuide(r.build, fields({ kind: "required" }), "hermes3", agents({ reasoningParser: "qwen3" }), "<|im_start|>assistant\n", caps(true));
     expect(r.asked[1]!.reasoning).toEqual({ parser: "qwen3", open: false });
+    // Thinking switched off by the template (an empty closed block): the guide has no reasoning phase.
+    requestGuide(r.build, fields({ kind: "required" }), "hermes3", agents({ reasoningParser: "qwen3" }), "<|im_start|>assistant\n<think>\n\n</think>\n\n", caps(true));
+    expect(r.asked[2]!.reasoning).toBeNull();
   });
 
   it("auto without --enable_tool_guided_generation: schemas are still checked (built as guided), but nothing is sent", () => {

@@ -6,7 +6,7 @@
  */
 import type { EngineCapabilities, GuideSpec } from "../protocol/messages.js";
 import type { AgentSettings } from "./agent-config.js";
-import { reasoningOpen, toolsActive } from "./agent-request.js";
+import { reasoningClosed, reasoningOpen, toolsActive } from "./agent-request.js";
 import type { ChatRequest } from "./chat-request.js";
 import { guidedNotSupported } from "./errors.js";
 import type { BuildGuide, GuideRequest } from "./guided/types.js";
@@ -32,7 +32,8 @@ export function requestGuide(build: BuildGuide, body: GuideFields, toolParser: T
     parallelToolCalls: body.parallelToolCalls,
     responseFormat: body.responseFormat,
     guideAuto: agents.guideAuto,
-    reasoning: agents.reasoningParser === null ? null : { parser: agents.reasoningParser, open: reasoningOpen(agents, prompt) },
+    // No reasoning phase when the server parses none, or when the prompt switched thinking off.
+    reasoning: agents.reasoningParser === null || reasoningClosed(agents, prompt) ? null : { parser: agents.reasoningParser, open: reasoningOpen(agents, prompt) },
   };
   const validateOnly = toolsActive(body) && body.toolChoice.kind === "auto" && !agents.guideAuto;
   const guide = build(validateOnly ? { ...req, guideAuto: true } : req);

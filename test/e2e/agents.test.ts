@@ -4,22 +4,27 @@
  * --tool_parser refuses tools instead of ignoring them; `--tool_parser auto` resolves from the template; tool-call
  * turns round-trip through the template; streamed deltas concatenate to the unary answer of the same seed.
  */
+import { Ajv2020 } from "ajv/dist/2020.js";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { chat } from "../support/chat-client.js";
 import { startServer, type ServerHandle } from "../support/server.js";
 
 let agent: ServerHandle;
+let coder: ServerHandle;
 let plain: ServerHandle;
 
 beforeAll(async () => {
-  [agent, plain] = await Promise.all([
+  [agent, coder, plain] = await Promise.all([
     startServer(["--model_path", "keel-tiny-qwen3", "--tool_parser", "auto", "--reasoning_parser", "qwen3", "--max_num_seqs", "4", "--max_num_batched_tokens", "64"]),
+    startServer(["--model_path", "keel-tiny-qwen3coder", "--tool_parser", "qwen3coder", "--enable_tool_guided_generation", "true", "--max_num_seqs", "4", "--max_num_batched_tokens", "64"]),
     startServer(["--max_num_seqs", "2", "--max_num_batched_tokens", "64"]),
   ]);
 }, 120_000);
 afterAll(async () => {
-  await Promise.all([agent?.stop(), plain?.stop()]);
+  await Promise.all([agent?.stop(), coder?.stop(), plain?.stop()]);
 });
+
+const ajv = new Ajv2020({ strict: false });
 
 const weather = {
   type: "function",
@@ -101,7 +106,7 @@ describe("server agent flags", () => {
     expect(promptTokens(none)).toBe(promptTokens(without));
   });
 
-  it("tools are rendered into the prompt (the prompt grows by the declaration), only the named one for a named tool_choice", async () => {
+  it("tools are rendered into the prompt (the prompt grows with each declaration)", async () => {
     const time = { type: "function", function: { name: "get_time", description: "Current time", parameters: { type: "object", properties: {} } } };
     const usage = async (extra: Record<string, unknown>) => {
       const r = await chat(agent.baseUrl, { model: "keel-tiny-qwen3", messages: user, max_tokens: 1, temperature: 0, ...extra });
@@ -111,10 +116,8 @@ describe("server agent flags", () => {
     const none = await usage({});
     const one = await usage({ tools: [weather] });
     const both = await usage({ tools: [weather, time] });
-    const named = await usage({ tools: [weather, time], tool_choice: { type: "function", function: { name: "get_weather" } } });
     expect(one).toBeGreaterThan(none);
     expect(both).toBeGreaterThan(one);
-    expect(named).toBe(one);
   });
 });
 
@@ -143,5 +146,123 @@ describe("tool-call turns and streaming agreement", () => {
     expect(s.reasoning).toBe(choice.message.reasoning_content ?? "");
     expect(s.calls.map((c) => ({ name: c.name, arguments: c.arguments }))).toEqual((choice.message.tool_calls ?? []).map((c) => ({ name: c.function.name, arguments: c.function.arguments })));
     expect(stream.finishReason).toBe(choice.finish_reason);
+  });
+});
+
+type Message = { content: string | null; reasoning_content?: string; tool_calls?: { id: string; type: string; function: { name: string; arguments: string } }[] };
+const firstChoice = (r: { body: unknown }) => (r.body as { choices: { message: Message; finish_reason: string }[] }).choices[0]!;
+
+/** Every call names a declared tool and its arguments validate against that tool's schema. */
+type Tool = { type: string; function: { name: string; parameters: object } };
+function expectValidCalls(message: Message, tools: Tool[]): void {
+  expect(message.tool_calls?.length ?? 0, JSON.stringify(message)).toBeGreaterThan(0);
+  for (const call of message.tool_calls!) {
+    const tool = tools.find((t) => t.function.name === call.function.name);
+    expect(tool, `call to ${call.function.name}`).toBeDefined();
+    expect(call.type).toBe("function");
+    expect(call.id).toMatch(/^call_/);
+    const validate = ajv.compile(tool!.function.parameters);
+    const args: unknown = JSON.parse(call.function.arguments);
+    expect(validate(args), `${call.function.arguments}: ${ajv.errorsText(validate.errors)}`).toBe(true);
+  }
+}
+
+describe("guided generation on random weights (the engine applies the grammar)", () => {
+  // Bounded strings: a random-weight model inside an unbounded JSON string would write until max_tokens.
+  const lookup = {
+    type: "function",
+    function: {
+      name: "get_weather",
+      description: "Current weather of a city",
+      parameters: { type: "object", properties: { city: { type: "string", minLength: 1, maxLength: 10 }, days: { type: "integer", minimum: 1, maximum: 7 } }, required: ["city"], additionalProperties: false },
+    },
+  };
+  const order = {
+    type: "function",
+    function: {
+      name: "place_order",
+      description: "Order items",
+      parameters: {
+        type: "object",
+        properties: { item: { type: "string", enum: ["tea", "coffee"] }, qty: { type: "integer", minimum: 1, maximum: 9 }, note: { type: "string", maxLength: 6 } },
+        required: ["item", "qty"],
+        additionalProperties: false,
+      },
+    },
+  };
+
+  it.each([1, 2, 3])("qwen3coder, tool_choice required, one call (seed %i): a schema-valid call, finish_reason tool_calls; stream agrees", async (seed) => {
+    const body = { model: "keel-tiny-qwen3coder", messages: user, tools: [lookup, order], tool_choice: "required", parallel_tool_calls: false, max_tokens: 300, temperature: 1, seed };
+    const unary = await chat(coder.baseUrl, body);
+    expect(unary.status).toBe(200);
+    const c = firstChoice(unary);
+    expect(c.finish_reason).toBe("tool_calls");
+    expectValidCalls(c.message, [lookup, order]);
+    const stream = await chat(coder.baseUrl, { ...body, stream: true });
+    const s = collect(stream.events);
+    expect(s.calls.map((x) => [x.name, x.arguments])).toEqual(c.message.tool_calls!.map((x) => [x.function.name, x.function.arguments]));
+  });
+
+  it("qwen3coder, a named function with parallel_tool_calls false: exactly one call, to that function", async () => {
+    const r = await chat(coder.baseUrl, { model: "keel-tiny-qwen3coder", messages: user, tools: [lookup, order], tool_choice: { type: "function", function: { name: "place_order" } }, parallel_tool_calls: false, max_tokens: 200, seed: 5 });
+    expect(r.status).toBe(200);
+    const c = firstChoice(r);
+    expectValidCalls(c.message, [order]);
+    expect(c.message.tool_calls!.map((t) => t.function.name)).toEqual(["place_order"]);
+    expect(c.finish_reason).toBe("tool_calls");
+  });
+
+  it("hermes3 (auto-resolved), a named function with thinking off: one schema-valid call; reasoning never in content", async () => {
+    const r = await chat(agent.baseUrl, {
+      model: "keel-tiny-qwen3",
+      messages: user,
+      tools: [lookup, order],
+      tool_choice: { type: "function", name: "get_weather" },
+      parallel_tool_calls: false,
+      chat_template_kwargs: { enable_thinking: false },
+      max_tokens: 300,
+      seed: 11,
+    });
+    expect(r.status).toBe(200);
+    const c = firstChoice(r);
+    expectValidCalls(c.message, [lookup]);
+    expect(c.message.tool_calls).toHaveLength(1);
+    expect(c.message.content ?? "").not.toContain("<think>");
+  });
+
+  it("named tool_choice renders only that tool (the prompt is the one-tool prompt)", async () => {
+    const usage = async (extra: Record<string, unknown>) => {
+      const r = await chat(agent.baseUrl, { model: "keel-tiny-qwen3", messages: user, max_tokens: 1, temperature: 0, ...extra });
+      expect(r.status).toBe(200);
+      return (r.body as { usage: { prompt_tokens: number } }).usage.prompt_tokens;
+    };
+    const time = fn({ type: "object", properties: {} }, "get_time");
+    expect(await usage({ tools: [weather, time], tool_choice: { type: "function", function: { name: "get_weather" } } })).toBe(await usage({ tools: [weather] }));
+  });
+
+  const person = {
+    type: "object",
+    properties: { name: { type: "string", minLength: 1, maxLength: 8 }, age: { type: "integer", minimum: 0, maximum: 120 }, tags: { type: "array", items: { enum: ["a", "b"] }, maxItems: 3 } },
+    required: ["name", "age"],
+    additionalProperties: false,
+  };
+
+  it.each([1, 2, 3])("response_format json_schema (seed %i) without any server flag: the content parses and validates; stream agrees", async (seed) => {
+    const body = { model: "keel-tiny", messages: user, response_format: { type: "json_schema", json_schema: { name: "person", schema: person, strict: true } }, max_tokens: 300, temperature: 1, seed };
+    const r = await chat(plain.baseUrl, body);
+    expect(r.status).toBe(200);
+    const c = firstChoice(r);
+    expect(c.finish_reason).toBe("stop");
+    const value: unknown = JSON.parse(c.message.content!);
+    const validate = ajv.compile(person);
+    expect(validate(value), ajv.errorsText(validate.errors)).toBe(true);
+    const stream = await chat(plain.baseUrl, { ...body, stream: true });
+    expect(stream.text).toBe(c.message.content);
+  });
+
+  it("response_format with active tools is a 400 (the output cannot be both)", async () => {
+    const r = await chat(coder.baseUrl, { model: "keel-tiny-qwen3coder", messages: user, tools: [weather], response_format: { type: "json_object" }, max_tokens: 4 });
+    expect(r.status).toBe(400);
+    expect((r.body as ErrorBody).error.param).toBe("response_format");
   });
 });
