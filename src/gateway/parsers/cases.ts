@@ -169,6 +169,13 @@ export const CASES: ParserCase[] = [
     ],
   },
   {
+    name: "hermes3: bare call in OpenAI's wrapper shape, arguments as a JSON text",
+    opts: hermes,
+    text: '{"type": "function", "function": {"name": "get_time", "arguments": "{\\"tz\\": \\"UTC\\"}"}}',
+    content: "",
+    calls: [{ name: "get_time", arguments: '{"tz":"UTC"}' }],
+  },
+  {
     name: "hermes3: bare JSON naming an undeclared tool is content",
     opts: hermes,
     text: '{"name": "search_web", "arguments": {"q": "Paris"}}',

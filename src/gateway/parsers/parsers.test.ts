@@ -229,3 +229,65 @@ describe("promptOpensReasoning", () => {
     expect(promptOpensReasoning(prompt)).toBe(want);
   });
 });
+
+describe("bare-call early release", () => {
+  it("a JSON answer streams as soon as its first key rules out a call", () => {
+    const parser = createOutputParser(options({ toolParser: "hermes3", tools: WEATHER_TOOLS }));
+    expect(parser.push('{"answ')).toEqual({});
+    expect(parser.push('er": 4')).toEqual({ content: '{"answer": 4' });
+  });
+
+  it("call keys keep it held", () => {
+    const parser = createOutputParser(options({ toolParser: "llama3", tools: WEATHER_TOOLS }));
+    expect(parser.push('{"name": "get_time", "parameters": {"answer": 1')).toEqual({});
+    expect(parser.push("}}")).toEqual({});
+    expect(parser.finish("stop").toolCalls).toEqual([
+      { index: 0, id: "call_0", name: "get_time" },
+      { index: 0, arguments: '{"answer":1}' },
+    ]);
+  });
+});
+
+describe("any arguments survive every format", () => {
+  const args = fc.dictionary(fc.string({ maxLength: 6 }), fc.jsonValue({ maxDepth: 2 }), { maxKeys: 4 });
+  const indent = fc.constantFrom(0, 1, 2);
+  const wrap = fc.constantFrom(
+    (json: string) => ({ toolParser: "hermes3" as const, text: `<tool_call>\n${json}\n</tool_call>` }),
+    (json: string) => ({ toolParser: "hermes3" as const, text: json }),
+    (json: string) => ({ toolParser: "hermes3" as const, text: "```json\n" + json + "\n```" }),
+    (json: string) => ({ toolParser: "llama3" as const, text: `<|python_tag|>${json}` }),
+    (json: string) => ({ toolParser: "llama3" as const, text: json }),
+    (json: string) => ({ toolParser: "qwen3coder" as const, text: `<tool_call>\n${json}\n</tool_call>` }),
+  );
+
+  it("hermes3 / llama3 / bare: the arguments object comes back as compact JSON, at any split", () => {
+    fc.assert(
+      fc.property(args, indent, wrap, fc.array(fc.nat(), { maxLength: 6 }), (a, sp, w, cuts) => {
+        const { toolParser, text } = w(JSON.stringify({ name: "get_weather", arguments: a }, null, sp));
+        const r = runPieces(options({ toolParser, tools: WEATHER_TOOLS }), splitAt(text, cuts.map((c) => c % (text.length + 1))), "stop");
+        expect(r.result).toEqual({
+          content: "",
+          reasoning: null,
+          toolCalls: [{ id: "call_0", name: "get_weather", arguments: JSON.stringify(a) }],
+        });
+        expect(r.streamed).toEqual(r.result);
+      }),
+      { numRuns: 1500 },
+    );
+  });
+
+  it("qwen3coder: string values come back exactly, whatever they hold", () => {
+    const value = fc.string({ unit: fc.constantFrom("a", " ", "\n", "<", "/", ">", "=", "é", "🌎", "</parameter>", "<parameter=x>", "</function>") });
+    fc.assert(
+      fc.property(value, fc.array(fc.nat(), { maxLength: 6 }), (v, cuts) => {
+        // The one text the format cannot carry in a value: `</parameter>` followed by the next tag.
+        fc.pre(!/<\/parameter>\s*(<parameter=|<\/function>|<\/tool_call>)/.test(v));
+        const text = `<tool_call>\n<function=run_code>\n<parameter=code>\n${v}\n</parameter>\n</function>\n</tool_call>`;
+        const r = runPieces(options({ toolParser: "qwen3coder", tools: WEATHER_TOOLS }), splitAt(text, cuts.map((c) => c % (text.length + 1))), "stop");
+        expect(r.result.toolCalls).toEqual([{ id: "call_0", name: "run_code", arguments: JSON.stringify({ code: v }) }]);
+        expect(r.streamed).toEqual(r.result);
+      }),
+      { numRuns: 1500 },
+    );
+  });
+});
