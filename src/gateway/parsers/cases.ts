@@ -106,6 +106,21 @@ export const CASES: ParserCase[] = [
     content: "It is sunny in Paris.",
   },
   {
+    name: "qwen3: a model repeating the <think> the prompt opened",
+    opts: { ...think, reasoningOpen: true },
+    text: "\n<think>\nHmm.\n</think>\n\nHello.",
+    reasoning: "\nHmm.\n",
+    content: "\n\nHello.",
+  },
+  {
+    name: "qwen3: explicit reasoning never closed (cut) is reasoning",
+    opts: { ...think },
+    text: "<think>\nFirst, recall </thin",
+    reason: "length",
+    reasoning: "\nFirst, recall </thin",
+    content: "",
+  },
+  {
     name: "qwen3: thinking switched off, plain content",
     opts: { ...hermes, ...think, reasoningOpen: false },
     text: "Paris is the capital of France.",
@@ -161,7 +176,9 @@ export const CASES: ParserCase[] = [
   {
     name: "hermes3: bare list of calls, 'parameters' alias",
     opts: hermes,
-    text: '[{"name": "get_weather", "parameters": {"city": "Paris"}}, {"name": "get_time", "arguments": {"tz": "UTC"}}]',
+    text:
+      '[{"name": "get_weather", "parameters": {"city": "Paris"}}, ' +
+      '{"name": "get_time", "arguments": {"tz": "UTC"}}]',
     content: "",
     calls: [
       { name: "get_weather", arguments: '{"city":"Paris"}' },
@@ -209,7 +226,9 @@ export const CASES: ParserCase[] = [
   {
     name: "hermes3: multibyte text and arguments",
     opts: hermes,
-    text: 'Il fait beau à Zürich 🌤️ — <tool_call>\n{"name": "get_weather", "arguments": {"city": "Zürich 🇨🇭"}}\n</tool_call>',
+    text:
+      "Il fait beau à Zürich 🌤️ — <tool_call>\n" +
+      '{"name": "get_weather", "arguments": {"city": "Zürich 🇨🇭"}}\n</tool_call>',
     content: "Il fait beau à Zürich 🌤️ — ",
     calls: [{ name: "get_weather", arguments: '{"city":"Zürich 🇨🇭"}' }],
   },
@@ -263,7 +282,8 @@ export const CASES: ParserCase[] = [
     name: "qwen3coder: duplicate parameter (first wins), unknown parameters JSON-or-string, string stays string",
     opts: coder,
     text:
-      "<tool_call>\n<function=get_weather>\n<parameter=city>\n42\n</parameter>\n<parameter=city>\nMilan\n</parameter>\n" +
+      "<tool_call>\n<function=get_weather>\n<parameter=city>\n42\n</parameter>\n" +
+      "<parameter=city>\nMilan\n</parameter>\n" +
       '<parameter=extra>\n{"a": [1, 2]}\n</parameter>\n<parameter=other>\nhello\n</parameter>\n' +
       "<parameter=days>\nthree\n</parameter>\n<parameter=note>\nNone\n</parameter>\n</function>\n</tool_call>",
     content: "",
@@ -280,6 +300,13 @@ export const CASES: ParserCase[] = [
     text: "<function=run_code>\n<parameter=code>\n\nline1\nline2\n\n</parameter>\n</function>",
     content: "",
     calls: [{ name: "run_code", arguments: JSON.stringify({ code: "\nline1\nline2\n" }) }],
+  },
+  {
+    name: "qwen3coder: empty values",
+    opts: coder,
+    text: "<function=get_weather>\n<parameter=city>\n</parameter>\n<parameter=note>\n\n</parameter>\n</function>",
+    content: "",
+    calls: [{ name: "get_weather", arguments: '{"city":"","note":""}' }],
   },
   {
     name: "qwen3coder: call after implicit reasoning",
@@ -305,7 +332,9 @@ export const CASES: ParserCase[] = [
   {
     name: "qwen3coder: multibyte values",
     opts: coder,
-    text: "Voilà 🌎\n<tool_call>\n<function=get_weather>\n<parameter=city>\nSão Paulo 🌎\n</parameter>\n</function>\n</tool_call>",
+    text:
+      "Voilà 🌎\n<tool_call>\n<function=get_weather>\n<parameter=city>\nSão Paulo 🌎\n</parameter>\n" +
+      "</function>\n</tool_call>",
     content: "Voilà 🌎\n",
     calls: [{ name: "get_weather", arguments: '{"city":"São Paulo 🌎"}' }],
   },

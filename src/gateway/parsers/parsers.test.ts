@@ -197,12 +197,14 @@ describe("properties over random outputs", () => {
 describe("pickToolParser", () => {
   const qwen25 =
     '{%- if tools %}For each function call, return a json object with function name and arguments within ' +
-    '<tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>{% endif %}';
+    "<tool_call></tool_call> XML tags:\n<tool_call>\n" +
+    '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>{% endif %}';
   const qwen3coder =
     "{%- if tools %}<tool_call>\n<function=example_function_name>\n<parameter=example_parameter_1>\nvalue_1\n" +
     "</parameter>\n</function>\n</tool_call>{% endif %}";
   const llama31 =
-    "{{- '<|start_header_id|>ipython<|end_header_id|>\\n\\n' }}{%- if builtin_tools %}{{- '<|python_tag|>' }}{% endif %}";
+    "{{- '<|start_header_id|>ipython<|end_header_id|>\\n\\n' }}" +
+    "{%- if builtin_tools %}{{- '<|python_tag|>' }}{% endif %}";
   const llama32 =
     '<|start_header_id|>user<|end_header_id|>Respond in the format {"name": function name, "parameters": dictionary}';
 
@@ -264,7 +266,8 @@ describe("any arguments survive every format", () => {
     fc.assert(
       fc.property(args, indent, wrap, fc.array(fc.nat(), { maxLength: 6 }), (a, sp, w, cuts) => {
         const { toolParser, text } = w(JSON.stringify({ name: "get_weather", arguments: a }, null, sp));
-        const r = runPieces(options({ toolParser, tools: WEATHER_TOOLS }), splitAt(text, cuts.map((c) => c % (text.length + 1))), "stop");
+        const pieces = splitAt(text, cuts.map((c) => c % (text.length + 1)));
+        const r = runPieces(options({ toolParser, tools: WEATHER_TOOLS }), pieces, "stop");
         expect(r.result).toEqual({
           content: "",
           reasoning: null,
@@ -277,14 +280,18 @@ describe("any arguments survive every format", () => {
   });
 
   it("qwen3coder: string values come back exactly, whatever they hold", () => {
-    const value = fc.string({ unit: fc.constantFrom("a", " ", "\n", "<", "/", ">", "=", "é", "🌎", "</parameter>", "<parameter=x>", "</function>") });
+    const unit = fc.constantFrom(..."a \n</>=é".split(""), "🌎", "</parameter>", "<parameter=x>", "</function>");
+    const value = fc.string({ unit });
     fc.assert(
       fc.property(value, fc.array(fc.nat(), { maxLength: 6 }), (v, cuts) => {
         // The one text the format cannot carry in a value: `</parameter>` followed by the next tag.
         fc.pre(!/<\/parameter>\s*(<parameter=|<\/function>|<\/tool_call>)/.test(v));
-        const text = `<tool_call>\n<function=run_code>\n<parameter=code>\n${v}\n</parameter>\n</function>\n</tool_call>`;
-        const r = runPieces(options({ toolParser: "qwen3coder", tools: WEATHER_TOOLS }), splitAt(text, cuts.map((c) => c % (text.length + 1))), "stop");
-        expect(r.result.toolCalls).toEqual([{ id: "call_0", name: "run_code", arguments: JSON.stringify({ code: v }) }]);
+        const open = "<tool_call>\n<function=run_code>\n<parameter=code>\n";
+        const text = `${open}${v}\n</parameter>\n</function>\n</tool_call>`;
+        const pieces = splitAt(text, cuts.map((c) => c % (text.length + 1)));
+        const r = runPieces(options({ toolParser: "qwen3coder", tools: WEATHER_TOOLS }), pieces, "stop");
+        const want = [{ id: "call_0", name: "run_code", arguments: JSON.stringify({ code: v }) }];
+        expect(r.result.toolCalls).toEqual(want);
         expect(r.streamed).toEqual(r.result);
       }),
       { numRuns: 1500 },

@@ -2,8 +2,8 @@
  * qwen3coder tool calls (Qwen3-Coder, Qwen3.5/3.6):
  * `<tool_call>\n<function=NAME>\n<parameter=P>\nVALUE\n</parameter>\n…</function>\n</tool_call>`; a bare
  * `<function=` (no `<tool_call>`) starts a call too. Values are raw text typed by the tool's schema
- * (parameter-values.ts). A value ends at `</parameter>` — with or without the `\n` before it, as OVMS — but only when
- * what follows is `<parameter=` or `</function>` (after whitespace): a `</parameter>` written inside a value (code
+ * (parameter-values.ts). A value ends at `</parameter>` — with or without the `\n` before it, as OVMS — but only
+ * when what follows is `<parameter=` or `</function>` (after whitespace): a `</parameter>` written inside a value (code
  * about these tags) stays in the value. A call is reported whole at `</function>`; anything that does not fit the
  * format stays in content, raw. Leniency: a `<tool_call>` whose body is hermes-style JSON is a call too, and
  * `</tool_call>` in place of `</function>` closes the function.

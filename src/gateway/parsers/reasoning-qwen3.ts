@@ -21,11 +21,14 @@ export interface ReasoningSplit {
   rest: string;
 }
 
-/** Where the output is relative to the reasoning block. */
-type ReasoningState = "start" | "inside" | "after";
+/**
+ * Where the output is relative to the reasoning block: "start" (maybe `<think>` next), "openStart" (the prompt
+ * opened reasoning; a repeated `<think>` is dropped), "inside", "after".
+ */
+type ReasoningState = "start" | "openStart" | "inside" | "after";
 
 export class Qwen3Reasoning {
-  /** Position; "start" only while the output is whitespace or a prefix of `<think>`. */
+  /** Position; the start states last only while the output is whitespace or a prefix of `<think>`. */
   #state: ReasoningState;
   /** Text received but not yet decided. */
   #pending = "";
@@ -34,7 +37,7 @@ export class Qwen3Reasoning {
     /** The prompt ended with `<think>`: the output begins inside reasoning. */
     reasoningOpen: boolean,
   ) {
-    this.#state = reasoningOpen ? "inside" : "start";
+    this.#state = reasoningOpen ? "openStart" : "start";
   }
 
   push(text: string): ReasoningSplit {
@@ -42,12 +45,14 @@ export class Qwen3Reasoning {
     this.#pending += text;
     for (;;) {
       switch (this.#state) {
-        case "start": {
-          // 1. Whitespace, then `<think>` opens reasoning; anything else means there is none.
+        case "start":
+        case "openStart": {
+          // 1. Whitespace, then `<think>` opens reasoning; anything else means there is none — or, when the prompt
+          //    opened it, that the reasoning text has begun (a model repeating the `<think>` is not reasoning text).
           const i = skipSpace(this.#pending);
           const rest = this.#pending.slice(i);
           if (!couldStartWith(rest, OPEN)) {
-            this.#state = "after";
+            this.#state = this.#state === "start" ? "after" : "inside";
             continue;
           }
           if (rest.length < OPEN.length) return out;
@@ -82,6 +87,7 @@ export class Qwen3Reasoning {
   finish(): ReasoningSplit {
     const held = this.#pending;
     this.#pending = "";
-    return this.#state === "inside" ? { reasoning: held, rest: "" } : { reasoning: "", rest: held };
+    const inside = this.#state === "inside" || this.#state === "openStart";
+    return inside ? { reasoning: held, rest: "" } : { reasoning: "", rest: held };
   }
 }
