@@ -302,6 +302,23 @@ export const CASES: ParserCase[] = [
     calls: [{ name: "run_code", arguments: JSON.stringify({ code: "\nline1\nline2\n" }) }],
   },
   {
+    name: "qwen3coder: an undeclared function is still a call, values JSON-or-string",
+    opts: coder,
+    text:
+      "<function=search>\n<parameter=q>\nParis weather\n</parameter>\n" +
+      "<parameter=limit>\n5\n</parameter>\n</function>",
+    content: "",
+    calls: [{ name: "search", arguments: '{"q":"Paris weather","limit":5}' }],
+  },
+  {
+    name: "qwen3coder: text after a complete call survives a length cut",
+    opts: coder,
+    text: `${coderParis}\nNow I will`,
+    reason: "length",
+    content: "\nNow I will",
+    calls: [{ name: "get_weather", arguments: '{"city":"Paris","days":3,"metric":true}' }],
+  },
+  {
     name: "qwen3coder: empty values",
     opts: coder,
     text: "<function=get_weather>\n<parameter=city>\n</parameter>\n<parameter=note>\n\n</parameter>\n</function>",
