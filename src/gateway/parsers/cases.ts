@@ -75,6 +75,16 @@ export const CASES: ParserCase[] = [
     calls: [{ name: "get_weather", arguments: '{"city":"Paris"}' }],
   },
   {
+    name: "hermes3: only the text after the last call is content, not the gap between calls",
+    opts: hermes,
+    text: `${hermesParis}\n\n${hermesParis}\nDone.`,
+    content: "\nDone.",
+    calls: [
+      { name: "get_weather", arguments: '{"city":"Paris"}' },
+      { name: "get_weather", arguments: '{"city":"Paris"}' },
+    ],
+  },
+  {
     name: "hermes3: call after explicit reasoning",
     opts: { ...hermes, ...think },
     text: `<think>\nThe user wants the weather in Paris.\n</think>\n\n${hermesParis}`,
