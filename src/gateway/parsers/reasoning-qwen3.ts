@@ -4,7 +4,8 @@
  * reasoning. Reasoning without its `</think>` (cut, or a model that never closes) is reasoning to the end — OVMS
  * does that for the implicit start only; here an explicit `<think>` streams as reasoning too, and a stream cannot
  * take it back. Nothing inside reasoning is parsed (a `<tool_call>` there stays reasoning) and the text is kept
- * as written, no trimming; only whitespace before an opening `<think>` is dropped. Thinking switched off
+ * as written, no trimming; only whitespace before an opening `<think>` is dropped (and a `<think>` the model
+ * repeats after the prompt opened one). Thinking switched off
  * (`<think>\n\n</think>\n\n` already in the prompt) means `reasoningOpen` false and an output of plain content.
  * `<think>` is recognised only at the start: a later mention of the tag is content.
  *
