@@ -301,3 +301,33 @@ describe("any arguments survive every format", () => {
     );
   });
 });
+
+describe("hold-back bound", () => {
+  it("plain text is held back at most one tag's length minus one", () => {
+    // The longest opener any stage watches for in content is `<|python_tag|>` (14): at most 13 held.
+    const maxHeld = "<|python_tag|>".length - 1;
+    const unit = fc.constantFrom("a", " ", "\n", "<", "/", ">", "t", "|", "é", "<|python_ta", "<tool_ca", "<functio");
+    fc.assert(
+      fc.property(
+        fc.constantFrom(null, "hermes3" as const, "qwen3coder" as const, "llama3" as const),
+        fc.boolean(),
+        fc.array(fc.string({ unit, maxLength: 8 }), { maxLength: 12 }),
+        (toolParser, withReasoning, pieces) => {
+          const parser = createOutputParser(
+            options({ toolParser, tools: WEATHER_TOOLS, reasoningParser: withReasoning ? "qwen3" : null }),
+          );
+          // Why the leading "x": it rules out a bare JSON call and a reasoning block, the two other hold-backs.
+          let fed = "x";
+          let emitted = parser.push("x").content ?? "";
+          for (const p of pieces) {
+            fed += p;
+            emitted += parser.push(p).content ?? "";
+            expect(fed.startsWith(emitted)).toBe(true);
+            expect(fed.length - emitted.length).toBeLessThanOrEqual(maxHeld);
+          }
+        },
+      ),
+      { numRuns: 1000 },
+    );
+  });
+});
