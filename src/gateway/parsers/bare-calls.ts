@@ -16,6 +16,8 @@ import { JsonScanner } from "./json-scanner.js";
 import { isSpace } from "./tag-scan.js";
 
 const FENCE = "```";
+/** The keys a call object may have (call-shape.ts), the OpenAI-style wrapper included. */
+const CALL_KEYS = new Set(["name", "arguments", "parameters", "type", "function", "id"]);
 
 /** Where the detector is in `[```lang] value [; value]… [```]`. */
 type BareState =
@@ -36,6 +38,8 @@ export class BareCallDetector {
   #state: BareState = { kind: "begin" };
   /** Whether the value is inside a ``` fence. */
   #fenced = false;
+  /** The text of the object key being read (for the early check of call keys). */
+  #key = "";
   /** Calls of the values completed so far. */
   #calls: FoundCall[] = [];
 
@@ -100,9 +104,10 @@ export class BareCallDetector {
         if (!st.spaced && /[A-Za-z0-9_-]/.test(ch)) return true;
         return this.#startValue(ch, pos);
       case "value": {
+        const wasKey = st.scanner.readingKey;
         const step = st.scanner.push(ch);
         if (step === "error") return false;
-        if (step === "more") return true;
+        if (step === "more") return this.#checkKey(st, wasKey, ch);
         const found = callsFromJson(tryParseJson(this.#text.slice(st.start)), this.tools, true);
         if (found === null) return false;
         this.#calls.push(...found);
@@ -132,6 +137,24 @@ export class BareCallDetector {
       case "impossible":
         return false;
     }
+  }
+
+  /**
+   * Early release: a key of a call object (depth 1 for `{…}`, 2 inside `[…]`) must be one a call can have
+   * (`name`, `arguments`, …), so `{"answer": …` streams as content at once instead of after its last `}`.
+   */
+  #checkKey(st: Extract<BareState, { kind: "value" }>, wasKey: boolean, ch: string): boolean {
+    const callDepth = this.#text[st.start] === "[" ? 2 : 1;
+    if (st.scanner.depth !== callDepth) return true;
+    if (st.scanner.readingKey) {
+      // Why skip the opening quote: the key text starts after it.
+      if (wasKey) this.#key += ch;
+      else this.#key = "";
+      return true;
+    }
+    if (!wasKey) return true;
+    // The closing quote was just read. A key with escapes could still spell a call key: leave it to the end.
+    return this.#key.includes("\\") || CALL_KEYS.has(this.#key);
   }
 
   /** A value must start here (`{` or `[`). */

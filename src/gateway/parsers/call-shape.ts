@@ -1,6 +1,7 @@
 /**
  * Turning a parsed JSON value into tool calls: `{"name": …, "arguments": {…}}` (also `"parameters"`, also arguments
- * given as a JSON text), or a list of such objects. Shared by hermes3, llama3 and the bare-call detector.
+ * given as a JSON text, also wrapped as OpenAI's `{"type": "function", "function": {…}}`), or a list of them.
+ * Shared by hermes3, llama3 and the bare-call detector.
  *
  * @module
  */
@@ -32,6 +33,9 @@ export function callsFromJson(value: unknown, tools: readonly ToolSpec[], declar
 
 function callFromObject(item: unknown, tools: readonly ToolSpec[], declaredOnly: boolean): FoundCall | null {
   if (!isPlainObject(item)) return null;
+  // Why: small models sometimes echo OpenAI's own shape, `{"type": "function", "function": {"name": …}}`.
+  const wrapped = item["function"];
+  if (item["name"] === undefined && isPlainObject(wrapped)) return callFromObject(wrapped, tools, declaredOnly);
   const name = item["name"];
   if (typeof name !== "string" || name.trim() === "") return null;
   if (declaredOnly && !tools.some((t) => t.name === name)) return null;

@@ -1,8 +1,8 @@
 /**
- * hermes3 tool calls (Qwen2.5/Qwen3, Hermes): `<tool_call>\n{"name": …, "arguments": {…}}\n</tool_call>`, any number,
- * with content before, between and after them kept. Lenient: a whole output that is a bare JSON call to a declared
- * tool is a call too (bare-calls.ts). A tag pair whose body is not a call stays in content as raw text — OVMS ends
- * the stream with an error there; a client here still gets everything the model wrote.
+ * hermes3 tool calls (Qwen2.5/Qwen3, Hermes): `<tool_call>\n{"name": …, "arguments": {…}}\n</tool_call>`,
+ * any number, with content before, between and after them kept. Lenient: a whole output that is a bare JSON call
+ * to a declared tool is a call too (bare-calls.ts). A tag pair whose body is not a call stays in content as raw
+ * text — OVMS ends the stream with an error there; a client here still gets everything the model wrote.
  *
  * @module
  */

@@ -13,7 +13,7 @@
  * | format | markup | file |
  * | --- | --- | --- |
  * | hermes3 | `<tool_call>\n{"name": …, "arguments": {…}}\n</tool_call>`, several | hermes3.ts |
- * | qwen3coder | `<tool_call>\n<function=N>\n<parameter=P>\nVALUE\n</parameter>\n</function>\n</tool_call>` | qwen3coder.ts |
+ * | qwen3coder | `<tool_call><function=N><parameter=P>V</parameter></function></tool_call>` (+ `\n`) | qwen3coder.ts |
  * | llama3 | `<|python_tag|>` (optional) + `{"name": …, "parameters": {…}}`, `;`-separated | llama3.ts |
  *
  * Streaming shape: a call is reported once complete (hermes3: at `</tool_call>`; qwen3coder: at `</function>`;

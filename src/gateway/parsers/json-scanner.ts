@@ -40,6 +40,16 @@ export class JsonScanner {
   /** Set once the top-level value closed or a syntax error was seen; later input is refused. */
   #final: ScanStep = "more";
 
+  /** How many containers are open (1 inside the top-level object or array). */
+  get depth(): number {
+    return this.#stack.length;
+  }
+
+  /** True while the characters fed are an object key's text (between its quotes, escapes included). */
+  get readingKey(): boolean {
+    return this.#inKey && (this.#mode === "string" || this.#mode === "escape");
+  }
+
   /** Feeds one character (a UTF-16 unit; surrogates only ever occur inside strings, where any unit is fine). */
   push(ch: string): ScanStep {
     if (this.#final !== "more") return "error";

@@ -21,7 +21,7 @@ type Llama3State =
   | { kind: "start" } // only whitespace so far: a bare call may still come
   | { kind: "bare"; detector: BareCallDetector } // holding text that may be bare calls
   | { kind: "text" } // content, watching for `<|python_tag|>`
-  /** After the tag, between values; `unclaimed` = raw text since the tag or the last call, content if no call follows. */
+  /** After the tag, between values; `unclaimed`: raw text since the tag, content if no call follows it. */
   | { kind: "gap"; unclaimed: string; afterCall: boolean }
   /** Inside one JSON value; `raw` = its text so far. */
   | { kind: "value"; unclaimed: string; raw: string; scanner: JsonScanner };
@@ -121,7 +121,8 @@ export class Llama3Stage implements ToolStage {
           if (this.#pending === "") return;
           const first = this.#pending[0]!;
           if (first === "{" || first === "[") {
-            this.#state = { kind: "value", unclaimed: st.afterCall ? "" : st.unclaimed, raw: "", scanner: new JsonScanner() };
+            const unclaimed = st.afterCall ? "" : st.unclaimed;
+            this.#state = { kind: "value", unclaimed, raw: "", scanner: new JsonScanner() };
             continue;
           }
           if (!st.afterCall) out.content += this.#gaps.text(st.unclaimed);

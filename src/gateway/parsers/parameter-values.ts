@@ -26,7 +26,8 @@ export function argumentsJson(name: string, params: ReadonlyMap<string, string>,
   for (const [param, raw] of params) {
     const schema = isPlainObject(properties) ? properties[param] : undefined;
     // Why defineProperty: a parameter named `__proto__` must become a key, not the object's prototype.
-    Object.defineProperty(args, param, { value: typedValue(raw, schema), enumerable: true, writable: true, configurable: true });
+    const value = typedValue(raw, schema);
+    Object.defineProperty(args, param, { value, enumerable: true, writable: true, configurable: true });
   }
   return JSON.stringify(args);
 }

@@ -2,8 +2,8 @@
  * qwen3coder tool calls (Qwen3-Coder, Qwen3.5/3.6):
  * `<tool_call>\n<function=NAME>\n<parameter=P>\nVALUE\n</parameter>\n…</function>\n</tool_call>`; a bare
  * `<function=` (no `<tool_call>`) starts a call too. Values are raw text typed by the tool's schema
- * (parameter-values.ts). A value ends at `</parameter>` — with or without the `\n` before it, as OVMS — but only when
- * what follows is `<parameter=` or `</function>` (after whitespace): a `</parameter>` written inside a value (code
+ * (parameter-values.ts). A value ends at `</parameter>` — with or without the `\n` before it, as OVMS — but only
+ * when what follows is `<parameter=` or `</function>` (after whitespace): a `</parameter>` written inside a value (code
  * about these tags) stays in the value. A call is reported whole at `</function>`; anything that does not fit the
  * format stays in content, raw. Leniency: a `<tool_call>` whose body is hermes-style JSON is a call too, and
  * `</tool_call>` in place of `</function>` closes the function.
@@ -96,14 +96,12 @@ export class Qwen3CoderStage implements ToolStage {
 
   /** Content mode; false when it needs more text. */
   #text(st: { kind: "text"; expectClose: boolean }, out: StageOutput): boolean {
-    // 1. Right after a call: whitespace (a gap), then maybe the `</tool_call>` that closes its wrapper.
+    // 1. Right after a call: whitespace, then maybe the `</tool_call>` that closes its wrapper — markup, dropped
+    //    with the whitespace before it; otherwise that whitespace is an ordinary gap.
     if (st.expectClose) {
-      const i = skipSpace(this.#pending);
-      out.content += this.#gaps.text(this.#pending.slice(0, i));
-      this.#pending = this.#pending.slice(i);
-      if (this.#pending === "") return false;
-      if (this.#pending.startsWith(CALL_CLOSE)) this.#pending = this.#pending.slice(CALL_CLOSE.length);
-      else if (CALL_CLOSE.startsWith(this.#pending)) return false;
+      const rest = this.#pending.slice(skipSpace(this.#pending));
+      if (couldStartWith(rest, CALL_CLOSE) && rest.length < CALL_CLOSE.length) return false;
+      if (rest.startsWith(CALL_CLOSE)) this.#pending = rest.slice(CALL_CLOSE.length);
       st.expectClose = false;
     }
     // 2. Content up to an opener; hold only a suffix that could still become one.

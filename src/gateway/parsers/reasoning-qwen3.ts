@@ -4,7 +4,8 @@
  * reasoning. Reasoning without its `</think>` (cut, or a model that never closes) is reasoning to the end — OVMS
  * does that for the implicit start only; here an explicit `<think>` streams as reasoning too, and a stream cannot
  * take it back. Nothing inside reasoning is parsed (a `<tool_call>` there stays reasoning) and the text is kept
- * as written, no trimming; only whitespace before an opening `<think>` is dropped. Thinking switched off
+ * as written, no trimming; only whitespace before an opening `<think>` is dropped (and a `<think>` the model
+ * repeats after the prompt opened one). Thinking switched off
  * (`<think>\n\n</think>\n\n` already in the prompt) means `reasoningOpen` false and an output of plain content.
  * `<think>` is recognised only at the start: a later mention of the tag is content.
  *
@@ -21,11 +22,14 @@ export interface ReasoningSplit {
   rest: string;
 }
 
-/** Where the output is relative to the reasoning block. */
-type ReasoningState = "start" | "inside" | "after";
+/**
+ * Where the output is relative to the reasoning block: "start" (maybe `<think>` next), "openStart" (the prompt
+ * opened reasoning; a repeated `<think>` is dropped), "inside", "after".
+ */
+type ReasoningState = "start" | "openStart" | "inside" | "after";
 
 export class Qwen3Reasoning {
-  /** Position; "start" only while the output is whitespace or a prefix of `<think>`. */
+  /** Position; the start states last only while the output is whitespace or a prefix of `<think>`. */
   #state: ReasoningState;
   /** Text received but not yet decided. */
   #pending = "";
@@ -34,7 +38,7 @@ export class Qwen3Reasoning {
     /** The prompt ended with `<think>`: the output begins inside reasoning. */
     reasoningOpen: boolean,
   ) {
-    this.#state = reasoningOpen ? "inside" : "start";
+    this.#state = reasoningOpen ? "openStart" : "start";
   }
 
   push(text: string): ReasoningSplit {
@@ -42,12 +46,14 @@ export class Qwen3Reasoning {
     this.#pending += text;
     for (;;) {
       switch (this.#state) {
-        case "start": {
-          // 1. Whitespace, then `<think>` opens reasoning; anything else means there is none.
+        case "start":
+        case "openStart": {
+          // 1. Whitespace, then `<think>` opens reasoning; anything else means there is none — or, when the prompt
+          //    opened it, that the reasoning text has begun (a model repeating the `<think>` is not reasoning text).
           const i = skipSpace(this.#pending);
           const rest = this.#pending.slice(i);
           if (!couldStartWith(rest, OPEN)) {
-            this.#state = "after";
+            this.#state = this.#state === "start" ? "after" : "inside";
             continue;
           }
           if (rest.length < OPEN.length) return out;
@@ -82,6 +88,7 @@ export class Qwen3Reasoning {
   finish(): ReasoningSplit {
     const held = this.#pending;
     this.#pending = "";
-    return this.#state === "inside" ? { reasoning: held, rest: "" } : { reasoning: "", rest: held };
+    const inside = this.#state === "inside" || this.#state === "openStart";
+    return inside ? { reasoning: held, rest: "" } : { reasoning: "", rest: held };
   }
 }
