@@ -92,10 +92,9 @@ function qwenParams(b: GbnfBuilder, tool: ToolSpec, prefix: string, param: strin
     throw invalidForQwen(param, "a parameters schema without 'properties' cannot be guided in the qwen3coder format");
   }
   const items = names.map((name, k) => {
-    const sub = props[name];
-    // Converted in place so the tool schema's $defs stay reachable.
+    // "raw" value mode: strings raw, Python booleans and None allowed, containers as JSON. Converted in place so the tool schema's $defs stay reachable.
     const ptr = `#/properties/${name.replace(/~/g, "~0").replace(/\//g, "~1")}`;
-    const value = b.addSchemaAt(schema, ptr, `${prefix}-p${k}`, param, isStringLike(sub, schema) ? "raw" : "json");
+    const value = b.addSchemaAt(schema, ptr, `${prefix}-p${k}`, param, "raw");
     return `${literal(`<parameter=${name}>\n`)} ${value} "\\n</parameter>\\n"`;
   });
   // Declaration order; optional parameters skippable.
@@ -106,28 +105,6 @@ function qwenParams(b: GbnfBuilder, tool: ToolSpec, prefix: string, param: strin
     body = b.define(b.fresh(prefix, `params-${k}`), body);
   }
   return body;
-}
-
-/** Whether a parameter is written as raw text by the qwen3coder template (a string, or string-or-null, or any). */
-function isStringLike(sub: unknown, root: Record<string, unknown>): boolean {
-  let s = sub;
-  for (let i = 0; i < 8 && typeof s === "object" && s !== null && "$ref" in s; i++) {
-    const ref = (s as { $ref: unknown }).$ref;
-    if (typeof ref !== "string" || !ref.startsWith("#/")) return false;
-    s = ref
-      .slice(2)
-      .split("/")
-      .reduce<unknown>((cur, seg) => (typeof cur === "object" && cur !== null ? (cur as Record<string, unknown>)[seg] : undefined), root);
-  }
-  if (s === true) return true;
-  if (typeof s !== "object" || s === null) return false;
-  const o = s as Record<string, unknown>;
-  if ("enum" in o) return Array.isArray(o.enum) && o.enum.every((v) => typeof v === "string");
-  if ("const" in o) return typeof o.const === "string";
-  const t = o.type;
-  if (t === "string") return true;
-  if (Array.isArray(t)) return t.includes("string") && t.every((x) => x === "string" || x === "null");
-  return t === undefined && !("properties" in o) && !("items" in o) && !("anyOf" in o) && !("oneOf" in o) && !("allOf" in o);
 }
 
 function invalidForQwen(param: string, why: string) {
