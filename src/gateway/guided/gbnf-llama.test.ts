@@ -34,6 +34,8 @@ describe("llama.cpp parses our grammars", () => {
   it("a broken grammar is refused (the check can fail)", async () => {
     await expect(parses('root ::= "a" missing\n', "root")).rejects.toThrow();
     await expect(parses('root ::= [a-\n', "root")).rejects.toThrow();
+    await expect(parses('root ::= x "a"\nx ::= root | "b"\n', "root")).rejects.toThrow(); // left recursion
+    await expect(parses('root ::= "a"\n', "other")).rejects.toThrow(); // missing root
   });
 
   it("every sample schema", async () => {
