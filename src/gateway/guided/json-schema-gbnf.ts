@@ -14,7 +14,8 @@
  *   object/array in between is refused (it would be left recursion).
  * - enum/const → the JSON literals (compact `JSON.stringify` form); type arrays → alternatives per type.
  * - integer: at most 16 digits, no exponent; minimum/maximum (and exclusive forms) as digit-range rules.
- * - number: JSON number (at most 16 integral digits); bounds are refused (not expressible exactly here).
+ * - number: JSON number (at most 16 integral digits); with bounds (fractional too), written without exponent and
+ *   compared decimally (number-range.ts).
  * - string: minLength/maxLength (code points; a `\uXXXX` escape counts as one), `format` (date, time, date-time,
  *   uuid, email, uri; others refused), `pattern` (subset, see pattern-gbnf.ts; not combined with lengths/format).
  * - arrays: items/prefixItems (and draft-7 tuple `items` + additionalItems), minItems/maxItems.
@@ -28,6 +29,7 @@
  */
 import { invalidValue, type KeelHttpError } from "../errors.js";
 import { literal } from "./gbnf-text.js";
+import { type Bound, numberRange } from "./number-range.js";
 import { MAX_REPEAT, PatternError, patternToGbnf, type CharMode, RAW_ANY } from "./pattern-gbnf.js";
 
 /** Deepest schema nesting we convert. */
@@ -273,10 +275,7 @@ export class GbnfBuilder {
       case "integer":
         return this.visitInteger(job, s, ctx);
       case "number":
-        for (const k of ["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"]) {
-          if (k in s) throw this.fail(job, ctx.ptr, `'${k}' on a 'number' is not supported in guided generation (use 'integer', or drop the bound).`);
-        }
-        return this.primitive("json-number");
+        return this.visitNumber(job, s, ctx);
       case "boolean":
         // The qwen3coder template renders Python booleans; its parsers normalise them.
         return mode === "raw" ? '("true" | "false" | "True" | "False")' : this.primitive("json-bool");
@@ -505,6 +504,33 @@ export class GbnfBuilder {
     return mode === "json" ? this.primitive("json-string") : this.primitive("raw-text");
   }
 
+  /** A number; with bounds, spelled without exponent (see number-range.ts). */
+  private visitNumber(job: SchemaJob, s: JsonSchema, ctx: Ctx): string {
+    const bound = (k: string): number | null => {
+      const v = s[k];
+      if (v === undefined || typeof v === "boolean") return null;
+      if (typeof v !== "number" || !Number.isFinite(v)) throw this.fail(job, `${ctx.ptr}/${k}`, `'${k}' must be a number.`);
+      return v;
+    };
+    // The tighter of `minimum` (exclusive under draft-4's boolean form) and numeric `exclusiveMinimum`; same above.
+    const tighter = (incl: number | null, inclIsExclusive: boolean, excl: number | null, lower: boolean): Bound | null => {
+      const a: Bound | null = incl === null ? null : { value: incl, exclusive: inclIsExclusive };
+      const b: Bound | null = excl === null ? null : { value: excl, exclusive: true };
+      if (a === null || b === null) return a ?? b;
+      if (a.value === b.value) return b;
+      return (lower ? a.value > b.value : a.value < b.value) ? a : b;
+    };
+    const lo = tighter(bound("minimum"), s.exclusiveMinimum === true, bound("exclusiveMinimum"), true);
+    const hi = tighter(bound("maximum"), s.exclusiveMaximum === true, bound("exclusiveMaximum"), false);
+    if (lo === null && hi === null) return this.primitive("json-number");
+    if (lo !== null && hi !== null && (lo.value > hi.value || (lo.value === hi.value && (lo.exclusive || hi.exclusive)))) {
+      throw this.fail(job, ctx.ptr, "the number bounds admit no value.");
+    }
+    const expr = numberRange(lo, hi, uintRange);
+    if (expr === null) throw this.fail(job, ctx.ptr, "the number bounds admit no value (within 16 integral digits).");
+    return this.define(this.fresh(job.prefix, "number"), expr);
+  }
+
   private visitInteger(job: SchemaJob, s: JsonSchema, ctx: Ctx): string {
     const limit = 10n ** BigInt(MAX_DIGITS) - 1n;
     let lo = -limit;
@@ -639,7 +665,7 @@ export function integerRange(lo: bigint, hi: bigint): string {
 }
 
 /** Alternatives for non-negative integers in [a, b], split by digit count. */
-function uintRange(a: bigint, b: bigint): string[] {
+export function uintRange(a: bigint, b: bigint): string[] {
   const out: string[] = [];
   const la = a.toString().length;
   const lb = b.toString().length;

@@ -67,6 +67,8 @@ export const SCHEMAS: readonly unknown[] = [
   { type: "string", pattern: '^(\\w+|"[^"]*")\\.\\d{2,3}$' },
   { type: "string", pattern: "a.c" },
   { type: "string", minLength: 2, maxLength: 10 },
+  { type: "number", minimum: -1.25, exclusiveMaximum: 300.5 },
+  { type: "object", properties: { t: { type: "number", minimum: 0, maximum: 1 }, p: { type: "number", exclusiveMinimum: 0 } } },
   { type: ["integer", "null"], exclusiveMaximum: 100 },
   { allOf: [{ type: "object", properties: { a: { type: "string", format: "time" } } }, { properties: { b: { type: "string", format: "uri" } } }] },
   { oneOf: [{ type: "boolean" }, { type: "array", items: { $ref: "#" } }] },
