@@ -28,8 +28,10 @@ export type CallFormat = "hermes3" | "hermes3-bare" | "qwen3coder" | "llama3";
 export interface CallRules {
   /** One complete call of any of the tools, in `format`, by rule name. */
   call: string;
-  /** Per tool name, the rule of one call of that tool (for named tool_choice and `<function=N>` triggers). */
+  /** Per tool name, the rule of one call of that tool. */
   byTool: ReadonlyMap<string, string>;
+  /** qwen3coder only: per tool name, the `<function=N>\n…</function>` rule (for `<function=N>` triggers). */
+  functions: ReadonlyMap<string, string>;
 }
 
 /** Request field path of a tool's parameters, for 400s. */
@@ -41,35 +43,45 @@ export const toolParam = (index: number) => `tools[${index}].function.parameters
  */
 export function addCallRules(b: GbnfBuilder, format: CallFormat, tools: readonly ToolSpec[], indexOf: (t: ToolSpec) => number): CallRules {
   const byTool = new Map<string, string>();
+  const functions = new Map<string, string>();
   for (const tool of tools) {
     const i = indexOf(tool);
     const prefix = `t${i}-${format === "hermes3-bare" ? "hb" : format === "qwen3coder" ? "qc" : format === "llama3" ? "l3" : "h"}`;
-    byTool.set(tool.name, b.define(b.fresh(prefix, "call"), callBody(b, format, tool, prefix, toolParam(i))));
+    let body: string;
+    if (format === "qwen3coder") {
+      const fn = b.define(b.fresh(prefix, "function"), qwenFunction(b, tool, prefix, toolParam(i)));
+      functions.set(tool.name, fn);
+      body = `"<tool_call>\\n" ${fn} "\\n</tool_call>"`;
+    } else body = jsonCallBody(b, format, tool, prefix, toolParam(i));
+    byTool.set(tool.name, b.define(b.fresh(prefix, "call"), body));
   }
   const call = b.define(b.fresh(`calls-${format}`, "any"), [...byTool.values()].join(" | "));
-  return { call, byTool };
+  return { call, byTool, functions };
 }
+
+/** Arguments rule per tool, per builder: the tagged and bare hermes formats share one conversion. */
+const argsCache = new WeakMap<GbnfBuilder, Map<ToolSpec, string>>();
 
 /** Parameters schema → object rule (JSON formats); a missing schema is `{}`. */
 function argsRule(b: GbnfBuilder, tool: ToolSpec, prefix: string, param: string): string {
-  if (tool.parameters === undefined) return b.define(`${prefix}-noargs`, `"{" ${b.primitive("space")} "}"`);
-  return b.addSchema(tool.parameters, `${prefix}-args`, param);
+  let cache = argsCache.get(b);
+  if (!cache) argsCache.set(b, (cache = new Map()));
+  const known = cache.get(tool);
+  if (known !== undefined) return known;
+  const rule =
+    tool.parameters === undefined
+      ? b.define(`${prefix}-noargs`, `"{" ${b.primitive("space")} "}"`)
+      : b.addSchema(tool.parameters, `${prefix}-args`, param);
+  cache.set(tool, rule);
+  return rule;
 }
 
-function callBody(b: GbnfBuilder, format: CallFormat, tool: ToolSpec, prefix: string, param: string): string {
+function jsonCallBody(b: GbnfBuilder, format: "hermes3" | "hermes3-bare" | "llama3", tool: ToolSpec, prefix: string, param: string): string {
   const sp = b.primitive("space");
   const nameLit = literal(JSON.stringify(tool.name));
-  switch (format) {
-    case "hermes3":
-    case "hermes3-bare":
-    case "llama3": {
-      const argsKey = format === "llama3" ? '"\\"parameters\\""' : '"\\"arguments\\""';
-      const obj = `"{" ${sp} "\\"name\\"" ${sp} ":" ${sp} ${nameLit} ${sp} "," ${sp} ${argsKey} ${sp} ":" ${sp} ${argsRule(b, tool, prefix, param)} ${sp} "}"`;
-      return format === "hermes3" ? `"<tool_call>\\n" ${obj} "\\n</tool_call>"` : obj;
-    }
-    case "qwen3coder":
-      return `"<tool_call>\\n" ${qwenFunction(b, tool, prefix, param)} "\\n</tool_call>"`;
-  }
+  const argsKey = format === "llama3" ? '"\\"parameters\\""' : '"\\"arguments\\""';
+  const obj = `"{" ${sp} "\\"name\\"" ${sp} ":" ${sp} ${nameLit} ${sp} "," ${sp} ${argsKey} ${sp} ":" ${sp} ${argsRule(b, tool, prefix, param)} ${sp} "}"`;
+  return format === "hermes3" ? `"<tool_call>\\n" ${obj} "\\n</tool_call>"` : obj;
 }
 
 /** `<function=N>\n` + parameters + `</function>` for one tool. */

@@ -17,7 +17,7 @@
 import type { GuidePhase, GuideSpec, GuideTrigger } from "../../protocol/messages.js";
 import { invalidValue } from "../errors.js";
 import type { ReasoningParserName, ToolParserName, ToolSpec } from "../tools.js";
-import { addCallRules, qwenFunction, toolParam } from "./call-grammars.js";
+import { addCallRules } from "./call-grammars.js";
 import { literal } from "./gbnf-text.js";
 import { GbnfBuilder } from "./json-schema-gbnf.js";
 import type { BuildGuide, GuideRequest } from "./types.js";
@@ -128,10 +128,8 @@ function auto(req: GuideRequest, parser: ToolParserName): GuideSpec {
     const tagged = addCallRules(b, "qwen3coder", req.tools, indexOf);
     triggers.push({ text: "<tool_call>", rule: tagged.call, then });
     for (const tool of req.tools) {
-      const i = indexOf(tool);
-      const fn = qwenFunction(b, tool, `t${i}-qf`, toolParam(i));
       // A call opened without <tool_call> may close it or stop; nothing else.
-      const rule = b.define(b.fresh(`t${i}-qf`, "bare"), `${fn} "\\n</tool_call>"?`);
+      const rule = b.define(b.fresh(`t${indexOf(tool)}-qf`, "bare"), `${tagged.functions.get(tool.name)!} "\\n</tool_call>"?`);
       triggers.push({ text: `<function=${tool.name}>`, rule, then });
     }
   } else {
