@@ -25,10 +25,11 @@
  * Inexact (the grammar accepts a subset of what a validator accepts, never more, except where noted): property
  * order is fixed; JSON written with non-canonical escapes (`\u0061`) inside patterns/formats/enums; numbers with
  * more than 16 integral digits; `date` accepts day 31 in any month (more than a validator); extra keys of an
- * `additionalProperties` schema may repeat declared names (more); oneOf may match several branches (more).
+ * `additionalProperties` schema never repeat a declared name, except when a declared name needs JSON escapes
+ * (then any key: more); oneOf may match several branches (more).
  */
 import { invalidValue, type KeelHttpError } from "../errors.js";
-import { literal } from "./gbnf-text.js";
+import { charSet, jsonCharOf, literal, negate } from "./gbnf-text.js";
 import { type Bound, numberRange } from "./number-range.js";
 import { MAX_REPEAT, PatternError, patternToGbnf, type CharMode, RAW_ANY } from "./pattern-gbnf.js";
 
@@ -397,7 +398,7 @@ export class GbnfBuilder {
     let extra: string | null = null;
     if (addl !== undefined && addl !== false) {
       const value = addl === true ? this.primitive("json-value") : this.visit(job, addl, { ...guarded, ptr: `${ctx.ptr}/additionalProperties`, depth: ctx.depth + 1 }, "json");
-      extra = this.define(this.fresh(job.prefix, "extra-kv"), `${this.primitive("json-string")} ${sp} ":" ${sp} ${value} ${sp}`);
+      extra = this.define(this.fresh(job.prefix, "extra-kv"), `${this.otherKey(job, names)} ${sp} ":" ${sp} ${value} ${sp}`);
     }
     const req = new Set(required as string[]);
     // seq(i, first): the members from declaration index i on, `first` = nothing written yet (no comma before).
@@ -420,6 +421,38 @@ export class GbnfBuilder {
       return name;
     };
     return `"{" ${sp} ${seq(0, true)} "}"`;
+  }
+
+  /**
+   * A JSON string that is none of `names` (extra keys must not repeat a declared property): a trie over the names,
+   * where each node may end the key (unless a name ends there), continue along a name, or leave all names behind.
+   * Names that JSON escapes (quote, backslash, controls) fall back to any key (documented inexactness).
+   */
+  private otherKey(job: SchemaJob, names: readonly string[]): string {
+    const str = this.primitive("json-string");
+    if (names.length === 0 || names.some((n) => /["\\\u0000-\u001f]/.test(n))) return str;
+    const char = this.primitive("json-char");
+    type Node = { children: Map<number, Node>; terminal: boolean };
+    const root: Node = { children: new Map(), terminal: false };
+    for (const n of names) {
+      let cur = root;
+      for (const ch of n) {
+        const cp = ch.codePointAt(0)!;
+        let next = cur.children.get(cp);
+        if (!next) cur.children.set(cp, (next = { children: new Map(), terminal: false }));
+        cur = next;
+      }
+      cur.terminal = true;
+    }
+    const emit = (node: Node): string => {
+      const alts: string[] = [];
+      if (!node.terminal) alts.push('"\\""');
+      for (const [cp, child] of node.children) alts.push(`${literal(String.fromCodePoint(cp))} ${emit(child)}`);
+      const leave = jsonCharOf(negate(charSet([...node.children.keys()].map((cp) => [cp, cp] as const))));
+      if (leave !== null) alts.push(`${leave} ${char}* "\\""`);
+      return this.define(this.fresh(job.prefix, "key"), alts.join(" | "));
+    };
+    return `"\\"" ${emit(root)}`;
   }
 
   private visitArray(job: SchemaJob, s: JsonSchema, ctx: Ctx): string {

@@ -60,7 +60,7 @@ export const SCHEMAS: readonly unknown[] = [
   {},
   true,
   { type: "object" },
-  { type: "object", properties: { a: { type: "integer", minimum: -40, maximum: 1200 } }, additionalProperties: { type: "number" } },
+  { type: "object", properties: { a: { type: "integer", minimum: -40, maximum: 1200 }, ab: {} }, additionalProperties: { type: "number" } },
   { type: "array", prefixItems: [{ type: "string", format: "uuid" }, { type: "string", format: "date-time" }], items: false, minItems: 1 },
   { type: "array", items: { type: "string", format: "email" }, minItems: 1, maxItems: 5 },
   { enum: ["x", 1, null, { a: [true] }] },
