@@ -46,6 +46,7 @@ export function addCallRules(b: GbnfBuilder, format: CallFormat, tools: readonly
   const functions = new Map<string, string>();
   for (const tool of tools) {
     const i = indexOf(tool);
+    checkParametersShape(tool, toolParam(i));
     const prefix = `t${i}-${format === "hermes3-bare" ? "hb" : format === "qwen3coder" ? "qc" : format === "llama3" ? "l3" : "h"}`;
     let body: string;
     if (format === "qwen3coder") {
@@ -57,6 +58,20 @@ export function addCallRules(b: GbnfBuilder, format: CallFormat, tools: readonly
   }
   const call = b.define(b.fresh(`calls-${format}`, "any"), [...byTool.values()].join(" | "));
   return { call, byTool, functions };
+}
+
+/**
+ * Tool arguments are a JSON object: `parameters` must be an object schema (a JSON object whose `type`, when given,
+ * is "object"). Throws the 400 (recipe M2: parameters that are not an object).
+ */
+export function checkParametersShape(tool: ToolSpec, param: string): void {
+  const p: unknown = tool.parameters;
+  if (p === undefined) return;
+  const isObject = typeof p === "object" && p !== null && !Array.isArray(p);
+  const type = isObject ? (p as Record<string, unknown>).type : undefined;
+  if (!isObject || (type !== undefined && type !== "object")) {
+    throw invalidValue(param, `Invalid value for '${param}': a tool's parameters must be a JSON schema of type 'object'.`);
+  }
 }
 
 /** Arguments rule per tool, per builder: the tagged and bare hermes formats share one conversion. */

@@ -153,9 +153,25 @@ describe("forced calls", () => {
     refused({ toolChoice: { kind: "function", name: "nope" } }, "tool_choice", /no tool named 'nope'/);
     refused({ toolChoice: { kind: "required" }, toolParser: null }, "tool_choice", /--tool_parser/);
     const notObject = { name: "x", parameters: "object" } as unknown as ToolSpec;
-    refused({ tools: [WEATHER, notObject], toolChoice: { kind: "required" } }, "tools[1].function.parameters", /must be an object/);
+    refused({ tools: [WEATHER, notObject], toolChoice: { kind: "required" } }, "tools[1].function.parameters", /JSON schema of type .object./);
     const recursive: ToolSpec = { name: "r", parameters: { $defs: { a: { $ref: "#/$defs/a" } }, $ref: "#/$defs/a" } };
     refused({ tools: [recursive], toolChoice: { kind: "required" } }, "tools[0].function.parameters", /refers back to itself/);
+  });
+});
+
+describe("unguided auto still refuses invalid schemas (recipe M2)", () => {
+  const unguided = { guideAuto: false } as const;
+  it("invalid schemas → 400; valid ones with keywords a grammar cannot honour pass", () => {
+    const badRegex: ToolSpec = { name: "r", parameters: { type: "object", properties: { p: { type: "string", pattern: "[" } } } };
+    refused({ ...unguided, tools: [WEATHER, badRegex] }, "tools[1].function.parameters", /invalid regular expression/);
+    const cycle: ToolSpec = { name: "c", parameters: { type: "object", properties: { p: { $ref: "#/properties/p" } } } };
+    refused({ ...unguided, tools: [cycle] }, "tools[0].function.parameters", /refers back to itself/);
+    const notObject = { name: "s", parameters: { type: "string" } } as ToolSpec;
+    refused({ ...unguided, tools: [notObject] }, "tools[0].function.parameters", /type 'object'/);
+    const multipleOf: ToolSpec = { name: "m", parameters: { type: "object", properties: { n: { type: "integer", multipleOf: 5 } } } };
+    expect(buildGuide({ ...base, ...unguided, tools: [multipleOf] })).toBeNull();
+    // …but guiding it is refused, naming the keyword.
+    refused({ tools: [multipleOf], toolChoice: { kind: "required" } }, "tools[0].function.parameters", /'multipleOf'/);
   });
 });
 

@@ -10,16 +10,18 @@
  *   `<function=`); llama3 `<|python_tag|>` and an atStart `{`.
  * - Reasoning (`--reasoning_parser`): a prompt that already opened `<think>` starts in `reasoning`; otherwise a
  *   forced rule starts with the gate `"<think>" | body` so the model may still think first.
- * - `tool_choice` none, no tool with `parameters`, or `auto` without guidance → null.
+ * - `tool_choice` none, no tool with `parameters`, or `auto` without guidance → null; unguided `auto` still gets
+ *   a 400 for an INVALID parameters schema (not an object schema, invalid regex, unresolvable or structure-free
+ *   recursive `$ref`…), while valid schemas using keywords a grammar cannot honour pass (nothing is guided).
  * - `response_format` (non-text) together with tools and `tool_choice` ≠ none → 400: the output cannot be both a
  *   call and a JSON document; OpenAI allows the pair, Keel refuses it rather than silently drop one.
  */
 import type { GuidePhase, GuideSpec, GuideTrigger } from "../../protocol/messages.js";
 import { invalidValue } from "../errors.js";
 import type { ReasoningParserName, ToolParserName, ToolSpec } from "../tools.js";
-import { addCallRules } from "./call-grammars.js";
+import { addCallRules, checkParametersShape, toolParam } from "./call-grammars.js";
 import { literal } from "./gbnf-text.js";
-import { GbnfBuilder } from "./json-schema-gbnf.js";
+import { GbnfBuilder, checkSchema } from "./json-schema-gbnf.js";
 import type { BuildGuide, GuideRequest } from "./types.js";
 
 /** Reasoning markers per reasoning parser. */
@@ -61,7 +63,14 @@ export const buildGuide: BuildGuide = (req: GuideRequest): GuideSpec | null => {
   if (!req.tools.some((t) => t.parameters !== undefined)) return null;
   const choice = req.toolChoice;
   if (choice.kind === "auto") {
-    if (!req.guideAuto || req.toolParser === null) return null;
+    if (!req.guideAuto || req.toolParser === null) {
+      // Not guided: still refuse invalid schemas (recipe M2), but not valid ones a grammar could not honour.
+      req.tools.forEach((t, i) => {
+        checkParametersShape(t, toolParam(i));
+        if (t.parameters !== undefined) checkSchema(t.parameters, toolParam(i));
+      });
+      return null;
+    }
     return auto(req, req.toolParser);
   }
   let tools: readonly ToolSpec[] = req.tools;

@@ -8,7 +8,7 @@ import fc from "fast-check";
 import { describe, expect, it } from "vitest";
 import { KeelHttpError } from "../errors.js";
 import { GbnfGrammar } from "./gbnf-recognizer.js";
-import { integerRange, schemaToGbnf } from "./json-schema-gbnf.js";
+import { checkSchema, integerRange, schemaToGbnf } from "./json-schema-gbnf.js";
 
 const ajv = new Ajv2020({ strict: false, allErrors: false });
 
@@ -407,5 +407,17 @@ describe("bad schemas → 400 (recipe M2)", () => {
     const g = new GbnfGrammar(schemaToGbnf(schema, { param: "p" }).grammar);
     expect(g.accepts("root", "12")).toBe(true);
     expect(g.accepts("root", '"12"')).toBe(false);
+  });
+});
+
+describe("checkSchema (unguided tools): invalid vs unsupported", () => {
+  it("throws for invalid schemas only", () => {
+    for (const bad of [5, { type: "object", properties: { a: "x" } }, { type: "string", pattern: "(" }, { $ref: "#" }, { $ref: "#/nope" }, { anyOf: [] }]) {
+      expect(() => checkSchema(bad, "tools[0].function.parameters"), JSON.stringify(bad)).toThrow(KeelHttpError);
+    }
+    for (const ok of [{ type: "integer", multipleOf: 3 }, { type: "string", format: "ipv4" }, { type: "string", pattern: "^(?=a)" }, { type: "array", uniqueItems: true }]) {
+      expect(() => checkSchema(ok, "p"), JSON.stringify(ok)).not.toThrow();
+      expect(() => schemaToGbnf(ok, { param: "p" }), JSON.stringify(ok)).toThrow(KeelHttpError);
+    }
   });
 });

@@ -173,10 +173,10 @@ export class GbnfBuilder {
     for (const m of body.matchAll(/\{(\d+)(?:,(\d*))?\}/g)) expanded += 8 * Math.max(Number(m[1]), Number(m[2] || 0));
     this.size += name.length + body.length + 6 + expanded;
     if (this.size > MAX_GBNF_CHARS) {
-      throw invalidValue(
+      throw unsupported(invalidValue(
         this.lastParam,
         `The grammar for '${this.lastParam ?? "the request"}' at '#' exceeds ${MAX_GBNF_CHARS} characters (repetitions counted expanded); simplify the schema or send fewer tools.`,
-      );
+      ));
     }
     return name;
   }
@@ -216,23 +216,29 @@ export class GbnfBuilder {
 
   // ---------------------------------------------------------------- visitor
 
-  private fail(job: SchemaJob, ptr: string, message: string): KeelHttpError {
-    return invalidValue(job.param, `Invalid schema for '${job.param}' at '${ptr}': ${message}`);
+  /**
+   * The 400 for a schema problem at `ptr`. `unsupported`: a valid JSON schema the grammar cannot honour (refused
+   * only when guiding), as opposed to an invalid one (refused always; see {@link checkSchema}).
+   */
+  private fail(job: SchemaJob, ptr: string, message: string, unsupported = false): KeelHttpError {
+    const err = invalidValue(job.param, `Invalid schema for '${job.param}' at '${ptr}': ${message}`);
+    if (unsupported) UNSUPPORTED.add(err);
+    return err;
   }
 
   /** GBNF expression for one value of `schema` at `ctx`. */
   private visit(job: SchemaJob, schema: unknown, ctx: Ctx, mode: CharMode): string {
-    if (ctx.depth > MAX_SCHEMA_DEPTH) throw this.fail(job, ctx.ptr, `nested deeper than ${MAX_SCHEMA_DEPTH} levels.`);
+    if (ctx.depth > MAX_SCHEMA_DEPTH) throw this.fail(job, ctx.ptr, `nested deeper than ${MAX_SCHEMA_DEPTH} levels.`, true);
     if (schema === true) return mode === "raw" ? this.primitive("raw-text") : this.primitive("json-value");
-    if (schema === false) throw this.fail(job, ctx.ptr, "the schema `false` accepts no value.");
+    if (schema === false) throw this.fail(job, ctx.ptr, "the schema `false` accepts no value.", true);
     if (typeof schema !== "object" || schema === null || Array.isArray(schema)) {
       throw this.fail(job, ctx.ptr, "a schema must be an object or a boolean.");
     }
     const s = schema as JsonSchema;
     for (const k of REFUSED_KEYWORDS) {
-      if (k in s) throw this.fail(job, ctx.ptr, `the keyword '${k}' is not supported in guided generation.`);
+      if (k in s) throw this.fail(job, ctx.ptr, `the keyword '${k}' is not supported in guided generation.`, true);
     }
-    if (s.uniqueItems === true) throw this.fail(job, ctx.ptr, "the keyword 'uniqueItems' is not supported in guided generation.");
+    if (s.uniqueItems === true) throw this.fail(job, ctx.ptr, "the keyword 'uniqueItems' is not supported in guided generation.", true);
     const child = (seg: string): Ctx => ({ ptr: `${ctx.ptr}/${seg}`, depth: ctx.depth + 1, unguarded: ctx.unguarded });
 
     // 1. $ref (siblings other than annotations are refused: we would have to merge them).
@@ -293,7 +299,7 @@ export class GbnfBuilder {
       throw this.fail(job, ctx.ptr, `'$ref' must be a local reference starting with '#' (got ${JSON.stringify(ref)}).`);
     }
     const extra = Object.keys(s).filter((k) => k !== "$ref" && !ANNOTATIONS.has(k) && k !== "$defs" && k !== "definitions");
-    if (extra.length > 0) throw this.fail(job, ctx.ptr, `'$ref' next to '${extra[0]}' is not supported.`);
+    if (extra.length > 0) throw this.fail(job, ctx.ptr, `'$ref' next to '${extra[0]}' is not supported.`, true);
     if (ctx.unguarded.has(ref)) {
       throw this.fail(job, ctx.ptr, `'$ref' ${JSON.stringify(ref)} refers back to itself without an object or array in between (infinite recursion).`);
     }
@@ -316,7 +322,7 @@ export class GbnfBuilder {
     if (!Array.isArray(values) || values.length === 0) throw this.fail(job, ctx.ptr, "'enum' must be a non-empty array.");
     const types = s.type === undefined ? null : Array.isArray(s.type) ? s.type : [s.type];
     const kept = values.filter((v) => types === null || types.some((t) => jsonTypeMatches(v, t)));
-    if (kept.length === 0) throw this.fail(job, ctx.ptr, "no 'enum'/'const' value has the schema's 'type'.");
+    if (kept.length === 0) throw this.fail(job, ctx.ptr, "no 'enum'/'const' value has the schema's 'type'.", true);
     // A qwen3coder parameter writes strings raw (unquoted); other values stay JSON.
     const lits = [...new Set(kept.map((v) => literal(mode === "raw" && typeof v === "string" ? v : JSON.stringify(v))))];
     return `(${lits.join(" | ")})`;
@@ -337,11 +343,11 @@ export class GbnfBuilder {
       for (const [k, v] of Object.entries(p)) {
         if (ANNOTATIONS.has(k)) continue;
         if (k === "type") {
-          if (v !== "object") throw this.fail(job, where, "'allOf' is supported only over object schemas.");
+          if (v !== "object") throw this.fail(job, where, "'allOf' is supported only over object schemas.", true);
         } else if (k === "properties") {
           for (const [name, sub] of Object.entries(v as JsonSchema)) {
             if (name in props && JSON.stringify(props[name]) !== JSON.stringify(sub)) {
-              throw this.fail(job, where, `'allOf' declares property '${name}' twice with different schemas.`);
+              throw this.fail(job, where, `'allOf' declares property '${name}' twice with different schemas.`, true);
             }
             props[name] = sub;
           }
@@ -352,7 +358,7 @@ export class GbnfBuilder {
           if (v !== false && merged.additionalProperties === undefined) merged.additionalProperties = v;
           if (v === false) merged.additionalProperties = false;
         } else if (k !== "$defs" && k !== "definitions") {
-          throw this.fail(job, where, `'allOf' is supported only over object schemas (found '${k}').`);
+          throw this.fail(job, where, `'allOf' is supported only over object schemas (found '${k}').`, true);
         }
       }
     }
@@ -379,14 +385,14 @@ export class GbnfBuilder {
     if (!Array.isArray(required) || required.some((r) => typeof r !== "string")) throw this.fail(job, ctx.ptr, "'required' must be an array of strings.");
     const names = Object.keys(props);
     for (const r of required as string[]) {
-      if (!names.includes(r)) throw this.fail(job, ctx.ptr, `required property '${r}' is not declared in 'properties'.`);
+      if (!names.includes(r)) throw this.fail(job, ctx.ptr, `required property '${r}' is not declared in 'properties'.`, true);
     }
     const addl = s.additionalProperties;
     if ("minProperties" in s && (typeof s.minProperties !== "number" || s.minProperties > required.length)) {
-      throw this.fail(job, ctx.ptr, "'minProperties' above the number of required properties is not supported.");
+      throw this.fail(job, ctx.ptr, "'minProperties' above the number of required properties is not supported.", true);
     }
     if ("maxProperties" in s && (typeof s.maxProperties !== "number" || s.maxProperties < names.length || (addl !== undefined && addl !== false))) {
-      throw this.fail(job, ctx.ptr, "'maxProperties' below the number of declared properties is not supported.");
+      throw this.fail(job, ctx.ptr, "'maxProperties' below the number of declared properties is not supported.", true);
     }
     // Any object: no declared properties and extra keys not restricted.
     if (names.length === 0 && (addl === undefined || addl === true)) return this.primitive("json-object");
@@ -471,11 +477,11 @@ export class GbnfBuilder {
     const min = num(s.minItems, 0);
     const max = s.maxItems === undefined ? null : num(s.maxItems, 0);
     if (max !== null && max < min) throw this.fail(job, ctx.ptr, "'maxItems' is below 'minItems'.");
-    if (min > MAX_REPEAT || (max !== null && max > MAX_REPEAT)) throw this.fail(job, ctx.ptr, `item counts above ${MAX_REPEAT} are not supported.`);
+    if (min > MAX_REPEAT || (max !== null && max > MAX_REPEAT)) throw this.fail(job, ctx.ptr, `item counts above ${MAX_REPEAT} are not supported.`, true);
     const k = max === null ? prefix.length : Math.min(prefix.length, max);
     const prefixRules = prefix.slice(0, k).map((p, i) => sub(p, `${Array.isArray(s.prefixItems) ? "prefixItems" : "items"}/${i}`));
     const restRule = rest === false ? null : sub(rest, Array.isArray(s.prefixItems) || !Array.isArray(s.items) ? "items" : "additionalItems");
-    if (restRule === null && min > k) throw this.fail(job, ctx.ptr, "'minItems' exceeds the number of allowed items.");
+    if (restRule === null && min > k) throw this.fail(job, ctx.ptr, "'minItems' exceeds the number of allowed items.", true);
     const item = (rule: string) => `${rule} ${sp}`;
     const sep = `"," ${sp} `;
     // Tail after the prefix: rest items, count in [lo, hi].
@@ -504,8 +510,8 @@ export class GbnfBuilder {
     const anyChar = mode === "json" ? this.primitive("json-char") : RAW_ANY;
     const hasLen = "minLength" in s || "maxLength" in s;
     if ("pattern" in s || "format" in s) {
-      if (hasLen) throw this.fail(job, ctx.ptr, "'minLength'/'maxLength' together with 'pattern' or 'format' is not supported.");
-      if ("pattern" in s && "format" in s) throw this.fail(job, ctx.ptr, "'pattern' together with 'format' is not supported.");
+      if (hasLen) throw this.fail(job, ctx.ptr, "'minLength'/'maxLength' together with 'pattern' or 'format' is not supported.", true);
+      if ("pattern" in s && "format" in s) throw this.fail(job, ctx.ptr, "'pattern' together with 'format' is not supported.", true);
     }
     if ("pattern" in s) {
       if (typeof s.pattern !== "string") throw this.fail(job, `${ctx.ptr}/pattern`, "'pattern' must be a string.");
@@ -513,14 +519,14 @@ export class GbnfBuilder {
         const body = this.define(this.fresh(job.prefix, "pattern"), patternToGbnf(s.pattern, mode, anyChar));
         return quote(body);
       } catch (e) {
-        if (e instanceof PatternError) throw this.fail(job, `${ctx.ptr}/pattern`, `${e.message}.`);
+        if (e instanceof PatternError) throw this.fail(job, `${ctx.ptr}/pattern`, `${e.message}.`, !e.invalidRegex);
         throw e;
       }
     }
     if ("format" in s) {
       const f = FORMATS[String(s.format)];
       if (f === undefined) {
-        throw this.fail(job, `${ctx.ptr}/format`, `the format ${JSON.stringify(s.format)} is not supported (supported: ${Object.keys(FORMATS).join(", ")}).`);
+        throw this.fail(job, `${ctx.ptr}/format`, `the format ${JSON.stringify(s.format)} is not supported (supported: ${Object.keys(FORMATS).join(", ")}).`, true);
       }
       const name = `fmt-${String(s.format)}`;
       this.define(name, f);
@@ -530,7 +536,7 @@ export class GbnfBuilder {
       const min = num(s.minLength, 0);
       const max = s.maxLength === undefined ? null : num(s.maxLength, 0);
       if (max !== null && max < min) throw this.fail(job, ctx.ptr, "'maxLength' is below 'minLength'.");
-      if (min > MAX_REPEAT || (max !== null && max > MAX_REPEAT)) throw this.fail(job, ctx.ptr, `string lengths above ${MAX_REPEAT} are not supported.`);
+      if (min > MAX_REPEAT || (max !== null && max > MAX_REPEAT)) throw this.fail(job, ctx.ptr, `string lengths above ${MAX_REPEAT} are not supported.`, true);
       const c = mode === "json" ? anyChar : `(${anyChar})`;
       return quote(max === null ? `${c}{${min},}` : `${c}{${min},${max}}`);
     }
@@ -557,10 +563,10 @@ export class GbnfBuilder {
     const hi = tighter(bound("maximum"), s.exclusiveMaximum === true, bound("exclusiveMaximum"), false);
     if (lo === null && hi === null) return this.primitive("json-number");
     if (lo !== null && hi !== null && (lo.value > hi.value || (lo.value === hi.value && (lo.exclusive || hi.exclusive)))) {
-      throw this.fail(job, ctx.ptr, "the number bounds admit no value.");
+      throw this.fail(job, ctx.ptr, "the number bounds admit no value.", true);
     }
     const expr = numberRange(lo, hi, uintRange);
-    if (expr === null) throw this.fail(job, ctx.ptr, "the number bounds admit no value (within 16 integral digits).");
+    if (expr === null) throw this.fail(job, ctx.ptr, "the number bounds admit no value (within 16 integral digits).", true);
     return this.define(this.fresh(job.prefix, "number"), expr);
   }
 
@@ -599,9 +605,35 @@ export class GbnfBuilder {
       const v = clamp(BigInt(Math.ceil(exMax)) - 1n);
       if (v < hi) hi = v;
     }
-    if (lo > hi) throw this.fail(job, ctx.ptr, "the integer bounds admit no value (within 16 digits).");
+    if (lo > hi) throw this.fail(job, ctx.ptr, "the integer bounds admit no value (within 16 digits).", true);
     if (lo === -limit && hi === limit) return this.primitive("json-int");
     return `(${integerRange(lo, hi)})`;
+  }
+}
+
+/** Errors for valid schemas the grammar cannot honour (vs invalid schemas). */
+const UNSUPPORTED = new WeakSet<KeelHttpError>();
+
+function unsupported(err: KeelHttpError): KeelHttpError {
+  UNSUPPORTED.add(err);
+  return err;
+}
+
+/** Whether a schema 400 is about a valid schema that guided generation cannot honour (not an invalid schema). */
+export function isUnsupportedSchema(err: unknown): boolean {
+  return typeof err === "object" && err !== null && UNSUPPORTED.has(err as KeelHttpError);
+}
+
+/**
+ * Checks a schema that will NOT be guided (e.g. tools under unguided `auto`): throws the 400 for an invalid schema
+ * (not a schema, bad keyword values, an invalid regex, an unresolvable or structure-free recursive `$ref`), and
+ * accepts valid schemas that merely use keywords a grammar cannot honour.
+ */
+export function checkSchema(schema: unknown, param: string): void {
+  try {
+    new GbnfBuilder().addSchema(schema, "check", param);
+  } catch (e) {
+    if (!isUnsupportedSchema(e)) throw e;
   }
 }
 
