@@ -421,3 +421,16 @@ describe("checkSchema (unguided tools): invalid vs unsupported", () => {
     }
   });
 });
+
+describe("llama.cpp's object readings", () => {
+  it("properties: {} declares none (only {}); no properties keyword means any object", () => {
+    const none = new GbnfGrammar(schemaToGbnf({ type: "object", properties: {} }, { param: "p" }).grammar);
+    expect(none.accepts("root", "{}")).toBe(true);
+    expect(none.accepts("root", '{"x": 1}')).toBe(false);
+    const any = new GbnfGrammar(schemaToGbnf({ type: "object" }, { param: "p" }).grammar);
+    expect(any.accepts("root", '{"x": [1, {"y": null}]}')).toBe(true);
+    const declaredOnly = new GbnfGrammar(schemaToGbnf({ type: "object", properties: { a: { type: "integer" } } }, { param: "p" }).grammar);
+    expect(declaredOnly.accepts("root", '{"a": 1}')).toBe(true);
+    expect(declaredOnly.accepts("root", '{"a": 1, "b": 2}')).toBe(false);
+  });
+});

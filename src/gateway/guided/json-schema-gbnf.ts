@@ -23,7 +23,8 @@
  *   constrain, per JSON Schema); constraining keywords we cannot honour → 400 naming the keyword.
  *
  * Inexact (the grammar accepts a subset of what a validator accepts, never more, except where noted): property
- * order is fixed; JSON written with non-canonical escapes (`\u0061`) inside patterns/formats/enums; numbers with
+ * order is fixed; `additionalProperties` absent next to `properties` means no extra keys (llama.cpp's reading;
+ * a validator allows them); JSON written with non-canonical escapes (`\u0061`) inside patterns/formats/enums; numbers with
  * more than 16 integral digits; `date` accepts day 31 in any month (more than a validator); extra keys of an
  * `additionalProperties` schema never repeat a declared name, except when a declared name needs JSON escapes
  * (then any key: more); oneOf may match several branches (more).
@@ -394,8 +395,8 @@ export class GbnfBuilder {
     if ("maxProperties" in s && (typeof s.maxProperties !== "number" || s.maxProperties < names.length || (addl !== undefined && addl !== false))) {
       throw this.fail(job, ctx.ptr, "'maxProperties' below the number of declared properties is not supported.", true);
     }
-    // Any object: no declared properties and extra keys not restricted.
-    if (names.length === 0 && (addl === undefined || addl === true)) return this.primitive("json-object");
+    // Any object: no `properties` keyword and extra keys not restricted. (`properties: {}` declares none: `{}`.)
+    if (!("properties" in s) && (addl === undefined || addl === true)) return this.primitive("json-object");
     const guarded: Ctx = { ...ctx, unguarded: new Set() };
     const kv = names.map((name) => {
       const value = this.visit(job, (props as JsonSchema)[name], { ...guarded, ptr: `${ctx.ptr}/properties/${escapePointer(name)}`, depth: ctx.depth + 1 }, "json");
