@@ -434,3 +434,11 @@ describe("llama.cpp's object readings", () => {
     expect(declaredOnly.accepts("root", '{"a": 1, "b": 2}')).toBe(false);
   });
 });
+
+it("enum/const next to another constraint is refused rather than half-applied", () => {
+  refused({ enum: ["a", "bb"], minLength: 2 }, "#", /'enum' together with 'minLength'/);
+  refused({ const: "a", anyOf: [{ type: "string" }] }, "#", /'const' together with 'anyOf'/);
+  const g = new GbnfGrammar(schemaToGbnf({ type: "string", enum: ["a", "b"], title: "t", description: "d" }, { param: "p" }).grammar);
+  expect(g.accepts("root", '"a"')).toBe(true);
+  expect(g.accepts("root", '"c"')).toBe(false);
+});

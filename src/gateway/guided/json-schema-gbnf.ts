@@ -319,6 +319,11 @@ export class GbnfBuilder {
   }
 
   private visitEnum(job: SchemaJob, s: JsonSchema, ctx: Ctx, mode: CharMode): string {
+    // The literals are the whole language: any other constraint next to them would be ignored, so refuse it.
+    const other = Object.keys(s).find((k) => !ANNOTATIONS.has(k) && !["enum", "const", "type", "$defs", "definitions"].includes(k));
+    if (other !== undefined || ("enum" in s && "const" in s)) {
+      throw this.fail(job, ctx.ptr, `'${"const" in s ? "const" : "enum"}' together with '${other ?? "enum"}' is not supported.`, true);
+    }
     const values = "const" in s ? [s.const] : s.enum;
     if (!Array.isArray(values) || values.length === 0) throw this.fail(job, ctx.ptr, "'enum' must be a non-empty array.");
     const types = s.type === undefined ? null : Array.isArray(s.type) ? s.type : [s.type];
