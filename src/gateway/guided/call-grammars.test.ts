@@ -90,14 +90,28 @@ describe("qwen3coder", () => {
     expect(accepts(qwen("get_time", [["x", "1"]]))).toBe(false);
     expect(accepts(qwen("get_weather", [["city", "Paris"]]).replace("</function>\n</tool_call>", "</function></tool_call>"))).toBe(false);
   });
-  it("a free-form parameters schema (no properties) is refused for qwen3coder", () => {
-    const free: ToolSpec = { name: "free", parameters: { type: "object", additionalProperties: true } };
-    expect(() => grammarFor("qwen3coder", [WEATHER, free])).toThrow(KeelHttpError);
-    try {
-      grammarFor("qwen3coder", [WEATHER, free]);
-    } catch (e) {
-      expect((e as KeelHttpError).param).toBe("tools[1].function.parameters");
-    }
+  it("free-form parameters (no properties / additionalProperties) take any parameter names", () => {
+    const free: ToolSpec = { name: "free", parameters: { type: "object" } };
+    const typed: ToolSpec = { name: "typed", parameters: { type: "object", properties: { a: { type: "integer" } }, additionalProperties: { type: "boolean" } } };
+    const g = grammarFor("qwen3coder", [free, typed]);
+    expect(g.accepts(qwen("free", [["anything", "x y"], ["n", "1"]]))).toBe(true);
+    expect(g.accepts(qwen("free", []))).toBe(true);
+    expect(g.accepts(qwen("typed", [["a", "1"], ["flag", "True"]]))).toBe(true);
+    expect(g.accepts(qwen("typed", [["a", "1"], ["flag", "maybe"]]))).toBe(false);
+    expect(g.accepts(qwen("typed", [["flag", "true"], ["a", "1"]]))).toBe(false);
+  });
+  it("a root $ref is followed; a root anyOf is refused for this format", () => {
+    const viaRef: ToolSpec = {
+      name: "r",
+      parameters: { $ref: "#/$defs/Args", $defs: { Args: { type: "object", properties: { p: { $ref: "#/$defs/P" } }, required: ["p"] }, P: { enum: ["x", "y"] } } },
+    };
+    const g = grammarFor("qwen3coder", [viaRef]);
+    expect(g.accepts(qwen("r", [["p", "x"]]))).toBe(true);
+    expect(g.accepts(qwen("r", [["p", "z"]]))).toBe(false);
+    expect(g.accepts(qwen("r", []))).toBe(false);
+    const alt: ToolSpec = { name: "alt", parameters: { anyOf: [{ type: "object", properties: { a: {} } }, { type: "object", properties: { b: {} } }] } };
+    expect(() => grammarFor("qwen3coder", [alt])).toThrow(/root 'anyOf'/);
+    expect(grammarFor("hermes3", [alt]).accepts(hermes("alt", '{"b": 1}'))).toBe(true);
   });
 });
 

@@ -19,7 +19,7 @@
 import { invalidValue } from "../errors.js";
 import type { ToolSpec } from "../tools.js";
 import { literal } from "./gbnf-text.js";
-import { GbnfBuilder } from "./json-schema-gbnf.js";
+import { GbnfBuilder, markUnsupported as unsupportedSchema, resolvePointer } from "./json-schema-gbnf.js";
 
 /** Call formats with grammars. */
 export type CallFormat = "hermes3" | "hermes3-bare" | "qwen3coder" | "llama3";
@@ -111,21 +111,38 @@ function qwenParams(b: GbnfBuilder, tool: ToolSpec, prefix: string, param: strin
   if (schema === undefined) return '""';
   // Validate the whole schema once as JSON (refs, keywords), so a bad schema is refused the same way in every format.
   b.addSchema(schema, `${prefix}-check`, param);
-  const props = (schema.properties ?? {}) as Record<string, unknown>;
-  const required = new Set(Array.isArray(schema.required) ? (schema.required as string[]) : []);
-  const names = Object.keys(props);
-  if (schema.additionalProperties !== undefined && schema.additionalProperties !== false && names.length === 0) {
-    // Free-form arguments have no parameter names to constrain: refuse rather than guide something arbitrary.
-    throw invalidForQwen(param, "a parameters schema without 'properties' cannot be guided in the qwen3coder format");
+  // The object schema whose properties become parameters: the root, or what a root `$ref` points at.
+  let ptr = "#";
+  let obj: Record<string, unknown> = schema;
+  for (let hops = 0; typeof obj.$ref === "string"; hops++) {
+    const next = resolvePointer(schema, obj.$ref);
+    if (hops > 16 || typeof next !== "object" || next === null) throw invalidForQwen(param, "the root '$ref' does not lead to an object schema");
+    ptr = obj.$ref;
+    obj = next as Record<string, unknown>;
   }
+  for (const k of ["anyOf", "oneOf", "allOf"]) {
+    if (k in obj) throw unsupportedSchema(invalidForQwen(param, `a root '${k}' cannot be guided in the qwen3coder format (one parameter list is needed)`));
+  }
+  const props = (obj.properties ?? {}) as Record<string, unknown>;
+  const required = new Set(Array.isArray(obj.required) ? (obj.required as string[]) : []);
+  const names = Object.keys(props);
+  const base = ptr === "#" ? "#" : ptr;
   const items = names.map((name, k) => {
-    // "raw" value mode: strings raw, Python booleans and None allowed, containers as JSON. Converted in place so the tool schema's $defs stay reachable.
-    const ptr = `#/properties/${name.replace(/~/g, "~0").replace(/\//g, "~1")}`;
-    const value = b.addSchemaAt(schema, ptr, `${prefix}-p${k}`, param, "raw");
+    // "raw" value mode: strings raw, Python booleans and None allowed, containers as JSON. Converted in place so
+    // the tool schema's $defs stay reachable.
+    const at = `${base}/properties/${name.replace(/~/g, "~0").replace(/\//g, "~1")}`;
+    const value = b.addSchemaAt(schema, at, `${prefix}-p${k}`, param, "raw");
     return `${literal(`<parameter=${name}>\n`)} ${value} "\\n</parameter>\\n"`;
   });
-  // Declaration order; optional parameters skippable.
+  // Extra parameters where the schema allows extra keys (no `properties` keyword, or additionalProperties
+  // true/a schema): any name (declared names are not excluded here), after the declared ones.
+  const addl = obj.additionalProperties;
   let body = '""';
+  if ((!("properties" in obj) && (addl === undefined || addl === true)) || (typeof addl === "object" && addl !== null)) {
+    const value = typeof addl === "object" ? b.addSchemaAt(schema, `${base}/additionalProperties`, `${prefix}-extra`, param, "raw") : b.primitive("raw-text");
+    body = `(${b.define(b.fresh(prefix, "extra-param"), `"<parameter=" [^>\\n]+ ">\\n" ${value} "\\n</parameter>\\n"`)})*`;
+  }
+  // Declaration order; optional parameters skippable.
   for (let k = names.length - 1; k >= 0; k--) {
     const one = `${items[k]} ${body}`;
     body = required.has(names[k]!) ? one : `(${items[k]})? ${body}`;

@@ -174,7 +174,7 @@ export class GbnfBuilder {
     for (const m of body.matchAll(/\{(\d+)(?:,(\d*))?\}/g)) expanded += 8 * Math.max(Number(m[1]), Number(m[2] || 0));
     this.size += name.length + body.length + 6 + expanded;
     if (this.size > MAX_GBNF_CHARS) {
-      throw unsupported(invalidValue(
+      throw markUnsupported(invalidValue(
         this.lastParam,
         `The grammar for '${this.lastParam ?? "the request"}' at '#' exceeds ${MAX_GBNF_CHARS} characters (repetitions counted expanded); simplify the schema or send fewer tools.`,
       ));
@@ -620,7 +620,8 @@ export class GbnfBuilder {
 /** Errors for valid schemas the grammar cannot honour (vs invalid schemas). */
 const UNSUPPORTED = new WeakSet<KeelHttpError>();
 
-function unsupported(err: KeelHttpError): KeelHttpError {
+/** Marks a schema 400 as "valid schema, not guidable" (see {@link isUnsupportedSchema}). */
+export function markUnsupported(err: KeelHttpError): KeelHttpError {
   UNSUPPORTED.add(err);
   return err;
 }
@@ -671,7 +672,7 @@ function escapePointer(seg: string): string {
 }
 
 /** Resolves `#`, `#/a/b` (with ~0/~1 and %-escapes) inside `root`; undefined when absent. */
-function resolvePointer(root: unknown, ref: string): unknown {
+export function resolvePointer(root: unknown, ref: string): unknown {
   if (ref === "#") return root;
   if (!ref.startsWith("#/")) return undefined;
   let cur: unknown = root;

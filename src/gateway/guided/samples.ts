@@ -53,7 +53,13 @@ export const TREE: ToolSpec = {
   },
 };
 
-export const TOOLS: readonly ToolSpec[] = [WEATHER, NO_ARGS, SEARCH, TREE];
+/** Free-form arguments, reached through a root `$ref`. */
+export const LOG: ToolSpec = {
+  name: "log_event",
+  parameters: { $ref: "#/$defs/Event", $defs: { Event: { type: "object", properties: { level: { enum: ["info", "warn"] } }, additionalProperties: true } } },
+};
+
+export const TOOLS: readonly ToolSpec[] = [WEATHER, NO_ARGS, SEARCH, TREE, LOG];
 
 /** Schemas for structured output (and the llama.cpp parser test). */
 export const SCHEMAS: readonly unknown[] = [
