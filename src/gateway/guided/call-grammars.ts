@@ -109,8 +109,9 @@ export function qwenFunction(b: GbnfBuilder, tool: ToolSpec, prefix: string, par
 function qwenParams(b: GbnfBuilder, tool: ToolSpec, prefix: string, param: string): string {
   const schema = tool.parameters;
   if (schema === undefined) return '""';
-  // Validate the whole schema once as JSON (refs, keywords), so a bad schema is refused the same way in every format.
-  b.addSchema(schema, `${prefix}-check`, param);
+  // Validate the whole schema as JSON (refs, root keywords) in a throwaway builder, so a bad schema is refused the
+  // same way in every format without its JSON rules landing in this grammar.
+  new GbnfBuilder().addSchema(schema, `${prefix}-check`, param);
   // The object schema whose properties become parameters: the root, or what a root `$ref` points at.
   let ptr = "#";
   let obj: Record<string, unknown> = schema;

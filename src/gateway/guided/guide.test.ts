@@ -214,3 +214,17 @@ describe("auto with guidance: triggers", () => {
     expect(r.accepts(g.triggers![1]!.rule, '{"name": "get_time", "parameters": {}}')).toBe(true);
   });
 });
+
+it("guides are cached by request and frozen (shared safely between requests)", () => {
+  const req: GuideRequest = { ...base, toolChoice: { kind: "required" } };
+  const a = buildGuide(req)!;
+  const b = buildGuide({ ...req, tools: [...TOOLS] })!;
+  expect(b).toBe(a);
+  expect(Object.isFrozen(a) && Object.isFrozen(a.start)).toBe(true);
+  expect(() => {
+    (a as { grammar: string }).grammar = "";
+  }).toThrow(TypeError);
+  const c = buildGuide({ ...req, parallelToolCalls: false })!;
+  expect(c).not.toBe(a);
+  expect(c.grammar).not.toBe(a.grammar);
+});
