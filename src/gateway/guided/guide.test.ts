@@ -156,6 +156,7 @@ describe("forced calls", () => {
     refused({ tools: [WEATHER, notObject], toolChoice: { kind: "required" } }, "tools[1].function.parameters", /JSON schema of type .object./);
     const recursive: ToolSpec = { name: "r", parameters: { $defs: { a: { $ref: "#/$defs/a" } }, $ref: "#/$defs/a" } };
     refused({ tools: [recursive], toolChoice: { kind: "required" } }, "tools[0].function.parameters", /refers back to itself/);
+    refused({ tools: [WEATHER, NO_ARGS, { ...WEATHER, parameters: {} }], toolChoice: { kind: "required" } }, "tools[2].function.name", /already the name of tools\[0\]/);
   });
 });
 

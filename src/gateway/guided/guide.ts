@@ -72,6 +72,18 @@ function deepFreeze<T>(v: T): T {
   return v;
 }
 
+/** Two tools with one name would make a call ambiguous (which schema?): refused when guiding. */
+function checkUniqueNames(tools: readonly ToolSpec[]): void {
+  const seen = new Map<string, number>();
+  tools.forEach((t, i) => {
+    const first = seen.get(t.name);
+    if (first !== undefined) {
+      throw invalidValue(`tools[${i}].function.name`, `Invalid value for 'tools[${i}].function.name': '${t.name}' is already the name of tools[${first}].`);
+    }
+    seen.set(t.name, i);
+  });
+}
+
 function build(req: GuideRequest): GuideSpec | null {
   const rf = req.responseFormat;
   const toolsActive = req.toolChoice.kind !== "none" && req.tools.length > 0;
@@ -103,8 +115,10 @@ function build(req: GuideRequest): GuideSpec | null {
       });
       return null;
     }
+    checkUniqueNames(req.tools);
     return auto(req, req.toolParser);
   }
+  checkUniqueNames(req.tools);
   let tools: readonly ToolSpec[] = req.tools;
   if (choice.kind === "function") {
     const named = req.tools.find((t) => t.name === choice.name);
