@@ -19,7 +19,7 @@
 import { invalidValue } from "../errors.js";
 import type { ToolSpec } from "../tools.js";
 import { literal } from "./gbnf-text.js";
-import { GbnfBuilder } from "./json-schema-gbnf.js";
+import { GbnfBuilder, markUnsupported as unsupportedSchema, resolvePointer } from "./json-schema-gbnf.js";
 
 /** Call formats with grammars. */
 export type CallFormat = "hermes3" | "hermes3-bare" | "qwen3coder" | "llama3";
@@ -28,8 +28,10 @@ export type CallFormat = "hermes3" | "hermes3-bare" | "qwen3coder" | "llama3";
 export interface CallRules {
   /** One complete call of any of the tools, in `format`, by rule name. */
   call: string;
-  /** Per tool name, the rule of one call of that tool (for named tool_choice and `<function=N>` triggers). */
+  /** Per tool name, the rule of one call of that tool. */
   byTool: ReadonlyMap<string, string>;
+  /** qwen3coder only: per tool name, the `<function=N>\n…</function>` rule (for `<function=N>` triggers). */
+  functions: ReadonlyMap<string, string>;
 }
 
 /** Request field path of a tool's parameters, for 400s. */
@@ -41,35 +43,60 @@ export const toolParam = (index: number) => `tools[${index}].function.parameters
  */
 export function addCallRules(b: GbnfBuilder, format: CallFormat, tools: readonly ToolSpec[], indexOf: (t: ToolSpec) => number): CallRules {
   const byTool = new Map<string, string>();
+  const functions = new Map<string, string>();
   for (const tool of tools) {
     const i = indexOf(tool);
+    checkParametersShape(tool, toolParam(i));
     const prefix = `t${i}-${format === "hermes3-bare" ? "hb" : format === "qwen3coder" ? "qc" : format === "llama3" ? "l3" : "h"}`;
-    byTool.set(tool.name, b.define(b.fresh(prefix, "call"), callBody(b, format, tool, prefix, toolParam(i))));
+    let body: string;
+    if (format === "qwen3coder") {
+      const fn = b.define(b.fresh(prefix, "function"), qwenFunction(b, tool, prefix, toolParam(i)));
+      functions.set(tool.name, fn);
+      body = `"<tool_call>\\n" ${fn} "\\n</tool_call>"`;
+    } else body = jsonCallBody(b, format, tool, prefix, toolParam(i));
+    byTool.set(tool.name, b.define(b.fresh(prefix, "call"), body));
   }
   const call = b.define(b.fresh(`calls-${format}`, "any"), [...byTool.values()].join(" | "));
-  return { call, byTool };
+  return { call, byTool, functions };
 }
+
+/**
+ * Tool arguments are a JSON object: `parameters` must be an object schema (a JSON object whose `type`, when given,
+ * is "object"). Throws the 400 (recipe M2: parameters that are not an object).
+ */
+export function checkParametersShape(tool: ToolSpec, param: string): void {
+  const p: unknown = tool.parameters;
+  if (p === undefined) return;
+  const isObject = typeof p === "object" && p !== null && !Array.isArray(p);
+  const type = isObject ? (p as Record<string, unknown>).type : undefined;
+  if (!isObject || (type !== undefined && type !== "object")) {
+    throw invalidValue(param, `Invalid value for '${param}': a tool's parameters must be a JSON schema of type 'object'.`);
+  }
+}
+
+/** Arguments rule per tool, per builder: the tagged and bare hermes formats share one conversion. */
+const argsCache = new WeakMap<GbnfBuilder, Map<ToolSpec, string>>();
 
 /** Parameters schema → object rule (JSON formats); a missing schema is `{}`. */
 function argsRule(b: GbnfBuilder, tool: ToolSpec, prefix: string, param: string): string {
-  if (tool.parameters === undefined) return b.define(`${prefix}-noargs`, `"{" ${b.primitive("space")} "}"`);
-  return b.addSchema(tool.parameters, `${prefix}-args`, param);
+  let cache = argsCache.get(b);
+  if (!cache) argsCache.set(b, (cache = new Map()));
+  const known = cache.get(tool);
+  if (known !== undefined) return known;
+  const rule =
+    tool.parameters === undefined
+      ? b.define(`${prefix}-noargs`, `"{" ${b.primitive("space")} "}"`)
+      : b.addSchema(tool.parameters, `${prefix}-args`, param);
+  cache.set(tool, rule);
+  return rule;
 }
 
-function callBody(b: GbnfBuilder, format: CallFormat, tool: ToolSpec, prefix: string, param: string): string {
+function jsonCallBody(b: GbnfBuilder, format: "hermes3" | "hermes3-bare" | "llama3", tool: ToolSpec, prefix: string, param: string): string {
   const sp = b.primitive("space");
   const nameLit = literal(JSON.stringify(tool.name));
-  switch (format) {
-    case "hermes3":
-    case "hermes3-bare":
-    case "llama3": {
-      const argsKey = format === "llama3" ? '"\\"parameters\\""' : '"\\"arguments\\""';
-      const obj = `"{" ${sp} "\\"name\\"" ${sp} ":" ${sp} ${nameLit} ${sp} "," ${sp} ${argsKey} ${sp} ":" ${sp} ${argsRule(b, tool, prefix, param)} ${sp} "}"`;
-      return format === "hermes3" ? `"<tool_call>\\n" ${obj} "\\n</tool_call>"` : obj;
-    }
-    case "qwen3coder":
-      return `"<tool_call>\\n" ${qwenFunction(b, tool, prefix, param)} "\\n</tool_call>"`;
-  }
+  const argsKey = format === "llama3" ? '"\\"parameters\\""' : '"\\"arguments\\""';
+  const obj = `"{" ${sp} "\\"name\\"" ${sp} ":" ${sp} ${nameLit} ${sp} "," ${sp} ${argsKey} ${sp} ":" ${sp} ${argsRule(b, tool, prefix, param)} ${sp} "}"`;
+  return format === "hermes3" ? `"<tool_call>\\n" ${obj} "\\n</tool_call>"` : obj;
 }
 
 /** `<function=N>\n` + parameters + `</function>` for one tool. */
@@ -82,52 +109,47 @@ export function qwenFunction(b: GbnfBuilder, tool: ToolSpec, prefix: string, par
 function qwenParams(b: GbnfBuilder, tool: ToolSpec, prefix: string, param: string): string {
   const schema = tool.parameters;
   if (schema === undefined) return '""';
-  // Validate the whole schema once as JSON (refs, keywords), so a bad schema is refused the same way in every format.
-  b.addSchema(schema, `${prefix}-check`, param);
-  const props = (schema.properties ?? {}) as Record<string, unknown>;
-  const required = new Set(Array.isArray(schema.required) ? (schema.required as string[]) : []);
-  const names = Object.keys(props);
-  if (schema.additionalProperties !== undefined && schema.additionalProperties !== false && names.length === 0) {
-    // Free-form arguments have no parameter names to constrain: refuse rather than guide something arbitrary.
-    throw invalidForQwen(param, "a parameters schema without 'properties' cannot be guided in the qwen3coder format");
+  // Validate the whole schema as JSON (refs, root keywords) in a throwaway builder, so a bad schema is refused the
+  // same way in every format without its JSON rules landing in this grammar.
+  new GbnfBuilder().addSchema(schema, `${prefix}-check`, param);
+  // The object schema whose properties become parameters: the root, or what a root `$ref` points at.
+  let ptr = "#";
+  let obj: Record<string, unknown> = schema;
+  for (let hops = 0; typeof obj.$ref === "string"; hops++) {
+    const next = resolvePointer(schema, obj.$ref);
+    if (hops > 16 || typeof next !== "object" || next === null) throw invalidForQwen(param, "the root '$ref' does not lead to an object schema");
+    ptr = obj.$ref;
+    obj = next as Record<string, unknown>;
   }
+  for (const k of ["anyOf", "oneOf", "allOf"]) {
+    if (k in obj) throw unsupportedSchema(invalidForQwen(param, `a root '${k}' cannot be guided in the qwen3coder format (one parameter list is needed)`));
+  }
+  const props = (obj.properties ?? {}) as Record<string, unknown>;
+  const required = new Set(Array.isArray(obj.required) ? (obj.required as string[]) : []);
+  const names = Object.keys(props);
+  const base = ptr === "#" ? "#" : ptr;
   const items = names.map((name, k) => {
-    const sub = props[name];
-    // Converted in place so the tool schema's $defs stay reachable.
-    const ptr = `#/properties/${name.replace(/~/g, "~0").replace(/\//g, "~1")}`;
-    const value = b.addSchemaAt(schema, ptr, `${prefix}-p${k}`, param, isStringLike(sub, schema) ? "raw" : "json");
+    // "raw" value mode: strings raw, Python booleans and None allowed, containers as JSON. Converted in place so
+    // the tool schema's $defs stay reachable.
+    const at = `${base}/properties/${name.replace(/~/g, "~0").replace(/\//g, "~1")}`;
+    const value = b.addSchemaAt(schema, at, `${prefix}-p${k}`, param, "raw");
     return `${literal(`<parameter=${name}>\n`)} ${value} "\\n</parameter>\\n"`;
   });
-  // Declaration order; optional parameters skippable.
+  // Extra parameters where the schema allows extra keys (no `properties` keyword, or additionalProperties
+  // true/a schema): any name (declared names are not excluded here), after the declared ones.
+  const addl = obj.additionalProperties;
   let body = '""';
+  if ((!("properties" in obj) && (addl === undefined || addl === true)) || (typeof addl === "object" && addl !== null)) {
+    const value = typeof addl === "object" ? b.addSchemaAt(schema, `${base}/additionalProperties`, `${prefix}-extra`, param, "raw") : b.primitive("raw-text");
+    body = `(${b.define(b.fresh(prefix, "extra-param"), `"<parameter=" [^>\\n]+ ">\\n" ${value} "\\n</parameter>\\n"`)})*`;
+  }
+  // Declaration order; optional parameters skippable.
   for (let k = names.length - 1; k >= 0; k--) {
     const one = `${items[k]} ${body}`;
     body = required.has(names[k]!) ? one : `(${items[k]})? ${body}`;
     body = b.define(b.fresh(prefix, `params-${k}`), body);
   }
   return body;
-}
-
-/** Whether a parameter is written as raw text by the qwen3coder template (a string, or string-or-null, or any). */
-function isStringLike(sub: unknown, root: Record<string, unknown>): boolean {
-  let s = sub;
-  for (let i = 0; i < 8 && typeof s === "object" && s !== null && "$ref" in s; i++) {
-    const ref = (s as { $ref: unknown }).$ref;
-    if (typeof ref !== "string" || !ref.startsWith("#/")) return false;
-    s = ref
-      .slice(2)
-      .split("/")
-      .reduce<unknown>((cur, seg) => (typeof cur === "object" && cur !== null ? (cur as Record<string, unknown>)[seg] : undefined), root);
-  }
-  if (s === true) return true;
-  if (typeof s !== "object" || s === null) return false;
-  const o = s as Record<string, unknown>;
-  if ("enum" in o) return Array.isArray(o.enum) && o.enum.every((v) => typeof v === "string");
-  if ("const" in o) return typeof o.const === "string";
-  const t = o.type;
-  if (t === "string") return true;
-  if (Array.isArray(t)) return t.includes("string") && t.every((x) => x === "string" || x === "null");
-  return t === undefined && !("properties" in o) && !("items" in o) && !("anyOf" in o) && !("oneOf" in o) && !("allOf" in o);
 }
 
 function invalidForQwen(param: string, why: string) {

@@ -39,7 +39,7 @@ export class GbnfGrammar {
     return new Matcher(this, Array.from(input, (c) => c.codePointAt(0)!)).ends(this.ref(rule), 0).has(Array.from(input).length);
   }
 
-  /** Whether `input` is a prefix of some string the rule matches (cheap over-approximation is NOT used: exact). */
+  /** A reference expression to rule `name` (which must exist). */
   private ref(name: string): Expr {
     if (!this.rules.has(name)) throw new Error(`no rule ${name}`);
     return { kind: "ref", name };

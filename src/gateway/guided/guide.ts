@@ -10,16 +10,18 @@
  *   `<function=`); llama3 `<|python_tag|>` and an atStart `{`.
  * - Reasoning (`--reasoning_parser`): a prompt that already opened `<think>` starts in `reasoning`; otherwise a
  *   forced rule starts with the gate `"<think>" | body` so the model may still think first.
- * - `tool_choice` none, no tool with `parameters`, or `auto` without guidance → null.
+ * - `tool_choice` none, no tool with `parameters`, or `auto` without guidance → null; unguided `auto` still gets
+ *   a 400 for an INVALID parameters schema (not an object schema, invalid regex, unresolvable or structure-free
+ *   recursive `$ref`…), while valid schemas using keywords a grammar cannot honour pass (nothing is guided).
  * - `response_format` (non-text) together with tools and `tool_choice` ≠ none → 400: the output cannot be both a
  *   call and a JSON document; OpenAI allows the pair, Keel refuses it rather than silently drop one.
  */
 import type { GuidePhase, GuideSpec, GuideTrigger } from "../../protocol/messages.js";
 import { invalidValue } from "../errors.js";
 import type { ReasoningParserName, ToolParserName, ToolSpec } from "../tools.js";
-import { addCallRules, qwenFunction, toolParam } from "./call-grammars.js";
+import { addCallRules, checkParametersShape, toolParam } from "./call-grammars.js";
 import { literal } from "./gbnf-text.js";
-import { GbnfBuilder } from "./json-schema-gbnf.js";
+import { GbnfBuilder, checkSchema } from "./json-schema-gbnf.js";
 import type { BuildGuide, GuideRequest } from "./types.js";
 
 /** Reasoning markers per reasoning parser. */
@@ -38,7 +40,51 @@ const CALL_SPECIAL_TOKENS: Readonly<Record<ToolParserName, readonly string[]>> =
 const CALL_WS = "call-ws";
 const CALL_WS_BODY = "[ \\t\\n]{0,8}";
 
+/** Most recent guides by request key: agents resend the same tools every turn, and 50 tools cost ~10–25 ms. */
+const CACHE_SIZE = 32;
+/** Insertion-ordered map used as an LRU (oldest first). */
+const cache = new Map<string, GuideSpec | null>();
+
+/**
+ * The guide for `req` (see the module comment). Results are frozen and may be shared between requests. Throws a
+ * KeelHttpError 400 for a request that cannot be guided or an invalid schema (never cached).
+ */
 export const buildGuide: BuildGuide = (req: GuideRequest): GuideSpec | null => {
+  const key = JSON.stringify(req);
+  if (cache.has(key)) {
+    const hit = cache.get(key)!;
+    cache.delete(key);
+    cache.set(key, hit);
+    return hit;
+  }
+  const spec = build(req);
+  const frozen = spec === null ? null : deepFreeze(spec);
+  cache.set(key, frozen);
+  if (cache.size > CACHE_SIZE) cache.delete(cache.keys().next().value!);
+  return frozen;
+};
+
+function deepFreeze<T>(v: T): T {
+  if (typeof v === "object" && v !== null) {
+    for (const x of Object.values(v)) deepFreeze(x);
+    Object.freeze(v);
+  }
+  return v;
+}
+
+/** Two tools with one name would make a call ambiguous (which schema?): refused when guiding. */
+function checkUniqueNames(tools: readonly ToolSpec[]): void {
+  const seen = new Map<string, number>();
+  tools.forEach((t, i) => {
+    const first = seen.get(t.name);
+    if (first !== undefined) {
+      throw invalidValue(`tools[${i}].function.name`, `Invalid value for 'tools[${i}].function.name': '${t.name}' is already the name of tools[${first}].`);
+    }
+    seen.set(t.name, i);
+  });
+}
+
+function build(req: GuideRequest): GuideSpec | null {
   const rf = req.responseFormat;
   const toolsActive = req.toolChoice.kind !== "none" && req.tools.length > 0;
   // 1. The refused combination.
@@ -61,9 +107,18 @@ export const buildGuide: BuildGuide = (req: GuideRequest): GuideSpec | null => {
   if (!req.tools.some((t) => t.parameters !== undefined)) return null;
   const choice = req.toolChoice;
   if (choice.kind === "auto") {
-    if (!req.guideAuto || req.toolParser === null) return null;
+    if (!req.guideAuto || req.toolParser === null) {
+      // Not guided: still refuse invalid schemas (recipe M2), but not valid ones a grammar could not honour.
+      req.tools.forEach((t, i) => {
+        checkParametersShape(t, toolParam(i));
+        if (t.parameters !== undefined) checkSchema(t.parameters, toolParam(i));
+      });
+      return null;
+    }
+    checkUniqueNames(req.tools);
     return auto(req, req.toolParser);
   }
+  checkUniqueNames(req.tools);
   let tools: readonly ToolSpec[] = req.tools;
   if (choice.kind === "function") {
     const named = req.tools.find((t) => t.name === choice.name);
@@ -91,7 +146,7 @@ export const buildGuide: BuildGuide = (req: GuideRequest): GuideSpec | null => {
     body = `${ws} ${rules.call}${req.parallelToolCalls ? ` (${ws} ${rules.call})*` : ""}`;
   }
   return forced(b, b.define("calls-forced", body), req, CALL_SPECIAL_TOKENS[parser]);
-};
+}
 
 /** A guide whose output is `body` (after any reasoning), then EOG. */
 function forced(b: GbnfBuilder, body: string, req: GuideRequest, callTokens: readonly string[]): GuideSpec {
@@ -128,10 +183,8 @@ function auto(req: GuideRequest, parser: ToolParserName): GuideSpec {
     const tagged = addCallRules(b, "qwen3coder", req.tools, indexOf);
     triggers.push({ text: "<tool_call>", rule: tagged.call, then });
     for (const tool of req.tools) {
-      const i = indexOf(tool);
-      const fn = qwenFunction(b, tool, `t${i}-qf`, toolParam(i));
       // A call opened without <tool_call> may close it or stop; nothing else.
-      const rule = b.define(b.fresh(`t${i}-qf`, "bare"), `${fn} "\\n</tool_call>"?`);
+      const rule = b.define(b.fresh(`t${indexOf(tool)}-qf`, "bare"), `${tagged.functions.get(tool.name)!} "\\n</tool_call>"?`);
       triggers.push({ text: `<function=${tool.name}>`, rule, then });
     }
   } else {

@@ -8,7 +8,7 @@ import fc from "fast-check";
 import { describe, expect, it } from "vitest";
 import { KeelHttpError } from "../errors.js";
 import { GbnfGrammar } from "./gbnf-recognizer.js";
-import { integerRange, schemaToGbnf } from "./json-schema-gbnf.js";
+import { checkSchema, integerRange, schemaToGbnf } from "./json-schema-gbnf.js";
 
 const ajv = new Ajv2020({ strict: false, allErrors: false });
 
@@ -71,14 +71,26 @@ describe("schema grammar ⇔ ajv", () => {
       required: ["name", "age"],
       additionalProperties: false,
     };
-    const fields = {
-      name: fc.string({ unit: tricky, minLength: 1, maxLength: 6 }),
-      age: fc.integer({ min: -5, max: 140 }),
-      tags: fc.array(fc.constantFrom("a", "b", "c", "c", "d"), { maxLength: 4 }),
-      active: fc.oneof(fc.boolean(), fc.boolean(), fc.constant("yes")),
-    };
-    // Mostly with the required keys (so valid values are common), sometimes with any subset.
-    const record = fc.oneof(fc.record(fields, { requiredKeys: ["name", "age"] }), fc.record(fields, { requiredKeys: [] }));
+    // Half from the schema's own domain (valid unless the extra key is added), half from a wider one.
+    const inside = fc.record(
+      {
+        name: fc.string({ unit: tricky, minLength: 1, maxLength: 5 }),
+        age: fc.integer({ min: 0, max: 130 }),
+        tags: fc.array(fc.constantFrom("a", "b", "c"), { maxLength: 3 }),
+        active: fc.boolean(),
+      },
+      { requiredKeys: ["name", "age"] },
+    );
+    const wider = fc.record(
+      {
+        name: fc.string({ unit: tricky, maxLength: 7 }),
+        age: fc.integer({ min: -5, max: 140 }),
+        tags: fc.array(fc.constantFrom("a", "b", "c", "d"), { maxLength: 4 }),
+        active: fc.oneof(fc.boolean(), fc.constant("yes")),
+      },
+      { requiredKeys: [] },
+    );
+    const record = fc.oneof(inside, wider);
     const arb = fc
       .tuple(record, fc.option(fc.constant(1), { freq: 6 }))
       .map(([o, extra]) => (extra === null ? o : { ...o, zzz: extra }));
@@ -147,13 +159,15 @@ describe("schema grammar ⇔ ajv", () => {
         fc.array(fc.bigInt({ min: -3n, max: 3n }), { minLength: 1, maxLength: 6 }),
         (lo, width, exLo, exHi, deltas) => {
           const hi = lo + width;
+          // Half the time the bounds sit half-way between integers (x ≥ 2.5 → x ≥ 3).
+          const half = width % 2n === 0n ? 0.5 : 0;
           const schema = {
             type: "integer",
-            ...(exLo ? { exclusiveMinimum: Number(lo) } : { minimum: Number(lo) }),
-            ...(exHi ? { exclusiveMaximum: Number(hi) } : { maximum: Number(hi) }),
+            ...(exLo ? { exclusiveMinimum: Number(lo) + half } : { minimum: Number(lo) + half }),
+            ...(exHi ? { exclusiveMaximum: Number(hi) - half } : { maximum: Number(hi) - half }),
           };
-          const first = exLo ? lo + 1n : lo;
-          const last = exHi ? hi - 1n : hi;
+          const first = half ? lo + 1n : exLo ? lo + 1n : lo;
+          const last = half ? hi - 1n : exHi ? hi - 1n : hi;
           if (first > last) {
             expect(() => both(schema)).toThrow(/admit no value/);
             return;
@@ -167,6 +181,40 @@ describe("schema grammar ⇔ ajv", () => {
         },
       ),
       { numRuns: 150 },
+    );
+  });
+
+  it("number ranges with random fractional (exclusive) bounds", () => {
+    /** Decimals with up to 3 fraction digits, printed by JSON.stringify without exponent. */
+    const dec = fc.tuple(fc.integer({ min: -2_000_000, max: 2_000_000 }), fc.integer({ min: 0, max: 3 })).map(([n, k]) => n / 10 ** k);
+    fc.assert(
+      fc.property(
+        fc.option(dec),
+        fc.option(dec),
+        fc.boolean(),
+        fc.boolean(),
+        fc.array(dec, { minLength: 4, maxLength: 8 }),
+        fc.array(fc.constantFrom(0, 0.001, -0.001, 0.5, -0.5, 1, -1, 0.0005), { minLength: 2, maxLength: 4 }),
+        (lo, hi, exLo, exHi, probes, deltas) => {
+          const schema: Record<string, unknown> = { type: "number" };
+          if (lo !== null) schema[exLo ? "exclusiveMinimum" : "minimum"] = lo;
+          if (hi !== null) schema[exHi ? "exclusiveMaximum" : "maximum"] = hi;
+          if (lo !== null && hi !== null && (lo > hi || (lo === hi && (exLo || exHi)))) {
+            expect(() => both(schema)).toThrow(/admit no value/);
+            return;
+          }
+          const { g, validate } = both(schema);
+          const near = [lo, hi, 0].filter((x): x is number => x !== null).flatMap((b) => deltas.map((d) => Number((b + d).toFixed(4))));
+          for (const p of [...probes, ...near]) {
+            const text = JSON.stringify(p);
+            expect(g.accepts("root", text), `${JSON.stringify(schema)} ${text}`).toBe(validate(p) === true);
+            // The same value with a trailing fraction zero ("2.50", "7.0") is the same number.
+            const padded = text.includes(".") ? `${text}0` : `${text}.0`;
+            expect(g.accepts("root", padded), `${JSON.stringify(schema)} ${padded}`).toBe(validate(p) === true);
+          }
+        },
+      ),
+      { numRuns: 300 },
     );
   });
 
@@ -227,10 +275,16 @@ describe("schema grammar ⇔ ajv", () => {
   });
 
   it("additionalProperties as a schema: extra keys of that schema after the declared ones", () => {
-    const schema = { type: "object", properties: { a: { type: "integer" } }, additionalProperties: { type: "string" } };
+    const schema = { type: "object", properties: { a: { type: "integer" }, kx: { type: "integer" } }, additionalProperties: { type: "string" } };
+    // Extra keys near the declared names ("kx" itself, its prefix, its extensions) probe the key exclusion.
+    const key = fc.oneof(fc.constantFrom("kx", "k", "kxy", "kX", "a"), fc.string({ maxLength: 3 }).map((k) => `k${k}`));
     const arb = fc
-      .tuple(fc.option(fc.integer()), fc.dictionary(fc.string({ maxLength: 3 }).map((k) => `k${k}`), fc.oneof(str(3), fc.integer()), { maxKeys: 3 }))
-      .map(([a, rest]) => (a === null ? rest : { a, ...rest }));
+      .tuple(fc.option(fc.integer()), fc.dictionary(key, fc.oneof(str(3), fc.integer()), { maxKeys: 3 }))
+      .map(([a, rest]) => {
+        const { a: _a, kx, ...others } = rest as Record<string, unknown>;
+        // Declared keys first, in declaration order (the grammar's order), then the extra ones.
+        return { ...(a === null ? {} : { a }), ...(kx === undefined ? {} : { kx }), ...others };
+      });
     agree(schema, arb);
   });
 
@@ -333,7 +387,7 @@ describe("bad schemas → 400 (recipe M2)", () => {
     }
     refused({ type: "array", uniqueItems: true }, "#", /'uniqueItems'/);
     refused({ type: "object", properties: { a: {} }, minProperties: 1 }, "#", /'minProperties'/);
-    refused({ type: "number", minimum: 0 }, "#", /'minimum'/);
+    refused({ type: "number", minimum: 1.5, exclusiveMaximum: 1.5 }, "#", /admit no value/);
     refused({ type: "string", format: "ipv4" }, "#/format", /not supported/);
     refused({ type: "object", properties: {}, required: ["a"] }, "#", /not declared/);
     refused({ type: "integer", minimum: 5, maximum: 4 }, "#", /admit no value/);
@@ -356,4 +410,37 @@ describe("bad schemas → 400 (recipe M2)", () => {
     expect(g.accepts("root", "12")).toBe(true);
     expect(g.accepts("root", '"12"')).toBe(false);
   });
+});
+
+describe("checkSchema (unguided tools): invalid vs unsupported", () => {
+  it("throws for invalid schemas only", () => {
+    for (const bad of [5, { type: "object", properties: { a: "x" } }, { type: "string", pattern: "(" }, { $ref: "#" }, { $ref: "#/nope" }, { anyOf: [] }]) {
+      expect(() => checkSchema(bad, "tools[0].function.parameters"), JSON.stringify(bad)).toThrow(KeelHttpError);
+    }
+    for (const ok of [{ type: "integer", multipleOf: 3 }, { type: "string", format: "ipv4" }, { type: "string", pattern: "^(?=a)" }, { type: "array", uniqueItems: true }]) {
+      expect(() => checkSchema(ok, "p"), JSON.stringify(ok)).not.toThrow();
+      expect(() => schemaToGbnf(ok, { param: "p" }), JSON.stringify(ok)).toThrow(KeelHttpError);
+    }
+  });
+});
+
+describe("llama.cpp's object readings", () => {
+  it("properties: {} declares none (only {}); no properties keyword means any object", () => {
+    const none = new GbnfGrammar(schemaToGbnf({ type: "object", properties: {} }, { param: "p" }).grammar);
+    expect(none.accepts("root", "{}")).toBe(true);
+    expect(none.accepts("root", '{"x": 1}')).toBe(false);
+    const any = new GbnfGrammar(schemaToGbnf({ type: "object" }, { param: "p" }).grammar);
+    expect(any.accepts("root", '{"x": [1, {"y": null}]}')).toBe(true);
+    const declaredOnly = new GbnfGrammar(schemaToGbnf({ type: "object", properties: { a: { type: "integer" } } }, { param: "p" }).grammar);
+    expect(declaredOnly.accepts("root", '{"a": 1}')).toBe(true);
+    expect(declaredOnly.accepts("root", '{"a": 1, "b": 2}')).toBe(false);
+  });
+});
+
+it("enum/const next to another constraint is refused rather than half-applied", () => {
+  refused({ enum: ["a", "bb"], minLength: 2 }, "#", /'enum' together with 'minLength'/);
+  refused({ const: "a", anyOf: [{ type: "string" }] }, "#", /'const' together with 'anyOf'/);
+  const g = new GbnfGrammar(schemaToGbnf({ type: "string", enum: ["a", "b"], title: "t", description: "d" }, { param: "p" }).grammar);
+  expect(g.accepts("root", '"a"')).toBe(true);
+  expect(g.accepts("root", '"c"')).toBe(false);
 });

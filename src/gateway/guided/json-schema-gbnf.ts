@@ -14,7 +14,8 @@
  *   object/array in between is refused (it would be left recursion).
  * - enum/const → the JSON literals (compact `JSON.stringify` form); type arrays → alternatives per type.
  * - integer: at most 16 digits, no exponent; minimum/maximum (and exclusive forms) as digit-range rules.
- * - number: JSON number (at most 16 integral digits); bounds are refused (not expressible exactly here).
+ * - number: JSON number (at most 16 integral digits); with bounds (fractional too), written without exponent and
+ *   compared decimally (number-range.ts).
  * - string: minLength/maxLength (code points; a `\uXXXX` escape counts as one), `format` (date, time, date-time,
  *   uuid, email, uri; others refused), `pattern` (subset, see pattern-gbnf.ts; not combined with lengths/format).
  * - arrays: items/prefixItems (and draft-7 tuple `items` + additionalItems), minItems/maxItems.
@@ -22,12 +23,15 @@
  *   constrain, per JSON Schema); constraining keywords we cannot honour → 400 naming the keyword.
  *
  * Inexact (the grammar accepts a subset of what a validator accepts, never more, except where noted): property
- * order is fixed; JSON written with non-canonical escapes (`\u0061`) inside patterns/formats/enums; numbers with
+ * order is fixed; `additionalProperties` absent next to `properties` means no extra keys (llama.cpp's reading;
+ * a validator allows them); JSON written with non-canonical escapes (`\u0061`) inside patterns/formats/enums; numbers with
  * more than 16 integral digits; `date` accepts day 31 in any month (more than a validator); extra keys of an
- * `additionalProperties` schema may repeat declared names (more); oneOf may match several branches (more).
+ * `additionalProperties` schema never repeat a declared name, except when a declared name needs JSON escapes
+ * (then any key: more); oneOf may match several branches (more).
  */
 import { invalidValue, type KeelHttpError } from "../errors.js";
-import { literal } from "./gbnf-text.js";
+import { charSet, jsonCharOf, literal, negate } from "./gbnf-text.js";
+import { type Bound, numberRange } from "./number-range.js";
 import { MAX_REPEAT, PatternError, patternToGbnf, type CharMode, RAW_ANY } from "./pattern-gbnf.js";
 
 /** Deepest schema nesting we convert. */
@@ -170,10 +174,10 @@ export class GbnfBuilder {
     for (const m of body.matchAll(/\{(\d+)(?:,(\d*))?\}/g)) expanded += 8 * Math.max(Number(m[1]), Number(m[2] || 0));
     this.size += name.length + body.length + 6 + expanded;
     if (this.size > MAX_GBNF_CHARS) {
-      throw invalidValue(
+      throw markUnsupported(invalidValue(
         this.lastParam,
         `The grammar for '${this.lastParam ?? "the request"}' at '#' exceeds ${MAX_GBNF_CHARS} characters (repetitions counted expanded); simplify the schema or send fewer tools.`,
-      );
+      ));
     }
     return name;
   }
@@ -213,23 +217,29 @@ export class GbnfBuilder {
 
   // ---------------------------------------------------------------- visitor
 
-  private fail(job: SchemaJob, ptr: string, message: string): KeelHttpError {
-    return invalidValue(job.param, `Invalid schema for '${job.param}' at '${ptr}': ${message}`);
+  /**
+   * The 400 for a schema problem at `ptr`. `unsupported`: a valid JSON schema the grammar cannot honour (refused
+   * only when guiding), as opposed to an invalid one (refused always; see {@link checkSchema}).
+   */
+  private fail(job: SchemaJob, ptr: string, message: string, unsupported = false): KeelHttpError {
+    const err = invalidValue(job.param, `Invalid schema for '${job.param}' at '${ptr}': ${message}`);
+    if (unsupported) UNSUPPORTED.add(err);
+    return err;
   }
 
   /** GBNF expression for one value of `schema` at `ctx`. */
   private visit(job: SchemaJob, schema: unknown, ctx: Ctx, mode: CharMode): string {
-    if (ctx.depth > MAX_SCHEMA_DEPTH) throw this.fail(job, ctx.ptr, `nested deeper than ${MAX_SCHEMA_DEPTH} levels.`);
+    if (ctx.depth > MAX_SCHEMA_DEPTH) throw this.fail(job, ctx.ptr, `nested deeper than ${MAX_SCHEMA_DEPTH} levels.`, true);
     if (schema === true) return mode === "raw" ? this.primitive("raw-text") : this.primitive("json-value");
-    if (schema === false) throw this.fail(job, ctx.ptr, "the schema `false` accepts no value.");
+    if (schema === false) throw this.fail(job, ctx.ptr, "the schema `false` accepts no value.", true);
     if (typeof schema !== "object" || schema === null || Array.isArray(schema)) {
       throw this.fail(job, ctx.ptr, "a schema must be an object or a boolean.");
     }
     const s = schema as JsonSchema;
     for (const k of REFUSED_KEYWORDS) {
-      if (k in s) throw this.fail(job, ctx.ptr, `the keyword '${k}' is not supported in guided generation.`);
+      if (k in s) throw this.fail(job, ctx.ptr, `the keyword '${k}' is not supported in guided generation.`, true);
     }
-    if (s.uniqueItems === true) throw this.fail(job, ctx.ptr, "the keyword 'uniqueItems' is not supported in guided generation.");
+    if (s.uniqueItems === true) throw this.fail(job, ctx.ptr, "the keyword 'uniqueItems' is not supported in guided generation.", true);
     const child = (seg: string): Ctx => ({ ptr: `${ctx.ptr}/${seg}`, depth: ctx.depth + 1, unguarded: ctx.unguarded });
 
     // 1. $ref (siblings other than annotations are refused: we would have to merge them).
@@ -273,10 +283,7 @@ export class GbnfBuilder {
       case "integer":
         return this.visitInteger(job, s, ctx);
       case "number":
-        for (const k of ["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"]) {
-          if (k in s) throw this.fail(job, ctx.ptr, `'${k}' on a 'number' is not supported in guided generation (use 'integer', or drop the bound).`);
-        }
-        return this.primitive("json-number");
+        return this.visitNumber(job, s, ctx);
       case "boolean":
         // The qwen3coder template renders Python booleans; its parsers normalise them.
         return mode === "raw" ? '("true" | "false" | "True" | "False")' : this.primitive("json-bool");
@@ -293,7 +300,7 @@ export class GbnfBuilder {
       throw this.fail(job, ctx.ptr, `'$ref' must be a local reference starting with '#' (got ${JSON.stringify(ref)}).`);
     }
     const extra = Object.keys(s).filter((k) => k !== "$ref" && !ANNOTATIONS.has(k) && k !== "$defs" && k !== "definitions");
-    if (extra.length > 0) throw this.fail(job, ctx.ptr, `'$ref' next to '${extra[0]}' is not supported.`);
+    if (extra.length > 0) throw this.fail(job, ctx.ptr, `'$ref' next to '${extra[0]}' is not supported.`, true);
     if (ctx.unguarded.has(ref)) {
       throw this.fail(job, ctx.ptr, `'$ref' ${JSON.stringify(ref)} refers back to itself without an object or array in between (infinite recursion).`);
     }
@@ -312,11 +319,16 @@ export class GbnfBuilder {
   }
 
   private visitEnum(job: SchemaJob, s: JsonSchema, ctx: Ctx, mode: CharMode): string {
+    // The literals are the whole language: any other constraint next to them would be ignored, so refuse it.
+    const other = Object.keys(s).find((k) => !ANNOTATIONS.has(k) && !["enum", "const", "type", "$defs", "definitions"].includes(k));
+    if (other !== undefined || ("enum" in s && "const" in s)) {
+      throw this.fail(job, ctx.ptr, `'${"const" in s ? "const" : "enum"}' together with '${other ?? "enum"}' is not supported.`, true);
+    }
     const values = "const" in s ? [s.const] : s.enum;
     if (!Array.isArray(values) || values.length === 0) throw this.fail(job, ctx.ptr, "'enum' must be a non-empty array.");
     const types = s.type === undefined ? null : Array.isArray(s.type) ? s.type : [s.type];
     const kept = values.filter((v) => types === null || types.some((t) => jsonTypeMatches(v, t)));
-    if (kept.length === 0) throw this.fail(job, ctx.ptr, "no 'enum'/'const' value has the schema's 'type'.");
+    if (kept.length === 0) throw this.fail(job, ctx.ptr, "no 'enum'/'const' value has the schema's 'type'.", true);
     // A qwen3coder parameter writes strings raw (unquoted); other values stay JSON.
     const lits = [...new Set(kept.map((v) => literal(mode === "raw" && typeof v === "string" ? v : JSON.stringify(v))))];
     return `(${lits.join(" | ")})`;
@@ -337,11 +349,11 @@ export class GbnfBuilder {
       for (const [k, v] of Object.entries(p)) {
         if (ANNOTATIONS.has(k)) continue;
         if (k === "type") {
-          if (v !== "object") throw this.fail(job, where, "'allOf' is supported only over object schemas.");
+          if (v !== "object") throw this.fail(job, where, "'allOf' is supported only over object schemas.", true);
         } else if (k === "properties") {
           for (const [name, sub] of Object.entries(v as JsonSchema)) {
             if (name in props && JSON.stringify(props[name]) !== JSON.stringify(sub)) {
-              throw this.fail(job, where, `'allOf' declares property '${name}' twice with different schemas.`);
+              throw this.fail(job, where, `'allOf' declares property '${name}' twice with different schemas.`, true);
             }
             props[name] = sub;
           }
@@ -352,7 +364,7 @@ export class GbnfBuilder {
           if (v !== false && merged.additionalProperties === undefined) merged.additionalProperties = v;
           if (v === false) merged.additionalProperties = false;
         } else if (k !== "$defs" && k !== "definitions") {
-          throw this.fail(job, where, `'allOf' is supported only over object schemas (found '${k}').`);
+          throw this.fail(job, where, `'allOf' is supported only over object schemas (found '${k}').`, true);
         }
       }
     }
@@ -379,17 +391,17 @@ export class GbnfBuilder {
     if (!Array.isArray(required) || required.some((r) => typeof r !== "string")) throw this.fail(job, ctx.ptr, "'required' must be an array of strings.");
     const names = Object.keys(props);
     for (const r of required as string[]) {
-      if (!names.includes(r)) throw this.fail(job, ctx.ptr, `required property '${r}' is not declared in 'properties'.`);
+      if (!names.includes(r)) throw this.fail(job, ctx.ptr, `required property '${r}' is not declared in 'properties'.`, true);
     }
     const addl = s.additionalProperties;
     if ("minProperties" in s && (typeof s.minProperties !== "number" || s.minProperties > required.length)) {
-      throw this.fail(job, ctx.ptr, "'minProperties' above the number of required properties is not supported.");
+      throw this.fail(job, ctx.ptr, "'minProperties' above the number of required properties is not supported.", true);
     }
     if ("maxProperties" in s && (typeof s.maxProperties !== "number" || s.maxProperties < names.length || (addl !== undefined && addl !== false))) {
-      throw this.fail(job, ctx.ptr, "'maxProperties' below the number of declared properties is not supported.");
+      throw this.fail(job, ctx.ptr, "'maxProperties' below the number of declared properties is not supported.", true);
     }
-    // Any object: no declared properties and extra keys not restricted.
-    if (names.length === 0 && (addl === undefined || addl === true)) return this.primitive("json-object");
+    // Any object: no `properties` keyword and extra keys not restricted. (`properties: {}` declares none: `{}`.)
+    if (!("properties" in s) && (addl === undefined || addl === true)) return this.primitive("json-object");
     const guarded: Ctx = { ...ctx, unguarded: new Set() };
     const kv = names.map((name) => {
       const value = this.visit(job, (props as JsonSchema)[name], { ...guarded, ptr: `${ctx.ptr}/properties/${escapePointer(name)}`, depth: ctx.depth + 1 }, "json");
@@ -398,7 +410,7 @@ export class GbnfBuilder {
     let extra: string | null = null;
     if (addl !== undefined && addl !== false) {
       const value = addl === true ? this.primitive("json-value") : this.visit(job, addl, { ...guarded, ptr: `${ctx.ptr}/additionalProperties`, depth: ctx.depth + 1 }, "json");
-      extra = this.define(this.fresh(job.prefix, "extra-kv"), `${this.primitive("json-string")} ${sp} ":" ${sp} ${value} ${sp}`);
+      extra = this.define(this.fresh(job.prefix, "extra-kv"), `${this.otherKey(job, names)} ${sp} ":" ${sp} ${value} ${sp}`);
     }
     const req = new Set(required as string[]);
     // seq(i, first): the members from declaration index i on, `first` = nothing written yet (no comma before).
@@ -423,6 +435,38 @@ export class GbnfBuilder {
     return `"{" ${sp} ${seq(0, true)} "}"`;
   }
 
+  /**
+   * A JSON string that is none of `names` (extra keys must not repeat a declared property): a trie over the names,
+   * where each node may end the key (unless a name ends there), continue along a name, or leave all names behind.
+   * Names that JSON escapes (quote, backslash, controls) fall back to any key (documented inexactness).
+   */
+  private otherKey(job: SchemaJob, names: readonly string[]): string {
+    const str = this.primitive("json-string");
+    if (names.length === 0 || names.some((n) => /["\\\u0000-\u001f]/.test(n))) return str;
+    const char = this.primitive("json-char");
+    type Node = { children: Map<number, Node>; terminal: boolean };
+    const root: Node = { children: new Map(), terminal: false };
+    for (const n of names) {
+      let cur = root;
+      for (const ch of n) {
+        const cp = ch.codePointAt(0)!;
+        let next = cur.children.get(cp);
+        if (!next) cur.children.set(cp, (next = { children: new Map(), terminal: false }));
+        cur = next;
+      }
+      cur.terminal = true;
+    }
+    const emit = (node: Node): string => {
+      const alts: string[] = [];
+      if (!node.terminal) alts.push('"\\""');
+      for (const [cp, child] of node.children) alts.push(`${literal(String.fromCodePoint(cp))} ${emit(child)}`);
+      const leave = jsonCharOf(negate(charSet([...node.children.keys()].map((cp) => [cp, cp] as const))));
+      if (leave !== null) alts.push(`${leave} ${char}* "\\""`);
+      return this.define(this.fresh(job.prefix, "key"), alts.join(" | "));
+    };
+    return `"\\"" ${emit(root)}`;
+  }
+
   private visitArray(job: SchemaJob, s: JsonSchema, ctx: Ctx): string {
     const sp = this.primitive("space");
     const guarded: Ctx = { ...ctx, unguarded: new Set() };
@@ -439,11 +483,11 @@ export class GbnfBuilder {
     const min = num(s.minItems, 0);
     const max = s.maxItems === undefined ? null : num(s.maxItems, 0);
     if (max !== null && max < min) throw this.fail(job, ctx.ptr, "'maxItems' is below 'minItems'.");
-    if (min > MAX_REPEAT || (max !== null && max > MAX_REPEAT)) throw this.fail(job, ctx.ptr, `item counts above ${MAX_REPEAT} are not supported.`);
+    if (min > MAX_REPEAT || (max !== null && max > MAX_REPEAT)) throw this.fail(job, ctx.ptr, `item counts above ${MAX_REPEAT} are not supported.`, true);
     const k = max === null ? prefix.length : Math.min(prefix.length, max);
     const prefixRules = prefix.slice(0, k).map((p, i) => sub(p, `${Array.isArray(s.prefixItems) ? "prefixItems" : "items"}/${i}`));
     const restRule = rest === false ? null : sub(rest, Array.isArray(s.prefixItems) || !Array.isArray(s.items) ? "items" : "additionalItems");
-    if (restRule === null && min > k) throw this.fail(job, ctx.ptr, "'minItems' exceeds the number of allowed items.");
+    if (restRule === null && min > k) throw this.fail(job, ctx.ptr, "'minItems' exceeds the number of allowed items.", true);
     const item = (rule: string) => `${rule} ${sp}`;
     const sep = `"," ${sp} `;
     // Tail after the prefix: rest items, count in [lo, hi].
@@ -472,8 +516,8 @@ export class GbnfBuilder {
     const anyChar = mode === "json" ? this.primitive("json-char") : RAW_ANY;
     const hasLen = "minLength" in s || "maxLength" in s;
     if ("pattern" in s || "format" in s) {
-      if (hasLen) throw this.fail(job, ctx.ptr, "'minLength'/'maxLength' together with 'pattern' or 'format' is not supported.");
-      if ("pattern" in s && "format" in s) throw this.fail(job, ctx.ptr, "'pattern' together with 'format' is not supported.");
+      if (hasLen) throw this.fail(job, ctx.ptr, "'minLength'/'maxLength' together with 'pattern' or 'format' is not supported.", true);
+      if ("pattern" in s && "format" in s) throw this.fail(job, ctx.ptr, "'pattern' together with 'format' is not supported.", true);
     }
     if ("pattern" in s) {
       if (typeof s.pattern !== "string") throw this.fail(job, `${ctx.ptr}/pattern`, "'pattern' must be a string.");
@@ -481,14 +525,14 @@ export class GbnfBuilder {
         const body = this.define(this.fresh(job.prefix, "pattern"), patternToGbnf(s.pattern, mode, anyChar));
         return quote(body);
       } catch (e) {
-        if (e instanceof PatternError) throw this.fail(job, `${ctx.ptr}/pattern`, `${e.message}.`);
+        if (e instanceof PatternError) throw this.fail(job, `${ctx.ptr}/pattern`, `${e.message}.`, !e.invalidRegex);
         throw e;
       }
     }
     if ("format" in s) {
       const f = FORMATS[String(s.format)];
       if (f === undefined) {
-        throw this.fail(job, `${ctx.ptr}/format`, `the format ${JSON.stringify(s.format)} is not supported (supported: ${Object.keys(FORMATS).join(", ")}).`);
+        throw this.fail(job, `${ctx.ptr}/format`, `the format ${JSON.stringify(s.format)} is not supported (supported: ${Object.keys(FORMATS).join(", ")}).`, true);
       }
       const name = `fmt-${String(s.format)}`;
       this.define(name, f);
@@ -498,11 +542,38 @@ export class GbnfBuilder {
       const min = num(s.minLength, 0);
       const max = s.maxLength === undefined ? null : num(s.maxLength, 0);
       if (max !== null && max < min) throw this.fail(job, ctx.ptr, "'maxLength' is below 'minLength'.");
-      if (min > MAX_REPEAT || (max !== null && max > MAX_REPEAT)) throw this.fail(job, ctx.ptr, `string lengths above ${MAX_REPEAT} are not supported.`);
+      if (min > MAX_REPEAT || (max !== null && max > MAX_REPEAT)) throw this.fail(job, ctx.ptr, `string lengths above ${MAX_REPEAT} are not supported.`, true);
       const c = mode === "json" ? anyChar : `(${anyChar})`;
       return quote(max === null ? `${c}{${min},}` : `${c}{${min},${max}}`);
     }
     return mode === "json" ? this.primitive("json-string") : this.primitive("raw-text");
+  }
+
+  /** A number; with bounds, spelled without exponent (see number-range.ts). */
+  private visitNumber(job: SchemaJob, s: JsonSchema, ctx: Ctx): string {
+    const bound = (k: string): number | null => {
+      const v = s[k];
+      if (v === undefined || typeof v === "boolean") return null;
+      if (typeof v !== "number" || !Number.isFinite(v)) throw this.fail(job, `${ctx.ptr}/${k}`, `'${k}' must be a number.`);
+      return v;
+    };
+    // The tighter of `minimum` (exclusive under draft-4's boolean form) and numeric `exclusiveMinimum`; same above.
+    const tighter = (incl: number | null, inclIsExclusive: boolean, excl: number | null, lower: boolean): Bound | null => {
+      const a: Bound | null = incl === null ? null : { value: incl, exclusive: inclIsExclusive };
+      const b: Bound | null = excl === null ? null : { value: excl, exclusive: true };
+      if (a === null || b === null) return a ?? b;
+      if (a.value === b.value) return b;
+      return (lower ? a.value > b.value : a.value < b.value) ? a : b;
+    };
+    const lo = tighter(bound("minimum"), s.exclusiveMinimum === true, bound("exclusiveMinimum"), true);
+    const hi = tighter(bound("maximum"), s.exclusiveMaximum === true, bound("exclusiveMaximum"), false);
+    if (lo === null && hi === null) return this.primitive("json-number");
+    if (lo !== null && hi !== null && (lo.value > hi.value || (lo.value === hi.value && (lo.exclusive || hi.exclusive)))) {
+      throw this.fail(job, ctx.ptr, "the number bounds admit no value.", true);
+    }
+    const expr = numberRange(lo, hi, uintRange);
+    if (expr === null) throw this.fail(job, ctx.ptr, "the number bounds admit no value (within 16 integral digits).", true);
+    return this.define(this.fresh(job.prefix, "number"), expr);
   }
 
   private visitInteger(job: SchemaJob, s: JsonSchema, ctx: Ctx): string {
@@ -540,9 +611,36 @@ export class GbnfBuilder {
       const v = clamp(BigInt(Math.ceil(exMax)) - 1n);
       if (v < hi) hi = v;
     }
-    if (lo > hi) throw this.fail(job, ctx.ptr, "the integer bounds admit no value (within 16 digits).");
+    if (lo > hi) throw this.fail(job, ctx.ptr, "the integer bounds admit no value (within 16 digits).", true);
     if (lo === -limit && hi === limit) return this.primitive("json-int");
     return `(${integerRange(lo, hi)})`;
+  }
+}
+
+/** Errors for valid schemas the grammar cannot honour (vs invalid schemas). */
+const UNSUPPORTED = new WeakSet<KeelHttpError>();
+
+/** Marks a schema 400 as "valid schema, not guidable" (see {@link isUnsupportedSchema}). */
+export function markUnsupported(err: KeelHttpError): KeelHttpError {
+  UNSUPPORTED.add(err);
+  return err;
+}
+
+/** Whether a schema 400 is about a valid schema that guided generation cannot honour (not an invalid schema). */
+export function isUnsupportedSchema(err: unknown): boolean {
+  return typeof err === "object" && err !== null && UNSUPPORTED.has(err as KeelHttpError);
+}
+
+/**
+ * Checks a schema that will NOT be guided (e.g. tools under unguided `auto`): throws the 400 for an invalid schema
+ * (not a schema, bad keyword values, an invalid regex, an unresolvable or structure-free recursive `$ref`), and
+ * accepts valid schemas that merely use keywords a grammar cannot honour.
+ */
+export function checkSchema(schema: unknown, param: string): void {
+  try {
+    new GbnfBuilder().addSchema(schema, "check", param);
+  } catch (e) {
+    if (!isUnsupportedSchema(e)) throw e;
   }
 }
 
@@ -574,7 +672,7 @@ function escapePointer(seg: string): string {
 }
 
 /** Resolves `#`, `#/a/b` (with ~0/~1 and %-escapes) inside `root`; undefined when absent. */
-function resolvePointer(root: unknown, ref: string): unknown {
+export function resolvePointer(root: unknown, ref: string): unknown {
   if (ref === "#") return root;
   if (!ref.startsWith("#/")) return undefined;
   let cur: unknown = root;
@@ -639,7 +737,7 @@ export function integerRange(lo: bigint, hi: bigint): string {
 }
 
 /** Alternatives for non-negative integers in [a, b], split by digit count. */
-function uintRange(a: bigint, b: bigint): string[] {
+export function uintRange(a: bigint, b: bigint): string[] {
   const out: string[] = [];
   const la = a.toString().length;
   const lb = b.toString().length;

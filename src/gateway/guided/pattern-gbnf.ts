@@ -22,7 +22,14 @@ type Node =
   | { kind: "repeat"; item: Node; min: number; max: number | null };
 
 /** Thrown for a pattern we refuse; the schema converter turns it into a 400 naming the schema location. */
-export class PatternError extends Error {}
+export class PatternError extends Error {
+  /** True when the pattern is not a valid ECMA-262 regex at all (vs a valid one we cannot express). */
+  readonly invalidRegex: boolean;
+  constructor(message: string, invalidRegex = false) {
+    super(message);
+    this.invalidRegex = invalidRegex;
+  }
+}
 
 const DIGIT: CharSet = charSet([[0x30, 0x39]]);
 const WORD: CharSet = charSet([
@@ -342,7 +349,7 @@ export function patternToGbnf(pattern: string, mode: CharMode, anyChar: string):
   try {
     new RegExp(pattern, "u");
   } catch (e) {
-    throw new PatternError(`invalid regular expression: ${(e as Error).message}`);
+    throw new PatternError(`invalid regular expression: ${(e as Error).message}`, true);
   }
   const { node, start, end } = new RegexParser(pattern).parseTop();
   const body = emit(node, mode);
