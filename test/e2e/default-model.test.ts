@@ -84,6 +84,32 @@ describe("keel serve --model_path keel-tiny", () => {
   }, 60_000);
 });
 
+describe("keel serve --model_path keel-tiny-qwen3 / keel-tiny-qwen3coder", () => {
+  for (const name of ["keel-tiny-qwen3", "keel-tiny-qwen3coder"]) {
+    it(`${name}: served under its name; its agent tags are single tokens through /tokenize; chats complete`, async () => {
+      const server = await startServer(["--model_path", name, "--max_num_seqs", "1"]);
+      try {
+        expect(events(server.logs, "model")).toEqual([expect.objectContaining({ name, kind: "tiny" })]);
+        const tokenize = async (text: string): Promise<number[]> => {
+          const res = await fetch(`${server.baseUrl}/v3/tokenize`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ model: name, text, add_special_tokens: false }) });
+          expect(res.status).toBe(200);
+          return ((await res.json()) as { tokens: number[] }).tokens;
+        };
+        const tags = ["<think>", "</think>", "<tool_call>", "</tool_call>"];
+        const ids = await Promise.all(tags.map(tokenize));
+        for (const t of ids) expect(t).toHaveLength(1);
+        expect(new Set(ids.map((t) => t[0])).size).toBe(tags.length);
+        expect(await tokenize(`${tags[2]}{"name": "f"}${tags[3]}`)).toEqual([...ids[2]!, ...(await tokenize('{"name": "f"}')), ...ids[3]!]);
+        const r = await chat(server.baseUrl, { model: name, messages: [{ role: "user", content: "hi" }], max_tokens: 4, temperature: 0, chat_template_kwargs: { enable_thinking: false } });
+        expect(r.status).toBe(200);
+        expect(r.finishReason).toBe("length");
+      } finally {
+        await server.stop();
+      }
+    }, 60_000);
+  }
+});
+
 describe("keel fetch", () => {
   const keel = (args: string[], env: Record<string, string> = {}) =>
     spawnSync(process.execPath, [path.join(ROOT, "bin", "keel.mjs"), ...args], { cwd: ROOT, encoding: "utf8", timeout: 60_000, env: { ...process.env, ...env } });
@@ -100,8 +126,28 @@ describe("keel fetch", () => {
     fs.rmSync(tmp, { recursive: true, force: true });
     expect(hit.status).toBe(0);
     expect(hit.stdout.trim()).toBe(file);
+    const usage = keel(["fetch"]);
+    expect(usage.status).toBe(2);
+    expect(usage.stderr).toContain("name a model");
     const unknown = keel(["fetch", "no-such-model"]);
     expect(unknown.status).toBe(2);
     expect(unknown.stderr).toContain('unknown model "no-such-model"');
+  });
+});
+
+describe("realModelPath (test support)", () => {
+  it("throws with how to get the model when it is not cached", () => {
+    const prev = process.env["KEEL_CACHE_DIR"];
+    const empty = fs.mkdtempSync(path.join(os.tmpdir(), "keel-no-models-"));
+    process.env["KEEL_CACHE_DIR"] = empty;
+    try {
+      expect(() => realModelPath("qwen2.5-coder-0.5b-instruct")).toThrow(/is not in the cache .* is missing\); run `node scripts\/prepare\.mjs`.*keel\.mjs fetch qwen2\.5-coder-0\.5b-instruct/);
+      expect(() => realModelPath("nope")).toThrow(/unknown model "nope"/);
+    } finally {
+      if (prev === undefined) delete process.env["KEEL_CACHE_DIR"];
+      else process.env["KEEL_CACHE_DIR"] = prev;
+      fs.rmSync(empty, { recursive: true, force: true });
+    }
+    expect(realModelPath("qwen2.5-coder-0.5b-instruct")).toMatch(/qwen2\.5-coder-0\.5b-instruct-1d9614638d18\.gguf$/);
   });
 });
