@@ -135,3 +135,16 @@ it("every agent tag the templates use is one of AGENT_TAGS", () => {
     const out = render(QWEN3_STYLE_TEMPLATE, {messages: agentTurn, tools}) + render(QWEN3CODER_STYLE_TEMPLATE, {messages: agentTurn, tools});
     for (const tag of AGENT_TAGS) expect(out).toContain(tag);
 });
+
+describe("through the gateway's ChatTemplate as it is today (role + content, chat_template_kwargs)", () => {
+    it("renders plain conversations with both templates, and enable_thinking reaches the Qwen3 one as a kwarg", async () => {
+        const {ChatTemplate} = await import("../gateway/chat-template.js");
+        const messages = [{role: "system", content: "S"}, {role: "user", content: "U"}, {role: "assistant", content: "A"}, {role: "user", content: "V"}];
+        for (const source of [QWEN3_STYLE_TEMPLATE, QWEN3CODER_STYLE_TEMPLATE]) {
+            const t = new ChatTemplate(source, {bosToken: "<|endoftext|>", eosToken: "<|im_end|>"});
+            expect(t.render(messages)).toBe(render(source, {messages, add_generation_prompt: true}));
+        }
+        const qwen3 = new ChatTemplate(QWEN3_STYLE_TEMPLATE, {bosToken: "<|endoftext|>", eosToken: "<|im_end|>"});
+        expect(qwen3.render(messages, {kwargs: {enable_thinking: false}})).toBe(`${qwen3.render(messages)}<think>\n\n</think>\n\n`);
+    });
+});

@@ -55,7 +55,7 @@ export function describeDefaultModel(): DefaultModelDescription {
         name: DEFAULT_MODEL_NAME,
         randomWeights: true,
         description: `random-weight demo model (${o.layers} layers, hidden ${o.hidden}, output is gibberish; ` +
-            `pass --model <file.gguf> for a real model)`,
+            `pass --model_path <file.gguf or model name> for a real model)`,
         options: o,
         generatorVersion: TINY_MODEL_GENERATOR_VERSION
     };
