@@ -236,6 +236,10 @@ describe("grammar support (node-llama-cpp 3.21.1 AddonGrammar / AddonSampler sta
   it("compiled grammars are cached by text; a prefix literal makes a root variant; a bad grammar throws", () => {
     const a = adapter.compileGrammar('root ::= "yes" | "no"', "root");
     expect(adapter.compileGrammar('root ::= "yes" | "no"', "root")).toBe(a);
+    // Least recently used first out: 40 other grammars later it is compiled again (a new handle); the old handle works.
+    for (let i = 0; i < 40; i++) adapter.compileGrammar(`root ::= "x${i}"`, "root");
+    expect(adapter.compileGrammar('root ::= "yes" | "no"', "root")).not.toBe(a);
+    expect(adapter.grammarCanBeNext(adapter.createGrammarState(a), ids("y")[0]!)).toBe(true);
     const s = adapter.createGrammarState(adapter.compileGrammar('root ::= "yes" | "no"', "root", 'a "q"\\'));
     for (const t of ids('a "q"\\no')) adapter.grammarAccept(s, t);
     expect(adapter.grammarIsComplete(s)).toBe(true);
