@@ -71,8 +71,8 @@ export type GuideMachinePhase =
     }
   | {
       kind: "off";
-      /** Why the guide was dropped (null when it never constrains again by design: not a drop). */
-      reason: string | null;
+      /** Why the guide was dropped. */
+      reason: string;
     };
 
 /** Outcome of one step's decision before sampling (see {@link GuideState.prepare}). */
@@ -233,7 +233,7 @@ export class GuideState {
    * happened: drop the guide for the rest of the request.
    */
   drop(reason: string): void {
-    if (this.current.kind === "off" && this.current.reason !== null) return;
+    if (this.current.kind === "off") return; // reported once: the first reason stands
     this.current = { kind: "off", reason };
     if (!this.replaying) this.unreported = reason;
   }
