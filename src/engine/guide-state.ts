@@ -71,8 +71,8 @@ export type GuideMachinePhase =
     }
   | {
       kind: "off";
-      /** Why the guide was dropped (null when it never constrains again by design: not a drop). */
-      reason: string | null;
+      /** Why the guide was dropped. */
+      reason: string;
     };
 
 /** Outcome of one step's decision before sampling (see {@link GuideState.prepare}). */
@@ -165,14 +165,16 @@ export class GuideState {
 
   /**
    * Before sampling: what the sampler gets. `canContinue` is asked only when the rule is complete (it needs the
-   * step's logits: the adapter's probe); when it says no, the phase ends (`then: "free"` → free, unconstrained this
+   * step's logits: the adapter's probe; the loop answers true without probing where staying is harmless — `then:
+   * "end"` with end-of-generation not banned, where the sampler itself picks EOG or a continuation); when it says no,
+   * the phase ends (`then: "free"` → free, unconstrained this
    * very sample; `then: "end"` → only EOG may follow).
    */
-  async prepare(canContinue: (state: GrammarState) => Promise<boolean>): Promise<GuideSampling> {
+  async prepare(canContinue: (state: GrammarState, then: "free" | "end") => Promise<boolean>): Promise<GuideSampling> {
     const grammar = this.activeGrammar();
     const p = this.current;
     if (p.kind !== "rule" || grammar === null) return { grammar: null, bans: NO_BANS, ending: false };
-    if (!p.ending && this.grammar.grammarIsComplete(grammar) && !(await canContinue(grammar))) {
+    if (!p.ending && this.grammar.grammarIsComplete(grammar) && !(await canContinue(grammar, p.then))) {
       if (p.then === "free") {
         this.ruleCompleted();
         return { grammar: null, bans: NO_BANS, ending: false };
@@ -231,7 +233,7 @@ export class GuideState {
    * happened: drop the guide for the rest of the request.
    */
   drop(reason: string): void {
-    if (this.current.kind === "off" && this.current.reason !== null) return;
+    if (this.current.kind === "off") return; // reported once: the first reason stands
     this.current = { kind: "off", reason };
     if (!this.replaying) this.unreported = reason;
   }

@@ -236,6 +236,10 @@ describe("grammar support (node-llama-cpp 3.21.1 AddonGrammar / AddonSampler sta
   it("compiled grammars are cached by text; a prefix literal makes a root variant; a bad grammar throws", () => {
     const a = adapter.compileGrammar('root ::= "yes" | "no"', "root");
     expect(adapter.compileGrammar('root ::= "yes" | "no"', "root")).toBe(a);
+    // Least recently used first out: 40 other grammars later it is compiled again (a new handle); the old handle works.
+    for (let i = 0; i < 40; i++) adapter.compileGrammar(`root ::= "x${i}"`, "root");
+    expect(adapter.compileGrammar('root ::= "yes" | "no"', "root")).not.toBe(a);
+    expect(adapter.grammarCanBeNext(adapter.createGrammarState(a), ids("y")[0]!)).toBe(true);
     const s = adapter.createGrammarState(adapter.compileGrammar('root ::= "yes" | "no"', "root", 'a "q"\\'));
     for (const t of ids('a "q"\\no')) adapter.grammarAccept(s, t);
     expect(adapter.grammarIsComplete(s)).toBe(true);
@@ -283,6 +287,23 @@ describe("grammar support (node-llama-cpp 3.21.1 AddonGrammar / AddonSampler sta
       expect(["yes", "no"]).toContain(textOf(out.slice(0, -1)));
       sampler.dispose();
     }
+  });
+
+  it("hazard (c): with every token masked, llama.cpp returns a token outside the grammar without any error", async () => {
+    // Raw native calls (what the adapter wraps): a grammar that allows only "y…"/"n…" and a bias banning both.
+    const native = (adapter as unknown as { native: { ctx: { sampleToken(i: number, s: unknown): Promise<number> }; model: unknown; SamplerClass: new (m: unknown) => { applyConfig(c: object): void; dispose(): void }; grammar: { Grammar: new (t: string, o: object) => object; State: new (m: unknown, g: object) => object } } }).native;
+    const llamaBindings = (adapter as unknown as { llama: { _bindings: unknown } }).llama._bindings;
+    const picks: number[] = [];
+    for (const temperature of [0, 0.8]) {
+      const { idx } = await prefill();
+      const state = new native.grammar.State(native.model, new native.grammar.Grammar('root ::= "yes" | "no"', { addonExports: llamaBindings, rootRuleName: "root" }));
+      const raw = new native.SamplerClass(native.model);
+      raw.applyConfig({ temperature, seed: 1, grammarEvaluationState: state, tokenBiasKeys: Uint32Array.from(ids("yn")), tokenBiasValues: Float32Array.of(-Infinity, -Infinity) });
+      picks.push(await native.ctx.sampleToken(idx, raw)); // resolves: no exception reaches the caller
+      raw.dispose();
+    }
+    // Neither pick is allowed by the grammar: greedy took candidate 0, the seeded draw took whatever the NaNs gave.
+    for (const t of picks) expect(adapter.grammarCanBeNext(yesNo(), t)).toBe(false);
   });
 
   it("every token masked (grammar ∩ bias = ∅) is caught: GrammarMaskedError, state retired, resample works", async () => {

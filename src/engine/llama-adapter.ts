@@ -99,6 +99,8 @@ export class GrammarMaskedError extends Error {
 
 /** Compiled grammars kept (LRU): a gateway sends the same tool grammar with every request of a conversation. */
 const GRAMMAR_CACHE_SIZE = 32;
+/** Total GBNF text the cache keeps (bytes, approximately: UTF-16 length); a guide may carry up to 4 MiB. */
+const GRAMMAR_CACHE_BYTES = 16 * 1024 * 1024;
 
 /** Root rule name of a compiled trigger/close variant: `literal prefix` then the phase's rule (reserved name). */
 export const PREFIXED_ROOT_RULE = "keel-prefixed-root";
@@ -289,6 +291,8 @@ export class LlamaAdapter {
   private readonly samplers = new WeakMap<SamplerHandle, SamplerState>();
   /** Compiled grammars by {@link CompiledGrammar.key}, least recently used first (Map order). */
   private readonly grammarCache = new Map<string, { handle: CompiledGrammar; native: NativeGrammar }>();
+  /** Sum of the cache keys' lengths (the GBNF texts dominate). */
+  private grammarCacheBytes = 0;
   /** Native grammar behind each compiled handle (a handle evicted from the cache stays usable). */
   private readonly nativeGrammars = new WeakMap<CompiledGrammar, NativeGrammar>();
   /** Native evaluation state behind each grammar state handle. */
@@ -609,7 +613,10 @@ export class LlamaAdapter {
       grammar.dead = true;
       throw new GrammarMaskedError(`the grammar rejected the sampled token: ${(err as Error).message}`);
     }
-    if (token < 0) throw new Error(`sampling failed at batch logit index ${batchLogitIndex}`);
+    if (token < 0) {
+      if (grammar) grammar.dead = true; // nothing was selected: do not trust the state any more
+      throw new Error(`sampling failed at batch logit index ${batchLogitIndex}`);
+    }
     if (grammar) {
       const masked = this.grammarInert.has(token) || (this.eogSet.has(token) && !this.grammarCanBeNext(grammar, token));
       if (masked) {
@@ -640,7 +647,13 @@ export class LlamaAdapter {
     const handle: CompiledGrammar = { key };
     this.nativeGrammars.set(handle, native);
     this.grammarCache.set(key, { handle, native });
-    if (this.grammarCache.size > GRAMMAR_CACHE_SIZE) this.grammarCache.delete(this.grammarCache.keys().next().value!);
+    this.grammarCacheBytes += key.length;
+    // Evict least recently used entries beyond the count or size budget (never the one just added).
+    while (this.grammarCache.size > 1 && (this.grammarCache.size > GRAMMAR_CACHE_SIZE || this.grammarCacheBytes > GRAMMAR_CACHE_BYTES)) {
+      const oldest = this.grammarCache.keys().next().value!;
+      this.grammarCache.delete(oldest);
+      this.grammarCacheBytes -= oldest.length;
+    }
     return handle;
   }
 

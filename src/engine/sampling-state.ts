@@ -64,11 +64,6 @@ export class SamplingState {
     }
   }
 
-  /** The bias for the next token without clearing {@link biasChanged} (the guide's continuation probe). */
-  peekBias(): ReadonlyMap<number, number> {
-    return this.bias;
-  }
-
   /**
    * Whether `token` was banned (-Infinity) when the token at generated position `position` was sampled: logit_bias
    * at -100, ignore_eos, and EOG / stop tokens before min_tokens. Used to replay a resumed guide exactly.

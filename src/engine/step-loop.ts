@@ -484,7 +484,13 @@ export class StepLoop {
   /** Ask the guide what constrains this sample; its continuation probe sees the bias the sample would get. */
   private prepareGuide(st: RequestState, batchLogitIndex: number): Promise<GuideSampling> {
     const grammar = grammarSupport(this.backend)!;
-    return st.guide!.prepare((state) => grammar.grammarCanContinue(batchLogitIndex, state, this.guidedBias(st, { grammar: state, bans: st.guide!.bansInRules, ending: false })));
+    return st.guide!.prepare(async (state, then) => {
+      const bias = this.guidedBias(st, { grammar: state, bans: st.guide!.bansInRules, ending: false });
+      // The probe applies the grammar to the whole vocabulary: skip it where its answer changes nothing (a
+      // complete then:"end" rule with EOG allowed: the sampler picks EOG or a continuation by itself).
+      if (then === "end" && !this.backend.eogTokens.some((t) => bias.get(t) === -Infinity)) return true;
+      return grammar.grammarCanContinue(batchLogitIndex, state, bias);
+    });
   }
 
   /**
