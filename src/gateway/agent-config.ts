@@ -19,7 +19,9 @@ export interface AgentFlags {
 export interface AgentSettings {
   /** Call format to parse and guide; null = none (tools refused with a 400 naming the flag). */
   toolParser: ToolParserName | null;
+  /** Reasoning format (`--reasoning_parser`), or null. */
   reasoningParser: ReasoningParserName | null;
+  /** `--enable_tool_guided_generation`: guide `tool_choice: auto` too. */
   guideAuto: boolean;
   /** How the tool parser was chosen, for the start log and the 400 (`flag`, `template`, or `auto found none`). */
   toolParserSource: "flag" | "template" | "none" | "auto_found_none";

@@ -264,7 +264,8 @@ const messageSchema = z
     const extras = parseMessageExtras(m.role, m, ctx);
     // An assistant message that only calls tools has null content (OpenAI); flattenContent maps it to "".
     const message: ChatMessage = { role: m.role, content: flattenContent(m.role, m.content, ctx) };
-    if (extras?.toolCalls !== undefined) message.toolCalls = extras.toolCalls;
+    // An empty list is no calls (templates test `tool_calls` for presence).
+    if (extras?.toolCalls !== undefined && extras.toolCalls.length > 0) message.toolCalls = extras.toolCalls;
     if (extras?.toolCallId !== undefined) message.toolCallId = extras.toolCallId;
     if (extras?.name !== undefined) message.name = extras.name;
     if (extras?.reasoningContent !== undefined) message.reasoningContent = extras.reasoningContent;
