@@ -204,7 +204,7 @@ export function runGeneration(ctx: RouteContext, req: FastifyRequest, reply: Fas
       return;
     }
   }
-  log.info({ event: "accepted", stream: plan.stream, n: plan.n, maxTokens: plan.params.maxTokens, temperature: plan.params.temperature }, "request accepted");
+  log.info({ event: "accepted", stream: plan.stream, n: plan.n, maxTokens: plan.params.maxTokens, temperature: plan.params.temperature, guided: plan.params.guide !== undefined, parsed: plan.parser !== undefined }, "request accepted");
 
   // 2. The client leaving releases every child still in the engine (vLLM #14326). The disconnect is counted once
   //    they are all released, in the furthest phase they had reached: the engine reports an admission only after
