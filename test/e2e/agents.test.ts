@@ -5,6 +5,8 @@
  * turns round-trip through the template; streamed deltas concatenate to the unary answer of the same seed.
  */
 import { Ajv2020 } from "ajv/dist/2020.js";
+import OpenAI from "openai";
+import type { ChatCompletionMessageParam, ChatCompletionTool } from "openai/resources/chat/completions";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { chat } from "../support/chat-client.js";
 import { startServer, type ServerHandle } from "../support/server.js";
@@ -264,5 +266,31 @@ describe("guided generation on random weights (the engine applies the grammar)",
     const r = await chat(coder.baseUrl, { model: "keel-tiny-qwen3coder", messages: user, tools: [weather], response_format: { type: "json_object" }, max_tokens: 4 });
     expect(r.status).toBe(400);
     expect((r.body as ErrorBody).error.param).toBe("response_format");
+  });
+});
+
+describe("an OpenAI SDK agent loop in both call formats (call, tool result, answer)", () => {
+  const tool: ChatCompletionTool = {
+    type: "function",
+    function: { name: "get_weather", parameters: { type: "object", properties: { city: { type: "string", maxLength: 8 } }, required: ["city"], additionalProperties: false } },
+  };
+  it.each([
+    ["hermes3", () => agent, "keel-tiny-qwen3"],
+    ["qwen3coder", () => coder, "keel-tiny-qwen3coder"],
+  ] as const)("%s: the SDK's assistant message and the tool result go back through the template and are answered", async (_format, server, model) => {
+    const sdk = new OpenAI({ baseURL: `${server().baseUrl}/v1`, apiKey: "k", maxRetries: 0 });
+    const messages: ChatCompletionMessageParam[] = [{ role: "user", content: "Weather in Rome?" }];
+    const first = await sdk.chat.completions.create({ model, messages, tools: [tool], tool_choice: "required", parallel_tool_calls: false, max_tokens: 120, seed: 3, chat_template_kwargs: { enable_thinking: false } } as never);
+    const assistant = first.choices[0]!.message;
+    expect(first.choices[0]!.finish_reason).toBe("tool_calls");
+    expect(assistant.content).toBeNull();
+    expect(assistant.tool_calls).toHaveLength(1);
+    messages.push(assistant as ChatCompletionMessageParam);
+    messages.push({ role: "tool", tool_call_id: assistant.tool_calls![0]!.id, content: '{"temp_c": 18}' });
+    const second = await sdk.chat.completions.create({ model, messages, tools: [tool], max_tokens: 8, seed: 3 });
+    expect(second.choices).toHaveLength(1);
+    expect(["stop", "length", "tool_calls"]).toContain(second.choices[0]!.finish_reason);
+    // The follow-up prompt holds the first one plus the call and its result.
+    expect(second.usage!.prompt_tokens).toBeGreaterThan(first.usage!.prompt_tokens);
   });
 });
