@@ -444,3 +444,18 @@ it("enum/const next to another constraint is refused rather than half-applied", 
   expect(g.accepts("root", '"a"')).toBe(true);
   expect(g.accepts("root", '"c"')).toBe(false);
 });
+
+it("a schema with no finite value (required self-recursion) is refused; optional recursion is fine", () => {
+  refused({ type: "object", properties: { a: { $ref: "#" } }, required: ["a"] }, "#", /no finite value/);
+  refused({ $defs: { n: { type: "object", properties: { next: { $ref: "#/$defs/n" } }, required: ["next"] } }, $ref: "#/$defs/n" }, "#", /no finite value/);
+  refused({ type: "array", items: { $ref: "#" }, minItems: 1 }, "#", /no finite value/);
+  const ok = [
+    { type: "array", items: { $ref: "#" } },
+    { anyOf: [{ type: "null" }, { type: "object", properties: { a: { $ref: "#" } }, required: ["a"] }] },
+    { type: "object", properties: { a: { $ref: "#" } } },
+  ];
+  for (const schema of ok) {
+    const g = new GbnfGrammar(schemaToGbnf(schema, { param: "p" }).grammar);
+    expect(g.accepts("root", schema.type === "array" ? "[[], [[]]]" : schema.anyOf ? '{"a": {"a": null}}' : '{"a": {}}'), JSON.stringify(schema)).toBe(true);
+  }
+});

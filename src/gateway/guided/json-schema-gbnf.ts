@@ -212,6 +212,11 @@ export class GbnfBuilder {
     const target = resolvePointer(root, ptr);
     if (target === undefined) throw this.fail(job, ptr, "no schema at this location.");
     const expr = this.visit(job, target, { ptr, depth: 0, unguarded: new Set() }, mode);
+    // A value must be finite: a required recursion (an object that must contain itself) would leave the model
+    // generating until max_tokens with no way to finish.
+    if (!finite(root, target, new Set(), new Set())) {
+      throw this.fail(job, ptr, "the schema admits no finite value (every alternative requires itself again through '$ref').", true);
+    }
     return this.define(this.fresh(job.prefix, "root"), expr);
   }
 
@@ -615,6 +620,46 @@ export class GbnfBuilder {
     if (lo === -limit && hi === limit) return this.primitive("json-int");
     return `(${integerRange(lo, hi)})`;
   }
+}
+
+/**
+ * Whether some finite JSON value satisfies `schema` as the grammar reads it (run after a successful conversion, so
+ * the schema is well-formed). A minimal finite value never nests a `$ref` inside itself, so a ref met again on the
+ * current path counts as unusable; `known` memoises refs proven finite (true in every context).
+ */
+function finite(root: unknown, schema: unknown, path: Set<string>, known: Set<string>): boolean {
+  if (typeof schema !== "object" || schema === null) return schema !== false;
+  const s = schema as JsonSchema;
+  const sub = (x: unknown) => finite(root, x, path, known);
+  if (typeof s.$ref === "string") {
+    const ref = s.$ref;
+    if (known.has(ref)) return true;
+    if (path.has(ref)) return false;
+    path.add(ref);
+    const ok = sub(resolvePointer(root, ref));
+    path.delete(ref);
+    if (ok) known.add(ref);
+    return ok;
+  }
+  if ("const" in s || "enum" in s) return true;
+  if (Array.isArray(s.allOf)) return s.allOf.every(sub) && finite(root, { ...s, allOf: undefined }, path, known);
+  for (const k of ["anyOf", "oneOf"] as const) if (Array.isArray(s[k])) return (s[k] as unknown[]).some(sub);
+  const type = s.type ?? inferType(s);
+  const types = Array.isArray(type) ? type : [type];
+  return types.some((t) => {
+    if (t === "object") {
+      const props = (s.properties ?? {}) as JsonSchema;
+      const required = Array.isArray(s.required) ? (s.required as string[]) : [];
+      return required.every((r) => sub(props[r]));
+    }
+    if (t === "array") {
+      const min = num(s.minItems, 0);
+      const prefix = Array.isArray(s.prefixItems) ? s.prefixItems : Array.isArray(s.items) ? s.items : [];
+      const rest = Array.isArray(s.prefixItems) ? s.items : Array.isArray(s.items) ? s.additionalItems : s.items;
+      return prefix.slice(0, min).every(sub) && (min <= prefix.length || rest === undefined || sub(rest));
+    }
+    return true;
+  });
 }
 
 /** Errors for valid schemas the grammar cannot honour (vs invalid schemas). */
