@@ -200,7 +200,9 @@ class Matcher {
   /** (rule, start) pairs being computed: re-entry = left recursion. */
   private readonly active = new Set<string>();
   constructor(
+    /** The grammar whose rules references resolve to. */
     private readonly g: GbnfGrammar,
+    /** The text being matched, as code points. */
     private readonly input: number[],
   ) {}
 
