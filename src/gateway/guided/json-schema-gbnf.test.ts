@@ -459,3 +459,15 @@ it("a schema with no finite value (required self-recursion) is refused; optional
     expect(g.accepts("root", schema.type === "array" ? "[[], [[]]]" : schema.anyOf ? '{"a": {"a": null}}' : '{"a": {}}'), JSON.stringify(schema)).toBe(true);
   }
 });
+
+it("keywords next to anyOf apply to every alternative (types meet, conflicts refused)", () => {
+  const onlyInts = both({ type: "number", anyOf: [{ type: "integer" }, { type: "string" }] });
+  expect(onlyInts.g.accepts("root", "3")).toBe(true);
+  expect(onlyInts.g.accepts("root", "3.5")).toBe(false);
+  expect(onlyInts.g.accepts("root", '"s"')).toBe(false);
+  const merged = both({ type: "object", properties: { a: { type: "integer" } }, required: ["a"], anyOf: [{ properties: { b: { type: "string" } }, required: ["b"] }, {}] });
+  expect(merged.g.accepts("root", '{"a": 1, "b": "x"}')).toBe(true);
+  expect(merged.g.accepts("root", '{"b": "x"}')).toBe(false);
+  expect(() => both({ type: "string", anyOf: [{ type: "integer" }] })).toThrow(/no 'anyOf' alternative/);
+  expect(() => both({ type: "string", pattern: "^a", anyOf: [{ pattern: "b$" }] })).toThrow(/'pattern' both next to/);
+});

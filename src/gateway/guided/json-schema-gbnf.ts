@@ -259,11 +259,16 @@ export class GbnfBuilder {
         if (!Array.isArray(alts) || alts.length === 0) throw this.fail(job, ctx.ptr, `'${key}' must be a non-empty array.`);
         const rest = { ...s };
         delete rest[key];
-        const hasRest = Object.keys(rest).some((k) => !ANNOTATIONS.has(k));
-        const options = alts.map((a, i) => {
-          const sub = hasRest && typeof a === "object" && a !== null ? { ...rest, ...(a as JsonSchema) } : a;
-          return this.visit(job, sub, child(`${key}/${i}`), mode);
+        const hasRest = Object.keys(rest).some((k) => !ANNOTATIONS.has(k) && k !== "$defs" && k !== "definitions");
+        const options: string[] = [];
+        alts.forEach((a, i) => {
+          const where = child(`${key}/${i}`);
+          // Keywords next to anyOf apply to every alternative: merged in (an alternative whose type cannot meet
+          // the parent's admits nothing and is dropped).
+          const sub = hasRest && typeof a === "object" && a !== null && !Array.isArray(a) ? this.mergeInto(job, rest, a as JsonSchema, where.ptr) : a;
+          if (sub !== null) options.push(this.visit(job, sub, where, mode));
         });
+        if (options.length === 0) throw this.fail(job, ctx.ptr, `no '${key}' alternative can meet the keywords next to it.`, true);
         return `(${options.join(" | ")})`;
       }
     }
@@ -337,6 +342,41 @@ export class GbnfBuilder {
     // A qwen3coder parameter writes strings raw (unquoted); other values stay JSON.
     const lits = [...new Set(kept.map((v) => literal(mode === "raw" && typeof v === "string" ? v : JSON.stringify(v))))];
     return `(${lits.join(" | ")})`;
+  }
+
+  /**
+   * `parent` (the keywords next to anyOf/oneOf) AND `alt`, as one schema; null when their types do not meet.
+   * Types intersect (integer ⊂ number), properties merge, required unite; any other keyword both define must be
+   * equal, else refused (intersecting e.g. two patterns is beyond a grammar).
+   */
+  private mergeInto(job: SchemaJob, parent: JsonSchema, alt: JsonSchema, ptr: string): JsonSchema | null {
+    if ("$ref" in alt) throw this.fail(job, ptr, "'$ref' inside an anyOf/oneOf that has sibling keywords is not supported.", true);
+    const out: JsonSchema = { ...parent };
+    for (const [k, v] of Object.entries(alt)) {
+      if (!(k in out) || ANNOTATIONS.has(k)) out[k] = v;
+      else if (k === "type") {
+        const types = (t: unknown) => (Array.isArray(t) ? (t as unknown[]) : [t]);
+        const a = types(out.type);
+        const b = types(v);
+        const meet = [...new Set([...a.filter((t) => b.includes(t) || (t === "integer" && b.includes("number"))), ...b.filter((t) => t === "integer" && a.includes("number"))])];
+        if (meet.length === 0) return null;
+        out.type = meet.length === 1 ? meet[0] : meet;
+      } else if (k === "properties" && typeof v === "object" && v !== null && typeof out.properties === "object" && out.properties !== null) {
+        const merged = { ...(out.properties as JsonSchema) };
+        for (const [name, sub] of Object.entries(v as JsonSchema)) {
+          if (name in merged && JSON.stringify(merged[name]) !== JSON.stringify(sub)) {
+            throw this.fail(job, ptr, `property '${name}' is declared both next to and inside the alternative with different schemas.`, true);
+          }
+          merged[name] = sub;
+        }
+        out.properties = merged;
+      } else if (k === "required" && Array.isArray(v) && Array.isArray(out.required)) {
+        out.required = [...new Set([...(out.required as unknown[]), ...v])];
+      } else if (JSON.stringify(out[k]) !== JSON.stringify(v)) {
+        throw this.fail(job, ptr, `'${k}' both next to and inside the alternative (with different values) is not supported.`, true);
+      }
+    }
+    return out;
   }
 
   /** Merges allOf's object schemas (properties, required, additionalProperties) into one schema. */
