@@ -449,6 +449,8 @@ it("a schema with no finite value (required self-recursion) is refused; optional
   refused({ type: "object", properties: { a: { $ref: "#" } }, required: ["a"] }, "#", /no finite value/);
   refused({ $defs: { n: { type: "object", properties: { next: { $ref: "#/$defs/n" } }, required: ["next"] } }, $ref: "#/$defs/n" }, "#", /no finite value/);
   refused({ type: "array", items: { $ref: "#" }, minItems: 1 }, "#", /no finite value/);
+  // Found by the soundness test: the recursion is required through a name declared in another allOf part.
+  refused({ allOf: [{ type: "object", properties: { a: { $ref: "#" } } }, { type: "object", required: ["a"] }] }, "#", /no finite value/);
   const ok = [
     { type: "array", items: { $ref: "#" } },
     { anyOf: [{ type: "null" }, { type: "object", properties: { a: { $ref: "#" } }, required: ["a"] }] },

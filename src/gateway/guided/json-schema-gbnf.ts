@@ -682,7 +682,18 @@ function finite(root: unknown, schema: unknown, path: Set<string>, known: Set<st
     return ok;
   }
   if ("const" in s || "enum" in s) return true;
-  if (Array.isArray(s.allOf)) return s.allOf.every(sub) && finite(root, { ...s, allOf: undefined }, path, known);
+  if (Array.isArray(s.allOf)) {
+    // As converted: one object with every part's properties and required names (parts may be refs).
+    const parts = [{ ...s, allOf: undefined }, ...s.allOf.map((p) => (typeof p === "object" && p !== null && typeof (p as JsonSchema).$ref === "string" ? resolvePointer(root, (p as JsonSchema).$ref as string) : p))];
+    const properties: JsonSchema = {};
+    const required: unknown[] = [];
+    for (const p of parts) {
+      if (typeof p !== "object" || p === null) continue;
+      Object.assign(properties, (p as JsonSchema).properties ?? {});
+      if (Array.isArray((p as JsonSchema).required)) required.push(...((p as JsonSchema).required as unknown[]));
+    }
+    return finite(root, { type: "object", properties, required }, path, known);
+  }
   for (const k of ["anyOf", "oneOf"] as const) if (Array.isArray(s[k])) return (s[k] as unknown[]).some(sub);
   const type = s.type ?? inferType(s);
   const types = Array.isArray(type) ? type : [type];
