@@ -363,6 +363,8 @@ describe("bad schemas → 400 (recipe M2)", () => {
     refused({ type: "strin" }, "#", /unknown type/);
     refused({ anyOf: [] }, "#", /non-empty array/);
     refused({ enum: [] }, "#", /non-empty array/);
+    refused({ type: "array", minItems: "2" }, "#/minItems", /non-negative integer/);
+    refused({ type: "string", maxLength: 2.5 }, "#/maxLength", /non-negative integer/);
   });
 
   it("recursive $ref without structure in between", () => {

@@ -512,10 +512,19 @@ export class GbnfBuilder {
     return `"\\"" ${emit(root)}`;
   }
 
+  /** A count keyword (`minItems`, `maxLength`…): absent → null; present, it must be a non-negative integer. */
+  private count(job: SchemaJob, s: JsonSchema, key: string, ctx: Ctx): number | null {
+    const v = s[key];
+    if (v === undefined) return null;
+    if (typeof v !== "number" || !Number.isInteger(v) || v < 0) throw this.fail(job, `${ctx.ptr}/${key}`, `'${key}' must be a non-negative integer.`);
+    return v;
+  }
+
   private visitArray(job: SchemaJob, s: JsonSchema, ctx: Ctx): string {
     const sp = this.primitive("space");
     const guarded: Ctx = { ...ctx, unguarded: new Set() };
     const sub = (x: unknown, seg: string) => this.visit(job, x, { ...guarded, ptr: `${ctx.ptr}/${seg}`, depth: ctx.depth + 1 }, "json");
+    if ("prefixItems" in s && !Array.isArray(s.prefixItems)) throw this.fail(job, `${ctx.ptr}/prefixItems`, "'prefixItems' must be an array of schemas.");
     let prefix: unknown[] = [];
     let rest: unknown = s.items ?? true;
     if (Array.isArray(s.prefixItems)) {
@@ -525,8 +534,8 @@ export class GbnfBuilder {
       prefix = s.items;
       rest = s.additionalItems ?? true;
     }
-    const min = num(s.minItems, 0);
-    const max = s.maxItems === undefined ? null : num(s.maxItems, 0);
+    const min = this.count(job, s, "minItems", ctx) ?? 0;
+    const max = this.count(job, s, "maxItems", ctx);
     if (max !== null && max < min) throw this.fail(job, ctx.ptr, "'maxItems' is below 'minItems'.");
     if (min > MAX_REPEAT || (max !== null && max > MAX_REPEAT)) throw this.fail(job, ctx.ptr, `item counts above ${MAX_REPEAT} are not supported.`, true);
     const k = max === null ? prefix.length : Math.min(prefix.length, max);
@@ -584,8 +593,8 @@ export class GbnfBuilder {
       return quote(name);
     }
     if (hasLen) {
-      const min = num(s.minLength, 0);
-      const max = s.maxLength === undefined ? null : num(s.maxLength, 0);
+      const min = this.count(job, s, "minLength", ctx) ?? 0;
+      const max = this.count(job, s, "maxLength", ctx);
       if (max !== null && max < min) throw this.fail(job, ctx.ptr, "'maxLength' is below 'minLength'.");
       if (min > MAX_REPEAT || (max !== null && max > MAX_REPEAT)) throw this.fail(job, ctx.ptr, `string lengths above ${MAX_REPEAT} are not supported.`, true);
       const c = mode === "json" ? anyChar : `(${anyChar})`;
