@@ -316,12 +316,12 @@ describe("schema grammar ⇔ ajv", () => {
 
   it("formats accept canonical values and reject others", () => {
     const cases: Array<[string, string[], string[]]> = [
-      ["date", ["2026-12-01", "1999-01-31"], ["2026-13-01", "26-12-01", "2026-12-1"]],
+      ["date", ["2026-12-01", "1999-01-31", "2024-02-29", "2000-02-29", "0000-02-29"], ["2026-13-01", "26-12-01", "2026-12-1", "2026-04-31", "2023-02-29", "1900-02-29"]],
       ["time", ["14:35:00Z", "23:59:59.123+02:00"], ["24:00:00Z", "14:35Z", "14:35:00"]],
       ["date-time", ["2026-12-01T14:35:00Z"], ["2026-12-01 14:35:00Z", "2026-12-01T14:35:00"]],
       ["uuid", ["123e4567-e89b-12d3-a456-426614174000"], ["123e4567e89b12d3a456426614174000", "xyz"]],
-      ["email", ["a.b+c@example.com"], ["@example.com", "a@b", "a b@c.d"]],
-      ["uri", ["https://example.com/a?b=c#d"], ["no scheme", "://x"]],
+      ["email", ["a.b+c@example.com", "x@a-b.io"], ["@example.com", "a@b", "a b@c.d", "a..b@x.com", "a@b-.com", ".a@x.com"]],
+      ["uri", ["https://example.com/a?b=c#d", "urn:isbn:0451450523", "file:///tmp/x%20y"], ["no scheme", "://x", "a:%zz", "http://a b"]],
     ];
     for (const [format, good, bad] of cases) {
       const { g } = both({ type: "string", format });

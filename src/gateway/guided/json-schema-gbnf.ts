@@ -25,7 +25,7 @@
  * Inexact (the grammar accepts a subset of what a validator accepts, never more, except where noted): property
  * order is fixed; `additionalProperties` absent next to `properties` means no extra keys (llama.cpp's reading;
  * a validator allows them); JSON written with non-canonical escapes (`\u0061`) inside patterns/formats/enums; numbers with
- * more than 16 integral digits; `date` accepts day 31 in any month (more than a validator); extra keys of an
+ * more than 16 integral digits; extra keys of an
  * `additionalProperties` schema never repeat a declared name, except when a declared name needs JSON escapes
  * (then any key: more); oneOf may match several branches (more).
  */
@@ -752,15 +752,31 @@ export function checkSchema(schema: unknown, param: string): void {
 /** Annotation keywords: never constrain. */
 const ANNOTATIONS = new Set(["title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated", "readOnly", "writeOnly", "$anchor"]);
 
-/** `format` rules over the string content (ASCII only, so the same text serves JSON and raw modes). */
+/** Pieces of the `format` rules (ASCII only, so the same text serves JSON and raw modes). */
+const MONTH_DAY = '("0" [13578] | "1" [02]) "-" ("0" [1-9] | [12] [0-9] | "3" [01]) | ("0" [469] | "11") "-" ("0" [1-9] | [12] [0-9] | "30") | "02-" ("0" [1-9] | "1" [0-9] | "2" [0-8])';
+/** Gregorian leap years: divisible by 4, and by 400 when by 100. */
+const LEAP_YEAR = '[0-9] [0-9] ("0" [48] | [2468] [048] | [13579] [26]) | ([02468] [048] | [13579] [26]) "00"';
+const DATE = `([0-9]{4} "-" (${MONTH_DAY}) | (${LEAP_YEAR}) "-02-29")`;
+const TIME = '([01] [0-9] | "2" [0-3]) ":" [0-5] [0-9] ":" [0-5] [0-9] ("." [0-9]{1,9})? ([zZ] | [\\x2D+] ([01] [0-9] | "2" [0-3]) ":" [0-5] [0-9])';
+/** RFC 3986 pieces: a path character (unreserved, sub-delims, ":" "@", percent-encoding) and a host character. */
+const PCHAR = "([a-zA-Z0-9\\x2D._~!$&'()*+,;=:@] | \"%\" [0-9a-fA-F] [0-9a-fA-F])";
+const HOSTCHAR = "([a-zA-Z0-9\\x2D._~!$&'()*+,;=] | \"%\" [0-9a-fA-F] [0-9a-fA-F])";
+/** An email as validators accept it: dot-separated atoms, then dot-separated labels without edge hyphens. */
+const EMAIL_ATOM = "[a-zA-Z0-9!#$%&'*+/=?^_`{|}~\\x2D]{1,64}";
+const EMAIL_LABEL = "[a-zA-Z0-9] ([a-zA-Z0-9\\x2D]{0,61} [a-zA-Z0-9])?";
+
+/**
+ * `format` rules over the string content; each accepts a subset of what ajv-formats' full mode accepts (checked by
+ * the soundness test): real calendar dates (leap years included), times with a timezone, RFC 3986 URIs with an
+ * authority, a rooted path or a rootless path.
+ */
 const FORMATS: Readonly<Record<string, string>> = {
-  date: '[0-9]{4} "-" ("0" [1-9] | "1" [0-2]) "-" ("0" [1-9] | [12] [0-9] | "3" [01])',
-  time: '([01] [0-9] | "2" [0-3]) ":" [0-5] [0-9] ":" [0-5] [0-9] ("." [0-9]{1,9})? ([zZ] | [-+] ([01] [0-9] | "2" [0-3]) ":" [0-5] [0-9])',
-  "date-time":
-    '[0-9]{4} "-" ("0" [1-9] | "1" [0-2]) "-" ("0" [1-9] | [12] [0-9] | "3" [01]) [tT] ([01] [0-9] | "2" [0-3]) ":" [0-5] [0-9] ":" [0-5] [0-9] ("." [0-9]{1,9})? ([zZ] | [-+] ([01] [0-9] | "2" [0-3]) ":" [0-5] [0-9])',
+  date: DATE,
+  time: TIME,
+  "date-time": `${DATE} [tT] ${TIME}`,
   uuid: "[0-9a-fA-F]{8} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{12}",
-  email: '[a-zA-Z0-9._%+\\x2D]{1,64} "@" [a-zA-Z0-9] [a-zA-Z0-9\\x2D]{0,62} ("." [a-zA-Z0-9] [a-zA-Z0-9\\x2D]{0,62})+',
-  uri: '[a-zA-Z] [a-zA-Z0-9+.\\x2D]* ":" [a-zA-Z0-9\\x2D._~:/?#@!$&\'()*+,;=%\\x5B\\x5D]+',
+  email: `${EMAIL_ATOM} ("." ${EMAIL_ATOM})* "@" ${EMAIL_LABEL} ("." ${EMAIL_LABEL})+`,
+  uri: `[a-zA-Z] [a-zA-Z0-9+.\\x2D]* ":" ("//" ${HOSTCHAR}* (":" [0-9]*)? ("/" ${PCHAR}*)* | "/" (${PCHAR}+ ("/" ${PCHAR}*)*)? | ${PCHAR}+ ("/" ${PCHAR}*)*) ("?" (${PCHAR} | [/?])*)? ("#" (${PCHAR} | [/?])*)?`,
 };
 
 function num(v: unknown, dflt: number): number {

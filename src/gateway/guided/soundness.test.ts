@@ -2,9 +2,10 @@
  * Soundness, the guarantee guided generation sells: every string a grammar can DERIVE is valid — a JSON value the
  * schema validator (ajv, 2020-12) accepts, or a call the output parsers turn into a declared tool with
  * schema-valid arguments. Strings are sampled at random from the grammars (GbnfSampler), also for random schemas.
- * Formats are checked by their own table tests (ajv runs without format validation here).
+ * Formats are validated by ajv-formats (full mode).
  */
 import { Ajv2020 } from "ajv/dist/2020.js";
+import addFormatsPlugin from "ajv-formats";
 import fc from "fast-check";
 import { describe, expect, it } from "vitest";
 import type { ToolSpec } from "../tools.js";
@@ -13,7 +14,9 @@ import { GbnfGrammar, GbnfSampler } from "./gbnf-recognizer.js";
 import { GbnfBuilder, schemaToGbnf } from "./json-schema-gbnf.js";
 import { SCHEMAS, TOOLS } from "./samples.js";
 
-const ajv = new Ajv2020({ strict: false, validateFormats: false });
+const ajv = new Ajv2020({ strict: false });
+// ajv-formats' "full" mode: real calendar dates, times with a timezone, RFC 3986 URIs.
+(addFormatsPlugin as unknown as (a: Ajv2020, o: { mode: string }) => void)(ajv, { mode: "full" });
 
 /** A seeded random source (xorshift), so a failure reproduces. */
 function rng(seed: number): () => number {
