@@ -475,3 +475,11 @@ it("keywords next to anyOf apply to every alternative (types meet, conflicts ref
   expect(() => both({ type: "string", anyOf: [{ type: "integer" }] })).toThrow(/no 'anyOf' alternative/);
   expect(() => both({ type: "string", pattern: "^a", anyOf: [{ pattern: "b$" }] })).toThrow(/'pattern' both next to/);
 });
+
+it("under length limits an astral character counts once: raw only, never as an escaped surrogate pair", () => {
+  const g = new GbnfGrammar(schemaToGbnf({ type: "string", minLength: 2, maxLength: 2 }, { param: "p" }).grammar);
+  expect(g.accepts("root", '"a😀"')).toBe(true);
+  expect(g.accepts("root", '"a\\u00e9"')).toBe(true);
+  expect(g.accepts("root", '"a\\ud83d\\ude00"')).toBe(false);
+  expect(g.accepts("root", '"\\ud83d\\ude00"')).toBe(false);
+});

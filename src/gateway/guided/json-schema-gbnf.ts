@@ -16,7 +16,7 @@
  * - integer: at most 16 digits, no exponent; minimum/maximum (and exclusive forms) as digit-range rules.
  * - number: JSON number (at most 16 integral digits); with bounds (fractional too), written without exponent and
  *   compared decimally (number-range.ts).
- * - string: minLength/maxLength (code points; a `\uXXXX` escape counts as one), `format` (date, time, date-time,
+ * - string: minLength/maxLength (code points: astral characters raw, never as escaped surrogate pairs), `format` (date, time, date-time,
  *   uuid, email, uri; others refused), `pattern` (subset, see pattern-gbnf.ts; not combined with lengths/format).
  * - arrays: items/prefixItems (and draft-7 tuple `items` + additionalItems), minItems/maxItems.
  * - `{}`/`true` → any JSON value; `false` → refused. Annotations and unknown keywords are ignored (they do not
@@ -45,6 +45,9 @@ const MAX_DIGITS = 16;
 const PRIMITIVES: Readonly<Record<string, string>> = {
   space: '| " " | "\\n" [ \\t]{0,20}',
   "json-char": '[^"\\\\\\x00-\\x1F] | "\\\\" (["\\\\/bfnrt] | "u" [0-9a-fA-F]{4})',
+  // One code point exactly (for length limits): no `\uD800`–`\uDFFF` escapes, so an astral character is written
+  // raw and never as an escaped surrogate pair that would count twice.
+  "json-char-cp": '[^"\\\\\\x00-\\x1F] | "\\\\" (["\\\\/bfnrt] | "u" ([0-9a-cA-Ce-fE-F] [0-9a-fA-F]{3} | [dD] [0-7] [0-9a-fA-F]{2}))',
   "json-string": '"\\"" json-char* "\\""',
   "json-int": '"-"? ([0-9] | [1-9] [0-9]{0,15})',
   "json-number": 'json-int ("." [0-9]+)? ([eE] [-+]? [0-9]{1,15})?',
@@ -597,7 +600,7 @@ export class GbnfBuilder {
       const max = this.count(job, s, "maxLength", ctx);
       if (max !== null && max < min) throw this.fail(job, ctx.ptr, "'maxLength' is below 'minLength'.");
       if (min > MAX_REPEAT || (max !== null && max > MAX_REPEAT)) throw this.fail(job, ctx.ptr, `string lengths above ${MAX_REPEAT} are not supported.`, true);
-      const c = mode === "json" ? anyChar : `(${anyChar})`;
+      const c = mode === "json" ? this.primitive("json-char-cp") : `(${anyChar})`;
       return quote(max === null ? `${c}{${min},}` : `${c}{${min},${max}}`);
     }
     return mode === "json" ? this.primitive("json-string") : this.primitive("raw-text");
