@@ -16,8 +16,9 @@
  * - integer: at most 16 digits, no exponent; minimum/maximum (and exclusive forms) as digit-range rules.
  * - number: JSON number (at most 16 integral digits); with bounds (fractional too), written without exponent and
  *   compared decimally (number-range.ts).
- * - string: minLength/maxLength (code points: astral characters raw, never as escaped surrogate pairs), `format` (date, time, date-time,
- *   uuid, email, uri; others refused), `pattern` (subset, see pattern-gbnf.ts; not combined with lengths/format).
+ * - string: minLength/maxLength (code points: astral characters raw, never as escaped surrogate pairs),
+ *   `format` (date, time, date-time, uuid, email, uri; others refused), `pattern` (subset, see pattern-gbnf.ts;
+ *   not combined with lengths/format).
  * - arrays: items/prefixItems (and draft-7 tuple `items` + additionalItems), minItems/maxItems.
  * - `{}`/`true` → any JSON value; `false` → refused. Annotations and unknown keywords are ignored (they do not
  *   constrain, per JSON Schema); constraining keywords we cannot honour → 400 naming the keyword.
