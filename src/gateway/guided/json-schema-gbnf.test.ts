@@ -8,7 +8,8 @@ import fc from "fast-check";
 import { describe, expect, it } from "vitest";
 import { KeelHttpError } from "../errors.js";
 import { GbnfGrammar } from "./gbnf-recognizer.js";
-import { checkSchema, integerRange, schemaToGbnf } from "./json-schema-gbnf.js";
+import { checkSchema, schemaToGbnf } from "./json-schema-gbnf.js";
+import { integerRange } from "./number-range.js";
 
 const ajv = new Ajv2020({ strict: false, allErrors: false });
 

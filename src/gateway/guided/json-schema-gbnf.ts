@@ -32,7 +32,8 @@
  */
 import { invalidValue, type KeelHttpError } from "../errors.js";
 import { charSet, jsonCharOf, literal, negate } from "./gbnf-text.js";
-import { type Bound, numberRange } from "./number-range.js";
+import { FORMATS } from "./formats-gbnf.js";
+import { type Bound, integerRange, numberRange } from "./number-range.js";
 import { MAX_REPEAT, PatternError, patternToGbnf, type CharMode, RAW_ANY } from "./pattern-gbnf.js";
 
 /** Deepest schema nesting we convert. */
@@ -629,7 +630,7 @@ export class GbnfBuilder {
     if (lo !== null && hi !== null && (lo.value > hi.value || (lo.value === hi.value && (lo.exclusive || hi.exclusive)))) {
       throw this.fail(job, ctx.ptr, "the number bounds admit no value.", true);
     }
-    const expr = numberRange(lo, hi, uintRange);
+    const expr = numberRange(lo, hi);
     if (expr === null) throw this.fail(job, ctx.ptr, "the number bounds admit no value (within 16 integral digits).", true);
     return this.define(this.fresh(job.prefix, "number"), expr);
   }
@@ -756,33 +757,6 @@ export function checkSchema(schema: unknown, param: string): void {
 /** Annotation keywords: never constrain. */
 const ANNOTATIONS = new Set(["title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated", "readOnly", "writeOnly", "$anchor"]);
 
-/** Pieces of the `format` rules (ASCII only, so the same text serves JSON and raw modes). */
-const MONTH_DAY = '("0" [13578] | "1" [02]) "-" ("0" [1-9] | [12] [0-9] | "3" [01]) | ("0" [469] | "11") "-" ("0" [1-9] | [12] [0-9] | "30") | "02-" ("0" [1-9] | "1" [0-9] | "2" [0-8])';
-/** Gregorian leap years: divisible by 4, and by 400 when by 100. */
-const LEAP_YEAR = '[0-9] [0-9] ("0" [48] | [2468] [048] | [13579] [26]) | ([02468] [048] | [13579] [26]) "00"';
-const DATE = `([0-9]{4} "-" (${MONTH_DAY}) | (${LEAP_YEAR}) "-02-29")`;
-const TIME = '([01] [0-9] | "2" [0-3]) ":" [0-5] [0-9] ":" [0-5] [0-9] ("." [0-9]{1,9})? ([zZ] | [\\x2D+] ([01] [0-9] | "2" [0-3]) ":" [0-5] [0-9])';
-/** RFC 3986 pieces: a path character (unreserved, sub-delims, ":" "@", percent-encoding) and a host character. */
-const PCHAR = "([a-zA-Z0-9\\x2D._~!$&'()*+,;=:@] | \"%\" [0-9a-fA-F] [0-9a-fA-F])";
-const HOSTCHAR = "([a-zA-Z0-9\\x2D._~!$&'()*+,;=] | \"%\" [0-9a-fA-F] [0-9a-fA-F])";
-/** An email as validators accept it: dot-separated atoms, then dot-separated labels without edge hyphens. */
-const EMAIL_ATOM = "[a-zA-Z0-9!#$%&'*+/=?^_`{|}~\\x2D]{1,64}";
-const EMAIL_LABEL = "[a-zA-Z0-9] ([a-zA-Z0-9\\x2D]{0,61} [a-zA-Z0-9])?";
-
-/**
- * `format` rules over the string content; each accepts a subset of what ajv-formats' full mode accepts (checked by
- * the soundness test): real calendar dates (leap years included), times with a timezone, RFC 3986 URIs with an
- * authority, a rooted path or a rootless path.
- */
-const FORMATS: Readonly<Record<string, string>> = {
-  date: DATE,
-  time: TIME,
-  "date-time": `${DATE} [tT] ${TIME}`,
-  uuid: "[0-9a-fA-F]{8} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{12}",
-  email: `${EMAIL_ATOM} ("." ${EMAIL_ATOM})* "@" ${EMAIL_LABEL} ("." ${EMAIL_LABEL})+`,
-  uri: `[a-zA-Z] [a-zA-Z0-9+.\\x2D]* ":" ("//" ${HOSTCHAR}* (":" [0-9]*)? ("/" ${PCHAR}*)* | "/" (${PCHAR}+ ("/" ${PCHAR}*)*)? | ${PCHAR}+ ("/" ${PCHAR}*)*) ("?" (${PCHAR} | [/?])*)? ("#" (${PCHAR} | [/?])*)?`,
-};
-
 function num(v: unknown, dflt: number): number {
   return typeof v === "number" && Number.isFinite(v) ? Math.max(0, Math.floor(v)) : dflt;
 }
@@ -846,53 +820,6 @@ function jsonTypeMatches(v: unknown, t: unknown): boolean {
     default:
       return false;
   }
-}
-
-// ---------------------------------------------------------------- integer ranges
-
-/** GBNF alternatives for the integers in [lo, hi] (JSON spelling: no leading zeros, no "-0"). */
-export function integerRange(lo: bigint, hi: bigint): string {
-  const alts: string[] = [];
-  if (hi >= 0n) alts.push(...uintRange(lo > 0n ? lo : 0n, hi));
-  if (lo < 0n) {
-    const mags = uintRange(hi < -1n ? -hi : 1n, -lo);
-    alts.push(`"-" (${mags.join(" | ")})`);
-  }
-  return alts.join(" | ");
-}
-
-/** Alternatives for non-negative integers in [a, b], split by digit count. */
-export function uintRange(a: bigint, b: bigint): string[] {
-  const out: string[] = [];
-  const la = a.toString().length;
-  const lb = b.toString().length;
-  for (let len = la; len <= lb; len++) {
-    const floor = len === 1 ? 0n : 10n ** BigInt(len - 1);
-    const ceil = 10n ** BigInt(len) - 1n;
-    const x = a > floor ? a : floor;
-    const y = b < ceil ? b : ceil;
-    if (x <= y) out.push(sameLength(x.toString(), y.toString()));
-  }
-  return out;
-}
-
-/** GBNF for the decimal strings of equal length n between `lo` and `hi` (inclusive), digit by digit. */
-function sameLength(lo: string, hi: string): string {
-  if (lo === hi) return literal(lo);
-  const n = lo.length;
-  if (n === 1) return `[${lo}-${hi}]`;
-  const restLo = lo.slice(1);
-  const restHi = hi.slice(1);
-  const anyRest = `[0-9]{${n - 1}}`;
-  if (lo[0] === hi[0]) return `"${lo[0]}" (${sameLength(restLo, restHi)})`;
-  if (/^0+$/.test(restLo) && /^9+$/.test(restHi)) return `[${lo[0]}-${hi[0]}] ${anyRest}`;
-  const alts: string[] = [];
-  const d0 = Number(lo[0]);
-  const d1 = Number(hi[0]);
-  alts.push(`"${d0}" (${sameLength(restLo, "9".repeat(n - 1))})`);
-  if (d1 - d0 >= 2) alts.push(`[${d0 + 1}-${d1 - 1}] ${anyRest}`);
-  alts.push(`"${d1}" (${sameLength("0".repeat(n - 1), restHi)})`);
-  return alts.join(" | ");
 }
 
 /**
