@@ -76,6 +76,22 @@ describe("qwen3coder", () => {
     expect(accepts(qwen("search", [["q", "x"], ["filters", "{}"], ["note", "a note"]]))).toBe(true);
     expect(accepts(qwen("save_tree", [["root", '{"label": "abc"}'], ["mode", "7"]]))).toBe(true);
   });
+  it("constrained raw strings hold no newline, so the terminator cannot hide inside them", () => {
+    const t: ToolSpec = { name: "note", parameters: { type: "object", properties: { s: { type: "string", pattern: "^[^x]*$" }, n: { type: "string", maxLength: 30 } } } };
+    const g = grammarFor("qwen3coder", [t]);
+    expect(g.accepts(qwen("note", [["s", "ab c"], ["n", "short"]]))).toBe(true);
+    expect(g.accepts(qwen("note", [["s", "a\n</parameter>b"]]))).toBe(false);
+    expect(g.accepts(qwen("note", [["n", "a\nb"]]))).toBe(false);
+  });
+  it("up to 4 parameters in any order (each once); more in declaration order", () => {
+    expect(accepts(qwen("get_weather", [["days", "2"], ["city", "Oslo"], ["detailed", "False"], ["unit", "c"]]))).toBe(true);
+    expect(accepts(qwen("get_weather", [["unit", "c"], ["city", "Oslo"]]))).toBe(true);
+    expect(accepts(qwen("get_weather", [["unit", "c"], ["days", "2"]]))).toBe(false); // city missing
+    expect(accepts(qwen("get_weather", [["unit", "c"], ["city", "Oslo"], ["unit", "f"]]))).toBe(false); // unit twice
+    // SEARCH declares 5: declaration order only.
+    expect(accepts(qwen("search", [["q", "x"], ["filters", "{}"], ["ids", "[]"]]))).toBe(true);
+    expect(accepts(qwen("search", [["filters", "{}"], ["q", "x"]]))).toBe(false);
+  });
   it("rejects wrong names, missing or unknown parameters, bad values and a terminator inside a value", () => {
     expect(accepts(qwen("get_weathr", [["city", "Paris"]]))).toBe(false);
     expect(accepts(qwen("get_weather", []))).toBe(false);

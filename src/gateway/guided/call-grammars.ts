@@ -8,9 +8,10 @@
  * - qwen3coder: `<tool_call>\n<function=N>\n` + parameters + `</function>\n</tool_call>`, each parameter
  *   `<parameter=P>\n` VALUE `\n</parameter>\n`. VALUE: string-like → raw text never containing `\n</parameter>`;
  *   boolean `true|false|True|False`; null `null|None`; numbers by their rules; objects/arrays their JSON.
- *   Parameters come in DECLARATION ORDER (required ones mandatory, optional ones at most once, skippable): a
- *   guided model writes them in the order the template listed them, so a fixed order costs nothing and keeps the
- *   grammar linear in the parameter count. Zero parameters is `<function=N>\n</function>`.
+ *   Up to MAX_ANY_ORDER (4) declared parameters come in ANY ORDER, each at most once, all required ones present
+ *   (one rule per subset already written); with more, in DECLARATION ORDER (required mandatory, optional
+ *   skippable), which keeps the grammar linear in the parameter count. Extra parameters (where the schema allows
+ *   extra keys) follow the declared ones. Zero parameters is `<function=N>\n</function>`.
  * - llama3 (Llama 3.1 JSON calls): `{"name": "N", "parameters": ARGS}`, several joined by `;` (OVMS's llama3 parser
  *   splits on it), optionally after `<|python_tag|>`.
  *
@@ -143,6 +144,7 @@ function qwenParams(b: GbnfBuilder, tool: ToolSpec, prefix: string, param: strin
     const value = typeof addl === "object" ? b.addSchemaAt(schema, `${base}/additionalProperties`, `${prefix}-extra`, param, "raw") : b.primitive("raw-text");
     body = `(${b.define(b.fresh(prefix, "extra-param"), `"<parameter=" [^>\\n]+ ">\\n" ${value} "\\n</parameter>\\n"`)})*`;
   }
+  if (names.length <= MAX_ANY_ORDER) return anyOrder(b, prefix, names, items, required, body);
   // Declaration order; optional parameters skippable.
   for (let k = names.length - 1; k >= 0; k--) {
     const one = `${items[k]} ${body}`;
@@ -150,6 +152,30 @@ function qwenParams(b: GbnfBuilder, tool: ToolSpec, prefix: string, param: strin
     body = b.define(b.fresh(prefix, `params-${k}`), body);
   }
   return body;
+}
+
+/** Up to this many declared parameters, they may come in any order (2^n rules); beyond, declaration order. */
+export const MAX_ANY_ORDER = 4;
+
+/**
+ * Parameters in any order, each at most once, all required ones present, then `tail` (extra parameters): one rule
+ * per set of parameters already written (a bitmask), each offering the parameters not yet written.
+ */
+function anyOrder(b: GbnfBuilder, prefix: string, names: readonly string[], items: readonly string[], required: ReadonlySet<string>, tail: string): string {
+  const requiredMask = names.reduce((m, n, k) => (required.has(n) ? m | (1 << k) : m), 0);
+  const rules = new Map<number, string>();
+  const state = (done: number): string => {
+    const known = rules.get(done);
+    if (known !== undefined) return known;
+    const name = b.fresh(prefix, `params-set${done}`);
+    rules.set(done, name);
+    const alts: string[] = [];
+    for (let k = 0; k < names.length; k++) if (!(done & (1 << k))) alts.push(`${items[k]} ${state(done | (1 << k))}`);
+    if ((done & requiredMask) === requiredMask) alts.push(tail);
+    b.define(name, alts.join(" | "));
+    return name;
+  };
+  return state(0);
 }
 
 function invalidForQwen(param: string, why: string) {

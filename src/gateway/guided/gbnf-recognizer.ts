@@ -200,7 +200,9 @@ class Matcher {
   /** (rule, start) pairs being computed: re-entry = left recursion. */
   private readonly active = new Set<string>();
   constructor(
+    /** The grammar whose rules references resolve to. */
     private readonly g: GbnfGrammar,
+    /** The text being matched, as code points. */
     private readonly input: number[],
   ) {}
 
@@ -273,5 +275,105 @@ class Matcher {
         return out;
       }
     }
+  }
+}
+
+/**
+ * TEST SUPPORT: random strings DERIVED from a grammar rule (the other direction of {@link GbnfGrammar.accepts}):
+ * random alternatives, repetition counts and class members; past `maxDepth` nested rule references it takes the
+ * shallowest way out so recursive grammars terminate.
+ */
+export class GbnfSampler {
+  /** Least derivation height per rule (Infinity: cannot finish). */
+  private readonly height = new Map<string, number>();
+
+  constructor(
+    /** The grammar sampled. */
+    private readonly g: GbnfGrammar,
+    /** Random source in [0, 1). */
+    private readonly rand: () => number,
+    /** Rule nesting after which the shallowest choices are taken. */
+    private readonly maxDepth = 12,
+  ) {
+    // Fixpoint: a rule's height is 1 + the least height of its body.
+    for (const name of g.rules.keys()) this.height.set(name, Infinity);
+    for (let changed = true; changed; ) {
+      changed = false;
+      for (const [name, e] of g.rules) {
+        const h = 1 + this.h(e);
+        if (h < this.height.get(name)!) {
+          this.height.set(name, h);
+          changed = true;
+        }
+      }
+    }
+  }
+
+  /** One random string of `rule`. */
+  sample(rule: string): string {
+    return String.fromCodePoint(...this.walk({ kind: "ref", name: rule }, 0));
+  }
+
+  private h(e: Expr): number {
+    switch (e.kind) {
+      case "lit":
+      case "class":
+        return 0;
+      case "ref":
+        return this.height.get(e.name)!;
+      case "seq":
+        return e.items.reduce((m, i) => Math.max(m, this.h(i)), 0);
+      case "alt":
+        return Math.min(...e.options.map((o) => this.h(o)));
+      case "rep":
+        return e.min === 0 ? 0 : this.h(e.item);
+    }
+  }
+
+  private pick(n: number): number {
+    return Math.floor(this.rand() * n);
+  }
+
+  private walk(e: Expr, depth: number): number[] {
+    const deep = depth > this.maxDepth;
+    switch (e.kind) {
+      case "lit":
+        return e.cps;
+      case "class":
+        return [this.member(e)];
+      case "ref":
+        return this.walk(this.g.rules.get(e.name)!, depth + 1);
+      case "seq":
+        return e.items.flatMap((i) => this.walk(i, depth));
+      case "alt": {
+        const finite = e.options.filter((o) => this.h(o) < Infinity);
+        const best = Math.min(...finite.map((o) => this.h(o)));
+        const pool = deep ? finite.filter((o) => this.h(o) === best) : finite;
+        return this.walk(pool[this.pick(pool.length)]!, depth);
+      }
+      case "rep": {
+        const cap = e.max ?? e.min + 4;
+        const n = deep ? e.min : e.min + this.pick(Math.min(cap, e.min + 4) - e.min + 1);
+        const out: number[] = [];
+        for (let i = 0; i < n; i++) out.push(...this.walk(e.item, depth));
+        return out;
+      }
+    }
+  }
+
+  /** A random member of a class: from its ranges, or (negated) from a fixed palette of varied characters. */
+  private member(e: Extract<Expr, { kind: "class" }>): number {
+    const inRanges = (c: number) => e.ranges.some(([a, b]) => c >= a && c <= b);
+    if (!e.negated) {
+      for (;;) {
+        const [a, b] = e.ranges[this.pick(e.ranges.length)]!;
+        const c = a + this.pick(Math.min(b - a + 1, 0x10000));
+        if (c < 0xd800 || c > 0xdfff) return c; // lone surrogates never come out of UTF-8 tokens
+      }
+    }
+    const palette = [0x61, 0x5a, 0x30, 0x20, 0x2d, 0x7b, 0x3c, 0x3e, 0x2f, 0xe9, 0x4e2d, 0x1f600, 0x7f, 0x0a, 0x22, 0x5c, 0x09];
+    const ok = palette.filter((c) => !inRanges(c));
+    if (ok.length === 0) throw new Error("class excludes the whole palette");
+    return ok[this.pick(ok.length)]!;
   }
 }

@@ -8,7 +8,8 @@ import fc from "fast-check";
 import { describe, expect, it } from "vitest";
 import { KeelHttpError } from "../errors.js";
 import { GbnfGrammar } from "./gbnf-recognizer.js";
-import { checkSchema, integerRange, schemaToGbnf } from "./json-schema-gbnf.js";
+import { checkSchema, schemaToGbnf } from "./json-schema-gbnf.js";
+import { integerRange } from "./number-range.js";
 
 const ajv = new Ajv2020({ strict: false, allErrors: false });
 
@@ -316,12 +317,12 @@ describe("schema grammar ⇔ ajv", () => {
 
   it("formats accept canonical values and reject others", () => {
     const cases: Array<[string, string[], string[]]> = [
-      ["date", ["2026-12-01", "1999-01-31"], ["2026-13-01", "26-12-01", "2026-12-1"]],
+      ["date", ["2026-12-01", "1999-01-31", "2024-02-29", "2000-02-29", "0000-02-29"], ["2026-13-01", "26-12-01", "2026-12-1", "2026-04-31", "2023-02-29", "1900-02-29"]],
       ["time", ["14:35:00Z", "23:59:59.123+02:00"], ["24:00:00Z", "14:35Z", "14:35:00"]],
       ["date-time", ["2026-12-01T14:35:00Z"], ["2026-12-01 14:35:00Z", "2026-12-01T14:35:00"]],
       ["uuid", ["123e4567-e89b-12d3-a456-426614174000"], ["123e4567e89b12d3a456426614174000", "xyz"]],
-      ["email", ["a.b+c@example.com"], ["@example.com", "a@b", "a b@c.d"]],
-      ["uri", ["https://example.com/a?b=c#d"], ["no scheme", "://x"]],
+      ["email", ["a.b+c@example.com", "x@a-b.io"], ["@example.com", "a@b", "a b@c.d", "a..b@x.com", "a@b-.com", ".a@x.com"]],
+      ["uri", ["https://example.com/a?b=c#d", "urn:isbn:0451450523", "file:///tmp/x%20y"], ["no scheme", "://x", "a:%zz", "http://a b"]],
     ];
     for (const [format, good, bad] of cases) {
       const { g } = both({ type: "string", format });
@@ -363,6 +364,8 @@ describe("bad schemas → 400 (recipe M2)", () => {
     refused({ type: "strin" }, "#", /unknown type/);
     refused({ anyOf: [] }, "#", /non-empty array/);
     refused({ enum: [] }, "#", /non-empty array/);
+    refused({ type: "array", minItems: "2" }, "#/minItems", /non-negative integer/);
+    refused({ type: "string", maxLength: 2.5 }, "#/maxLength", /non-negative integer/);
   });
 
   it("recursive $ref without structure in between", () => {
@@ -443,4 +446,41 @@ it("enum/const next to another constraint is refused rather than half-applied", 
   const g = new GbnfGrammar(schemaToGbnf({ type: "string", enum: ["a", "b"], title: "t", description: "d" }, { param: "p" }).grammar);
   expect(g.accepts("root", '"a"')).toBe(true);
   expect(g.accepts("root", '"c"')).toBe(false);
+});
+
+it("a schema with no finite value (required self-recursion) is refused; optional recursion is fine", () => {
+  refused({ type: "object", properties: { a: { $ref: "#" } }, required: ["a"] }, "#", /no finite value/);
+  refused({ $defs: { n: { type: "object", properties: { next: { $ref: "#/$defs/n" } }, required: ["next"] } }, $ref: "#/$defs/n" }, "#", /no finite value/);
+  refused({ type: "array", items: { $ref: "#" }, minItems: 1 }, "#", /no finite value/);
+  // Found by the soundness test: the recursion is required through a name declared in another allOf part.
+  refused({ allOf: [{ type: "object", properties: { a: { $ref: "#" } } }, { type: "object", required: ["a"] }] }, "#", /no finite value/);
+  const ok = [
+    { type: "array", items: { $ref: "#" } },
+    { anyOf: [{ type: "null" }, { type: "object", properties: { a: { $ref: "#" } }, required: ["a"] }] },
+    { type: "object", properties: { a: { $ref: "#" } } },
+  ];
+  for (const schema of ok) {
+    const g = new GbnfGrammar(schemaToGbnf(schema, { param: "p" }).grammar);
+    expect(g.accepts("root", schema.type === "array" ? "[[], [[]]]" : schema.anyOf ? '{"a": {"a": null}}' : '{"a": {}}'), JSON.stringify(schema)).toBe(true);
+  }
+});
+
+it("keywords next to anyOf apply to every alternative (types meet, conflicts refused)", () => {
+  const onlyInts = both({ type: "number", anyOf: [{ type: "integer" }, { type: "string" }] });
+  expect(onlyInts.g.accepts("root", "3")).toBe(true);
+  expect(onlyInts.g.accepts("root", "3.5")).toBe(false);
+  expect(onlyInts.g.accepts("root", '"s"')).toBe(false);
+  const merged = both({ type: "object", properties: { a: { type: "integer" } }, required: ["a"], anyOf: [{ properties: { b: { type: "string" } }, required: ["b"] }, {}] });
+  expect(merged.g.accepts("root", '{"a": 1, "b": "x"}')).toBe(true);
+  expect(merged.g.accepts("root", '{"b": "x"}')).toBe(false);
+  expect(() => both({ type: "string", anyOf: [{ type: "integer" }] })).toThrow(/no 'anyOf' alternative/);
+  expect(() => both({ type: "string", pattern: "^a", anyOf: [{ pattern: "b$" }] })).toThrow(/'pattern' both next to/);
+});
+
+it("under length limits an astral character counts once: raw only, never as an escaped surrogate pair", () => {
+  const g = new GbnfGrammar(schemaToGbnf({ type: "string", minLength: 2, maxLength: 2 }, { param: "p" }).grammar);
+  expect(g.accepts("root", '"a😀"')).toBe(true);
+  expect(g.accepts("root", '"a\\u00e9"')).toBe(true);
+  expect(g.accepts("root", '"a\\ud83d\\ude00"')).toBe(false);
+  expect(g.accepts("root", '"\\ud83d\\ude00"')).toBe(false);
 });

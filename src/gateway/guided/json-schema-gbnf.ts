@@ -16,8 +16,9 @@
  * - integer: at most 16 digits, no exponent; minimum/maximum (and exclusive forms) as digit-range rules.
  * - number: JSON number (at most 16 integral digits); with bounds (fractional too), written without exponent and
  *   compared decimally (number-range.ts).
- * - string: minLength/maxLength (code points; a `\uXXXX` escape counts as one), `format` (date, time, date-time,
- *   uuid, email, uri; others refused), `pattern` (subset, see pattern-gbnf.ts; not combined with lengths/format).
+ * - string: minLength/maxLength (code points: astral characters raw, never as escaped surrogate pairs),
+ *   `format` (date, time, date-time, uuid, email, uri; others refused), `pattern` (subset, see pattern-gbnf.ts;
+ *   not combined with lengths/format).
  * - arrays: items/prefixItems (and draft-7 tuple `items` + additionalItems), minItems/maxItems.
  * - `{}`/`true` → any JSON value; `false` → refused. Annotations and unknown keywords are ignored (they do not
  *   constrain, per JSON Schema); constraining keywords we cannot honour → 400 naming the keyword.
@@ -25,13 +26,14 @@
  * Inexact (the grammar accepts a subset of what a validator accepts, never more, except where noted): property
  * order is fixed; `additionalProperties` absent next to `properties` means no extra keys (llama.cpp's reading;
  * a validator allows them); JSON written with non-canonical escapes (`\u0061`) inside patterns/formats/enums; numbers with
- * more than 16 integral digits; `date` accepts day 31 in any month (more than a validator); extra keys of an
+ * more than 16 integral digits; extra keys of an
  * `additionalProperties` schema never repeat a declared name, except when a declared name needs JSON escapes
  * (then any key: more); oneOf may match several branches (more).
  */
 import { invalidValue, type KeelHttpError } from "../errors.js";
 import { charSet, jsonCharOf, literal, negate } from "./gbnf-text.js";
-import { type Bound, numberRange } from "./number-range.js";
+import { FORMATS } from "./formats-gbnf.js";
+import { type Bound, integerRange, numberRange } from "./number-range.js";
 import { MAX_REPEAT, PatternError, patternToGbnf, type CharMode, RAW_ANY } from "./pattern-gbnf.js";
 
 /** Deepest schema nesting we convert. */
@@ -45,6 +47,9 @@ const MAX_DIGITS = 16;
 const PRIMITIVES: Readonly<Record<string, string>> = {
   space: '| " " | "\\n" [ \\t]{0,20}',
   "json-char": '[^"\\\\\\x00-\\x1F] | "\\\\" (["\\\\/bfnrt] | "u" [0-9a-fA-F]{4})',
+  // One code point exactly (for length limits): no `\uD800`–`\uDFFF` escapes, so an astral character is written
+  // raw and never as an escaped surrogate pair that would count twice.
+  "json-char-cp": '[^"\\\\\\x00-\\x1F] | "\\\\" (["\\\\/bfnrt] | "u" ([0-9a-cA-Ce-fE-F] [0-9a-fA-F]{3} | [dD] [0-7] [0-9a-fA-F]{2}))',
   "json-string": '"\\"" json-char* "\\""',
   "json-int": '"-"? ([0-9] | [1-9] [0-9]{0,15})',
   "json-number": 'json-int ("." [0-9]+)? ([eE] [-+]? [0-9]{1,15})?',
@@ -212,6 +217,11 @@ export class GbnfBuilder {
     const target = resolvePointer(root, ptr);
     if (target === undefined) throw this.fail(job, ptr, "no schema at this location.");
     const expr = this.visit(job, target, { ptr, depth: 0, unguarded: new Set() }, mode);
+    // A value must be finite: a required recursion (an object that must contain itself) would leave the model
+    // generating until max_tokens with no way to finish.
+    if (!finite(root, target, new Set(), new Set())) {
+      throw this.fail(job, ptr, "the schema admits no finite value (every alternative requires itself again through '$ref').", true);
+    }
     return this.define(this.fresh(job.prefix, "root"), expr);
   }
 
@@ -254,11 +264,16 @@ export class GbnfBuilder {
         if (!Array.isArray(alts) || alts.length === 0) throw this.fail(job, ctx.ptr, `'${key}' must be a non-empty array.`);
         const rest = { ...s };
         delete rest[key];
-        const hasRest = Object.keys(rest).some((k) => !ANNOTATIONS.has(k));
-        const options = alts.map((a, i) => {
-          const sub = hasRest && typeof a === "object" && a !== null ? { ...rest, ...(a as JsonSchema) } : a;
-          return this.visit(job, sub, child(`${key}/${i}`), mode);
+        const hasRest = Object.keys(rest).some((k) => !ANNOTATIONS.has(k) && k !== "$defs" && k !== "definitions");
+        const options: string[] = [];
+        alts.forEach((a, i) => {
+          const where = child(`${key}/${i}`);
+          // Keywords next to anyOf apply to every alternative: merged in (an alternative whose type cannot meet
+          // the parent's admits nothing and is dropped).
+          const sub = hasRest && typeof a === "object" && a !== null && !Array.isArray(a) ? this.mergeInto(job, rest, a as JsonSchema, where.ptr) : a;
+          if (sub !== null) options.push(this.visit(job, sub, where, mode));
         });
+        if (options.length === 0) throw this.fail(job, ctx.ptr, `no '${key}' alternative can meet the keywords next to it.`, true);
         return `(${options.join(" | ")})`;
       }
     }
@@ -332,6 +347,41 @@ export class GbnfBuilder {
     // A qwen3coder parameter writes strings raw (unquoted); other values stay JSON.
     const lits = [...new Set(kept.map((v) => literal(mode === "raw" && typeof v === "string" ? v : JSON.stringify(v))))];
     return `(${lits.join(" | ")})`;
+  }
+
+  /**
+   * `parent` (the keywords next to anyOf/oneOf) AND `alt`, as one schema; null when their types do not meet.
+   * Types intersect (integer ⊂ number), properties merge, required unite; any other keyword both define must be
+   * equal, else refused (intersecting e.g. two patterns is beyond a grammar).
+   */
+  private mergeInto(job: SchemaJob, parent: JsonSchema, alt: JsonSchema, ptr: string): JsonSchema | null {
+    if ("$ref" in alt) throw this.fail(job, ptr, "'$ref' inside an anyOf/oneOf that has sibling keywords is not supported.", true);
+    const out: JsonSchema = { ...parent };
+    for (const [k, v] of Object.entries(alt)) {
+      if (!(k in out) || ANNOTATIONS.has(k)) out[k] = v;
+      else if (k === "type") {
+        const types = (t: unknown) => (Array.isArray(t) ? (t as unknown[]) : [t]);
+        const a = types(out.type);
+        const b = types(v);
+        const meet = [...new Set([...a.filter((t) => b.includes(t) || (t === "integer" && b.includes("number"))), ...b.filter((t) => t === "integer" && a.includes("number"))])];
+        if (meet.length === 0) return null;
+        out.type = meet.length === 1 ? meet[0] : meet;
+      } else if (k === "properties" && typeof v === "object" && v !== null && typeof out.properties === "object" && out.properties !== null) {
+        const merged = { ...(out.properties as JsonSchema) };
+        for (const [name, sub] of Object.entries(v as JsonSchema)) {
+          if (name in merged && JSON.stringify(merged[name]) !== JSON.stringify(sub)) {
+            throw this.fail(job, ptr, `property '${name}' is declared both next to and inside the alternative with different schemas.`, true);
+          }
+          merged[name] = sub;
+        }
+        out.properties = merged;
+      } else if (k === "required" && Array.isArray(v) && Array.isArray(out.required)) {
+        out.required = [...new Set([...(out.required as unknown[]), ...v])];
+      } else if (JSON.stringify(out[k]) !== JSON.stringify(v)) {
+        throw this.fail(job, ptr, `'${k}' both next to and inside the alternative (with different values) is not supported.`, true);
+      }
+    }
+    return out;
   }
 
   /** Merges allOf's object schemas (properties, required, additionalProperties) into one schema. */
@@ -467,10 +517,19 @@ export class GbnfBuilder {
     return `"\\"" ${emit(root)}`;
   }
 
+  /** A count keyword (`minItems`, `maxLength`…): absent → null; present, it must be a non-negative integer. */
+  private count(job: SchemaJob, s: JsonSchema, key: string, ctx: Ctx): number | null {
+    const v = s[key];
+    if (v === undefined) return null;
+    if (typeof v !== "number" || !Number.isInteger(v) || v < 0) throw this.fail(job, `${ctx.ptr}/${key}`, `'${key}' must be a non-negative integer.`);
+    return v;
+  }
+
   private visitArray(job: SchemaJob, s: JsonSchema, ctx: Ctx): string {
     const sp = this.primitive("space");
     const guarded: Ctx = { ...ctx, unguarded: new Set() };
     const sub = (x: unknown, seg: string) => this.visit(job, x, { ...guarded, ptr: `${ctx.ptr}/${seg}`, depth: ctx.depth + 1 }, "json");
+    if ("prefixItems" in s && !Array.isArray(s.prefixItems)) throw this.fail(job, `${ctx.ptr}/prefixItems`, "'prefixItems' must be an array of schemas.");
     let prefix: unknown[] = [];
     let rest: unknown = s.items ?? true;
     if (Array.isArray(s.prefixItems)) {
@@ -480,8 +539,8 @@ export class GbnfBuilder {
       prefix = s.items;
       rest = s.additionalItems ?? true;
     }
-    const min = num(s.minItems, 0);
-    const max = s.maxItems === undefined ? null : num(s.maxItems, 0);
+    const min = this.count(job, s, "minItems", ctx) ?? 0;
+    const max = this.count(job, s, "maxItems", ctx);
     if (max !== null && max < min) throw this.fail(job, ctx.ptr, "'maxItems' is below 'minItems'.");
     if (min > MAX_REPEAT || (max !== null && max > MAX_REPEAT)) throw this.fail(job, ctx.ptr, `item counts above ${MAX_REPEAT} are not supported.`, true);
     const k = max === null ? prefix.length : Math.min(prefix.length, max);
@@ -539,11 +598,11 @@ export class GbnfBuilder {
       return quote(name);
     }
     if (hasLen) {
-      const min = num(s.minLength, 0);
-      const max = s.maxLength === undefined ? null : num(s.maxLength, 0);
+      const min = this.count(job, s, "minLength", ctx) ?? 0;
+      const max = this.count(job, s, "maxLength", ctx);
       if (max !== null && max < min) throw this.fail(job, ctx.ptr, "'maxLength' is below 'minLength'.");
       if (min > MAX_REPEAT || (max !== null && max > MAX_REPEAT)) throw this.fail(job, ctx.ptr, `string lengths above ${MAX_REPEAT} are not supported.`, true);
-      const c = mode === "json" ? anyChar : `(${anyChar})`;
+      const c = mode === "json" ? this.primitive("json-char-cp") : `(${anyChar})`;
       return quote(max === null ? `${c}{${min},}` : `${c}{${min},${max}}`);
     }
     return mode === "json" ? this.primitive("json-string") : this.primitive("raw-text");
@@ -571,7 +630,7 @@ export class GbnfBuilder {
     if (lo !== null && hi !== null && (lo.value > hi.value || (lo.value === hi.value && (lo.exclusive || hi.exclusive)))) {
       throw this.fail(job, ctx.ptr, "the number bounds admit no value.", true);
     }
-    const expr = numberRange(lo, hi, uintRange);
+    const expr = numberRange(lo, hi);
     if (expr === null) throw this.fail(job, ctx.ptr, "the number bounds admit no value (within 16 integral digits).", true);
     return this.define(this.fresh(job.prefix, "number"), expr);
   }
@@ -617,6 +676,57 @@ export class GbnfBuilder {
   }
 }
 
+/**
+ * Whether some finite JSON value satisfies `schema` as the grammar reads it (run after a successful conversion, so
+ * the schema is well-formed). A minimal finite value never nests a `$ref` inside itself, so a ref met again on the
+ * current path counts as unusable; `known` memoises refs proven finite (true in every context).
+ */
+function finite(root: unknown, schema: unknown, path: Set<string>, known: Set<string>): boolean {
+  if (typeof schema !== "object" || schema === null) return schema !== false;
+  const s = schema as JsonSchema;
+  const sub = (x: unknown) => finite(root, x, path, known);
+  if (typeof s.$ref === "string") {
+    const ref = s.$ref;
+    if (known.has(ref)) return true;
+    if (path.has(ref)) return false;
+    path.add(ref);
+    const ok = sub(resolvePointer(root, ref));
+    path.delete(ref);
+    if (ok) known.add(ref);
+    return ok;
+  }
+  if ("const" in s || "enum" in s) return true;
+  if (Array.isArray(s.allOf)) {
+    // As converted: one object with every part's properties and required names (parts may be refs).
+    const parts = [{ ...s, allOf: undefined }, ...s.allOf.map((p) => (typeof p === "object" && p !== null && typeof (p as JsonSchema).$ref === "string" ? resolvePointer(root, (p as JsonSchema).$ref as string) : p))];
+    const properties: JsonSchema = {};
+    const required: unknown[] = [];
+    for (const p of parts) {
+      if (typeof p !== "object" || p === null) continue;
+      Object.assign(properties, (p as JsonSchema).properties ?? {});
+      if (Array.isArray((p as JsonSchema).required)) required.push(...((p as JsonSchema).required as unknown[]));
+    }
+    return finite(root, { type: "object", properties, required }, path, known);
+  }
+  for (const k of ["anyOf", "oneOf"] as const) if (Array.isArray(s[k])) return (s[k] as unknown[]).some(sub);
+  const type = s.type ?? inferType(s);
+  const types = Array.isArray(type) ? type : [type];
+  return types.some((t) => {
+    if (t === "object") {
+      const props = (s.properties ?? {}) as JsonSchema;
+      const required = Array.isArray(s.required) ? (s.required as string[]) : [];
+      return required.every((r) => sub(props[r]));
+    }
+    if (t === "array") {
+      const min = num(s.minItems, 0);
+      const prefix = Array.isArray(s.prefixItems) ? s.prefixItems : Array.isArray(s.items) ? s.items : [];
+      const rest = Array.isArray(s.prefixItems) ? s.items : Array.isArray(s.items) ? s.additionalItems : s.items;
+      return prefix.slice(0, min).every(sub) && (min <= prefix.length || rest === undefined || sub(rest));
+    }
+    return true;
+  });
+}
+
 /** Errors for valid schemas the grammar cannot honour (vs invalid schemas). */
 const UNSUPPORTED = new WeakSet<KeelHttpError>();
 
@@ -646,17 +756,6 @@ export function checkSchema(schema: unknown, param: string): void {
 
 /** Annotation keywords: never constrain. */
 const ANNOTATIONS = new Set(["title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated", "readOnly", "writeOnly", "$anchor"]);
-
-/** `format` rules over the string content (ASCII only, so the same text serves JSON and raw modes). */
-const FORMATS: Readonly<Record<string, string>> = {
-  date: '[0-9]{4} "-" ("0" [1-9] | "1" [0-2]) "-" ("0" [1-9] | [12] [0-9] | "3" [01])',
-  time: '([01] [0-9] | "2" [0-3]) ":" [0-5] [0-9] ":" [0-5] [0-9] ("." [0-9]{1,9})? ([zZ] | [-+] ([01] [0-9] | "2" [0-3]) ":" [0-5] [0-9])',
-  "date-time":
-    '[0-9]{4} "-" ("0" [1-9] | "1" [0-2]) "-" ("0" [1-9] | [12] [0-9] | "3" [01]) [tT] ([01] [0-9] | "2" [0-3]) ":" [0-5] [0-9] ":" [0-5] [0-9] ("." [0-9]{1,9})? ([zZ] | [-+] ([01] [0-9] | "2" [0-3]) ":" [0-5] [0-9])',
-  uuid: "[0-9a-fA-F]{8} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{4} \"-\" [0-9a-fA-F]{12}",
-  email: '[a-zA-Z0-9._%+\\x2D]{1,64} "@" [a-zA-Z0-9] [a-zA-Z0-9\\x2D]{0,62} ("." [a-zA-Z0-9] [a-zA-Z0-9\\x2D]{0,62})+',
-  uri: '[a-zA-Z] [a-zA-Z0-9+.\\x2D]* ":" [a-zA-Z0-9\\x2D._~:/?#@!$&\'()*+,;=%\\x5B\\x5D]+',
-};
 
 function num(v: unknown, dflt: number): number {
   return typeof v === "number" && Number.isFinite(v) ? Math.max(0, Math.floor(v)) : dflt;
@@ -721,53 +820,6 @@ function jsonTypeMatches(v: unknown, t: unknown): boolean {
     default:
       return false;
   }
-}
-
-// ---------------------------------------------------------------- integer ranges
-
-/** GBNF alternatives for the integers in [lo, hi] (JSON spelling: no leading zeros, no "-0"). */
-export function integerRange(lo: bigint, hi: bigint): string {
-  const alts: string[] = [];
-  if (hi >= 0n) alts.push(...uintRange(lo > 0n ? lo : 0n, hi));
-  if (lo < 0n) {
-    const mags = uintRange(hi < -1n ? -hi : 1n, -lo);
-    alts.push(`"-" (${mags.join(" | ")})`);
-  }
-  return alts.join(" | ");
-}
-
-/** Alternatives for non-negative integers in [a, b], split by digit count. */
-export function uintRange(a: bigint, b: bigint): string[] {
-  const out: string[] = [];
-  const la = a.toString().length;
-  const lb = b.toString().length;
-  for (let len = la; len <= lb; len++) {
-    const floor = len === 1 ? 0n : 10n ** BigInt(len - 1);
-    const ceil = 10n ** BigInt(len) - 1n;
-    const x = a > floor ? a : floor;
-    const y = b < ceil ? b : ceil;
-    if (x <= y) out.push(sameLength(x.toString(), y.toString()));
-  }
-  return out;
-}
-
-/** GBNF for the decimal strings of equal length n between `lo` and `hi` (inclusive), digit by digit. */
-function sameLength(lo: string, hi: string): string {
-  if (lo === hi) return literal(lo);
-  const n = lo.length;
-  if (n === 1) return `[${lo}-${hi}]`;
-  const restLo = lo.slice(1);
-  const restHi = hi.slice(1);
-  const anyRest = `[0-9]{${n - 1}}`;
-  if (lo[0] === hi[0]) return `"${lo[0]}" (${sameLength(restLo, restHi)})`;
-  if (/^0+$/.test(restLo) && /^9+$/.test(restHi)) return `[${lo[0]}-${hi[0]}] ${anyRest}`;
-  const alts: string[] = [];
-  const d0 = Number(lo[0]);
-  const d1 = Number(hi[0]);
-  alts.push(`"${d0}" (${sameLength(restLo, "9".repeat(n - 1))})`);
-  if (d1 - d0 >= 2) alts.push(`[${d0 + 1}-${d1 - 1}] ${anyRest}`);
-  alts.push(`"${d1}" (${sameLength("0".repeat(n - 1), restHi)})`);
-  return alts.join(" | ");
 }
 
 /**

@@ -1,5 +1,5 @@
 /**
- * GBNF for JSON numbers within bounds (`minimum`/`maximum`, exclusive forms; bounds may be fractional), written
+ * Numeric ranges as GBNF: integers digit by digit ({@link integerRange}), and JSON numbers within bounds (`minimum`/`maximum`, exclusive forms; bounds may be fractional), written
  * without an exponent (a bounded number is spelled `-?I(.F)?`, at most 16 integral digits). Comparison is decimal
  * on the written text, so it agrees with a validator up to double rounding of 17+ significant digits.
  *
@@ -89,18 +89,15 @@ export function toDec(v: number): Dec {
   return { int: BigInt(i!), frac: f.replace(/0+$/, "") };
 }
 
-/** GBNF for an unsigned integer range, digit by digit (see json-schema-gbnf.ts integerRange). */
-export type UintRange = (lo: bigint, hi: bigint) => string[];
-
 /**
  * Magnitudes m with A ≤ m ≤ B (exclusive per flag; B null = unbounded), spelled `I(.F)?`. Returns null when empty.
  */
-function magnitude(A: Dec, exA: boolean, B: Dec | null, exB: boolean, uint: UintRange): string | null {
+function magnitude(A: Dec, exA: boolean, B: Dec | null, exB: boolean): string | null {
   const intLit = (n: bigint) => literal(n.toString());
   if (B !== null && A.int === B.int) return withFrac(intLit(A.int), fracBetween(A.frac, B.frac, exA, exB));
   const out: Array<string | null> = [withFrac(intLit(A.int), fracGE(A.frac, exA))];
   const top = B === null ? INT_LIMIT : B.int - 1n;
-  if (A.int + 1n <= top) out.push(withFrac(uint(A.int + 1n, top).join(" | "), ANY_FRAC));
+  if (A.int + 1n <= top) out.push(withFrac(uintRange(A.int + 1n, top).join(" | "), ANY_FRAC));
   if (B !== null) out.push(withFrac(intLit(B.int), fracLE(B.frac, exB)));
   return alts(...out);
 }
@@ -112,7 +109,7 @@ export interface Bound {
 }
 
 /** GBNF for JSON numbers x with lo ≤ x ≤ hi (null = unbounded); null when no number qualifies. */
-export function numberRange(lo: Bound | null, hi: Bound | null, uint: UintRange): string | null {
+export function numberRange(lo: Bound | null, hi: Bound | null): string | null {
   const zero: Dec = { int: 0n, frac: "" };
   // Beyond 16 integral digits: an upper bound is no bound; a lower bound leaves nothing on its side.
   const huge = (b: Bound | null) => b !== null && toDec(b.value).int > INT_LIMIT;
@@ -123,14 +120,61 @@ export function numberRange(lo: Bound | null, hi: Bound | null, uint: UintRange)
   if (hi === null || hi.value > 0 || (hi.value === 0 && !hi.exclusive)) {
     const from = lo !== null && lo.value >= 0 ? toDec(lo.value) : zero;
     const exFrom = lo !== null && lo.value >= 0 ? lo.exclusive : false;
-    parts.push(magnitude(from, exFrom, hi === null ? null : toDec(hi.value), hi?.exclusive ?? false, uint));
+    parts.push(magnitude(from, exFrom, hi === null ? null : toDec(hi.value), hi?.exclusive ?? false));
   }
   // 2. x < 0 part: "-" magnitudes in (max(-hi, 0), -lo].
   if (lo === null || lo.value < 0) {
     const from = hi !== null && hi.value < 0 ? toDec(hi.value) : zero;
     const exFrom = hi !== null && hi.value < 0 ? hi.exclusive : true;
-    const m = magnitude(from, exFrom, lo === null ? null : toDec(lo.value), lo?.exclusive ?? false, uint);
+    const m = magnitude(from, exFrom, lo === null ? null : toDec(lo.value), lo?.exclusive ?? false);
     parts.push(m === null ? null : `"-" (${m})`);
   }
   return alts(...parts);
+}
+
+// ---------------------------------------------------------------- integers
+
+/** GBNF alternatives for the integers in [lo, hi] (JSON spelling: no leading zeros, no "-0"). */
+export function integerRange(lo: bigint, hi: bigint): string {
+  const alts: string[] = [];
+  if (hi >= 0n) alts.push(...uintRange(lo > 0n ? lo : 0n, hi));
+  if (lo < 0n) {
+    const mags = uintRange(hi < -1n ? -hi : 1n, -lo);
+    alts.push(`"-" (${mags.join(" | ")})`);
+  }
+  return alts.join(" | ");
+}
+
+/** Alternatives for non-negative integers in [a, b], split by digit count. */
+export function uintRange(a: bigint, b: bigint): string[] {
+  const out: string[] = [];
+  const la = a.toString().length;
+  const lb = b.toString().length;
+  for (let len = la; len <= lb; len++) {
+    const floor = len === 1 ? 0n : 10n ** BigInt(len - 1);
+    const ceil = 10n ** BigInt(len) - 1n;
+    const x = a > floor ? a : floor;
+    const y = b < ceil ? b : ceil;
+    if (x <= y) out.push(sameLength(x.toString(), y.toString()));
+  }
+  return out;
+}
+
+/** GBNF for the decimal strings of equal length n between `lo` and `hi` (inclusive), digit by digit. */
+function sameLength(lo: string, hi: string): string {
+  if (lo === hi) return literal(lo);
+  const n = lo.length;
+  if (n === 1) return `[${lo}-${hi}]`;
+  const restLo = lo.slice(1);
+  const restHi = hi.slice(1);
+  const anyRest = `[0-9]{${n - 1}}`;
+  if (lo[0] === hi[0]) return `"${lo[0]}" (${sameLength(restLo, restHi)})`;
+  if (/^0+$/.test(restLo) && /^9+$/.test(restHi)) return `[${lo[0]}-${hi[0]}] ${anyRest}`;
+  const alts: string[] = [];
+  const d0 = Number(lo[0]);
+  const d1 = Number(hi[0]);
+  alts.push(`"${d0}" (${sameLength(restLo, "9".repeat(n - 1))})`);
+  if (d1 - d0 >= 2) alts.push(`[${d0 + 1}-${d1 - 1}] ${anyRest}`);
+  alts.push(`"${d1}" (${sameLength("0".repeat(n - 1), restHi)})`);
+  return alts.join(" | ");
 }

@@ -9,7 +9,7 @@
  * escapes, `\c`, anchors anywhere else, and a quantifier over something that can match nothing (`(a?)*`; llama.cpp
  * rejects the left recursion that would produce).
  */
-import { type CharSet, MAX_CODE_POINT, charSet, classOf, jsonCharOf, negate } from "./gbnf-text.js";
+import { type CharSet, MAX_CODE_POINT, charSet, classOf, jsonCharOf, negate, subtract } from "./gbnf-text.js";
 
 /** Largest `{m,n}` bound we expand (llama.cpp expands repetitions into that many rules). */
 export const MAX_REPEAT = 4096;
@@ -314,9 +314,14 @@ export type CharMode = "json" | "raw";
 
 /** One character of `set` in `mode`, or null when no character can be written (an empty class). */
 export function charOf(set: CharSet, mode: CharMode): string | null {
-  if (set.length === 0) return null;
-  return mode === "json" ? jsonCharOf(set) : classOf(set);
+  if (mode === "json") return set.length === 0 ? null : jsonCharOf(set);
+  // Raw (qwen3coder) values under a pattern or length never hold a newline, so they cannot contain the
+  // `\n</parameter>` terminator (a subset: newlines the pattern would allow are refused).
+  const raw = subtract(set, NEWLINE);
+  return raw.length === 0 ? null : classOf(raw);
 }
+
+const NEWLINE: CharSet = charSet([[0x0a, 0x0a]]);
 
 function emit(n: Node, mode: CharMode): string {
   switch (n.kind) {
@@ -356,5 +361,5 @@ export function patternToGbnf(pattern: string, mode: CharMode, anyChar: string):
   return `${start ? "" : `(${anyChar})* `}(${body})${end ? "" : ` (${anyChar})*`}`;
 }
 
-/** One arbitrary character in raw mode. */
-export const RAW_ANY = classOf(ANY);
+/** One arbitrary character in raw mode (no newline: see {@link charOf}). */
+export const RAW_ANY = classOf(subtract(ANY, NEWLINE));

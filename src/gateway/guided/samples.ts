@@ -73,6 +73,7 @@ export const SCHEMAS: readonly unknown[] = [
   { type: "string", pattern: '^(\\w+|"[^"]*")\\.\\d{2,3}$' },
   { type: "string", pattern: "a.c" },
   { type: "string", minLength: 2, maxLength: 10 },
+  { type: "object", properties: { d: { type: "string", format: "date" }, t: { type: "string", format: "time" }, u: { type: "string", format: "uri" } }, required: ["d", "t", "u"] },
   { type: "number", minimum: -1.25, exclusiveMaximum: 300.5 },
   { type: "object", properties: { t: { type: "number", minimum: 0, maximum: 1 }, p: { type: "number", exclusiveMinimum: 0 } } },
   { type: ["integer", "null"], exclusiveMaximum: 100 },
