@@ -466,7 +466,7 @@ export function parseChatRequest(body: unknown): ChatRequest {
  * `tool_choice` against the declared tools: default `auto` with tools and `none` without; `required` needs tools; a
  * named function must be one of them (OpenAI and OVMS both refuse a missing one).
  */
-function resolveToolChoice(tools: readonly ToolSpec[], choice: ToolChoice | undefined): ToolChoice {
+export function resolveToolChoice(tools: readonly ToolSpec[], choice: ToolChoice | undefined): ToolChoice {
   if (choice === undefined) return tools.length > 0 ? { kind: "auto" } : { kind: "none" };
   if (choice.kind === "required" && tools.length === 0) {
     throw invalidValue("tool_choice", "Invalid value for 'tool_choice': 'required' needs at least one tool in 'tools'.");

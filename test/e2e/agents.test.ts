@@ -294,3 +294,27 @@ describe("an OpenAI SDK agent loop in both call formats (call, tool result, answ
     expect(second.usage!.prompt_tokens).toBeGreaterThan(first.usage!.prompt_tokens);
   });
 });
+
+describe("Responses API: function tools", () => {
+  const flat = { type: "function", name: "get_weather", parameters: { type: "object", properties: { city: { type: "string", maxLength: 8 } }, required: ["city"], additionalProperties: false } };
+  const post = async (body: Record<string, unknown>) => {
+    const r = await fetch(`${coder.baseUrl}/v3/responses`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body) });
+    return { status: r.status, body: (await r.json()) as { status: string; output: { type: string; call_id?: string; name?: string; arguments?: string }[]; error?: unknown } };
+  };
+
+  it("required: a function_call output item with schema-valid arguments; its result goes back as function_call_output", async () => {
+    const input: unknown[] = [{ role: "user", content: "Weather in Oslo?" }];
+    const first = await post({ model: "keel-tiny-qwen3coder", input, tools: [flat], tool_choice: "required", parallel_tool_calls: false, max_output_tokens: 120 });
+    expect(first.status).toBe(200);
+    expect(first.body.status).toBe("completed");
+    const calls = first.body.output.filter((o) => o.type === "function_call");
+    expect(calls).toHaveLength(1);
+    expect(calls[0]!.name).toBe("get_weather");
+    expect(ajv.compile(flat.parameters)(JSON.parse(calls[0]!.arguments!))).toBe(true);
+    input.push({ type: "function_call", call_id: calls[0]!.call_id, name: calls[0]!.name, arguments: calls[0]!.arguments });
+    input.push({ type: "function_call_output", call_id: calls[0]!.call_id, output: '{"temp_c": 3}' });
+    const second = await post({ model: "keel-tiny-qwen3coder", input, tools: [flat], max_output_tokens: 8 });
+    expect(second.status).toBe(200);
+    expect(["completed", "incomplete"]).toContain(second.body.status);
+  });
+});
