@@ -407,10 +407,14 @@ export const chatRequestBodySchema = z.object({
  *   `min_tokens`, `stop_token_ids`, `include_stop_str_in_output`; no-op
  *   values are dropped. Whether the engine can apply them is checked at
  *   admission (capabilities), not here.
+ * - Agent fields (tool-fields.ts): `tools` (≤ 128 function tools, nested
+ *   or flat, unique names), `tool_choice` (default auto with tools, none
+ *   without; a named function must be declared), `parallel_tool_calls`,
+ *   `response_format` (text, json_object, json_schema); assistant
+ *   `tool_calls` / `reasoning_content`, tool `tool_call_id`, `name`.
  * - Not implemented, so 400 `unsupported_field` unless given their no-op
- *   value: `tools`/`functions` ([]), `tool_choice`/`function_call`
- *   ("none", "auto"), `response_format` ({type:"text"}), `modalities`
- *   (["text"]), and `audio`, `parallel_tool_calls`, `prediction` (no no-op
+ *   value: `functions` ([]), `function_call` ("none", "auto") — use
+ *   `tools` — `modalities` (["text"]), and `audio`, `prediction` (no no-op
  *   value).
  *
  * @param body - The request body as parsed from JSON (any value).
