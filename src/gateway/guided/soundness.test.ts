@@ -121,6 +121,8 @@ const rootedSchema = fc
   .map(([s, x]) => (typeof s === "object" && s !== null ? { ...(s as object), $defs: { x } } : s));
 
 it("random schemas: what the grammar derives, ajv accepts", () => {
+  // KEEL_SOUNDNESS_RUNS raises the count for a long local hunt.
+  const runs = Number(process.env.KEEL_SOUNDNESS_RUNS ?? 400);
   let checked = 0;
   let refused = 0;
   fc.assert(
@@ -142,13 +144,21 @@ it("random schemas: what the grammar derives, ajv accepts", () => {
       const sampler = new GbnfSampler(g, rng(seed));
       for (let n = 0; n < 10; n++) {
         const text = sampler.sample("root");
-        expect(validate(JSON.parse(text)), `${JSON.stringify(schema)}\n${text}\n${JSON.stringify(validate.errors)}`).toBe(true);
+        let ok: boolean;
+        try {
+          ok = validate(JSON.parse(text)) === true;
+        } catch (e) {
+          // ajv recurses forever on a ref cycle inside an alternative that can never match (we drop it); skip.
+          if (e instanceof RangeError) return;
+          throw e;
+        }
+        expect(ok, `${JSON.stringify(schema)}\n${text}\n${JSON.stringify(validate.errors)}`).toBe(true);
         checked++;
       }
     }),
-    { numRuns: 400 },
+    { numRuns: runs },
   );
   // Most random schemas must convert, or the property checks little.
-  expect(checked).toBeGreaterThan(2000);
-  expect(refused).toBeLessThan(200);
+  expect(checked).toBeGreaterThan(5 * runs);
+  expect(refused).toBeLessThan(0.45 * runs);
 });
