@@ -20,7 +20,7 @@
 import { invalidValue } from "../errors.js";
 import type { ToolSpec } from "../tools.js";
 import { literal } from "./gbnf-text.js";
-import { GbnfBuilder, markUnsupported as unsupportedSchema, resolvePointer } from "./json-schema-gbnf.js";
+import { GbnfBuilder, finite, markUnsupported as unsupportedSchema, resolvePointer } from "./json-schema-gbnf.js";
 
 /** Call formats with grammars. */
 export type CallFormat = "hermes3" | "hermes3-bare" | "qwen3coder" | "llama3";
@@ -127,7 +127,9 @@ function qwenParams(b: GbnfBuilder, tool: ToolSpec, prefix: string, param: strin
   }
   const props = (obj.properties ?? {}) as Record<string, unknown>;
   const required = new Set(Array.isArray(obj.required) ? (obj.required as string[]) : []);
-  const names = Object.keys(props);
+  // Optional parameters whose schema has no finite value can never be written: left out (see GbnfBuilder.usable).
+  const finiteRefs = new Set<string>();
+  const names = Object.keys(props).filter((n) => required.has(n) || finite(schema, props[n], new Set(), finiteRefs));
   const base = ptr === "#" ? "#" : ptr;
   const items = names.map((name, k) => {
     // "raw" value mode: strings raw, Python booleans and None allowed, containers as JSON. Converted in place so
@@ -140,7 +142,7 @@ function qwenParams(b: GbnfBuilder, tool: ToolSpec, prefix: string, param: strin
   // true/a schema): any name (declared names are not excluded here), after the declared ones.
   const addl = obj.additionalProperties;
   let body = '""';
-  if ((!("properties" in obj) && (addl === undefined || addl === true)) || (typeof addl === "object" && addl !== null)) {
+  if ((!("properties" in obj) && (addl === undefined || addl === true)) || (typeof addl === "object" && addl !== null && finite(schema, addl, new Set(), finiteRefs))) {
     const value = typeof addl === "object" ? b.addSchemaAt(schema, `${base}/additionalProperties`, `${prefix}-extra`, param, "raw") : b.primitive("raw-text");
     body = `(${b.define(b.fresh(prefix, "extra-param"), `"<parameter=" [^>\\n]+ ">\\n" ${value} "\\n</parameter>\\n"`)})*`;
   }

@@ -268,11 +268,16 @@ describe("schema grammar ⇔ ajv", () => {
 
   it("arrays: prefixItems, items, minItems, maxItems", () => {
     const schema = { type: "array", prefixItems: [{ type: "integer" }, { type: "string" }], items: { type: "boolean" }, minItems: 1, maxItems: 4 };
-    agree(schema, fc.array(fc.oneof(fc.integer({ min: -9, max: 9 }), str(2), fc.boolean()), { maxLength: 6 }));
+    // Half shaped like the schema (int, string, booleans…), half any mix.
+    const shaped = fc.tuple(fc.integer({ min: -9, max: 9 }), str(2), fc.array(fc.boolean(), { maxLength: 3 })).chain(([i, s, bs]) =>
+      fc.integer({ min: 0, max: 2 + bs.length }).map((n) => [i, s, ...bs].slice(0, n)),
+    );
+    agree(schema, fc.oneof(shaped, fc.array(fc.oneof(fc.integer({ min: -9, max: 9 }), str(2), fc.boolean()), { maxLength: 6 })));
   });
 
   it("array counts without prefix", () => {
-    agree({ type: "array", items: { type: "integer" }, minItems: 2, maxItems: 3 }, fc.array(fc.oneof(fc.integer(), fc.constant("s")), { maxLength: 5 }));
+    const element = fc.oneof({ arbitrary: fc.integer(), weight: 6 }, { arbitrary: fc.constant("s"), weight: 1 });
+    agree({ type: "array", items: { type: "integer" }, minItems: 2, maxItems: 3 }, fc.array(element, { maxLength: 5 }));
   });
 
   it("additionalProperties as a schema: extra keys of that schema after the declared ones", () => {
@@ -483,4 +488,26 @@ it("under length limits an astral character counts once: raw only, never as an e
   expect(g.accepts("root", '"a\\u00e9"')).toBe(true);
   expect(g.accepts("root", '"a\\ud83d\\ude00"')).toBe(false);
   expect(g.accepts("root", '"\\ud83d\\ude00"')).toBe(false);
+});
+
+it("optional parts with no finite value are left out, so every path the model enters can finish", () => {
+  const loop = { type: "array", items: { $ref: "#/$defs/x" }, minItems: 1 };
+  const schema = {
+    $defs: { x: loop },
+    type: "object",
+    properties: { ok: { type: "integer" }, never: { $ref: "#/$defs/x" } },
+    additionalProperties: { $ref: "#/$defs/x" },
+  };
+  const g = new GbnfGrammar(schemaToGbnf(schema, { param: "p" }).grammar);
+  expect(g.accepts("root", '{"ok": 1}')).toBe(true);
+  expect(g.accepts("root", "{}")).toBe(true);
+  // No rule may be unfinishable: the grammar has no path into the loop.
+  const text = schemaToGbnf(schema, { param: "p" }).grammar;
+  expect(text).not.toMatch(/never/);
+  expect(text).not.toMatch(/extra-kv/);
+  const arr = new GbnfGrammar(schemaToGbnf({ $defs: { x: loop }, type: "array", prefixItems: [{ type: "integer" }, { $ref: "#/$defs/x" }] }, { param: "p" }).grammar);
+  expect(arr.accepts("root", "[1]")).toBe(true);
+  expect(arr.accepts("root", "[]")).toBe(true);
+  const alt = new GbnfGrammar(schemaToGbnf({ $defs: { x: loop }, anyOf: [{ $ref: "#/$defs/x" }, { type: "null" }] }, { param: "p" }).grammar);
+  expect(alt.accepts("root", "null")).toBe(true);
 });

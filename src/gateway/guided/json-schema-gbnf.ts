@@ -133,6 +133,8 @@ interface SchemaJob {
   param: string;
   /** Rule name per resolved `$ref` pointer (emitted once). */
   refRules: Map<string, string>;
+  /** `$ref`s proven to admit a finite value (memo of {@link finite}). */
+  finiteRefs: Set<string>;
 }
 
 type JsonSchema = Record<string, unknown>;
@@ -213,13 +215,13 @@ export class GbnfBuilder {
    */
   addSchemaAt(root: unknown, ptr: string, prefix: string, param: string, mode: CharMode = "json"): string {
     this.lastParam = param;
-    const job: SchemaJob = { root, prefix: sanitizePrefix(prefix), param, refRules: new Map() };
+    const job: SchemaJob = { root, prefix: sanitizePrefix(prefix), param, refRules: new Map(), finiteRefs: new Set() };
     const target = resolvePointer(root, ptr);
     if (target === undefined) throw this.fail(job, ptr, "no schema at this location.");
     const expr = this.visit(job, target, { ptr, depth: 0, unguarded: new Set() }, mode);
     // A value must be finite: a required recursion (an object that must contain itself) would leave the model
     // generating until max_tokens with no way to finish.
-    if (!finite(root, target, new Set(), new Set())) {
+    if (!this.usable(job, target)) {
       throw this.fail(job, ptr, "the schema admits no finite value (every alternative requires itself again through '$ref').", true);
     }
     return this.define(this.fresh(job.prefix, "root"), expr);
@@ -235,6 +237,27 @@ export class GbnfBuilder {
     const err = invalidValue(job.param, `Invalid schema for '${job.param}' at '${ptr}': ${message}`);
     if (unsupported) UNSUPPORTED.add(err);
     return err;
+  }
+
+  /**
+   * Whether `x` admits a finite value. Parts that do not are left out of the grammar wherever they are optional
+   * (an optional property, extra keys, further items, an alternative), so every path the model can enter can
+   * also be finished; where required, the whole schema is refused at its root.
+   */
+  private usable(job: SchemaJob, x: unknown): boolean {
+    return finite(job.root, x, new Set(), job.finiteRefs);
+  }
+
+  /**
+   * Checks a part left out as unfinishable (see {@link usable}) for INVALID schema content, which is still a 400;
+   * what it could not honour does not matter, since it can never be written.
+   */
+  private validateOnly(job: SchemaJob, x: unknown, ctx: Ctx, mode: CharMode): void {
+    try {
+      this.visit(job, x, ctx, mode);
+    } catch (e) {
+      if (!isUnsupportedSchema(e)) throw e;
+    }
   }
 
   /** GBNF expression for one value of `schema` at `ctx`. */
@@ -266,14 +289,23 @@ export class GbnfBuilder {
         delete rest[key];
         const hasRest = Object.keys(rest).some((k) => !ANNOTATIONS.has(k) && k !== "$defs" && k !== "definitions");
         const options: string[] = [];
+        let unfinishable = 0;
         alts.forEach((a, i) => {
           const where = child(`${key}/${i}`);
           // Keywords next to anyOf apply to every alternative: merged in (an alternative whose type cannot meet
           // the parent's admits nothing and is dropped).
           const sub = hasRest && typeof a === "object" && a !== null && !Array.isArray(a) ? this.mergeInto(job, rest, a as JsonSchema, where.ptr) : a;
-          if (sub !== null) options.push(this.visit(job, sub, where, mode));
+          if (sub === null) return;
+          if (this.usable(job, sub)) options.push(this.visit(job, sub, where, mode));
+          else {
+            unfinishable++;
+            this.validateOnly(job, sub, where, mode);
+          }
         });
-        if (options.length === 0) throw this.fail(job, ctx.ptr, `no '${key}' alternative can meet the keywords next to it.`, true);
+        if (options.length === 0) {
+          const why = unfinishable > 0 ? "the schema admits no finite value (no alternative can finish)." : `no '${key}' alternative can meet the keywords next to it.`;
+          throw this.fail(job, ctx.ptr, why, true);
+        }
         return `(${options.join(" | ")})`;
       }
     }
@@ -281,7 +313,8 @@ export class GbnfBuilder {
     const type = s.type ?? inferType(s);
     if (Array.isArray(type)) {
       if (type.length === 0) throw this.fail(job, ctx.ptr, "'type' must not be an empty array.");
-      return `(${type.map((t) => this.visitTyped(job, s, t, ctx, mode)).join(" | ")})`;
+      const live = type.filter((t) => this.usable(job, { ...s, type: t }));
+      return `(${(live.length > 0 ? live : type).map((t) => this.visitTyped(job, s, t, ctx, mode)).join(" | ")})`;
     }
     if (type === undefined) return mode === "raw" ? this.primitive("raw-text") : this.primitive("json-value");
     return this.visitTyped(job, s, type, ctx, mode);
@@ -328,7 +361,13 @@ export class GbnfBuilder {
     job.refRules.set(key, name);
     const unguarded = new Set(ctx.unguarded);
     unguarded.add(ref);
-    const body = this.visit(job, target, { ptr: ref, depth: ctx.depth + 1, unguarded }, mode);
+    let body: string;
+    try {
+      body = this.visit(job, target, { ptr: ref, depth: ctx.depth + 1, unguarded }, mode);
+    } catch (e) {
+      job.refRules.delete(key); // never leave a name without its rule
+      throw e;
+    }
     this.define(name, body);
     return name;
   }
@@ -453,16 +492,24 @@ export class GbnfBuilder {
     // Any object: no `properties` keyword and extra keys not restricted. (`properties: {}` declares none: `{}`.)
     if (!("properties" in s) && (addl === undefined || addl === true)) return this.primitive("json-object");
     const guarded: Ctx = { ...ctx, unguarded: new Set() };
-    const kv = names.map((name) => {
+    const req = new Set(required as string[]);
+    // Optional properties whose schema has no finite value can never appear: left out.
+    const declared = names;
+    const live = names.filter((n) => req.has(n) || this.usable(job, (props as JsonSchema)[n]));
+    for (const n of names) {
+      if (!live.includes(n)) this.validateOnly(job, (props as JsonSchema)[n], { ...guarded, ptr: `${ctx.ptr}/properties/${escapePointer(n)}`, depth: ctx.depth + 1 }, "json");
+    }
+    const kv = live.map((name) => {
       const value = this.visit(job, (props as JsonSchema)[name], { ...guarded, ptr: `${ctx.ptr}/properties/${escapePointer(name)}`, depth: ctx.depth + 1 }, "json");
       return `${literal(JSON.stringify(name))} ${sp} ":" ${sp} ${value} ${sp}`;
     });
     let extra: string | null = null;
-    if (addl !== undefined && addl !== false) {
+    const addlLive = addl !== undefined && addl !== false && this.usable(job, addl);
+    if (addl !== undefined && addl !== false && !addlLive) this.validateOnly(job, addl, { ...guarded, ptr: `${ctx.ptr}/additionalProperties`, depth: ctx.depth + 1 }, "json");
+    if (addlLive) {
       const value = addl === true ? this.primitive("json-value") : this.visit(job, addl, { ...guarded, ptr: `${ctx.ptr}/additionalProperties`, depth: ctx.depth + 1 }, "json");
-      extra = this.define(this.fresh(job.prefix, "extra-kv"), `${this.otherKey(job, names)} ${sp} ":" ${sp} ${value} ${sp}`);
+      extra = this.define(this.fresh(job.prefix, "extra-kv"), `${this.otherKey(job, declared)} ${sp} ":" ${sp} ${value} ${sp}`);
     }
-    const req = new Set(required as string[]);
     // seq(i, first): the members from declaration index i on, `first` = nothing written yet (no comma before).
     const memo = new Map<string, string>();
     const seq = (i: number, first: boolean): string => {
@@ -471,12 +518,12 @@ export class GbnfBuilder {
       if (known !== undefined) return known;
       let body: string;
       const comma = first ? "" : `"," ${sp} `;
-      if (i === names.length) {
+      if (i === live.length) {
         if (extra === null) body = '""';
         else body = first ? `(${extra} ("," ${sp} ${extra})*)?` : `("," ${sp} ${extra})*`;
       } else {
         const take = `${comma}${kv[i]} ${seq(i + 1, false)}`;
-        body = req.has(names[i]!) ? take : `${take} | ${seq(i + 1, first)}`;
+        body = req.has(live[i]!) ? take : `${take} | ${seq(i + 1, first)}`;
       }
       const name = this.define(this.fresh(job.prefix, `obj-${i}${first ? "f" : "n"}`), body);
       memo.set(key, name);
@@ -543,10 +590,21 @@ export class GbnfBuilder {
     const max = this.count(job, s, "maxItems", ctx);
     if (max !== null && max < min) throw this.fail(job, ctx.ptr, "'maxItems' is below 'minItems'.");
     if (min > MAX_REPEAT || (max !== null && max > MAX_REPEAT)) throw this.fail(job, ctx.ptr, `item counts above ${MAX_REPEAT} are not supported.`, true);
+    // Items whose schema has no finite value end the array there (they can never be written).
+    const dead = prefix.findIndex((p) => !this.usable(job, p));
+    const pruned = dead >= 0 || (rest !== false && !this.usable(job, rest));
+    if (pruned) {
+      prefix.forEach((p, i) => i >= dead && dead >= 0 && this.validateOnly(job, p, { ...guarded, ptr: `${ctx.ptr}/items/${i}`, depth: ctx.depth + 1 }, "json"));
+      if (rest !== false) this.validateOnly(job, rest, { ...guarded, ptr: `${ctx.ptr}/items`, depth: ctx.depth + 1 }, "json");
+      if (dead >= 0) prefix = prefix.slice(0, dead);
+      rest = false;
+    }
     const k = max === null ? prefix.length : Math.min(prefix.length, max);
     const prefixRules = prefix.slice(0, k).map((p, i) => sub(p, `${Array.isArray(s.prefixItems) ? "prefixItems" : "items"}/${i}`));
     const restRule = rest === false ? null : sub(rest, Array.isArray(s.prefixItems) || !Array.isArray(s.items) ? "items" : "additionalItems");
-    if (restRule === null && min > k) throw this.fail(job, ctx.ptr, "'minItems' exceeds the number of allowed items.", true);
+    if (restRule === null && min > k) {
+      throw this.fail(job, ctx.ptr, pruned ? "the schema admits no finite value (its required items cannot finish)." : "'minItems' exceeds the number of allowed items.", true);
+    }
     const item = (rule: string) => `${rule} ${sp}`;
     const sep = `"," ${sp} `;
     // Tail after the prefix: rest items, count in [lo, hi].
@@ -681,7 +739,7 @@ export class GbnfBuilder {
  * the schema is well-formed). A minimal finite value never nests a `$ref` inside itself, so a ref met again on the
  * current path counts as unusable; `known` memoises refs proven finite (true in every context).
  */
-function finite(root: unknown, schema: unknown, path: Set<string>, known: Set<string>): boolean {
+export function finite(root: unknown, schema: unknown, path: Set<string>, known: Set<string>): boolean {
   if (typeof schema !== "object" || schema === null) return schema !== false;
   const s = schema as JsonSchema;
   const sub = (x: unknown) => finite(root, x, path, known);

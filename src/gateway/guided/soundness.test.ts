@@ -94,6 +94,8 @@ describe("every derivable call names a declared tool with schema-valid arguments
 });
 
 const typeName = fc.constantFrom("object", "array", "string", "integer", "number", "boolean", "null");
+/** JSON values for enum/const, without keys named like Object.prototype methods (ajv's deep-equal calls them). */
+const literalValue = (maxDepth: number) => fc.jsonValue({ maxDepth }).filter((v) => !/"(toString|valueOf)"/.test(JSON.stringify(v)));
 /** Coherent schemas of each kind (so most convert), nested, with anyOf siblings and type arrays mixed in. */
 const validSchema: fc.Arbitrary<unknown> = fc.letrec<{ s: unknown }>((tie) => ({
   s: fc.oneof(
@@ -104,12 +106,12 @@ const validSchema: fc.Arbitrary<unknown> = fc.letrec<{ s: unknown }>((tie) => ({
     fc.record({ type: fc.constant("string"), minLength: fc.integer({ min: 0, max: 3 }), maxLength: fc.integer({ min: 3, max: 6 }) }, { requiredKeys: ["type"] }),
     fc.record({ type: fc.constant("string"), pattern: fc.constantFrom("^a+$", "[^x]{2}", "\\d{1,3}", "^(ab|c)?d$", "b", "^.$") }),
     fc.record({ type: fc.constantFrom("integer", "number"), minimum: fc.integer({ min: -50, max: 50 }), exclusiveMaximum: fc.double({ min: 51, max: 200, noNaN: true }) }, { requiredKeys: ["type"] }),
-    fc.record({ enum: fc.array(fc.jsonValue({ maxDepth: 1 }), { minLength: 1, maxLength: 3 }), type: fc.constantFrom("string", "integer") }, { requiredKeys: ["enum"] }),
+    fc.record({ enum: fc.array(literalValue(1), { minLength: 1, maxLength: 3 }), type: fc.constantFrom("string", "integer") }, { requiredKeys: ["enum"] }),
     fc.record({ anyOf: fc.array(tie("s"), { minLength: 1, maxLength: 3 }), type: fc.oneof(typeName, fc.uniqueArray(typeName, { minLength: 1, maxLength: 3 })) }, { requiredKeys: ["anyOf"] }),
     fc.record({ type: fc.uniqueArray(typeName, { minLength: 1, maxLength: 3 }), maxLength: fc.integer({ min: 1, max: 4 }), minimum: fc.integer({ min: -5, max: 5 }) }, { requiredKeys: ["type"] }),
     fc.record({ allOf: fc.array(fc.record({ type: fc.constant("object"), properties: fc.dictionary(fc.constantFrom("a", "b"), tie("s"), { maxKeys: 2 }), required: fc.constantFrom(["a"], []) }, { requiredKeys: ["type"] }), { minLength: 1, maxLength: 2 }) }),
     fc.constant({ $ref: "#/$defs/x" }),
-    fc.record({ const: fc.jsonValue({ maxDepth: 2 }) }),
+    fc.record({ const: literalValue(2) }),
   ),
 })).s;
 
@@ -119,6 +121,8 @@ const rootedSchema = fc
   .map(([s, x]) => (typeof s === "object" && s !== null ? { ...(s as object), $defs: { x } } : s));
 
 it("random schemas: what the grammar derives, ajv accepts", () => {
+  // KEEL_SOUNDNESS_RUNS raises the count for a long local hunt.
+  const runs = Number(process.env.KEEL_SOUNDNESS_RUNS ?? 400);
   let checked = 0;
   let refused = 0;
   fc.assert(
@@ -140,13 +144,21 @@ it("random schemas: what the grammar derives, ajv accepts", () => {
       const sampler = new GbnfSampler(g, rng(seed));
       for (let n = 0; n < 10; n++) {
         const text = sampler.sample("root");
-        expect(validate(JSON.parse(text)), `${JSON.stringify(schema)}\n${text}\n${JSON.stringify(validate.errors)}`).toBe(true);
+        let ok: boolean;
+        try {
+          ok = validate(JSON.parse(text)) === true;
+        } catch (e) {
+          // ajv recurses forever on a ref cycle inside an alternative that can never match (we drop it); skip.
+          if (e instanceof RangeError) return;
+          throw e;
+        }
+        expect(ok, `${JSON.stringify(schema)}\n${text}\n${JSON.stringify(validate.errors)}`).toBe(true);
         checked++;
       }
     }),
-    { numRuns: 400 },
+    { numRuns: runs },
   );
   // Most random schemas must convert, or the property checks little.
-  expect(checked).toBeGreaterThan(2000);
-  expect(refused).toBeLessThan(200);
+  expect(checked).toBeGreaterThan(5 * runs);
+  expect(refused).toBeLessThan(0.45 * runs);
 });
