@@ -82,7 +82,7 @@ function lines(stream, onLine) {
 // ---------- (a) keel serve over HTTP ----------
 async function startServer() {
   const flags = ["--max_num_seqs", String(CFG.MAX_NUM_SEQS), "--max_num_batched_tokens", String(CFG.MAX_NUM_BATCHED_TOKENS), "--max_model_len", String(CFG.MAX_MODEL_LEN)];
-  const proc = spawn(process.execPath, [BIN, "serve", "--rest_port", "0", "--rest_bind_address", "127.0.0.1", ...flags], { cwd: ROOT, stdio: ["ignore", "pipe", "pipe"] });
+  const proc = spawn(process.execPath, [BIN, "serve", "--model_path", "keel-tiny", "--rest_port", "0", "--rest_bind_address", "127.0.0.1", ...flags], { cwd: ROOT, stdio: ["ignore", "pipe", "pipe"] });
   children.add(proc);
   const enginePids = [];
   let port = 0;

@@ -6,7 +6,7 @@ import { spawn } from "node:child_process";
 import http from "node:http";
 
 const SAMPLES = Number(process.argv[2] ?? 5);
-const proc = spawn(process.execPath, ["bin/keel.mjs", "serve", "--rest_port", "0", "--rest_bind_address", "127.0.0.1", "--max_num_seqs", "4"], { stdio: ["ignore", "pipe", "pipe"] });
+const proc = spawn(process.execPath, ["bin/keel.mjs", "serve", "--model_path", "keel-tiny", "--rest_port", "0", "--rest_bind_address", "127.0.0.1", "--max_num_seqs", "4"], { stdio: ["ignore", "pipe", "pipe"] });
 let port = 0;
 let enginePid = 0;
 const ready = new Promise((resolve) => {

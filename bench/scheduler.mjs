@@ -97,7 +97,7 @@ const textOf = (tokens, rng = rand) => words(Math.max(1, Math.round(tokens / tok
 // ---------- server processes ----------
 const servers = new Set();
 async function startServer(flags) {
-  const proc = spawn(process.execPath, [BIN, "serve", "--rest_port", "0", "--rest_bind_address", "127.0.0.1", ...flags], { cwd: ROOT, stdio: ["ignore", "pipe", "pipe"] });
+  const proc = spawn(process.execPath, [BIN, "serve", "--model_path", "keel-tiny", "--rest_port", "0", "--rest_bind_address", "127.0.0.1", ...flags], { cwd: ROOT, stdio: ["ignore", "pipe", "pipe"] });
   const s = { proc, port: 0, flags, logs: [], raw: [], enginePids: new Set() };
   servers.add(s);
   await new Promise((resolve, reject) => {

@@ -1,7 +1,8 @@
 #!/usr/bin/env node
 // Makes a fresh clone runnable: installs the locked dependencies when node_modules is missing or stale, compiles
-// the TypeScript sources to dist/, and generates the embedded default model. Idempotent and quick when nothing
-// changed. Uses only Node built-ins (it runs before dependencies exist). Outside `npm run serve` it also provides the
+// the TypeScript sources to dist/, and generates the embedded tiny model; for the tests it also fetches the real test
+// models into the model cache. Idempotent and quick when nothing changed. Uses only Node built-ins (it runs before
+// dependencies exist). Outside `npm run serve` it also provides the
 // OpenAI Python SDK that test/e2e/openai-python-sdk.test.ts drives the server with (a venv in .venv-test/).
 import { createHash } from "node:crypto";
 import { execFileSync } from "node:child_process";
@@ -32,6 +33,25 @@ await ensureDefaultModel();
 // 4. The OpenAI Python SDK for the tests, in .venv-test (pins in test/e2e/python/requirements.txt). Not needed to
 //    serve, so `npm run serve` skips it. Quick when present: only looks for the pinned packages' dist-info folders.
 if (process.env.npm_lifecycle_event !== "serve") ensureTestVenv();
+
+// 5. The real models of the real-model tests, in Keel's model cache outside the repository (keel fetch; see
+//    README "Models"). Quick when cached: a size check of files that were verified before they got their name.
+//    `npm run serve` skips this: the server fetches its own default model on first start.
+if (process.env.npm_lifecycle_event !== "serve") await fetchTestModels();
+
+async function fetchTestModels() {
+  const { fetchModel, modelCacheDir } = await import(path.join(root, "dist", "model", "model-cache.js"));
+  for (const name of ["smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct"]) {
+    const started = Date.now();
+    try {
+      const got = await fetchModel(name, { log: (line) => console.error(`keel:   ${line}`) });
+      console.error(`keel: model ${name}: ${got.cached ? "cached" : `fetched in ${((Date.now() - started) / 1000).toFixed(0)} s`} (${got.path})`);
+    } catch (err) {
+      console.error(`keel: cannot fetch the test model ${name} into ${modelCacheDir()}: ${err.message}`);
+      process.exit(1);
+    }
+  }
+}
 
 function ensureTestVenv() {
   const requirements = path.join(root, "test", "e2e", "python", "requirements.txt");

@@ -37,6 +37,22 @@ describe("parseServeFlags", () => {
   });
 });
 
+describe("agent flags", () => {
+  it("accept the known parsers and auto; default: none, guided auto off", () => {
+    const f = parseServeFlags(["--tool_parser", "qwen3coder", "--reasoning_parser", "qwen3", "--enable_tool_guided_generation", "true"]);
+    expect([f["tool_parser"], f["reasoning_parser"], f["enable_tool_guided_generation"]]).toEqual(["qwen3coder", "qwen3", true]);
+    expect(parseServeFlags(["--tool_parser", "auto"])["tool_parser"]).toBe("auto");
+    const d = parseServeFlags([]);
+    expect([d["tool_parser"], d["reasoning_parser"], d["enable_tool_guided_generation"]]).toEqual([undefined, undefined, false]);
+  });
+
+  it("an unknown parser name is refused at start, naming the accepted ones (OVMS starts and fails every request)", () => {
+    expect(() => parseServeFlags(["--tool_parser", "mistral"])).toThrow('--tool_parser must be one of hermes3, qwen3coder, llama3, auto, got "mistral"');
+    expect(() => parseServeFlags(["--reasoning_parser", "gptoss"])).toThrow('--reasoning_parser must be one of qwen3, got "gptoss"');
+    expect(() => parseServeFlags(["--enable_tool_guided_generation", "yes"])).toThrow(/--enable_tool_guided_generation must be true or false/);
+  });
+});
+
 describe("checkModelFile", () => {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), "keel-modelfile-"));
   afterAll(() => fs.rmSync(dir, { recursive: true, force: true }));

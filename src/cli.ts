@@ -7,10 +7,10 @@ import fs from "node:fs";
 import { parseArgs } from "node:util";
 import { DEFAULT_ENGINE_COMMAND, spawnEngine } from "./gateway/engine-client.js";
 import { startGateway } from "./gateway/server.js";
-import { DEFAULT_MODEL_NAME, ensureDefaultModel } from "./model/default-model.js";
+import { HOW_TO_PASS_A_MODEL, resolveServeModel, type ServeModel } from "./model/serve-model.js";
 import type { EngineCommand, EngineConfig } from "./protocol/engine-config.js";
 import type { ModelMetadata } from "./protocol/messages.js";
-import path from "node:path";
+import { REASONING_PARSERS, TOOL_PARSERS, type ReasoningParserName, type ToolParserName } from "./gateway/tools.js";
 
 /** One `keel serve` flag. */
 interface FlagSpec {
@@ -46,8 +46,8 @@ const bool = (name: string) => (v: string): boolean => {
 export const SERVE_FLAGS: FlagSpec[] = [
   { name: "rest_port", help: "HTTP port", default: "8000", parse: int("rest_port", 0, 65535) },
   { name: "rest_bind_address", help: "HTTP bind address", default: "0.0.0.0" },
-  { name: "model_path", help: "GGUF model file (default: the embedded random-weight demo model)", default: undefined },
-  { name: "model_name", help: "served model name (default: keel-tiny, or the model file's base name)", default: undefined },
+  { name: "model_path", help: "GGUF model file, a model name from `keel fetch --list` (fetched and cached on first use), or keel-tiny / keel-tiny-qwen3 / keel-tiny-qwen3coder (generated random-weight models) (default: smollm2-135m-instruct; keel-tiny if it cannot be fetched)", default: undefined },
+  { name: "model_name", help: "served model name (default: the model's own name, e.g. SmolLM2-135M-Instruct or keel-tiny, or the model file's base name)", default: undefined },
   { name: "max_num_seqs", help: "sequences decoded together (KV slots)", default: "8", parse: int("max_num_seqs", 1, 256) },
   { name: "max_num_batched_tokens", help: "token budget of one engine step (>= max_num_seqs)", default: "256", parse: int("max_num_batched_tokens", 1, 65536) },
   { name: "max_model_len", help: "tokens per sequence (default: min(model's trained context, 4096))", default: undefined, parse: int("max_model_len", 2, 1 << 20) },
@@ -64,13 +64,16 @@ export const SERVE_FLAGS: FlagSpec[] = [
   { name: "max_stream_buffer", help: "bytes of stream output a client may leave unread before it is treated as disconnected", default: String(1024 * 1024), parse: int("max_stream_buffer", 1024) },
   { name: "max_request_body", help: "request body limit in bytes", default: String(8 * 1024 * 1024), parse: int("max_request_body", 1024) },
   { name: "flash_attention", help: "flash attention in llama.cpp (off: the embedded model's greedy output does not depend on batching)", default: "false", parse: bool("flash_attention") },
+  { name: "tool_parser", help: "tool-call format to parse (and guide): hermes3, qwen3coder, llama3, or auto (from the model's chat template); unset = requests with tools are refused", default: undefined, parse: oneOf("tool_parser", [...TOOL_PARSERS, "auto"]) },
+  { name: "reasoning_parser", help: "reasoning format to split into reasoning_content: qwen3 (<think>…</think>); unset = reasoning stays in content", default: undefined, parse: oneOf("reasoning_parser", [...REASONING_PARSERS]) },
+  { name: "enable_tool_guided_generation", help: "constrain tool calls with a grammar under tool_choice auto too (required and a named function are always guided)", default: "false", parse: bool("enable_tool_guided_generation") },
   { name: "deterministic", help: "same request + seed → same text on every run: prefix reuse off, flash attention off, f16 KV (see README)", default: "false", parse: bool("deterministic") },
 ];
 
 function usage(): string {
   const lines = ["Usage: keel serve [--flag value ...]", "", "Flags:"];
   for (const f of SERVE_FLAGS) lines.push(`  --${f.name.padEnd(24)} ${f.help}${f.default !== undefined ? ` (default: ${f.default})` : ""}`);
-  lines.push("", "Other commands:", "  keel make-model --out FILE [options]   write a tiny random-weight GGUF (see --help there)");
+  lines.push("", "Other commands:", "  keel fetch NAME | --list               fetch, verify and cache a real model (see --help there)", "  keel make-model --out FILE [options]   write a tiny random-weight GGUF (see --help there)");
   return lines.join("\n");
 }
 
@@ -244,9 +247,17 @@ async function serve(argv: string[]): Promise<void> {
     process.stdout.write(usage() + "\n");
     return;
   }
-  const demo = flags["model_path"] === undefined;
-  const modelPath = demo ? await ensureDefaultModel() : path.resolve(flags["model_path"] as string);
-  const notAModel = demo ? null : checkModelFile(modelPath);
+  let model: ServeModel;
+  try {
+    model = await resolveServeModel(flags["model_path"] as string | undefined, { fetch: { log: (l) => process.stderr.write(`keel serve: ${l}\n`) } });
+  } catch (err) {
+    process.stderr.write(`keel serve: ${(err as Error).message}\n`);
+    process.exit(1);
+  }
+  if (model.kind === "fallback") process.stderr.write(`keel serve: ${model.reason}\nkeel serve: serving the random-weight keel-tiny instead; ${HOW_TO_PASS_A_MODEL}\n`);
+  const modelPath = model.path;
+  const demo = model.kind === "tiny" || model.kind === "fallback";
+  const notAModel = model.kind === "file" ? checkModelFile(modelPath) : null;
   if (notAModel) {
     process.stderr.write(`keel serve: ${notAModel}\n`);
     process.exit(1);
@@ -300,7 +311,7 @@ async function serve(argv: string[]): Promise<void> {
     }
   }
   const logLevel = ({ DEBUG: "debug", INFO: "info", WARNING: "warn", ERROR: "error" } as const)[flags["log_level"] as "INFO"];
-  const modelName = (flags["model_name"] as string | undefined) ?? (demo ? DEFAULT_MODEL_NAME : path.basename(modelPath).replace(/\.gguf$/i, ""));
+  const modelName = (flags["model_name"] as string | undefined) ?? model.servedName;
   let gw: Awaited<ReturnType<typeof startGateway>>;
   try {
     gw = await startGateway({
@@ -314,6 +325,11 @@ async function serve(argv: string[]): Promise<void> {
     requestTimeoutMs: (flags["request_timeout"] as number) * 1000,
     maxStreamBuffer: flags["max_stream_buffer"] as number,
     engineStallTimeoutMs: (flags["engine_stall_timeout"] as number) * 1000,
+    agents: {
+      toolParser: (flags["tool_parser"] as ToolParserName | "auto" | undefined) ?? null,
+      reasoningParser: (flags["reasoning_parser"] as ReasoningParserName | undefined) ?? null,
+      guideAuto: flags["enable_tool_guided_generation"] as boolean,
+    },
     logLevel,
   });
   } catch (err) {
@@ -329,7 +345,9 @@ async function serve(argv: string[]): Promise<void> {
   if (flags["deterministic"]) {
     gw.log.info({ event: "deterministic", prefixCaching: false, flashAttention: false, kvCachePrecision: "f16" }, "deterministic mode: the same request and seed give the same text on every run (prefix reuse off)");
   }
-  if (demo) gw.log.warn({ event: "demo_model", model: modelPath }, "serving the embedded random-weight demo model: its output is gibberish by design");
+  gw.log.info({ event: "model", name: modelName, kind: model.kind, path: modelPath, source: model.source }, `serving ${modelName} (${model.source}) from ${modelPath}`);
+  if (model.kind === "fallback") gw.log.warn({ event: "default_model_unavailable", reason: model.reason }, `${model.reason}; serving keel-tiny instead: ${HOW_TO_PASS_A_MODEL}`);
+  if (demo) gw.log.warn({ event: "demo_model", model: modelPath }, "serving a generated random-weight model: its output is gibberish by design");
   // Graceful drain on the first SIGTERM/SIGINT; a second one (not the same one delivered twice) stops waiting for
   // in-flight requests.
   const signals = new ShutdownSignals();
@@ -373,6 +391,11 @@ function engineCommandFromEnv(): EngineCommand {
 export async function main(argv: string[]): Promise<void> {
   const [cmd, ...rest] = argv;
   if (cmd === "serve") return serve(rest);
+  if (cmd === "fetch") {
+    const { main: fetch } = await import("./model/fetch-command.js");
+    process.exitCode = await fetch(rest);
+    return;
+  }
   if (cmd === "make-model") {
     const { main: makeModel } = await import("./model/make-model.js");
     process.exitCode = makeModel(rest);

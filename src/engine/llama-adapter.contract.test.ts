@@ -5,13 +5,19 @@
  */
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { ensureDefaultModel } from "../model/default-model.js";
-import { LlamaAdapter, type SamplerHandle } from "./llama-adapter.js";
+import { spawnSync } from "node:child_process";
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import path from "node:path";
+import { fileURLToPath, pathToFileURL } from "node:url";
+import { GrammarMaskedError, LlamaAdapter, type GrammarState, type SamplerConfig, type SamplerHandle } from "./llama-adapter.js";
 
 const SEQS = 4;
 let adapter: LlamaAdapter;
+let modelPath: string;
 
 beforeAll(async () => {
-  const modelPath = await ensureDefaultModel();
+  modelPath = await ensureDefaultModel();
   adapter = await LlamaAdapter.open({
     modelPath,
     sequences: SEQS,
@@ -168,5 +174,171 @@ describe("llama.cpp adapter contract (node-llama-cpp 3.21.1 internals)", () => {
   it("lists end-of-generation tokens and bans them under ignore_eos", async () => {
     expect(adapter.eogTokens.length).toBeGreaterThan(0);
     expect(adapter.eogTokens.every((t) => adapter.isEndOfGeneration(t))).toBe(true);
+  });
+});
+
+/**
+ * Run a node-llama-cpp hazard in a child process (it may abort the process: that is what it demonstrates). Returns
+ * the exit status and the output. Uses the package directly, as our adapter never would.
+ */
+function inChild(body: string): { status: number | null; signal: NodeJS.Signals | null; out: string } {
+  // A script file, not \`node -e\`: node-llama-cpp's binary self-test re-spawns process.execArgv.
+  const pkg = pathToFileURL(path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../../node_modules/node-llama-cpp/dist/index.js")).href;
+  const script = `
+    const { getLlama } = await import(${JSON.stringify(pkg)});
+    const llama = await getLlama({ gpu: false, build: "never" });
+    const model = await llama.loadModel({ modelPath: ${JSON.stringify(modelPath)} });
+    const B = llama._bindings, M = model._model;
+    const grammar = new B.AddonGrammar('root ::= "yes" | "no"', { addonExports: B, rootRuleName: "root" });
+    const state = new B.AddonGrammarEvaluationState(M, grammar);
+    const tok = (t) => model.tokenize(t, false);
+    ${body}
+    console.log("SURVIVED");
+    process.exit(0);`;
+  const dir = mkdtempSync(path.join(tmpdir(), "keel-hazard-"));
+  const file = path.join(dir, "hazard.mjs");
+  writeFileSync(file, script);
+  const r = spawnSync(process.execPath, [file], { encoding: "utf8", timeout: 60_000 });
+  rmSync(dir, { recursive: true, force: true });
+  return { status: r.status, signal: r.signal, out: `${r.stdout}${r.stderr}` };
+}
+
+describe("grammar support (node-llama-cpp 3.21.1 AddonGrammar / AddonSampler statics)", () => {
+  const plain: SamplerConfig = { temperature: 0, topP: 1, topK: 0, minP: 0, seed: 1, bias: new Map(), repetitionPenalty: 1 };
+  /** The token ids of plain text (no BOS). */
+  const ids = (text: string): number[] => {
+    const t = adapter.tokenize(text);
+    return adapter.bosToken !== null && t[0] === adapter.bosToken ? t.slice(1) : t;
+  };
+  const textOf = (tokens: number[]): string => Buffer.concat(tokens.map((t) => Buffer.from(adapter.bytesOf(t)))).toString("utf8");
+  const yesNo = () => adapter.createGrammarState(adapter.compileGrammar('root ::= "yes" | "no"', "root"));
+  const eog = () => adapter.eogTokens[0]!;
+  /** Prefill a prompt on slot 0 and return the logit index of its last token. */
+  const prefill = async (prompt = "<|im_start|>user\nanswer<|im_end|>\n<|im_start|>assistant\n"): Promise<{ idx: number; pos: number }> => {
+    adapter.clearSequence(0);
+    const tokens = adapter.tokenize(prompt);
+    const [idx] = await adapter.decode([{ slot: 0, pos: 0, tokens, wantsLogits: true }]);
+    return { idx: idx!, pos: tokens.length };
+  };
+
+  it("canBeNext follows the grammar; EOG is allowed exactly when the rule is complete", () => {
+    const s = yesNo();
+    const [y, es] = ids("yes");
+    expect(adapter.grammarCanBeNext(s, y!)).toBe(true);
+    expect(adapter.grammarCanBeNext(s, ids("q")[0]!)).toBe(false);
+    expect(adapter.grammarIsComplete(s)).toBe(false);
+    adapter.grammarAccept(s, y!);
+    adapter.grammarAccept(s, es!);
+    expect(adapter.grammarIsComplete(s)).toBe(true);
+    expect(adapter.grammarCanBeNext(s, y!)).toBe(false);
+  });
+
+  it("compiled grammars are cached by text; a prefix literal makes a root variant; a bad grammar throws", () => {
+    const a = adapter.compileGrammar('root ::= "yes" | "no"', "root");
+    expect(adapter.compileGrammar('root ::= "yes" | "no"', "root")).toBe(a);
+    // Least recently used first out: 40 other grammars later it is compiled again (a new handle); the old handle works.
+    for (let i = 0; i < 40; i++) adapter.compileGrammar(`root ::= "x${i}"`, "root");
+    expect(adapter.compileGrammar('root ::= "yes" | "no"', "root")).not.toBe(a);
+    expect(adapter.grammarCanBeNext(adapter.createGrammarState(a), ids("y")[0]!)).toBe(true);
+    const s = adapter.createGrammarState(adapter.compileGrammar('root ::= "yes" | "no"', "root", 'a "q"\\'));
+    for (const t of ids('a "q"\\no')) adapter.grammarAccept(s, t);
+    expect(adapter.grammarIsComplete(s)).toBe(true);
+    expect(() => adapter.compileGrammar('root ::= "yes" | "no"', "missing")).toThrow();
+    expect(() => adapter.compileGrammar("root ::= [a-", "root")).toThrow();
+    expect(() => adapter.compileGrammar("root ::= undefined-rule", "root")).toThrow();
+  });
+
+  it("hazard (a): llama.cpp aborts on an EOG accepted into an incomplete grammar; our accept refuses it in JS", () => {
+    const raw = inChild(`B.AddonSampler.acceptGrammarEvaluationStateToken(state, ${eog()});`);
+    expect(raw.out).not.toContain("SURVIVED");
+    expect(raw.status === 134 || raw.signal === "SIGABRT").toBe(true);
+    const s = yesNo();
+    expect(() => adapter.grammarAccept(s, eog())).toThrow(/never fed/);
+    expect(s.dead).toBe(false); // nothing reached llama.cpp: the state is intact
+    expect(adapter.grammarCanBeNext(s, ids("y")[0]!)).toBe(true);
+  });
+
+  it("hazard (b): reusing a state after a rejected accept aborts; our accept checks first and retires the state", () => {
+    const raw = inChild(`try { B.AddonSampler.acceptGrammarEvaluationStateToken(state, tok("q")[0]); } catch (e) { console.log("caught", e.message); }
+      B.AddonSampler.canBeNextTokenForGrammarEvaluationState(state, tok("y")[0]);`);
+    expect(raw.out).toContain("caught");
+    expect(raw.out).not.toContain("SURVIVED");
+    expect(raw.status === 134 || raw.signal === "SIGABRT").toBe(true);
+    const s = yesNo();
+    expect(() => adapter.grammarAccept(s, ids("q")[0]!)).toThrow(/cannot continue/);
+    expect(s.dead).toBe(true);
+    expect(adapter.grammarCanBeNext(s, ids("y")[0]!)).toBe(false); // no native call on a dead state
+    expect(() => adapter.grammarAccept(s, ids("y")[0]!)).toThrow(/dead/);
+  });
+
+  it("a sampler with a grammar attached samples only what the grammar allows, across reconfigurations", async () => {
+    for (const temperature of [0, 1.5]) {
+      let { idx, pos } = await prefill();
+      const s = yesNo();
+      const sampler = adapter.createSampler({ ...plain, temperature, grammar: s });
+      const out: number[] = [];
+      for (let i = 0; i < 3 && !adapter.isEndOfGeneration(out.at(-1) ?? -1); i++) {
+        // Reseeding per position (as the step loop does) must keep the grammar attached.
+        sampler.configure({ ...plain, temperature, seed: 100 + i, grammar: s });
+        out.push(await adapter.sample(idx, sampler));
+        [idx] = await adapter.decode([{ slot: 0, pos: pos++, tokens: [out.at(-1)!], wantsLogits: true }]) as [number];
+      }
+      expect(adapter.isEndOfGeneration(out.at(-1)!)).toBe(true);
+      expect(["yes", "no"]).toContain(textOf(out.slice(0, -1)));
+      sampler.dispose();
+    }
+  });
+
+  it("hazard (c): with every token masked, llama.cpp returns a token outside the grammar without any error", async () => {
+    // Raw native calls (what the adapter wraps): a grammar that allows only "y…"/"n…" and a bias banning both.
+    const native = (adapter as unknown as { native: { ctx: { sampleToken(i: number, s: unknown): Promise<number> }; model: unknown; SamplerClass: new (m: unknown) => { applyConfig(c: object): void; dispose(): void }; grammar: { Grammar: new (t: string, o: object) => object; State: new (m: unknown, g: object) => object } } }).native;
+    const llamaBindings = (adapter as unknown as { llama: { _bindings: unknown } }).llama._bindings;
+    const picks: number[] = [];
+    for (const temperature of [0, 0.8]) {
+      const { idx } = await prefill();
+      const state = new native.grammar.State(native.model, new native.grammar.Grammar('root ::= "yes" | "no"', { addonExports: llamaBindings, rootRuleName: "root" }));
+      const raw = new native.SamplerClass(native.model);
+      raw.applyConfig({ temperature, seed: 1, grammarEvaluationState: state, tokenBiasKeys: Uint32Array.from(ids("yn")), tokenBiasValues: Float32Array.of(-Infinity, -Infinity) });
+      picks.push(await native.ctx.sampleToken(idx, raw)); // resolves: no exception reaches the caller
+      raw.dispose();
+    }
+    // Neither pick is allowed by the grammar: greedy took candidate 0, the seeded draw took whatever the NaNs gave.
+    for (const t of picks) expect(adapter.grammarCanBeNext(yesNo(), t)).toBe(false);
+  });
+
+  it("every token masked (grammar ∩ bias = ∅) is caught: GrammarMaskedError, state retired, resample works", async () => {
+    for (const temperature of [0, 0.8]) {
+      const { idx } = await prefill();
+      const s = yesNo();
+      const ban = new Map(ids("yn").map((t) => [t, -Infinity] as [number, number]));
+      const sampler = adapter.createSampler({ ...plain, temperature, bias: ban, grammar: s });
+      await expect(adapter.sample(idx, sampler)).rejects.toBeInstanceOf(GrammarMaskedError);
+      expect(s.dead).toBe(true);
+      sampler.configure({ ...plain, temperature, bias: ban, grammar: null });
+      const t = await adapter.sample(idx, sampler);
+      expect(ids("yn")).not.toContain(t);
+      sampler.dispose();
+    }
+  });
+
+  it("grammarCanContinue: true while a non-EOG, unbanned continuation exists; false when only EOG is left", async () => {
+    const { idx } = await prefill();
+    const s = adapter.createGrammarState(adapter.compileGrammar('root ::= "ab" | "abc"', "root"));
+    for (const t of ids("ab")) adapter.grammarAccept(s, t);
+    expect(adapter.grammarIsComplete(s)).toBe(true);
+    expect(await adapter.grammarCanContinue(idx, s, new Map())).toBe(true);
+    expect(await adapter.grammarCanContinue(idx, s, new Map([[ids("c")[0]!, -Infinity]]))).toBe(false);
+    const done: GrammarState = yesNo();
+    for (const t of ids("no")) adapter.grammarAccept(done, t);
+    expect(await adapter.grammarCanContinue(idx, done, new Map())).toBe(false);
+    // The probe works on a clone: the state is unchanged and still usable.
+    expect(adapter.grammarIsComplete(done)).toBe(true);
+    expect(done.dead).toBe(false);
+  });
+
+  it("lists special (control / user-defined) tokens that are not end-of-generation", () => {
+    const specials = adapter.specialTokens();
+    expect(specials.map((s) => s.text)).toContain("<|im_start|>");
+    expect(specials.some((s) => adapter.isEndOfGeneration(s.token))).toBe(false);
   });
 });

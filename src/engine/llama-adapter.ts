@@ -65,6 +65,59 @@ export interface SamplerConfig {
    * l / r when l > 0, else l · r. The history is what `createSampler` was given plus every token sampled with it.
    */
   repetitionPenalty: number;
+  /**
+   * Grammar state to constrain the next sample with (a rule phase of a guided request), or null/absent for none.
+   * Every configure passes it while constrained: node-llama-cpp's applyConfig drops the grammar when the key is
+   * missing (AddonSampler.cpp), so the adapter, not the caller, always forwards it.
+   */
+  grammar?: GrammarState | null;
+}
+
+/** A GBNF grammar compiled with one root (opaque; {@link LlamaAdapter.compileGrammar} caches them by text). */
+export interface CompiledGrammar {
+  /** Cache key: root rule, literal prefix and grammar text. */
+  readonly key: string;
+}
+
+/**
+ * One grammar evaluation state (opaque): the position of one request inside its rule. `dead` is set once anything
+ * failed on it (a rejected accept, a sampler error, a sample that found every token masked): llama.cpp's state is then
+ * possibly emptied, and touching it again aborts the process (GGML_ASSERT), so the adapter refuses to, in JS.
+ */
+export interface GrammarState {
+  readonly grammar: CompiledGrammar;
+  dead: boolean;
+}
+
+/** A sample under a grammar found nothing the grammar allows (the state is dead; sample again unconstrained). */
+export class GrammarMaskedError extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = "GrammarMaskedError";
+  }
+}
+
+/** Compiled grammars kept (LRU): a gateway sends the same tool grammar with every request of a conversation. */
+const GRAMMAR_CACHE_SIZE = 32;
+/** Total GBNF text the cache keeps (bytes, approximately: UTF-16 length); a guide may carry up to 4 MiB. */
+const GRAMMAR_CACHE_BYTES = 16 * 1024 * 1024;
+
+/** Root rule name of a compiled trigger/close variant: `literal prefix` then the phase's rule (reserved name). */
+export const PREFIXED_ROOT_RULE = "keel-prefixed-root";
+
+/** GBNF string literal of `text` (escapes quote, backslash and control characters; other characters verbatim). */
+export function gbnfLiteral(text: string): string {
+  let out = '"';
+  for (const ch of text) {
+    const c = ch.codePointAt(0)!;
+    if (ch === '"' || ch === "\\") out += "\\" + ch;
+    else if (ch === "\n") out += "\\n";
+    else if (ch === "\r") out += "\\r";
+    else if (ch === "\t") out += "\\t";
+    else if (c < 0x20 || c === 0x7f) out += "\\x" + c.toString(16).padStart(2, "0");
+    else out += ch;
+  }
+  return out + '"';
 }
 
 /** Log probabilities at one position from the raw model distribution (see {@link LlamaAdapter.logprobs}). */
@@ -91,6 +144,8 @@ interface SamplerState {
   native: NativeSampler;
   /** Record a token the native sampler accepted. */
   accept(token: number): void;
+  /** Grammar state attached by the last configure (the sampler feeds each sampled non-EOG token into it). */
+  grammar: GrammarState | null;
 }
 
 /** One entry of a native batch. */
@@ -121,6 +176,15 @@ interface NativeSampler {
   applyConfig(config: Record<string, unknown>): void;
   dispose(): void;
 }
+/** Opaque native grammar (AddonGrammar) and evaluation state (AddonGrammarEvaluationState). */
+type NativeGrammar = object;
+type NativeGrammarState = object;
+interface NativeGrammarBindings {
+  Grammar: new (text: string, options: { addonExports: unknown; rootRuleName: string }) => NativeGrammar;
+  State: { new (model: unknown, grammar: NativeGrammar): NativeGrammarState; new (existing: NativeGrammarState): NativeGrammarState };
+  accept(state: NativeGrammarState, token: number): void;
+  canBeNext(state: NativeGrammarState, token: number): boolean;
+}
 interface NativeModel {
   getTokenString(token: number): string | undefined;
   getTokenAttributes(token: number): number;
@@ -131,17 +195,35 @@ interface Internals {
   ctx: NativeContext;
   model: NativeModel;
   SamplerClass: new (model: unknown) => NativeSampler;
+  grammar: NativeGrammarBindings;
   disposeGuard: { createPreventDisposalHandle(): { dispose(): void } };
 }
 
 function internalsOf(llama: Llama, model: LlamaModel, context: LlamaContext): Internals {
   const c = context as unknown as { _ctx?: NativeContext; _backendContextDisposeGuard?: Internals["disposeGuard"] };
   const m = model as unknown as { _model?: NativeModel };
-  const l = llama as unknown as { _bindings?: { AddonSampler?: Internals["SamplerClass"] } };
-  if (!c._ctx || !c._backendContextDisposeGuard || !m._model || !l._bindings?.AddonSampler) {
-    throw new Error("node-llama-cpp internals changed: _ctx/_model/_bindings.AddonSampler not found (pinned 3.21.1 expected)");
+  type SamplerStatics = Internals["SamplerClass"] & {
+    acceptGrammarEvaluationStateToken?: (state: NativeGrammarState, token: number) => void;
+    canBeNextTokenForGrammarEvaluationState?: (state: NativeGrammarState, token: number) => boolean;
+  };
+  const l = llama as unknown as {
+    _bindings?: { AddonSampler?: SamplerStatics; AddonGrammar?: NativeGrammarBindings["Grammar"]; AddonGrammarEvaluationState?: NativeGrammarBindings["State"] };
+  };
+  const b = l._bindings;
+  const S = b?.AddonSampler;
+  if (!c._ctx || !c._backendContextDisposeGuard || !m._model || !S || !b?.AddonGrammar || !b.AddonGrammarEvaluationState) {
+    throw new Error("node-llama-cpp internals changed: _ctx/_model/_bindings.AddonSampler/AddonGrammar not found (pinned 3.21.1 expected)");
   }
-  return { ctx: c._ctx, model: m._model, SamplerClass: l._bindings.AddonSampler, disposeGuard: c._backendContextDisposeGuard };
+  if (!S.acceptGrammarEvaluationStateToken || !S.canBeNextTokenForGrammarEvaluationState) {
+    throw new Error("node-llama-cpp internals changed: AddonSampler grammar helpers not found (pinned 3.21.1 expected)");
+  }
+  const grammar: NativeGrammarBindings = {
+    Grammar: b.AddonGrammar,
+    State: b.AddonGrammarEvaluationState,
+    accept: S.acceptGrammarEvaluationStateToken.bind(S),
+    canBeNext: S.canBeNextTokenForGrammarEvaluationState.bind(S),
+  };
+  return { ctx: c._ctx, model: m._model, SamplerClass: S, grammar, disposeGuard: c._backendContextDisposeGuard };
 }
 
 /**
@@ -207,6 +289,24 @@ export class LlamaAdapter {
   private readonly eogSet: Set<number>;
   /** Native sampler behind each handle. */
   private readonly samplers = new WeakMap<SamplerHandle, SamplerState>();
+  /** Compiled grammars by {@link CompiledGrammar.key}, least recently used first (Map order). */
+  private readonly grammarCache = new Map<string, { handle: CompiledGrammar; native: NativeGrammar }>();
+  /** Sum of the cache keys' lengths (the GBNF texts dominate). */
+  private grammarCacheBytes = 0;
+  /** Native grammar behind each compiled handle (a handle evicted from the cache stays usable). */
+  private readonly nativeGrammars = new WeakMap<CompiledGrammar, NativeGrammar>();
+  /** Native evaluation state behind each grammar state handle. */
+  private readonly nativeStates = new WeakMap<GrammarState, NativeGrammarState>();
+  /**
+   * Tokens llama.cpp's grammar can never accept and does not reject on accept either: their piece starts with a
+   * NUL byte (byte-level vocabularies have one), so accept feeds nothing and returns. A sample under a grammar that
+   * returns one means every token was masked (measured: greedy then picks candidate 0).
+   */
+  private readonly grammarInert: Set<number>;
+  /** Control and user-defined tokens that are not end-of-generation, with their text (banned in rule phases). */
+  private readonly specials: { token: number; text: string }[];
+  /** Sampler used only to probe whether a grammar can continue (see {@link grammarCanContinue}). */
+  private probeSampler: NativeSampler | null = null;
 
   private constructor(
     private readonly llama: Llama,
@@ -223,9 +323,16 @@ export class LlamaAdapter {
     const enc = new TextEncoder();
     const controls: string[] = [];
     let maxBytes = 1;
+    this.grammarInert = new Set();
+    this.specials = [];
+    const CONTROL = 1 << 3; // llama.h LLAMA_TOKEN_ATTR_CONTROL
+    const USER_DEFINED = 1 << 4; // llama.h LLAMA_TOKEN_ATTR_USER_DEFINED
     for (let t = 0; t < n; t++) {
-      if (native.model.isEogToken(t)) this.eogTokens.push(t);
+      const eog = native.model.isEogToken(t);
+      if (eog) this.eogTokens.push(t);
+      if (!eog && native.model.getTokenAttributes(t) & (CONTROL | USER_DEFINED)) this.specials.push({ token: t, text: native.model.getTokenString(t) ?? "" });
       this.tokenBytes[t] = this.computeTokenBytes(t, vocabType, gpt2, enc);
+      if (this.tokenBytes[t]!.length > 0 && this.tokenBytes[t]![0] === 0) this.grammarInert.add(t);
       if (this.tokenBytes[t]!.length === 0) {
         const text = native.model.getTokenString(t);
         if (text) controls.push(text);
@@ -355,6 +462,7 @@ export class LlamaAdapter {
     let penaltyLength = 0;
     const state: SamplerState = {
       native: sampler,
+      grammar: null,
       accept: (token) => {
         if (!penaltyTokens) return;
         if (penaltyLength === penaltyTokens.length) {
@@ -378,7 +486,13 @@ export class LlamaAdapter {
           penaltyTokens = Uint32Array.from(history);
           penaltyLength = history.length;
         }
+        // The grammar key on EVERY applyConfig while constrained: without it the native sampler drops the grammar.
+        const grammar = c.grammar && !c.grammar.dead ? c.grammar : null;
+        const nativeGrammar = grammar ? this.nativeStates.get(grammar) : undefined;
+        if (grammar && !nativeGrammar) throw new Error("grammar state not created by this adapter");
+        state.grammar = grammar;
         sampler.applyConfig({
+          ...(nativeGrammar ? { grammarEvaluationState: nativeGrammar } : {}),
           temperature: c.temperature,
           topK: c.topK > 0 ? c.topK : 0,
           topP: c.topP,
@@ -479,14 +593,147 @@ export class LlamaAdapter {
     }
   }
 
-  /** Sample the next token at a batch logit index. Call sequentially, never in parallel (output_reorder race). */
+  /**
+   * Sample the next token at a batch logit index. Call sequentially, never in parallel (output_reorder race).
+   * With a grammar attached, the native sampler feeds the token into the grammar state (never an EOG). When the
+   * grammar and the bias together masked every token, llama.cpp still picks one: its accept then throws (the state
+   * is emptied), or the pick is an EOG while the rule is incomplete, or a grammar-inert token (accepted as nothing).
+   * All three mark the state dead (never touched natively again) and throw {@link GrammarMaskedError}; the caller
+   * reconfigures without the grammar and samples again (sampling never changes the logits).
+   */
   async sample(batchLogitIndex: number, handle: SamplerHandle): Promise<number> {
     const state = this.samplers.get(handle);
     if (!state) throw new Error("sampler not created by this adapter");
-    const token = await this.native.ctx.sampleToken(batchLogitIndex, state.native);
-    if (token < 0) throw new Error(`sampling failed at batch logit index ${batchLogitIndex}`);
+    const grammar = state.grammar;
+    let token: number;
+    try {
+      token = await this.native.ctx.sampleToken(batchLogitIndex, state.native);
+    } catch (err) {
+      if (!grammar) throw err;
+      grammar.dead = true;
+      throw new GrammarMaskedError(`the grammar rejected the sampled token: ${(err as Error).message}`);
+    }
+    if (token < 0) {
+      if (grammar) grammar.dead = true; // nothing was selected: do not trust the state any more
+      throw new Error(`sampling failed at batch logit index ${batchLogitIndex}`);
+    }
+    if (grammar) {
+      const masked = this.grammarInert.has(token) || (this.eogSet.has(token) && !this.grammarCanBeNext(grammar, token));
+      if (masked) {
+        grammar.dead = true;
+        throw new GrammarMaskedError(`every token was masked by the grammar and the bias (picked ${token})`);
+      }
+    }
     state.accept(token); // the native sampler accepted it too (AddonContextSampleTokenWorker → acceptToken)
     return token;
+  }
+
+  /**
+   * Compile GBNF `grammar` with root `rule`, or — with a non-empty `prefix` — with root `prefix-literal rule` (a
+   * trigger matched inside a token: the token's text before the match is swallowed by the literal). Cached (LRU).
+   * @throws Error when llama.cpp cannot parse the grammar or the rule is not defined.
+   */
+  compileGrammar(grammar: string, rule: string, prefix = ""): CompiledGrammar {
+    const key = `${rule}\u0000${prefix}\u0000${grammar}`;
+    const hit = this.grammarCache.get(key);
+    if (hit) {
+      this.grammarCache.delete(key);
+      this.grammarCache.set(key, hit);
+      return hit.handle;
+    }
+    const text = prefix === "" ? grammar : `${grammar}\n${PREFIXED_ROOT_RULE} ::= ${gbnfLiteral(prefix)} ${rule}\n`;
+    const root = prefix === "" ? rule : PREFIXED_ROOT_RULE;
+    const native = new this.native.grammar.Grammar(text, { addonExports: (this.llama as unknown as { _bindings: unknown })._bindings, rootRuleName: root });
+    const handle: CompiledGrammar = { key };
+    this.nativeGrammars.set(handle, native);
+    this.grammarCache.set(key, { handle, native });
+    this.grammarCacheBytes += key.length;
+    // Evict least recently used entries beyond the count or size budget (never the one just added).
+    while (this.grammarCache.size > 1 && (this.grammarCache.size > GRAMMAR_CACHE_SIZE || this.grammarCacheBytes > GRAMMAR_CACHE_BYTES)) {
+      const oldest = this.grammarCache.keys().next().value!;
+      this.grammarCache.delete(oldest);
+      this.grammarCacheBytes -= oldest.length;
+    }
+    return handle;
+  }
+
+  /** A fresh evaluation state at the start of a compiled grammar's root. */
+  createGrammarState(grammar: CompiledGrammar): GrammarState {
+    const native = this.nativeGrammars.get(grammar);
+    if (!native) throw new Error("grammar not compiled by this adapter");
+    const state: GrammarState = { grammar, dead: false };
+    this.nativeStates.set(state, new this.native.grammar.State(this.native.model, native));
+    return state;
+  }
+
+  /** Whether `token` may come next in the grammar (an EOG: whether the rule is complete). False on a dead state. */
+  grammarCanBeNext(state: GrammarState, token: number): boolean {
+    const native = this.nativeStates.get(state);
+    if (!native || state.dead || token < 0 || token >= this.vocabSize) return false;
+    return this.native.grammar.canBeNext(native, token);
+  }
+
+  /** True when the rule is complete (an end-of-generation token may come next). */
+  grammarIsComplete(state: GrammarState): boolean {
+    const eog = this.eogTokens[0];
+    return eog !== undefined && this.grammarCanBeNext(state, eog);
+  }
+
+  /**
+   * Feed one token into a grammar state (a replayed token). Guards both process-fatal hazards by construction: an
+   * EOG is never passed to llama.cpp (GGML_ABORT on an incomplete grammar), and a token is passed only after
+   * canBeNext said yes (a rejected accept empties the state; the next use trips GGML_ASSERT). @throws Error when the
+   * token is refused; the state is then dead.
+   */
+  grammarAccept(state: GrammarState, token: number): void {
+    const native = this.nativeStates.get(state);
+    if (!native || state.dead) throw new Error("grammar state is dead");
+    if (this.eogSet.has(token)) throw new Error(`end-of-generation token ${token} is never fed to a grammar`);
+    if (this.grammarInert.has(token) || !this.native.grammar.canBeNext(native, token)) {
+      state.dead = true;
+      throw new Error(`token ${token} cannot continue the grammar`);
+    }
+    try {
+      this.native.grammar.accept(native, token);
+    } catch (err) {
+      state.dead = true;
+      throw err;
+    }
+  }
+
+  /**
+   * Whether the grammar can continue with a token that is not end-of-generation and not banned by `bias` (-Infinity),
+   * at a batch logit index of the current step. A probe on a clone of the state (llama.cpp applies the grammar to
+   * the whole vocabulary: O(vocabulary), so the loop calls it only when the rule is complete): greedy over the masked
+   * candidates; a NaN confidence, a failed accept, an EOG or an inert pick means nothing is allowed.
+   */
+  async grammarCanContinue(batchLogitIndex: number, state: GrammarState, bias: ReadonlyMap<number, number>): Promise<boolean> {
+    if (this.decoding) throw new Error("grammarCanContinue() while a decode is in flight (one native call at a time)");
+    const native = this.nativeStates.get(state);
+    if (!native || state.dead) return false;
+    const clone = new this.native.grammar.State(native);
+    const probe = (this.probeSampler ??= new this.native.SamplerClass(this.native.model));
+    const banned = new Map(bias);
+    for (const t of this.eogTokens) banned.set(t, -Infinity);
+    probe.applyConfig({
+      temperature: 0,
+      grammarEvaluationState: clone,
+      tokenBiasKeys: Uint32Array.from(banned.keys()),
+      tokenBiasValues: Float32Array.from(banned.values()),
+    });
+    try {
+      const [token, , confidence] = await this.native.ctx.sampleToken(batchLogitIndex, probe, false, true);
+      return token >= 0 && !this.eogSet.has(token) && !this.grammarInert.has(token) && confidence !== undefined && confidence > 0;
+    } catch {
+      return false; // the clone rejected the forced pick: nothing was allowed
+    } finally {
+      probe.applyConfig({ temperature: 0 }); // detach the clone
+    }
+  }
+
+  /** Control and user-defined tokens that are not end-of-generation, with their text. */
+  specialTokens(): readonly { token: number; text: string }[] {
+    return this.specials;
   }
 
   /**
@@ -531,6 +778,8 @@ export class LlamaAdapter {
     this.rawSamplers?.topK.dispose();
     this.rawSamplers?.greedy.dispose();
     this.rawSamplers = null;
+    this.probeSampler?.dispose();
+    this.probeSampler = null;
     await this.context.dispose();
     await this.model.dispose();
     await this.llama.dispose();

@@ -147,8 +147,9 @@ async function main(): Promise<void> {
     limits: { maxNumSeqs: config.maxNumSeqs, maxNumBatchedTokens: config.maxNumBatchedTokens, maxModelLen: config.maxModelLen },
     engine: "node-llama-cpp@3.21.1",
     // Truthful: resume is exact (per-position seeds, penalty state from ids; docs/protocol.md §6.3–6.4), raw
-    // logprobs up to loop.maxTopLogprobs, the whole sampling set; no grammars, no shared prefill (prefix cache only).
-    capabilities: { exactSeededResume: true, maxTopLogprobs: loop.maxTopLogprobs, extendedSampling: true, grammars: false, sharedPrefill: false },
+    // logprobs up to loop.maxTopLogprobs, the whole sampling set, guides (GBNF; resumed guides replay exactly);
+    // no shared prefill (prefix cache only).
+    capabilities: { exactSeededResume: true, maxTopLogprobs: loop.maxTopLogprobs, extendedSampling: true, grammars: loop.grammars, sharedPrefill: false },
   });
   logLine("info", "engine ready", { model: config.modelPath, threads: config.threads, kvCacheType: config.kvCacheType, flashAttention: config.flashAttention });
   await loop.run();

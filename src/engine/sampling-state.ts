@@ -64,6 +64,15 @@ export class SamplingState {
     }
   }
 
+  /**
+   * Whether `token` was banned (-Infinity) when the token at generated position `position` was sampled: logit_bias
+   * at -100, ignore_eos, and EOG / stop tokens before min_tokens. Used to replay a resumed guide exactly.
+   */
+  bannedAt(position: number, token: number): boolean {
+    if (this.staticBias.get(token) === -Infinity) return true;
+    return position < this.minTokens && (this.eogTokens.includes(token) || this.stopTokens.has(token));
+  }
+
   /** The bias for the next token; clears {@link biasChanged}. */
   takeBias(): ReadonlyMap<number, number> {
     this.biasChanged = false;

@@ -144,6 +144,11 @@ export interface Outcome {
 export interface Sampled {
   id: string;
   token: number;
+  /**
+   * The request's guide allowed nothing but end-of-generation here (a completed `then: "end"` rule): this token
+   * ends the request with "stop" even under ignore_eos or before min_tokens.
+   */
+  guideEnd?: boolean;
 }
 
 /** Refusal of an add (the request never enters the scheduler). */
@@ -371,14 +376,14 @@ export class Scheduler {
       if (!s || slotOf(s) !== it.slot) continue;
       this.advance(s, it.pos + it.tokens.length);
     }
-    for (const { id, token } of sampled) {
+    for (const { id, token, guideEnd } of sampled) {
       const s = this.live.get(id);
       if (!s || s.status.phase === "waiting") continue;
       s.tokens.push(token);
       s.generated += 1;
       const base = { id, promptTokens: s.inputLength, completionTokens: s.generated };
       const mayStop = s.inputLength - s.promptLength + s.generated >= s.minTokens;
-      const stops = mayStop && ((!s.ignoreEos && isEndOfGeneration(token)) || s.stopTokens?.has(token) === true);
+      const stops = (guideEnd === true && isEndOfGeneration(token)) || (mayStop && ((!s.ignoreEos && isEndOfGeneration(token)) || s.stopTokens?.has(token) === true));
       if (stops) this.release(s, { ...base, reason: "stop" }, out);
       else if (s.maxNewTokens !== null && s.generated >= s.maxNewTokens) this.release(s, { ...base, reason: "length" }, out);
       else if (s.tokens.length >= this.config.maxModelLen) this.release(s, { ...base, reason: "length" }, out);

@@ -9,12 +9,39 @@
 import type { AddMessage, EngineErrorCode, EngineMessage, TokenizeMessage, TokenizedMessage, PositionLogprobs, RequestOutput, SamplingParams } from "../protocol/messages.js";
 import { PROTOCOL_VERSION } from "../protocol/messages.js";
 import { checkSamplingParams } from "../protocol/validate.js";
-import type { DecodeItem, RawLogprobs, SamplerConfig, SamplerHandle } from "./llama-adapter.js";
+import type { CompiledGrammar, DecodeItem, GrammarState, RawLogprobs, SamplerConfig, SamplerHandle } from "./llama-adapter.js";
+import { GuideState, type GuideSampling } from "./guide-state.js";
 import { SamplingState } from "./sampling-state.js";
 import { Scheduler, type BatchItem, type Outcome, type SchedulerConfig } from "./scheduler.js";
 
+/**
+ * Grammar support of a backend (guided generation, `SamplingParams.guide`). All of it or none: without it the
+ * engine announces `capabilities.grammars: false` and refuses a guide. See llama-adapter.ts for the hazards these
+ * methods guard (never an EOG or an unchecked token into llama.cpp; a failed state is never touched again).
+ */
+export interface GrammarBackend {
+  /** Compile GBNF with root `rule`, preceded by the literal `prefix` when non-empty (cached). @throws on a bad grammar. */
+  compileGrammar(grammar: string, rule: string, prefix?: string): CompiledGrammar;
+  createGrammarState(grammar: CompiledGrammar): GrammarState;
+  grammarCanBeNext(state: GrammarState, token: number): boolean;
+  /** Feed a replayed token (never EOG; checked first). @throws when refused; the state is then dead. */
+  grammarAccept(state: GrammarState, token: number): void;
+  grammarIsComplete(state: GrammarState): boolean;
+  /** Whether a non-EOG token not banned by `bias` may continue the grammar, at a logit index of this step. */
+  grammarCanContinue(batchLogitIndex: number, state: GrammarState, bias: ReadonlyMap<number, number>): Promise<boolean>;
+  /** Control / user-defined tokens that are not end-of-generation, with their text (banned in rule phases). */
+  specialTokens(): readonly { token: number; text: string }[];
+}
+
+const GRAMMAR_METHODS = ["compileGrammar", "createGrammarState", "grammarCanBeNext", "grammarAccept", "grammarIsComplete", "grammarCanContinue", "specialTokens"] as const;
+
+/** The backend's grammar support, or null when it lacks any of the methods. */
+export function grammarSupport(backend: ModelBackend): GrammarBackend | null {
+  return GRAMMAR_METHODS.every((m) => typeof backend[m] === "function") ? (backend as GrammarBackend) : null;
+}
+
 /** What the loop needs from a model backend (the llama.cpp adapter, or a fake in tests). */
-export interface ModelBackend {
+export interface ModelBackend extends Partial<GrammarBackend> {
   tokenize(text: string): number[];
   /** The BOS token id the tokenizer prepends, or null when it adds none (tokenize without special tokens). */
   readonly bosToken?: number | null;
@@ -58,6 +85,12 @@ interface RequestState {
   readonly decoder: TextDecoder;
   /** Bias, penalty and stop state, a pure function of (params, prompt, generated ids). */
   readonly sampling: SamplingState;
+  /** The guide's phase machine (params.guide), or null for an unguided request. */
+  readonly guide: GuideState | null;
+  /** What the sampler was last configured with for the guide (reconfigure when the grammar or bias changes). */
+  configured: { grammar: GrammarState | null; bias: ReadonlyMap<number, number> } | null;
+  /** The rule-phase bias last built: (base bias, ending) → merged map, kept while unchanged (compared by identity). */
+  guideBias: { base: ReadonlyMap<number, number>; ending: boolean; merged: ReadonlyMap<number, number> } | null;
 }
 
 /** A token sampled for a request, with its log probabilities when the request asked for them. */
@@ -65,6 +98,8 @@ interface SampledToken {
   id: string;
   token: number;
   logprobs?: PositionLogprobs;
+  /** The guide allowed only EOG (it ends the request even under ignore_eos / min_tokens). */
+  guideEnd?: boolean;
 }
 
 /** Largest `params.logprobs` a backend with log probabilities serves (OpenAI's top_logprobs cap). */
@@ -79,6 +114,17 @@ export function tokenSeed(seed: number, position: number): number {
   z = Math.imul(z ^ (z >>> 16), 0x85ebca6b) >>> 0;
   z = Math.imul(z ^ (z >>> 13), 0xc2b2ae35) >>> 0;
   return (z ^ (z >>> 16)) >>> 0;
+}
+
+/** The grammar methods of a backend bound to it (the guide calls them as plain functions). */
+function bindGrammar(g: GrammarBackend): Omit<GrammarBackend, "grammarCanContinue" | "specialTokens"> {
+  return {
+    compileGrammar: g.compileGrammar.bind(g),
+    createGrammarState: g.createGrammarState.bind(g),
+    grammarCanBeNext: g.grammarCanBeNext.bind(g),
+    grammarAccept: g.grammarAccept.bind(g),
+    grammarIsComplete: g.grammarIsComplete.bind(g),
+  };
 }
 
 export class StepLoop {
@@ -208,6 +254,12 @@ export class StepLoop {
           o.tokens.push(token);
           if (logprobs) (o.logprobs ??= []).push(logprobs);
           st.sampling.accept(token);
+          if (st.guide) {
+            // The guide's phase moves between steps only: here, after this sequence's sample settled.
+            st.guide.onToken(token);
+            const dropped = st.guide.takeDropped();
+            if (dropped !== undefined) o.guideDropped = dropped;
+          }
           const silent = this.backend.isEndOfGeneration(token) || (stoppedBy.has(id) && st.sampling.isStopToken(token));
           if (!silent) o.text += st.decoder.decode(this.backend.bytesOf(token), { stream: true });
         }
@@ -280,16 +332,37 @@ export class StepLoop {
         continue;
       }
       try {
-        // Reconfigure only when something changed: the seed (per position, with a temperature) or the bias
-        // (penalties, min_tokens); a greedy request without those keeps its sampler as created.
-        if (st.params.temperature > 0 || st.sampling.biasChanged) st.sampler.configure(this.samplerConfig(st, tokenSeed(st.params.seed, it.pos + it.tokens.length)));
-        const token = await this.backend.sample(logitIdx[i]!, st.sampler);
+        const seed = tokenSeed(st.params.seed, it.pos + it.tokens.length);
+        let guided: GuideSampling | null = null;
+        if (st.guide) {
+          // 1. The guide decides, before this sample, what constrains it (a rule that is complete and cannot
+          //    continue ends here: the probe reads this step's logits).
+          guided = await this.prepareGuide(st, logitIdx[i]!);
+          this.configureGuided(st, seed, guided);
+        } else if (st.params.temperature > 0 || st.sampling.biasChanged) {
+          // Reconfigure only when something changed: the seed (per position, with a temperature) or the bias
+          // (penalties, min_tokens); a greedy request without those keeps its sampler as created.
+          st.sampler.configure(this.samplerConfig(st, seed));
+        }
+        let token: number;
+        try {
+          token = await this.backend.sample(logitIdx[i]!, st.sampler);
+        } catch (err) {
+          if (!guided?.grammar || !st.guide) throw err;
+          // 2. A sampler error under a grammar (everything masked, a rejected pick): that grammar state is never
+          //    touched again; the request goes on unconstrained (sampling never changes the logits: sample again).
+          st.guide.drop(`sampling under the grammar failed: ${(err as Error).message}`);
+          guided = { grammar: null, bans: new Set(), ending: false };
+          this.configureGuided(st, seed, guided);
+          token = await this.backend.sample(logitIdx[i]!, st.sampler);
+        }
         if (!Number.isInteger(token) || token < 0 || token >= this.backend.vocabSize) throw new Error(`sampled invalid token ${token}`);
+        const guideEnd = guided?.ending === true && this.backend.isEndOfGeneration(token) ? { guideEnd: true } : {};
         const top = st.params.logprobs;
         if (top != null) {
           if (!this.backend.logprobs) throw new Error("this backend serves no log probabilities");
-          sampled.push({ id: it.id, token, logprobs: this.withBytes(await this.backend.logprobs(logitIdx[i]!, token, top)) });
-        } else sampled.push({ id: it.id, token });
+          sampled.push({ id: it.id, token, logprobs: this.withBytes(await this.backend.logprobs(logitIdx[i]!, token, top)), ...guideEnd });
+        } else sampled.push({ id: it.id, token, ...guideEnd });
         decoded.push(it);
       } catch (err) {
         failed.push({ item: it, message: (err as Error).message });
@@ -347,9 +420,17 @@ export class StepLoop {
     if (bad !== undefined) return refuse("invalid_prompt", `token id ${bad} is outside the vocabulary (${this.backend.vocabSize})`);
     const maxNew = cmd.params.maxTokens === null ? null : cmd.params.maxTokens - generated.length;
     if (maxNew !== null && maxNew < 1) return refuse("invalid_prompt", "the resumed generation already reached max_tokens");
-    const invalid = checkSamplingParams(cmd.params, { vocabSize: this.backend.vocabSize, maxTopLogprobs: this.maxTopLogprobs });
+    const invalid = checkSamplingParams(cmd.params, { vocabSize: this.backend.vocabSize, maxTopLogprobs: this.maxTopLogprobs, grammars: this.grammars });
     if (invalid) return refuse("invalid_params", invalid);
     const sampling = new SamplingState(cmd.params, this.backend.eogTokens, generated);
+    // The guide's phase is a pure function of the generated tokens: replay resumed ones (no grammar is compiled
+    // before a rule phase needs one).
+    let guide: GuideState | null = null;
+    if (cmd.params.guide) {
+      const grammar = grammarSupport(this.backend)!;
+      guide = new GuideState(cmd.params.guide, { ...bindGrammar(grammar), bytesOf: (t) => this.backend.bytesOf(t), isEndOfGeneration: (t) => this.backend.isEndOfGeneration(t) }, GuideState.bansFor(cmd.params.guide, grammar.specialTokens()));
+      generated.forEach((t, i) => guide!.onToken(t, { isBanned: (b) => sampling.bannedAt(i, b) }));
+    }
     // Engine-side state first: a sampler that cannot be created refuses this add only, before the scheduler
     // holds a request that nobody could sample.
     let sampler: SamplerHandle;
@@ -375,7 +456,7 @@ export class StepLoop {
     const decoder = new TextDecoder("utf-8", { fatal: false, ignoreBOM: true });
     // Re-prime the decoder with resumed tokens so a character split across the resume point completes.
     for (const t of generated) if (!this.backend.isEndOfGeneration(t)) decoder.decode(this.backend.bytesOf(t), { stream: true });
-    this.requests.set(cmd.id, { params: cmd.params, sampler, decoder, sampling });
+    this.requests.set(cmd.id, { params: cmd.params, sampler, decoder, sampling, guide, configured: null, guideBias: null });
   }
 
   /**
@@ -393,6 +474,49 @@ export class StepLoop {
   /** Largest `params.logprobs` served: {@link MAX_TOP_LOGPROBS} when the backend has log probabilities, else -1. */
   get maxTopLogprobs(): number {
     return this.backend.logprobs ? MAX_TOP_LOGPROBS : -1;
+  }
+
+  /** True when the backend applies guides (capabilities.grammars). */
+  get grammars(): boolean {
+    return grammarSupport(this.backend) !== null;
+  }
+
+  /** Ask the guide what constrains this sample; its continuation probe sees the bias the sample would get. */
+  private prepareGuide(st: RequestState, batchLogitIndex: number): Promise<GuideSampling> {
+    const grammar = grammarSupport(this.backend)!;
+    return st.guide!.prepare(async (state, then) => {
+      const bias = this.guidedBias(st, { grammar: state, bans: st.guide!.bansInRules, ending: false });
+      // The probe applies the grammar to the whole vocabulary: skip it where its answer changes nothing (a
+      // complete then:"end" rule with EOG allowed: the sampler picks EOG or a continuation by itself).
+      if (then === "end" && !this.backend.eogTokens.some((t) => bias.get(t) === -Infinity)) return true;
+      return grammar.grammarCanContinue(batchLogitIndex, state, bias);
+    });
+  }
+
+  /**
+   * Configure the sampler of a guided request when its grammar, bias or seed changed. Rule phases add the special
+   * token bans; while the guide allows only EOG, the EOG bans (ignore_eos, min_tokens) are lifted so that the
+   * grammar never faces an empty choice.
+   */
+  private configureGuided(st: RequestState, seed: number, g: GuideSampling): void {
+    const bias = this.guidedBias(st, g);
+    const changed = st.configured === null || st.configured.grammar !== g.grammar || st.configured.bias !== bias;
+    if (!changed && st.params.temperature === 0) return;
+    st.configured = { grammar: g.grammar, bias };
+    st.sampler.configure({ ...this.samplerConfig(st, seed), bias, grammar: g.grammar });
+  }
+
+  /** The bias of a guided sample: the request's own, plus rule-phase bans, minus EOG bans while ending. */
+  private guidedBias(st: RequestState, g: GuideSampling): ReadonlyMap<number, number> {
+    const base = st.sampling.takeBias();
+    if (!g.grammar) return base;
+    const cached = st.guideBias;
+    if (cached && cached.base === base && cached.ending === g.ending) return cached.merged;
+    const merged = new Map(base);
+    for (const t of g.bans) merged.set(t, -Infinity);
+    if (g.ending) for (const t of this.backend.eogTokens) merged.delete(t);
+    st.guideBias = { base, ending: g.ending, merged };
+    return merged;
   }
 
   private samplerConfig(st: Pick<RequestState, "params" | "sampling">, seed: number): SamplerConfig {

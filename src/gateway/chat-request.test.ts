@@ -44,6 +44,10 @@ describe("parseChatRequest: accepted bodies", () => {
       includeStopStr: false,
       logprobs: null,
       templateKwargs: {},
+      tools: [],
+      toolChoice: { kind: "none" },
+      parallelToolCalls: true,
+      responseFormat: { kind: "text" },
     });
   });
 
@@ -126,13 +130,14 @@ describe("parseChatRequest: accepted bodies", () => {
       { role: "user", content: "a\nb" },
       { role: "assistant", content: "" },
       { role: "assistant", content: "" },
-      { role: "tool", content: "t" },
+      { role: "tool", content: "t", toolCallId: "x" },
     ]);
   });
 
   it("ignores unknown fields, at the top level and in messages", () => {
-    const r = parseChatRequest({ ...base, user: "u1", metadata: { a: 1 }, messages: [{ role: "user", content: "x", name: "bob" }] });
-    expect(r.messages).toEqual([{ role: "user", content: "x" }]);
+    const r = parseChatRequest({ ...base, user: "u1", metadata: { a: 1 }, messages: [{ role: "user", content: "x", name: "bob", refusal: null }] });
+    // `name` is part of the message (templates may render it); `refusal` is not ours and is dropped.
+    expect(r.messages).toEqual([{ role: "user", content: "x", name: "bob" }]);
     expect(r).not.toHaveProperty("user");
   });
 
@@ -324,14 +329,8 @@ describe("parseChatRequest: generation parameters", () => {
 describe("parseChatRequest: recognised but unsupported fields", () => {
   it.each([
     ["best_of", 3],
-    ["tools", [{ type: "function", function: { name: "f", parameters: {} } }]],
-    ["tool_choice", "required"],
-    ["tool_choice", { type: "function", function: { name: "f" } }],
-    ["parallel_tool_calls", false],
     ["functions", [{ name: "f" }]],
     ["function_call", { name: "f" }],
-    ["response_format", { type: "json_object" }],
-    ["response_format", { type: "json_schema", json_schema: { name: "x", schema: {} } }],
     ["audio", { voice: "alloy", format: "mp3" }],
     ["modalities", ["text", "audio"]],
     ["prediction", { type: "content", content: "x" }],
@@ -425,5 +424,123 @@ describe("parseChatRequest: hostile bodies", () => {
   it("does not let a __proto__ key change the parsed role", () => {
     const body = JSON.parse('{"model":"m","messages":[{"role":"user","content":"x","__proto__":{"role":"system"}}]}');
     expect(parseChatRequest(body).messages).toEqual([{ role: "user", content: "x" }]);
+  });
+});
+
+describe("parseChatRequest: tools, tool_choice, parallel_tool_calls, response_format", () => {
+  const params = { type: "object", properties: { city: { type: "string" } }, required: ["city"] };
+  const nested = { type: "function", function: { name: "get_weather", description: "Weather", parameters: params, strict: true } };
+  const flat = { type: "function", name: "get_time" };
+
+  it("accepts OpenAI nested and OVMS flat tools; tool_choice defaults to auto with tools", () => {
+    const r = parseChatRequest(withBase({ tools: [nested, flat] }));
+    expect(r.tools).toEqual([{ name: "get_weather", description: "Weather", parameters: params, strict: true }, { name: "get_time" }]);
+    expect(r.toolChoice).toEqual({ kind: "auto" });
+    expect(r.parallelToolCalls).toBe(true);
+  });
+
+  it.each([
+    ["none", { kind: "none" }],
+    ["auto", { kind: "auto" }],
+    ["required", { kind: "required" }],
+    [{ type: "function", function: { name: "get_time" } }, { kind: "function", name: "get_time" }],
+    [{ type: "function", name: "get_time" }, { kind: "function", name: "get_time" }],
+  ])("maps tool_choice %j", (choice, expected) => {
+    expect(parseChatRequest(withBase({ tools: [nested, flat], tool_choice: choice })).toolChoice).toEqual(expected);
+  });
+
+  it("maps parallel_tool_calls and the three response formats", () => {
+    expect(parseChatRequest(withBase({ parallel_tool_calls: false })).parallelToolCalls).toBe(false);
+    expect(parseChatRequest(withBase({ response_format: { type: "json_object" } })).responseFormat).toEqual({ kind: "json_object" });
+    expect(parseChatRequest(withBase({ response_format: { type: "text" } })).responseFormat).toEqual({ kind: "text" });
+    const schema = { type: "object", properties: { a: { type: "integer" } } };
+    expect(parseChatRequest(withBase({ response_format: { type: "json_schema", json_schema: { name: "out", schema, strict: true } } })).responseFormat).toEqual({
+      kind: "json_schema",
+      name: "out",
+      schema,
+      strict: true,
+    });
+  });
+
+  it.each([
+    [{ tools: {} }, "invalid_value", "tools", /expected an array of tools/],
+    [{ tools: ["x"] }, "invalid_value", "tools[0]", /expected an object/],
+    [{ tools: [{ function: { name: "f" } }] }, "missing_field", "tools[0].type", undefined],
+    [{ tools: [{ type: "code_interpreter" }] }, "unsupported_field", "tools[0].type", /Only tools of type 'function'/],
+    [{ tools: [{ type: "function", function: "f" }] }, "invalid_value", "tools[0].function", /expected an object/],
+    [{ tools: [{ type: "function", function: {} }] }, "missing_field", "tools[0].function.name", undefined],
+    [{ tools: [{ type: "function", function: { name: "" } }] }, "invalid_value", "tools[0].function.name", /non-empty/],
+    [{ tools: [{ type: "function", function: { name: "get weather" } }] }, "invalid_value", "tools[0].function.name", /1 to 64 characters/],
+    [{ tools: [{ type: "function", name: "x".repeat(65) }] }, "invalid_value", "tools[0].name", /1 to 64 characters/],
+    [{ tools: [{ type: "function", function: { name: "f", parameters: "{}" } }] }, "invalid_value", "tools[0].function.parameters", /expected an object \(a JSON schema\)/],
+    [{ tools: [{ type: "function", function: { name: "f", parameters: [] } }] }, "invalid_value", "tools[0].function.parameters", /got an array/],
+    [{ tools: [{ type: "function", function: { name: "f", strict: "yes" } }] }, "invalid_value", "tools[0].function.strict", /expected a boolean/],
+    [{ tools: [{ type: "function", function: { name: "f" } }, { type: "function", name: "f" }] }, "invalid_value", "tools[1].name", /declared more than once/],
+    [{ tools: Array.from({ length: 129 }, (_, i) => ({ type: "function", name: `f${i}` })) }, "invalid_value", "tools", /at most 128 tools/],
+    [{ tools: [nested], tool_choice: "any" }, "invalid_value", "tool_choice", /'none', 'auto', 'required'/],
+    [{ tools: [nested], tool_choice: 3 }, "invalid_value", "tool_choice", /expected a string or an object/],
+    [{ tools: [nested], tool_choice: { type: "function" } }, "missing_field", "tool_choice.name", undefined],
+    [{ tools: [nested], tool_choice: { type: "function", function: { name: 1 } } }, "invalid_value", "tool_choice.function.name", /expected a string/],
+    [{ tools: [nested], tool_choice: { type: "function", function: { name: "nope" } } }, "invalid_value", "tool_choice", /no function named 'nope'/],
+    [{ tool_choice: { type: "function", name: "get_weather" } }, "invalid_value", "tool_choice", /no function named/],
+    [{ tool_choice: "required" }, "invalid_value", "tool_choice", /needs at least one tool/],
+    [{ parallel_tool_calls: "no" }, "invalid_value", "parallel_tool_calls", /expected a boolean/],
+    [{ response_format: "json" }, "invalid_value", "response_format", /expected an object/],
+    [{ response_format: { type: "yaml" } }, "invalid_value", "response_format.type", /'text', 'json_object', 'json_schema'/],
+    [{ response_format: { type: "json_schema" } }, "missing_field", "response_format.json_schema", undefined],
+    [{ response_format: { type: "json_schema", json_schema: { schema: {} } } }, "missing_field", "response_format.json_schema.name", undefined],
+    [{ response_format: { type: "json_schema", json_schema: { name: "a b", schema: {} } } }, "invalid_value", "response_format.json_schema.name", /1 to 64/],
+    [{ response_format: { type: "json_schema", json_schema: { name: "x" } } }, "missing_field", "response_format.json_schema.schema", undefined],
+    [{ response_format: { type: "json_schema", json_schema: { name: "x", schema: true } } }, "invalid_value", "response_format.json_schema.schema", /a JSON schema/],
+  ])("rejects %j", (extra, code, param, message) => {
+    expectReject(withBase(extra as Record<string, unknown>), code, param, message);
+  });
+});
+
+describe("parseChatRequest: tool calls and tool results in messages", () => {
+  const call = { id: "call_1", type: "function", function: { name: "get_weather", arguments: '{"city":"Paris"}' } };
+
+  it("carries assistant tool_calls (null content), tool results and reasoning_content to the template", () => {
+    const r = parseChatRequest({
+      model: "m",
+      messages: [
+        { role: "user", content: "Weather?" },
+        { role: "assistant", content: null, reasoning_content: "think", tool_calls: [call, { id: "call_2", function: { name: "f" } }] },
+        { role: "tool", content: "sunny", tool_call_id: "call_1", name: "get_weather" },
+      ],
+    });
+    expect(r.messages).toEqual([
+      { role: "user", content: "Weather?" },
+      {
+        role: "assistant",
+        content: "",
+        reasoningContent: "think",
+        toolCalls: [
+          { id: "call_1", name: "get_weather", arguments: '{"city":"Paris"}' },
+          { id: "call_2", name: "f", arguments: "{}" },
+        ],
+      },
+      { role: "tool", content: "sunny", toolCallId: "call_1", name: "get_weather" },
+    ]);
+  });
+
+  const msgs = (m: Record<string, unknown>) => ({ model: "m", messages: [{ role: "user", content: "x" }, m] });
+  it.each([
+    [{ role: "assistant", content: null, tool_calls: {} }, "invalid_value", "messages[1].tool_calls", /expected an array/],
+    [{ role: "assistant", content: null, tool_calls: ["x"] }, "invalid_value", "messages[1].tool_calls[0]", /expected an object/],
+    [{ role: "assistant", content: null, tool_calls: [{ function: { name: "f" } }] }, "missing_field", "messages[1].tool_calls[0].id", undefined],
+    [{ role: "assistant", content: null, tool_calls: [{ id: "c" }] }, "missing_field", "messages[1].tool_calls[0].function", undefined],
+    [{ role: "assistant", content: null, tool_calls: [{ id: "c", function: {} }] }, "missing_field", "messages[1].tool_calls[0].function.name", undefined],
+    [{ role: "assistant", content: null, tool_calls: [{ id: "c", function: { name: "f", arguments: { a: 1 } } }] }, "invalid_value", "messages[1].tool_calls[0].function.arguments", /expected a string/],
+    [{ role: "assistant", content: null, tool_calls: [{ id: "c", type: "custom", function: { name: "f" } }] }, "invalid_value", "messages[1].tool_calls[0].type", /'function'/],
+    [{ role: "user", content: "x", tool_calls: [] }, "invalid_value", "messages[1].tool_calls", /only assistant messages/],
+    [{ role: "tool", content: "x" }, "missing_field", "messages[1].tool_call_id", undefined],
+    [{ role: "tool", content: "x", tool_call_id: 5 }, "invalid_value", "messages[1].tool_call_id", /expected a string/],
+    [{ role: "user", content: "x", tool_call_id: "c" }, "invalid_value", "messages[1].tool_call_id", /only tool messages/],
+    [{ role: "assistant", content: "x", reasoning_content: 1 }, "invalid_value", "messages[1].reasoning_content", /expected a string/],
+    [{ role: "user", content: "x", reasoning_content: "r" }, "invalid_value", "messages[1].reasoning_content", /only assistant/],
+    [{ role: "user", content: "x", name: 3 }, "invalid_value", "messages[1].name", /expected a string/],
+  ])("rejects %j", (m, code, param, message) => {
+    expectReject(msgs(m), code, param, message);
   });
 });

@@ -23,6 +23,8 @@ import { z } from "zod";
 import type { ChatMessage } from "./chat-template.js";
 import { describe, KeelHttpError, invalidValue, missingField, show, unsupportedField } from "./errors.js";
 import { sanitizeForJson } from "./utf8-stream.js";
+import { parseMessageExtras, responseFormatSchema, toolChoiceSchema, toolsSchema } from "./tool-fields.js";
+import type { ResponseFormat, ToolChoice, ToolSpec } from "./tools.js";
 import { checkMinTokens, extendedSampling, MAX_TOP_LOGPROBS, SAMPLING_RANGES, samplingFields, type ExtendedSampling } from "./api/sampling.js";
 
 /** A validated chat-completion request, with defaults applied. */
@@ -63,6 +65,14 @@ export interface ChatRequest extends GenerationFields {
   maxTokens?: number;
   /** Extra variables for the chat template (`chat_template_kwargs`, e.g. `enable_thinking`). */
   templateKwargs: Record<string, unknown>;
+  /** Function tools the model may call (`tools`); [] = none. */
+  tools: ToolSpec[];
+  /** `tool_choice`; default `auto` with tools, `none` without. */
+  toolChoice: ToolChoice;
+  /** `parallel_tool_calls`: false = at most one call. Default true. */
+  parallelToolCalls: boolean;
+  /** `response_format`; default text. */
+  responseFormat: ResponseFormat;
 }
 
 /** Largest value of uint32 fields (`max_tokens`, `seed`), as in OVMS. */
@@ -249,7 +259,18 @@ function flattenContent(role: string, content: unknown, ctx: IssueCtx): string {
 
 const messageSchema = z
   .object({ role: z.enum(CHAT_ROLES), content: z.unknown().optional() })
-  .transform((m, ctx): ChatMessage => ({ role: m.role, content: flattenContent(m.role, m.content, ctx) }));
+  .passthrough()
+  .transform((m, ctx): ChatMessage => {
+    const extras = parseMessageExtras(m.role, m, ctx);
+    // An assistant message that only calls tools has null content (OpenAI); flattenContent maps it to "".
+    const message: ChatMessage = { role: m.role, content: flattenContent(m.role, m.content, ctx) };
+    // An empty list is no calls (templates test `tool_calls` for presence).
+    if (extras?.toolCalls !== undefined && extras.toolCalls.length > 0) message.toolCalls = extras.toolCalls;
+    if (extras?.toolCallId !== undefined) message.toolCallId = extras.toolCallId;
+    if (extras?.name !== undefined) message.name = extras.name;
+    if (extras?.reasoningContent !== undefined) message.reasoningContent = extras.reasoningContent;
+    return message;
+  });
 
 // ------------------------------------------------------------------ stop
 
@@ -338,16 +359,13 @@ export const chatRequestBodySchema = z.object({
   logprobs: z.boolean().nullish(),
   top_logprobs: z.number().int().min(0).max(MAX_TOP_LOGPROBS).nullish(),
   chat_template_kwargs: z.record(z.string(), z.unknown()).nullish(),
-  // recognised, not implemented
-  tools: unsupported(isEmptyArray, "Tool calling is not available."),
-  tool_choice: unsupported((v) => v === "none" || v === "auto", "Tool calling is not available; only 'none' or 'auto' are accepted."),
-  parallel_tool_calls: unsupported(() => false, "Tool calling is not available."),
-  functions: unsupported(isEmptyArray, "Function calling is not available."),
-  function_call: unsupported((v) => v === "none" || v === "auto", "Function calling is not available."),
-  response_format: unsupported(
-    (v) => isPlainObject(v) && v.type === "text",
-    "Structured output is not available; only {\"type\": \"text\"} is accepted.",
-  ),
+  tools: toolsSchema,
+  tool_choice: toolChoiceSchema,
+  parallel_tool_calls: z.boolean().nullish(),
+  response_format: responseFormatSchema,
+  // recognised, not implemented (OpenAI's deprecated function-calling fields)
+  functions: unsupported(isEmptyArray, "The legacy 'functions' field is not supported; use 'tools' instead."),
+  function_call: unsupported((v) => v === "none" || v === "auto", "The legacy 'function_call' field is not supported; use 'tool_choice' instead."),
   audio: unsupported(() => false, "Audio output is not available."),
   modalities: unsupported((v) => Array.isArray(v) && v.length === 1 && v[0] === "text", "Only [\"text\"] is supported."),
   prediction: unsupported(() => false, "Predicted outputs are not available."),
@@ -389,10 +407,14 @@ export const chatRequestBodySchema = z.object({
  *   `min_tokens`, `stop_token_ids`, `include_stop_str_in_output`; no-op
  *   values are dropped. Whether the engine can apply them is checked at
  *   admission (capabilities), not here.
+ * - Agent fields (tool-fields.ts): `tools` (≤ 128 function tools, nested
+ *   or flat, unique names), `tool_choice` (default auto with tools, none
+ *   without; a named function must be declared), `parallel_tool_calls`,
+ *   `response_format` (text, json_object, json_schema); assistant
+ *   `tool_calls` / `reasoning_content`, tool `tool_call_id`, `name`.
  * - Not implemented, so 400 `unsupported_field` unless given their no-op
- *   value: `tools`/`functions` ([]), `tool_choice`/`function_call`
- *   ("none", "auto"), `response_format` ({type:"text"}), `modalities`
- *   (["text"]), and `audio`, `parallel_tool_calls`, `prediction` (no no-op
+ *   value: `functions` ([]), `function_call` ("none", "auto") — use
+ *   `tools` — `modalities` (["text"]), and `audio`, `prediction` (no no-op
  *   value).
  *
  * @param body - The request body as parsed from JSON (any value).
@@ -425,6 +447,10 @@ export function parseChatRequest(body: unknown): ChatRequest {
     includeStopStr: b.include_stop_str_in_output ?? false,
     logprobs: null,
     templateKwargs: b.chat_template_kwargs ?? {},
+    tools: b.tools,
+    toolChoice: resolveToolChoice(b.tools, b.tool_choice),
+    parallelToolCalls: b.parallel_tool_calls ?? true,
+    responseFormat: b.response_format,
   };
   if (b.best_of != null && b.best_of !== request.n) {
     throw unsupportedField("best_of", "Only best_of equal to n is supported (every generated choice is returned).");
@@ -438,4 +464,21 @@ export function parseChatRequest(body: unknown): ChatRequest {
   checkMinTokens(request.sampling, maxTokens);
   if (b.seed != null) request.seed = b.seed;
   return request;
+}
+
+/**
+ * `tool_choice` against the declared tools: default `auto` with tools and `none` without; `required` needs tools; a
+ * named function must be one of them (OpenAI and OVMS both refuse a missing one).
+ */
+export function resolveToolChoice(tools: readonly ToolSpec[], choice: ToolChoice | undefined): ToolChoice {
+  if (choice === undefined) return tools.length > 0 ? { kind: "auto" } : { kind: "none" };
+  if (choice.kind === "required" && tools.length === 0) {
+    throw invalidValue("tool_choice", "Invalid value for 'tool_choice': 'required' needs at least one tool in 'tools'.");
+  }
+  if (choice.kind === "function" && !tools.some((t) => t.name === choice.name)) {
+    throw invalidValue("tool_choice", `Invalid value for 'tool_choice': no function named ${show(choice.name)} in 'tools'.`);
+  }
+  // `auto` without tools is what every client sends by default: it means none.
+  if (choice.kind === "auto" && tools.length === 0) return { kind: "none" };
+  return choice;
 }

@@ -89,3 +89,59 @@ describe("ChatTemplate", () => {
     expect(() => t.render(convo, { kwargs: { add_generation_prompt: false } })).toThrow(expect.objectContaining({ status: 400, code: "invalid_value" }));
   });
 });
+
+/**
+ * A hermes-style template in the manner of Qwen2.5's (written for this test): tools as JSON lines in the system turn,
+ * assistant tool calls as `<tool_call>` JSON with `tojson` arguments, tool results in the user turn, earlier
+ * reasoning in `<think>`.
+ */
+const HERMES = [
+  "{%- if tools %}<|im_start|>system\n# Tools\n{%- for tool in tools %}<tool>{{ tool | tojson }}</tool>{%- endfor %}<|im_end|>\n{%- endif %}",
+  "{%- for message in messages %}",
+  "{%- if message.role == 'assistant' %}<|im_start|>assistant\n",
+  "{%- if message.reasoning_content is defined %}<think>{{ message.reasoning_content }}</think>{%- endif %}",
+  "{{ message.content }}",
+  "{%- if message.tool_calls is defined %}{%- for call in message.tool_calls %}<tool_call>{\"id\": \"{{ call.id }}\", \"name\": \"{{ call.function.name }}\", \"arguments\": {{ call.function.arguments | tojson }}}</tool_call>{%- endfor %}{%- endif %}<|im_end|>\n",
+  "{%- elif message.role == 'tool' %}<|im_start|>user\n<tool_response id={{ message.tool_call_id }}{% if message.name is defined %} name={{ message.name }}{% endif %}>{{ message.content }}</tool_response><|im_end|>\n",
+  "{%- else %}<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n{%- endif %}",
+  "{%- endfor %}{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}",
+].join("");
+
+describe("ChatTemplate with tools (hermes-style template)", () => {
+  const t = new ChatTemplate(HERMES, specials);
+  const weather = { name: "get_weather", description: "Weather of a city", parameters: { type: "object", properties: { city: { type: "string" } }, required: ["city"] } };
+
+  it("declares tools in OpenAI's nested shape, and none when the list is empty", () => {
+    const out = t.render([{ role: "user", content: "Hi" }], { tools: [weather] });
+    const declared = [...out.matchAll(/<tool>(.*?)<\/tool>/g)].map((m) => JSON.parse(m[1]!));
+    expect(declared).toHaveLength(1);
+    expect(declared[0]).toEqual({ type: "function", function: weather });
+    expect(t.render([{ role: "user", content: "Hi" }], { tools: [] })).not.toContain("# Tools");
+  });
+
+  it("round-trips tool calls (JSON arguments as objects, not double-encoded), tool results and reasoning", () => {
+    const out = t.render(
+      [
+        { role: "user", content: "Weather in Paris?" },
+        { role: "assistant", content: "", reasoningContent: "need the tool", toolCalls: [{ id: "call_1", name: "get_weather", arguments: '{"city": "Paris"}' }] },
+        { role: "tool", content: "sunny", toolCallId: "call_1", name: "get_weather" },
+      ],
+      { addGenerationPrompt: false },
+    );
+    const call = /<tool_call>(.*?)<\/tool_call>/.exec(out)![1]!;
+    expect(JSON.parse(call)).toEqual({ id: "call_1", name: "get_weather", arguments: { city: "Paris" } });
+    expect(out).toContain("<think>need the tool</think>");
+    expect(out).toContain("<tool_response id=call_1 name=get_weather>sunny</tool_response>");
+  });
+
+  it("keeps arguments that are not a JSON object as the string", () => {
+    const out = t.render([{ role: "assistant", content: "", toolCalls: [{ id: "c", name: "f", arguments: "not json" }] }], { addGenerationPrompt: false });
+    const call = /<tool_call>(.*?)<\/tool_call>/.exec(out)![1]!;
+    expect(JSON.parse(call).arguments).toBe("not json");
+  });
+
+  it("leaves message keys undefined when a message lacks them", () => {
+    const probe = new ChatTemplate("{% for m in messages %}{{ m.tool_calls is defined }},{{ m.tool_call_id is defined }},{{ m.reasoning_content is defined }}{% endfor %}", specials);
+    expect(probe.render([{ role: "user", content: "x" }], { addGenerationPrompt: false })).toBe("false,false,false");
+  });
+});

@@ -5,6 +5,7 @@
  */
 import { Template } from "@huggingface/jinja";
 import { invalidValue, templateError } from "./errors.js";
+import type { ToolCall, ToolSpec } from "./tools.js";
 import { sanitizeForJson } from "./utf8-stream.js";
 
 /**
@@ -15,6 +16,14 @@ export interface ChatMessage {
   /** `system`, `user`, `assistant`, `tool` or `developer`. */
   role: string;
   content: string;
+  /** Assistant: the calls it made (arguments as JSON text, as the API carries them). */
+  toolCalls?: ToolCall[];
+  /** Tool: the id of the call this message answers. */
+  toolCallId?: string;
+  /** Optional participant / tool name. */
+  name?: string;
+  /** Assistant: its reasoning (`reasoning_content`), for templates that render earlier thinking. */
+  reasoningContent?: string;
 }
 
 /** The special-token strings a chat template may reference. */
@@ -38,6 +47,11 @@ export interface ChatRenderOptions {
    * may not replace the variables the renderer sets itself (see {@link RESERVED_TEMPLATE_VARIABLES}).
    */
   kwargs?: Readonly<Record<string, unknown>>;
+  /**
+   * Tools to declare to the model (`tools`, in OpenAI's nested shape as HF templates expect). The caller applies
+   * `tool_choice` first (none → no tools; a named function → only that one). Empty/absent = `tools` undefined.
+   */
+  tools?: readonly ToolSpec[];
 }
 
 /** Variables the renderer sets; `chat_template_kwargs` may not override them (refused with 400). */
@@ -56,6 +70,8 @@ export const RESERVED_TEMPLATE_VARIABLES = ["messages", "bos_token", "eos_token"
 export class ChatTemplate {
   readonly #template: Template;
   readonly #specials: ChatTemplateSpecials;
+  /** The Jinja source (to recognise the model's tool-call format for `--tool_parser auto`). */
+  readonly source: string;
 
   /**
    * Parses the template.
@@ -74,6 +90,7 @@ export class ChatTemplate {
       throw new Error(`Chat template does not parse: ${messageOf(err)}`, { cause: err });
     }
     this.#specials = { ...specials };
+    this.source = template;
   }
 
   /**
@@ -97,7 +114,8 @@ export class ChatTemplate {
     try {
       prompt = this.#template.render({
         ...kwargs,
-        messages: messages.map((m) => ({ role: m.role, content: m.content })),
+        messages: messages.map(templateMessage),
+        ...(opts.tools && opts.tools.length > 0 ? { tools: opts.tools.map(templateTool) } : {}),
         bos_token: this.#specials.bosToken,
         eos_token: this.#specials.eosToken,
         add_generation_prompt: opts.addGenerationPrompt ?? true,
@@ -107,6 +125,39 @@ export class ChatTemplate {
     }
     if (prompt.length === 0) throw templateError("the rendered prompt is empty.");
     return prompt;
+  }
+}
+
+/** A tool as HF templates read it: `{type: "function", function: {name, description?, parameters?}}`. */
+export function templateTool(t: ToolSpec): Record<string, unknown> {
+  const fn: Record<string, unknown> = { name: t.name };
+  if (t.description !== undefined) fn.description = t.description;
+  if (t.parameters !== undefined) fn.parameters = t.parameters;
+  return { type: "function", function: fn };
+}
+
+/**
+ * A message as HF templates read it. Only the keys the message has are set (templates test `is defined`).
+ * `tool_calls[].function.arguments` becomes an object when it is a JSON object — templates `tojson` it, which
+ * would otherwise double-encode the text; anything else stays the string.
+ */
+export function templateMessage(m: ChatMessage): Record<string, unknown> {
+  const out: Record<string, unknown> = { role: m.role, content: m.content };
+  if (m.toolCalls !== undefined) {
+    out.tool_calls = m.toolCalls.map((c) => ({ id: c.id, type: "function", function: { name: c.name, arguments: argumentsValue(c.arguments) } }));
+  }
+  if (m.toolCallId !== undefined) out.tool_call_id = m.toolCallId;
+  if (m.name !== undefined) out.name = m.name;
+  if (m.reasoningContent !== undefined) out.reasoning_content = m.reasoningContent;
+  return out;
+}
+
+function argumentsValue(text: string): unknown {
+  try {
+    const v: unknown = JSON.parse(text);
+    return typeof v === "object" && v !== null && !Array.isArray(v) ? v : text;
+  } catch {
+    return text;
   }
 }
 

@@ -138,6 +138,23 @@ export function unsupportedField(param: string, reason?: string): KeelHttpError 
   });
 }
 
+/**
+ * 400 `unsupported_field` on `tools`: the request has tools to call (tool_choice not `none`) but the server parses
+ * no tool-call format, so the calls would come back as plain text. Refused rather than accepted and ignored.
+ * @param autoFoundNone - `--tool_parser auto` was given but the model's template shows no known format.
+ */
+export function toolsNotServed(autoFoundNone: boolean): KeelHttpError {
+  const why = autoFoundNone
+    ? "the server was started with --tool_parser auto, but the model's chat template shows no tool-call format Keel knows"
+    : "the server was started without --tool_parser";
+  return unsupportedField("tools", `Tool calling needs a tool parser: ${why}. Start the server with --tool_parser hermes3, qwen3coder or llama3 (the model's format), or send tool_choice 'none'.`);
+}
+
+/** 400 `unsupported_field`: the request needs constrained generation (`param`) and the engine cannot apply a grammar. */
+export function guidedNotSupported(param: string): KeelHttpError {
+  return unsupportedField(param, "This engine cannot constrain generation with a grammar (capability 'grammars'), which this request needs.");
+}
+
 /** 400 `template_error`: the model's chat template failed on this request. */
 export function templateError(detail: string): KeelHttpError {
   return new KeelHttpError({

@@ -69,6 +69,8 @@ function setup(maxUnreadBytes: number, body: Record<string, unknown> = {}, over:
     isKnownCulprit: () => false,
     onRejected: () => undefined,
     onDisconnect: (phase) => void disconnects.push(phase),
+    agents: () => ({ toolParser: null, reasoningParser: null, guideAuto: false, toolParserSource: "none" }),
+    onGuideDropped: () => undefined,
     log: pino({ level: "silent" }),
     ...over,
   };
@@ -548,5 +550,53 @@ describe("client gone", () => {
     t.sinks.get("req")!.onFinish("stop", usage(1));
     t.res.destroy();
     expect(t.cancelled).toEqual([]);
+  });
+});
+
+describe("guided generation at the route", () => {
+  it("the engine dropping a child's guide is counted once and the request goes on", () => {
+    let dropped = 0;
+    const t = direct({ onGuideDropped: () => void (dropped += 1) });
+    const enc = recordingEncoder();
+    runGeneration(t.ctx, t.req, t.reply, plan({ stream: false }), enc.encoder);
+    const sink = t.sinks.get("req")!;
+    sink.onAdmitted();
+    sink.onGuideDropped!("trigger replay rejected");
+    sink.onOutput([1], "x");
+    sink.onFinish("stop", usage(1));
+    expect(dropped).toBe(1);
+    expect(t.wire.status).toBe(200);
+  });
+
+  it("a chat request with a JSON response_format sends the guide to an engine with grammars, and is a 400 without", async () => {
+    const caps = (grammars: boolean) => () => ({ exactSeededResume: true, maxTopLogprobs: 5, extendedSampling: true, grammars, sharedPrefill: false });
+    const rf = { response_format: { type: "json_object" } };
+    const yes = setup(1 << 20, rf, { capabilities: caps(true) });
+    await handleChat(yes.ctx, yes.req, yes.reply);
+    const add = yes.sent.find((m) => m.type === "add") as { params: SamplingParams } | undefined;
+    expect(add?.params.guide?.start).toMatchObject({ kind: "rule", then: "end" });
+    const no = setup(1 << 20, rf, { capabilities: caps(false) });
+    await expect(handleChat(no.ctx, no.req, no.reply)).rejects.toMatchObject({ status: 400, param: "response_format" });
+    expect(no.sent).toEqual([]);
+  });
+
+  it("tools without a server tool parser are a 400 before the engine; with one, the call format is parsed", async () => {
+    const tools = { tools: [{ type: "function", function: { name: "f", parameters: { type: "object" } } }] };
+    const none = setup(1 << 20, tools);
+    await expect(handleChat(none.ctx, none.req, none.reply)).rejects.toMatchObject({ status: 400, param: "tools", code: "unsupported_field" });
+    expect(none.sent).toEqual([]);
+    const hermes = setup(1 << 20, { ...tools, stream: false }, { agents: () => ({ toolParser: "hermes3", reasoningParser: null, guideAuto: false, toolParserSource: "flag" }) });
+    const chunks: string[] = [];
+    hermes.res.write = (c: string): boolean => chunks.push(c) >= 0;
+    const endRes = hermes.res.end.bind(hermes.res);
+    hermes.res.end = ((c?: string) => {
+      chunks.push(c ?? "");
+      endRes();
+    }) as StalledResponse["end"];
+    await handleChat(hermes.ctx, hermes.req, hermes.reply);
+    const [id] = idsOf(hermes.sent);
+    hermes.registry.handleStep(step(1, [admit(id!), { id: id!, tokens: [5], text: '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>', finish: { reason: "stop", promptTokens: 2, completionTokens: 1 } }]));
+    const body = JSON.parse(chunks.join("")) as { choices: { message: { content: unknown; tool_calls: { function: { name: string; arguments: string } }[] }; finish_reason: string }[] };
+    expect(body.choices[0]).toMatchObject({ finish_reason: "tool_calls", message: { content: null, tool_calls: [{ function: { name: "f", arguments: '{"a":1}' } }] } });
   });
 });

@@ -19,6 +19,7 @@ import type { RouteContext } from "./route-context.js";
 import { GenerationSession } from "./session/session.js";
 import type { SessionEvent, SessionStep } from "./session/events.js";
 import { ResponseWriter } from "./sse.js";
+import type { OutputParser } from "./parsers/types.js";
 
 /** A validated generation request, in the protocol's terms. */
 export interface GenerationPlan {
@@ -33,6 +34,8 @@ export interface GenerationPlan {
   params: Omit<SamplingParams, "seed"> & { seed?: number };
   stop: readonly string[];
   includeStopStr: boolean;
+  /** Per-choice output parser (chat with reasoning / tool parsing); absent = the text is the content. */
+  parser?: () => OutputParser;
 }
 
 /** The part of a plan that chat and completions build alike from their shared request fields. */
@@ -129,6 +132,7 @@ export function runGeneration(ctx: RouteContext, req: FastifyRequest, reply: Fas
     includeStopStr: plan.includeStopStr,
     logprobs: plan.params.logprobs != null,
     ...(plan.params.minTokens ? { minTokens: plan.params.minTokens } : {}),
+    ...(plan.parser ? { parser: plan.parser } : {}),
   });
   reply.hijack();
   const socket = req.raw.socket;
@@ -186,6 +190,12 @@ export function runGeneration(ctx: RouteContext, req: FastifyRequest, reply: Fas
       onOutput: (tokens, text, logprobs) => apply(session.output(id, tokens, text, logprobs), "stop_string"),
       onFinish: (reason, usage, error) => apply(session.finish(id, reason, usage, error), "sibling_failed"),
       onReleased: (phase) => released(id, phase),
+      // The engine stopped constraining this child (its grammar could not go on): it continues unconstrained, so
+      // a schema is no longer guaranteed — logged with the request id and counted, never silent.
+      onGuideDropped: (reason) => {
+        ctx.onGuideDropped();
+        log.warn({ event: "guide_dropped", child: id, reason }, "guided generation dropped; the request continues unconstrained");
+      },
     });
     if (!accepted) {
       // The engine went away between the readiness check and now: release the siblings already submitted.
@@ -194,7 +204,7 @@ export function runGeneration(ctx: RouteContext, req: FastifyRequest, reply: Fas
       return;
     }
   }
-  log.info({ event: "accepted", stream: plan.stream, n: plan.n, maxTokens: plan.params.maxTokens, temperature: plan.params.temperature }, "request accepted");
+  log.info({ event: "accepted", stream: plan.stream, n: plan.n, maxTokens: plan.params.maxTokens, temperature: plan.params.temperature, guided: plan.params.guide !== undefined, parsed: plan.parser !== undefined }, "request accepted");
 
   // 2. The client leaving releases every child still in the engine (vLLM #14326). The disconnect is counted once
   //    they are all released, in the furthest phase they had reached: the engine reports an admission only after

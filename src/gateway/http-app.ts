@@ -8,7 +8,9 @@ import Fastify, { type FastifyInstance, type FastifyReply } from "fastify";
 import type { Logger } from "pino";
 import { MAX_UNREAD_BYTES, type RouteContext } from "./route-context.js";
 import { registerRoutes, routeList } from "./routes.js";
+import { NO_AGENT_FLAGS, resolveAgentSettings, type AgentSettings } from "./agent-config.js";
 import type { ChatTemplate } from "./chat-template.js";
+import { pickToolParser } from "./parsers/index.js";
 import type { EngineClient } from "./engine-client.js";
 import { clientConnectionError, engineRestarting, invalidUrl, expectationFailed, invalidJson, notReady, routeNotFound, shuttingDown, toErrorBody, toHttpError } from "./errors.js";
 import type { Metrics } from "./metrics.js";
@@ -74,6 +76,9 @@ export function buildHttpApp(deps: HttpAppDeps): HttpApp {
   const engine: EngineClient = supervisor.engine;
   /** Chat template of the current engine's model; null until an engine reported ready. */
   let template: ChatTemplate | null = null;
+  const agentFlags = opts.agents ?? NO_AGENT_FLAGS;
+  /** Parsing and guidance for the current model (`--tool_parser auto` resolved on each engine ready). */
+  let agents: AgentSettings = resolveAgentSettings(agentFlags, null, pickToolParser);
   /** Prompts isolated as engine killers, as the routes ask about them (bounded in time: supervisor.ts). */
   const culpritPrompts = { has: (prompt: string) => supervisor.isKnownCulprit(prompt) };
   /** Set once the HTTP server and engine are being stopped. */
@@ -178,6 +183,8 @@ export function buildHttpApp(deps: HttpAppDeps): HttpApp {
     isKnownCulprit: (prompt: string) => culpritPrompts.has(prompt),
     tokenize: (text, addSpecialTokens) => supervisor.tokenizer.tokenize(text, addSpecialTokens),
     onRejected: (reason: "queue_full" | "not_ready") => metrics.requestsRejected.inc({ reason }),
+    agents: () => agents,
+    onGuideDropped: () => metrics.guidedDropped.inc(),
     log,
     onDisconnect: (phase) => metrics.clientDisconnects.inc({ phase }),
   };
@@ -203,7 +210,15 @@ export function buildHttpApp(deps: HttpAppDeps): HttpApp {
   return {
     app,
     silent,
-    setTemplate: (t) => (template = t),
+    setTemplate: (t) => {
+      template = t;
+      const before = agents.toolParser;
+      agents = resolveAgentSettings(agentFlags, t?.source ?? null, pickToolParser);
+      if (t && agentFlags.toolParser === "auto" && before !== agents.toolParser) {
+        if (agents.toolParser) log.info({ event: "tool_parser_resolved", toolParser: agents.toolParser }, `--tool_parser auto: the model's template uses ${agents.toolParser}`);
+        else log.warn({ event: "tool_parser_unresolved" }, "--tool_parser auto: the model's chat template shows no tool-call format Keel knows; requests with tools will be refused");
+      }
+    },
     startDraining: () => (draining = true),
     startClosing: () => (closing = true),
   };

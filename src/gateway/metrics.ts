@@ -27,6 +27,8 @@ export class Metrics {
   readonly engineRestarts: client.Counter<"reason">;
   readonly prefixCacheHitTokens: client.Counter;
   readonly requestsResumed: client.Counter;
+  /** Guided requests whose constraint the engine dropped (they went on unconstrained). */
+  readonly guidedDropped: client.Counter;
   readonly requestsQueued: client.Counter;
   readonly promptTokens: client.Counter;
   readonly generationTokens: client.Counter;
@@ -79,6 +81,11 @@ export class Metrics {
     this.interTokenLatency = new client.Histogram({ name: "keel_inter_token_latency_seconds", help: "Time between consecutive generated tokens of a request (ITL)", buckets: latencyBuckets, registers });
     this.e2eLatency = new client.Histogram({ name: "keel_e2e_request_latency_seconds", help: "Time from acceptance to the request's end, whatever the reason", buckets: latencyBuckets, registers });
     this.queueTime = new client.Histogram({ name: "keel_request_queue_time_seconds", help: "Time from acceptance to admission to an engine sequence", buckets: latencyBuckets, registers });
+    this.guidedDropped = new client.Counter({
+      name: "keel_guided_dropped_total",
+      help: "Guided requests (tools, response_format) whose grammar constraint the engine dropped; they continued unconstrained",
+      registers,
+    });
     this.requestsResumed = new client.Counter({
       name: "keel_requests_resumed_total",
       help: "Requests resubmitted as continuations to a restarted engine",

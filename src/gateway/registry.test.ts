@@ -752,3 +752,23 @@ describe("bisection bookkeeping", () => {
     expect(t.adds).toEqual(["a", "b"]);
   });
 });
+
+describe("RequestRegistry: guideDropped", () => {
+  it("delivers the engine's guideDropped to the sink before that step's output, and not for a request being cancelled", () => {
+    const t = setup();
+    const order: string[] = [];
+    const s: RequestSink = {
+      onAdmitted: () => undefined,
+      onOutput: (_tokens, text) => void order.push(`out ${text}`),
+      onFinish: () => undefined,
+      onGuideDropped: (why) => void order.push(`dropped ${why}`),
+    };
+    t.reg.submit("g", { text: "hi" }, params, s);
+    t.reg.handleStep(step(out("g", { admitted: { promptTokens: [1], cachedTokens: 0 }, tokens: [7], text: "a" })));
+    t.reg.handleStep(step(out("g", { tokens: [8], text: "b", guideDropped: "trigger replay rejected" })));
+    expect(order).toEqual(["out a", "dropped trigger replay rejected", "out b"]);
+    t.reg.cancel("g", "client_disconnect");
+    t.reg.handleStep(step(out("g", { tokens: [9], text: "c", guideDropped: "late" })));
+    expect(order).toEqual(["out a", "dropped trigger replay rejected", "out b"]);
+  });
+});

@@ -30,6 +30,11 @@ export interface RequestSink {
    * had reached — known only now when the abort arrived during the step that admitted it.
    */
   onReleased?(phase: lc.Phase | null): void;
+  /**
+   * The engine stopped constraining this request (`RequestOutput.guideDropped`, once): it goes on unconstrained.
+   * Delivered before the same step's output.
+   */
+  onGuideDropped?(reason: string): void;
 }
 
 /** Registry-side record of one request. */
@@ -235,6 +240,7 @@ export class RequestRegistry {
         if (next.state !== "cancelling") e.sink.onAdmitted();
       }
     }
+    if (o.guideDropped !== undefined && e.lifecycle.state !== "cancelling") e.sink.onGuideDropped?.(o.guideDropped);
     if (o.tokens.length > 0 || o.text.length > 0) {
       const before = e.generated.length;
       e.generated.push(...o.tokens);

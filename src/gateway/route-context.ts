@@ -5,10 +5,12 @@
 import type { FastifyReply } from "fastify";
 import type { Logger } from "pino";
 import type { EngineCapabilities } from "../protocol/messages.js";
+import type { AgentSettings } from "./agent-config.js";
 import type { ChatMessage, ChatTemplate } from "./chat-template.js";
 import { contextLengthExceeded, type KeelHttpError } from "./errors.js";
 import type { Phase } from "./lifecycle.js";
 import type { RequestRegistry } from "./registry.js";
+import type { ToolSpec } from "./tools.js";
 
 /** Default bytes of stream output a client may leave unread before it is treated as gone (per stream). */
 export const MAX_UNREAD_BYTES = 1024 * 1024;
@@ -44,6 +46,10 @@ export interface RouteContext {
    */
   tokenize(text: string, addSpecialTokens: boolean): Promise<number[]>;
   onRejected(reason: "queue_full" | "not_ready"): void;
+  /** Tool/reasoning parsing and guidance for the current engine's model (`auto` resolved from its template). */
+  agents(): AgentSettings;
+  /** The engine stopped constraining a request (`RequestOutput.guideDropped`): counted in keel_guided_dropped_total. */
+  onGuideDropped(): void;
   log: Logger;
   onDisconnect(phase: Phase): void;
 }
@@ -67,8 +73,8 @@ export function readyEngine(ctx: RouteContext, reply: FastifyReply): { template:
  * Render chat messages into the prompt text with the model's template. Every message renders to at least one token,
  * so more messages than the context holds is refused before rendering (400 context_length_exceeded).
  */
-export function renderMessages(ctx: RouteContext, template: ChatTemplate, messages: ChatMessage[], kwargs?: Record<string, unknown>): string {
+export function renderMessages(ctx: RouteContext, template: ChatTemplate, messages: ChatMessage[], kwargs?: Record<string, unknown>, tools?: readonly ToolSpec[]): string {
   const capacity = ctx.maxModelLen();
   if (capacity !== null && messages.length >= capacity) throw contextLengthExceeded(capacity, messages.length);
-  return template.render(messages, { addGenerationPrompt: true, ...(kwargs ? { kwargs } : {}) });
+  return template.render(messages, { addGenerationPrompt: true, ...(kwargs ? { kwargs } : {}), ...(tools ? { tools } : {}) });
 }

@@ -20,6 +20,7 @@ import { registryObserver, StepObserver } from "./metrics-observer.js";
 import { RequestRegistry } from "./registry.js";
 import { EngineSupervisor, ISOLATED_PROMPT_TTL_MS } from "./supervisor.js";
 import type { EngineCommand, EngineConfig } from "../protocol/engine-config.js";
+import type { AgentFlags } from "./agent-config.js";
 
 /** Gateway options (resolved CLI flags). */
 export interface GatewayOptions {
@@ -49,6 +50,8 @@ export interface GatewayOptions {
   readyStalenessMs?: number;
   /** How long a prompt isolated as an engine killer stays refused (ms; default 10 min). */
   isolatedPromptTtlMs?: number;
+  /** `--tool_parser`, `--reasoning_parser`, `--enable_tool_guided_generation` (default: none of them). */
+  agents?: AgentFlags;
 }
 
 /** A running gateway. */

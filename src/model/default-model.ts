@@ -9,6 +9,7 @@ import {existsSync, readFileSync} from "node:fs";
 import {mkdir, open, rename, stat, unlink, writeFile} from "node:fs/promises";
 import path from "node:path";
 import {fileURLToPath} from "node:url";
+import {AGENT_TAGS, QWEN3_STYLE_TEMPLATE, QWEN3CODER_STYLE_TEMPLATE} from "./agent-templates.js";
 import {readGgufHeader} from "./gguf-writer.js";
 import {
     buildTinyModel, resolveTinyModelOptions, TINY_MODEL_DEFAULTS, TINY_MODEL_GENERATOR_VERSION,
@@ -54,15 +55,34 @@ export function describeDefaultModel(): DefaultModelDescription {
         name: DEFAULT_MODEL_NAME,
         randomWeights: true,
         description: `random-weight demo model (${o.layers} layers, hidden ${o.hidden}, output is gibberish; ` +
-            `pass --model <file.gguf> for a real model)`,
+            `pass --model_path <file.gguf or model name> for a real model)`,
         options: o,
         generatorVersion: TINY_MODEL_GENERATOR_VERSION
     };
 }
 
-/** True if `modelPath` is a file name produced by {@link ensureDefaultModel} (a random-weight demo model). */
+/**
+ * The generated tiny models a `--model_path` may name: the plain ChatML model, and two agent variants (same
+ * weights' shapes and seed, the agent tags as extra USER_DEFINED tokens, a Qwen3- or Qwen3-Coder-style template;
+ * see agent-templates.ts) so that tool calls and reasoning run end to end, fast and deterministically.
+ */
+export const TINY_MODELS = Object.freeze({
+    "keel-tiny": DEFAULT_MODEL_OPTIONS,
+    "keel-tiny-qwen3": Object.freeze({...TINY_MODEL_DEFAULTS, chatTemplate: QWEN3_STYLE_TEMPLATE, userTokens: AGENT_TAGS}),
+    "keel-tiny-qwen3coder": Object.freeze({...TINY_MODEL_DEFAULTS, chatTemplate: QWEN3CODER_STYLE_TEMPLATE, userTokens: AGENT_TAGS})
+} satisfies Record<string, Readonly<TinyModelOptions>>);
+
+/** Name of one of the {@link TINY_MODELS}. */
+export type TinyModelName = keyof typeof TINY_MODELS;
+
+/** True if `name` names one of the {@link TINY_MODELS}. */
+export function isTinyModelName(name: string): name is TinyModelName {
+    return Object.hasOwn(TINY_MODELS, name);
+}
+
+/** True if `modelPath` is a file name produced by {@link ensureDefaultModel} / {@link ensureTinyModel} (random weights). */
 export function isDefaultModelPath(modelPath: string): boolean {
-    return /^keel-tiny-[0-9a-f]{16}\.gguf$/.test(path.basename(modelPath));
+    return /^keel-tiny(-qwen3|-qwen3coder)?-[0-9a-f]{16}\.gguf$/.test(path.basename(modelPath));
 }
 
 /** Cache key (16 hex chars) of a tiny model: hash of the resolved options and the generator version. */
@@ -127,9 +147,23 @@ async function isCompleteGguf(file: string): Promise<boolean> {
  * @throws Error if the directory cannot be created or written (the underlying fs error, with its `code`)
  */
 export async function ensureDefaultModel(opts: {dir?: string; model?: TinyModelOptions} = {}): Promise<string> {
-    const dir = defaultModelDir(opts.dir);
-    const modelOptions = opts.model ?? DEFAULT_MODEL_OPTIONS;
-    const file = path.join(dir, `keel-tiny-${tinyModelCacheKey(modelOptions)}.gguf`);
+    return generateCached(defaultModelDir(opts.dir), "keel-tiny", opts.model ?? DEFAULT_MODEL_OPTIONS);
+}
+
+/**
+ * Returns the absolute path of the named tiny model (`<dir>/<name>-<hash>.gguf`), generating it if needed, with
+ * the same cache directory and concurrency guarantees as {@link ensureDefaultModel} (`keel-tiny` gives the same
+ * file as it).
+ * @throws Error on an unknown name, or if the directory cannot be created or written
+ */
+export async function ensureTinyModel(name: string, opts: {dir?: string} = {}): Promise<string> {
+    if (!isTinyModelName(name)) throw new Error(`unknown tiny model "${name}" (known: ${Object.keys(TINY_MODELS).join(", ")})`);
+    return generateCached(defaultModelDir(opts.dir), name, TINY_MODELS[name]);
+}
+
+/** Builds `<dir>/<prefix>-<hash>.gguf` unless a complete copy is there: temp file + rename, so readers never see a partial one. */
+async function generateCached(dir: string, prefix: string, modelOptions: TinyModelOptions): Promise<string> {
+    const file = path.join(dir, `${prefix}-${tinyModelCacheKey(modelOptions)}.gguf`);
     if (await isCompleteGguf(file)) return file;
     await mkdir(dir, {recursive: true});
     const tmp = path.join(dir, `.${path.basename(file)}.${process.pid}.${randomBytes(6).toString("hex")}.tmp`);

@@ -5,6 +5,7 @@ import {afterAll, describe, expect, it, vi} from "vitest";
 import {readGgufHeader} from "./gguf-writer.js";
 import {main, parseMakeModelArgs} from "./make-model.js";
 import {buildTinyModel} from "./tiny-model.js";
+import {TINY_MODELS} from "./default-model.js";
 import {buildTinyRecurrentModel} from "./tiny-recurrent-model.js";
 
 const tmp = mkdtempSync(path.join(tmpdir(), "keel-make-model-"));
@@ -34,6 +35,23 @@ describe("make-model CLI", () => {
         const buf = readFileSync(out);
         expect(buf.equals(buildTinyModel({layers: 1, hidden: 32, ff: 64, heads: 4, kvHeads: 2, merges: 50}))).toBe(true);
         expect(readGgufHeader(buf).kv.get("llama.block_count")?.value).toBe(1);
+    });
+
+    it("--agent qwen3|qwen3coder writes the same bytes as the keel-tiny-qwen3 / keel-tiny-qwen3coder models", () => {
+        for (const family of ["qwen3", "qwen3coder"] as const) {
+            const out = path.join(tmp, `${family}.gguf`);
+            const stdout = vi.spyOn(process.stdout, "write").mockImplementation(() => true);
+            try {
+                expect(main(["--out", out, "--agent", family])).toBe(0);
+            } finally {
+                stdout.mockRestore();
+            }
+            expect(readFileSync(out).equals(buildTinyModel(TINY_MODELS[`keel-tiny-${family}`])), family).toBe(true);
+        }
+        expect(parseMakeModelArgs(["--out", "x", "--user-token", "<a>", "--user-token", "<b>"]).options.userTokens).toEqual(["<a>", "<b>"]);
+        expect(() => parseMakeModelArgs(["--out", "x", "--agent", "llama3"])).toThrow(/unknown family/);
+        expect(() => parseMakeModelArgs(["--out", "x", "--arch", "mamba", "--agent", "qwen3"])).toThrow(/not supported/);
+        expect(() => parseMakeModelArgs(["--out", "x", "--user-token", "<a>", "--user-token", "<a>"])).toThrow(/distinct/);
     });
 
     it("--arch mamba|jamba writes a recurrent-state model", () => {

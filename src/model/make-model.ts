@@ -5,7 +5,7 @@
  * ```
  * keel make-model --out x.gguf [--layers N] [--hidden N] [--ff N] [--heads N] [--kv-heads N] [--ctx N]
  *                 [--merges N] [--seed N] [--logit-scale X] [--f16] [--chat-template-file t.jinja]
- *                 [--broken zero-layers|kv-heads-3|expert-used]
+ *                 [--broken zero-layers|kv-heads-3|expert-used] [--agent qwen3|qwen3coder] [--user-token T]...
  * keel make-model --out x.gguf --arch mamba|jamba [--layers N] [--hidden N] [--state-size N] [--conv-kernel N]
  *                 [--dt-rank N] [--heads N] [--kv-heads N] [--ff N] [--attention-layers 1,3] [--ctx N] [--merges N]
  *                 [--seed N] [--logit-scale X] [--chat-template-file t.jinja]
@@ -13,6 +13,7 @@
  * `--arch mamba|jamba` writes a model with recurrent state (tiny-recurrent-model.ts, docs/recurrent-model.md).
  */
 import {readFileSync, writeFileSync} from "node:fs";
+import {AGENT_TAGS, QWEN3_STYLE_TEMPLATE, QWEN3CODER_STYLE_TEMPLATE} from "./agent-templates.js";
 import {buildTinyModel, tinyModelSpecialIds, resolveTinyModelOptions, type BrokenModelKind, type TinyModelOptions} from "./tiny-model.js";
 import {
     buildTinyRecurrentModel, resolveTinyRecurrentModelOptions, tinyRecurrentModelSpecialIds, type TinyRecurrentArch,
@@ -26,6 +27,9 @@ export const MAKE_MODEL_USAGE = `usage: keel make-model --out FILE.gguf [options
   --f16                    store matrices as F16
   --chat-template-file F   Jinja chat template (default ChatML)
   --broken KIND            zero-layers | kv-heads-3 | expert-used (crafted models that abort llama.cpp)
+  --agent FAMILY           qwen3 | qwen3coder: that family's style of template (tool calls, thinking) and its
+                           tags as single tokens (the keel-tiny-qwen3 / keel-tiny-qwen3coder models)
+  --user-token T           add T as a USER_DEFINED token (repeatable)
   --arch ARCH              llama (default) | mamba | jamba (recurrent-state models; no --f16 / --broken)
   --state-size N  --conv-kernel N  --dt-rank N          SSM sizes (mamba / jamba only)
   --attention-layers I,J   jamba: indices of the attention layers (default 1)`;
@@ -80,6 +84,12 @@ export function parseMakeModelArgs(argv: readonly string[]): MakeModelArgs {
             recurrentOnly[RECURRENT_INT_FLAGS[flag as keyof typeof RECURRENT_INT_FLAGS]] = v;
         }
         else if (flag === "--broken") options.broken = value() as BrokenModelKind;
+        else if (flag === "--agent") {
+            const family = value();
+            if (family !== "qwen3" && family !== "qwen3coder") throw new Error(`--agent: unknown family "${family}" (qwen3 | qwen3coder)`);
+            options.chatTemplate = family === "qwen3" ? QWEN3_STYLE_TEMPLATE : QWEN3CODER_STYLE_TEMPLATE;
+            options.userTokens = [...new Set([...(options.userTokens ?? []), ...AGENT_TAGS])];
+        } else if (flag === "--user-token") options.userTokens = [...(options.userTokens ?? []), value()];
         else if (flag === "--chat-template-file") options.chatTemplate = readFileSync(value(), "utf8");
         else if (flag === "--logit-scale") {
             const v = Number(value());
@@ -94,8 +104,10 @@ export function parseMakeModelArgs(argv: readonly string[]): MakeModelArgs {
     }
     if (out === undefined) throw new Error("--out is required");
     if (arch !== "llama") {
-        if (options.f16 || options.broken !== undefined) throw new Error(`--f16 and --broken are not supported with --arch ${arch}`);
-        const {f16: _f16, broken: _broken, ...shared} = options;
+        if (options.f16 || options.broken !== undefined || options.userTokens !== undefined) {
+            throw new Error(`--f16, --broken, --agent and --user-token are not supported with --arch ${arch}`);
+        }
+        const {f16: _f16, broken: _broken, userTokens: _userTokens, ...shared} = options;
         const recurrent: TinyRecurrentModelOptions = {arch, ...shared, ...recurrentOnly};
         resolveTinyRecurrentModelOptions(recurrent);
         return {out, options, recurrent};

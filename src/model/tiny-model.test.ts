@@ -15,7 +15,7 @@ describe("buildTinyModel", () => {
     it("writes the expected metadata and tensors", () => {
         const h = readGgufHeader(buildTinyModel());
         const ids = tinyModelSpecialIds();
-        expect(ids).toEqual({bos: 1016, imStart: 1017, eos: 1018, vocabSize: 1019});
+        expect(ids).toEqual({bos: 1016, imStart: 1017, eos: 1018, vocabSize: 1019, userTokens: {}});
         const kv = (k: string): unknown => h.kv.get(k)?.value;
         expect(kv("general.architecture")).toBe("llama");
         expect(kv("general.name")).toBe("keel-tiny-llama");

@@ -5,7 +5,8 @@
  *
  * Vocabulary: token ids 0..255 are the byte tokens (GPT-2 byte-unicode alphabet), then one token per BPE merge
  * trained on {@link TRAINING_CORPUS}, then three control tokens: `<|endoftext|>` (BOS), `<|im_start|>`,
- * `<|im_end|>` (EOS).
+ * `<|im_end|>` (EOS), then the optional user-defined tokens ({@link TinyModelOptions.userTokens}, e.g. `<think>`).
+ * The 256 byte tokens make every byte sequence spellable, so any grammar over text is satisfiable.
  */
 import {createHash} from "node:crypto";
 import {GgmlTensorType, GgufValueType, GgufWriter} from "./gguf-writer.js";
@@ -57,10 +58,21 @@ export interface TinyModelOptions {
     logitScale?: number;
     /** Craft an invalid model instead (see {@link BrokenModelKind}). */
     broken?: BrokenModelKind;
+    /**
+     * Extra tokens of type USER_DEFINED appended after the control tokens (agent tags such as `<think>` or
+     * `<tool_call>`, as Qwen3 models have them): llama.cpp tokenizes each occurrence of the text as that one token
+     * and, unlike a control token, prints its text, so a parser sees the tag. Their output-head rows are random
+     * like any text token. Default none; an empty list is the same as none (same bytes, same cache key).
+     */
+    userTokens?: readonly string[];
 }
 
 /** Fully resolved options (what the model was built with). */
-export type ResolvedTinyModelOptions = Required<Omit<TinyModelOptions, "broken">> & {broken?: BrokenModelKind};
+export type ResolvedTinyModelOptions = Required<Omit<TinyModelOptions, "broken" | "userTokens">> & {
+    broken?: BrokenModelKind;
+    /** Present only when non-empty, so that the plain model's resolved options (and cache key) stay as they were. */
+    userTokens?: readonly string[];
+};
 
 /** ChatML template (the format `<|im_start|>role\ncontent<|im_end|>\n`), with `add_generation_prompt` support. */
 export const CHATML_TEMPLATE =
@@ -76,7 +88,7 @@ export const CHATML_TEMPLATE =
  * composition (see {@link isBatchInvariantShape} and docs/batch-variance.md). 9 query heads x head dim 30 =
  * hidden 270, 3 KV heads (GQA 3:1), FFN 810: every matmul dimension is 2 mod 4.
  */
-export const TINY_MODEL_DEFAULTS: Readonly<Required<Omit<TinyModelOptions, "broken" | "chatTemplate">>> = Object.freeze({
+export const TINY_MODEL_DEFAULTS: Readonly<Required<Omit<TinyModelOptions, "broken" | "chatTemplate" | "userTokens">>> = Object.freeze({
     layers: 4,
     hidden: 270,
     ff: 810,
@@ -118,6 +130,8 @@ export interface TinyModelSpecialIds {
     eos: number;
     /** Total number of tokens. */
     vocabSize: number;
+    /** Id of each user-defined token ({@link TinyModelOptions.userTokens}); empty for the plain model. */
+    userTokens: Readonly<Record<string, number>>;
 }
 
 const bpeCache = new Map<number, BpeVocab>();
@@ -137,8 +151,15 @@ export function resolveTinyModelOptions(opts: TinyModelOptions = {}): ResolvedTi
         ...TINY_MODEL_DEFAULTS,
         ...(opts.broken === "kv-heads-3" ? {heads: 4, hidden: 256} : {}),
         chatTemplate: CHATML_TEMPLATE,
-        ...Object.fromEntries(Object.entries(opts).filter(([, v]) => v !== undefined))
+        ...Object.fromEntries(Object.entries(opts).filter(([k, v]) => v !== undefined && !(k === "userTokens" && (v as unknown[]).length === 0)))
     };
+    if (r.userTokens !== undefined) {
+        r.userTokens = [...r.userTokens];
+        for (const t of r.userTokens) {
+            if (typeof t !== "string" || t.length === 0) throw new Error("tiny model: userTokens must be non-empty strings");
+        }
+        if (new Set(r.userTokens).size !== r.userTokens.length) throw new Error("tiny model: userTokens must be distinct");
+    }
     for (const k of ["layers", "hidden", "ff", "heads", "kvHeads", "ctx"] as const) {
         if (!Number.isInteger(r[k]) || r[k] <= 0) throw new Error(`tiny model: ${k} must be a positive integer, got ${r[k]}`);
     }
@@ -159,9 +180,12 @@ export function resolveTinyModelOptions(opts: TinyModelOptions = {}): ResolvedTi
 
 /** Returns the control-token ids and vocabulary size for the given options (only `merges` matters). */
 export function tinyModelSpecialIds(opts: TinyModelOptions = {}): TinyModelSpecialIds {
-    const {merges} = resolveTinyModelOptions(opts);
+    const {merges, userTokens = []} = resolveTinyModelOptions(opts);
     const base = 256 + vocabFor(merges).merges.length;
-    return {bos: base, imStart: base + 1, eos: base + 2, vocabSize: base + 3};
+    return {
+        bos: base, imStart: base + 1, eos: base + 2, vocabSize: base + 3 + userTokens.length,
+        userTokens: Object.fromEntries(userTokens.map((t, i) => [t, base + 3 + i]))
+    };
 }
 
 /**
@@ -256,12 +280,14 @@ export function writeTokenizer(
 export function buildTinyModel(opts: TinyModelOptions = {}): Buffer {
     const o = resolveTinyModelOptions(opts);
     const vocab = vocabFor(o.merges);
-    const tokens = [...vocab.byteTokens, ...vocab.mergedTokens, ...TINY_MODEL_SPECIAL_TOKENS];
+    const userTokens = o.userTokens ?? [];
+    const tokens = [...vocab.byteTokens, ...vocab.mergedTokens, ...TINY_MODEL_SPECIAL_TOKENS, ...userTokens];
     if (new Set(tokens).size !== tokens.length) throw new Error("tiny model: duplicate token strings");
     const ids = tinyModelSpecialIds(o);
     const V = ids.vocabSize;
-    const TOKEN_NORMAL = 1, TOKEN_CONTROL = 3; // llama_token_type
-    const tokenTypes = tokens.map((_, i) => (i >= ids.bos ? TOKEN_CONTROL : TOKEN_NORMAL));
+    const TOKEN_NORMAL = 1, TOKEN_CONTROL = 3, TOKEN_USER_DEFINED = 4; // llama_token_type
+    const firstUser = ids.eos + 1;
+    const tokenTypes = tokens.map((_, i) => (i >= firstUser ? TOKEN_USER_DEFINED : i >= ids.bos ? TOKEN_CONTROL : TOKEN_NORMAL));
 
     const H = o.hidden, F = o.ff, NH = o.heads, HD = H / NH;
     const NKV = o.broken === "kv-heads-3" ? 3 : o.kvHeads;

@@ -155,3 +155,49 @@ describe("tokenize messages", () => {
     expect(parseGatewayMessage({ v: PROTOCOL_VERSION, type: "tokenize", id: "tok-1", text: "hi", addSpecialTokens: "yes" }).ok).toBe(false);
   });
 });
+
+describe("params.guide shape", () => {
+  const guide = {
+    grammar: 'root ::= "yes" | "no"\ncall ::= "{" [a-z]+ "}"\ngate ::= "<think>" | root',
+    start: { kind: "rule", rule: "gate", then: "end" },
+    reasoning: { open: "<think>", close: "</think>", after: { kind: "free" } },
+    triggers: [{ text: "<tool_call>", rule: "call" }, { text: "{", rule: "call", atStart: true, then: "end" }],
+    specialTokens: ["<tool_call>"],
+  };
+  const withGuide = (g: unknown) => ({ ...addText, params: { ...params, guide: g } });
+  const refusal = (g: unknown): string => {
+    const r = parseGatewayMessage(withGuide(g));
+    expect(r.ok).toBe(false);
+    if (r.ok || !("refuse" in r)) throw new Error("expected an invalid_params refusal");
+    expect(r.refuse).toEqual({ id: "req-1", code: "invalid_params" });
+    return r.error;
+  };
+
+  it("accepts a well-formed guide (every field) and a minimal one", () => {
+    expect(parseGatewayMessage(withGuide(guide)).ok).toBe(true);
+    expect(parseGatewayMessage(withGuide({ grammar: "root ::= [a-z]", start: { kind: "free" } })).ok).toBe(true);
+  });
+
+  it.each([
+    ["an empty grammar", { ...guide, grammar: "" }, /grammar/],
+    ["a grammar over 4 MB", { ...guide, grammar: `root ::= "${"a".repeat(4 * 1024 * 1024)}"` }, /grammar/],
+    ["a rule name that is not a GBNF identifier", { ...guide, start: { kind: "rule", rule: "my rule", then: "end" } }, /rule/],
+    ["a rule phase without then", { ...guide, start: { kind: "rule", rule: "root" } }, /then/],
+    ["an unknown phase kind", { ...guide, start: { kind: "json" } }, /start/],
+    ["an empty trigger text", { ...guide, triggers: [{ text: "", rule: "call" }] }, /triggers/],
+    ["a trigger without a rule", { ...guide, triggers: [{ text: "x" }] }, /triggers/],
+    ["a reasoning start without markers", { grammar: "root ::= [a-z]", start: { kind: "reasoning" } }, /reasoning/],
+    ["an empty close marker", { ...guide, reasoning: { ...guide.reasoning, close: "" } }, /close/],
+    ["the reserved root rule name", { ...guide, start: { kind: "rule", rule: "keel-prefixed-root", then: "end" } }, /reserved/],
+    ["a grammar defining the reserved rule", { ...guide, grammar: `${guide.grammar}\nkeel-prefixed-root ::= "x"` }, /reserved/],
+    ["an unknown field", { ...guide, lazy: true }, /guide/],
+  ])("refuses %s with invalid_params", (_name, g, message) => {
+    expect(refusal(g)).toMatch(message);
+  });
+
+  it("is refused by an engine without grammars, accepted by one with them", () => {
+    const p = { ...params, guide: guide as never };
+    expect(checkSamplingParams(p, { vocabSize: 100, maxTopLogprobs: -1 })).toMatch(/guides/);
+    expect(checkSamplingParams(p, { vocabSize: 100, maxTopLogprobs: -1, grammars: true })).toBeNull();
+  });
+});

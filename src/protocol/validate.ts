@@ -9,6 +9,39 @@ import { PROTOCOL_VERSION, type GatewayMessage, type SamplingParams } from "./me
 const tokenId = z.number().int().min(0).max(0x7fffffff);
 const tokenIds = z.array(tokenId);
 
+/** Largest GBNF text a guide may carry (bytes of UTF-8): a grammar for 200 tools is about 80 KB. */
+export const MAX_GUIDE_GRAMMAR_BYTES = 4 * 1024 * 1024;
+/** Root rule name the engine adds for a trigger matched inside a token (llama-adapter.ts); a guide may not use it. */
+const RESERVED_RULE = "keel-prefixed-root";
+/** A GBNF rule name (llama.cpp: letters, digits and '-'). */
+const ruleName = z
+  .string()
+  .regex(/^[A-Za-z0-9-]+$/, "must be a GBNF rule name (letters, digits, '-')")
+  .refine((r) => r !== RESERVED_RULE, `${RESERVED_RULE} is reserved`);
+const then = z.enum(["free", "end"]);
+const guidePhase = z.discriminatedUnion("kind", [
+  z.object({ kind: z.literal("free") }).strict(),
+  z.object({ kind: z.literal("reasoning") }).strict(),
+  z.object({ kind: z.literal("rule"), rule: ruleName, then }).strict(),
+]);
+/** Shape of `params.guide` (docs/protocol.md "Guided generation"); whether the grammar compiles is not checked here. */
+const guideSpec = z
+  .object({
+    grammar: z.string().min(1).refine((g) => Buffer.byteLength(g) <= MAX_GUIDE_GRAMMAR_BYTES, `must be at most ${MAX_GUIDE_GRAMMAR_BYTES} bytes`),
+    start: guidePhase,
+    reasoning: z.object({ open: z.string().min(1), close: z.string().min(1), after: guidePhase }).strict().optional(),
+    triggers: z.array(z.object({ text: z.string().min(1), rule: ruleName, atStart: z.boolean().optional(), then: then.optional() }).strict()).optional(),
+    specialTokens: z.array(z.string().min(1)).optional(),
+  })
+  .strict()
+  .superRefine((g, ctx) => {
+    // A reasoning phase without markers could never end.
+    const usesReasoning = g.start.kind === "reasoning" || g.reasoning?.after.kind === "reasoning";
+    if (usesReasoning && !g.reasoning) ctx.addIssue({ code: "custom", path: ["reasoning"], message: "a reasoning phase needs reasoning.open/close" });
+    if (g.reasoning?.after.kind === "reasoning") ctx.addIssue({ code: "custom", path: ["reasoning", "after"], message: "must not be reasoning again" });
+    if (new RegExp(`^\\s*${RESERVED_RULE}\\s*::=`, "m").test(g.grammar)) ctx.addIssue({ code: "custom", path: ["grammar"], message: `defines the reserved rule ${RESERVED_RULE}` });
+  });
+
 /** Ranges of every sampling parameter (docs/protocol.md §3.1). Vocabulary-dependent checks: {@link checkSamplingParams}. */
 const samplingParams = z
   .object({
@@ -26,6 +59,7 @@ const samplingParams = z
     minTokens: z.number().int().min(0).optional(),
     stopTokenIds: tokenIds.optional(),
     logprobs: z.number().int().min(0).nullable().optional(),
+    guide: guideSpec.optional(),
   })
   .strict()
   .superRefine((p, ctx) => {
@@ -93,6 +127,8 @@ export interface EngineParamLimits {
   vocabSize: number;
   /** Largest `logprobs` served; -1 = none. */
   maxTopLogprobs: number;
+  /** Whether `guide` is applied (capabilities.grammars); absent = false. */
+  grammars?: boolean;
 }
 
 /** Checks of range-valid params against the engine (token ids in the vocabulary, logprobs cap); null when fine. */
@@ -102,6 +138,7 @@ export function checkSamplingParams(p: SamplingParams, limits: EngineParamLimits
   if (badBias !== undefined) return `logitBias token ${badBias} is outside the vocabulary (${limits.vocabSize})`;
   const badStop = outside(p.stopTokenIds ?? []);
   if (badStop !== undefined) return `stopTokenIds token ${badStop} is outside the vocabulary (${limits.vocabSize})`;
+  if (p.guide && !limits.grammars) return "this engine does not apply guides (capabilities.grammars is false)";
   if (p.logprobs != null && p.logprobs > limits.maxTopLogprobs) {
     return limits.maxTopLogprobs < 0
       ? "this engine does not serve log probabilities"

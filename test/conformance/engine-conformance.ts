@@ -2,7 +2,7 @@
  * Wire-level conformance suite for engine executables (docs/protocol.md). It drives ANY engine over the protocol
  * — spawned as `command ...args <config JSON>` with the channel on fd 3 — and checks what a gateway relies on:
  * ready, request lifecycle, aborts at each phase, pings during steps, malformed input, refusals, step accounting,
- * exact continuation, log probabilities and shutdown. The llama.cpp engine runs it in
+ * exact continuation, log probabilities, guided generation (or its refusal without `grammars`) and shutdown. The llama.cpp engine runs it in
  * llama-engine.conformance.test.ts; another engine (e.g. the OpenVINO worker) adds its own one-line test file.
  *
  * Requirements on the engine under test (its `start()` arranges them): it serves text prompts; its limits leave
@@ -22,8 +22,10 @@ import {
   type ReadyMessage,
   type RequestErrorMessage,
   type RequestOutput,
+  type GuideSpec,
   type SamplingParams,
   type StepMessage,
+  type TokenizedMessage,
 } from "../../src/protocol/messages.js";
 
 /** How to start the engine under test. */
@@ -394,6 +396,141 @@ export function defineEngineConformance(name: string, start: () => EngineLaunch 
       const over = nextId("logprobs-over");
       add(over, "too many", { logprobs: max + 1 });
       expect((await engine.refused(over)).code).toBe("invalid_params");
+    });
+
+    // ---- Guided generation (params.guide; capabilities.grammars). Random weights: only the grammar decides shape.
+    const guideRule = (grammar: string, then: "free" | "end" = "end", rule = "root"): GuideSpec => ({ grammar, start: { kind: "rule", rule, then } });
+    const textOf = (outs: RequestOutput[]): string => outs.map((o) => o.text).join("");
+    const droppedOf = (outs: RequestOutput[]): string[] => outs.flatMap((o) => (o.guideDropped !== undefined ? [o.guideDropped] : []));
+    /** The one token id of `text` in the engine's vocabulary (asked over the wire). */
+    const oneToken = async (text: string): Promise<number> => {
+      const id = nextId("tok");
+      const from = engine.messages.length;
+      engine.send({ v: PROTOCOL_VERSION, type: "tokenize", id, text, addSpecialTokens: false });
+      const answer = await engine.waitFor((m): m is TokenizedMessage => m.type === "tokenized" && m.id === id, from);
+      expect("tokens" in answer && answer.tokens).toHaveLength(1);
+      return (answer as { tokens: number[] }).tokens[0]!;
+    };
+    /** Without grammars an engine must refuse a guide (invalid_params) instead of ignoring it. */
+    const refusedWithoutGrammars = async (id: string): Promise<boolean> => {
+      if (ready.capabilities.grammars) return false;
+      expect((await engine.refused(id)).code).toBe("invalid_params");
+      return true;
+    };
+
+    it('guide: a start rule `"yes" | "no"` then:end yields exactly one of them and finishes "stop", greedy or sampled', async () => {
+      const ids = [0, 1.5, 1.5].map((temperature, i) => {
+        const id = nextId("guide-yes-no");
+        add(id, "answer me", { guide: guideRule('root ::= "yes" | "no"'), temperature, seed: 20 + i, maxTokens: 8, ignoreEos: false });
+        return id;
+      });
+      for (const id of ids) {
+        if (await refusedWithoutGrammars(id)) continue;
+        const outs = await engine.finished(id);
+        expect(["yes", "no"]).toContain(textOf(outs));
+        expect(outs.at(-1)!.finish!.reason).toBe("stop");
+        expect(droppedOf(outs)).toEqual([]);
+      }
+    });
+
+    it("guide: a start rule then:free yields the rule's text first, then free text", async () => {
+      const id = nextId("guide-free");
+      add(id, "greet", { guide: guideRule('root ::= "hello"', "free"), maxTokens: 10 });
+      if (await refusedWithoutGrammars(id)) return;
+      const text = textOf(await engine.finished(id));
+      expect(text.startsWith("hello")).toBe(true);
+      expect(text.length).toBeGreaterThan(5);
+    });
+
+    it("guide: a json-ish rule constrains sampled output to /^\\{[a-z]{1,8}\\}$/", async () => {
+      const ids = [1, 2, 3].map((seed) => {
+        const id = nextId("guide-json");
+        add(id, "json please", { guide: guideRule('root ::= "{" [a-z]{1,8} "}"'), temperature: 1.2, seed, maxTokens: 16, ignoreEos: false });
+        return id;
+      });
+      for (const id of ids) {
+        if (await refusedWithoutGrammars(id)) continue;
+        const outs = await engine.finished(id);
+        expect(textOf(outs)).toMatch(/^\{[a-z]{1,8}\}$/);
+        expect(outs.at(-1)!.finish!.reason).toBe("stop");
+      }
+    });
+
+    it("guide: reasoning — a gate rule opens reasoning, its close text starts reasoning.after", async () => {
+      const id = nextId("guide-reasoning");
+      const guide: GuideSpec = {
+        grammar: 'gate ::= "<think>"\nans ::= "yes" | "no"',
+        start: { kind: "rule", rule: "gate", then: "end" },
+        reasoning: { open: "<think>", close: ">", after: { kind: "rule", rule: "ans", then: "end" } },
+      };
+      // Reasoning is unconstrained: a +100 bias on ">" makes greedy close it at once, whatever the weights.
+      const close = await oneToken(">");
+      add(id, "think first", { guide, logitBias: [[close, 100]], maxTokens: 16, ignoreEos: false });
+      if (await refusedWithoutGrammars(id)) return;
+      const outs = await engine.finished(id);
+      expect(textOf(outs)).toMatch(/^<think>>(yes|no)$/);
+      expect(outs.at(-1)!.finish!.reason).toBe("stop");
+    });
+
+    it("guide: a resumed guided request (`generated`) continues exactly", async () => {
+      const guide: GuideSpec = { grammar: 'root ::= "hi"\nobj ::= "{" [a-z]{1,4} "}"', start: { kind: "rule", rule: "root", then: "free" }, triggers: [{ text: "{", rule: "obj" }] };
+      const brace = await oneToken("{");
+      const p: Partial<SamplingParams> = { guide, temperature: 1.3, seed: 9, maxTokens: 16, logitBias: [[brace, 100]] };
+      const full = nextId("guide-full");
+      add(full, "resume me", p);
+      if (await refusedWithoutGrammars(full)) return;
+      const outs = await engine.finished(full);
+      const whole = tokensOf(outs);
+      // Phases changed many times: the rule, then free "{" (forced) triggering the object rule, again and again.
+      expect(textOf(outs)).toMatch(/^hi(\{[a-z]{1,4}\}){2,}/);
+      for (const cut of [1, 3, 8]) {
+        const cont = nextId("guide-cont");
+        add(cont, "resume me", p, { generated: whole.slice(0, cut) });
+        const rest = tokensOf(await engine.finished(cont));
+        if (ready.capabilities.exactSeededResume) expect(rest, `resumed after ${cut}`).toEqual(whole.slice(cut));
+      }
+    });
+
+    it("guide: a grammar that does not compile runs unconstrained, reporting guideDropped once", async () => {
+      const id = nextId("guide-bad-grammar");
+      add(id, "anything", { guide: guideRule("root ::= [a-"), maxTokens: 5 });
+      if (await refusedWithoutGrammars(id)) return;
+      const outs = await engine.finished(id);
+      expect(droppedOf(outs)).toHaveLength(1);
+      expect(tokensOf(outs)).toHaveLength(5);
+      expect(outs.at(-1)!.finish!.reason).toBe("length");
+    });
+
+    it("guide: ping answered while guided requests decode", async () => {
+      const ids = [nextId("guide-busy"), nextId("guide-busy")];
+      for (const id of ids) add(id, "busy and guided", { guide: guideRule("root ::= [a-z ]*"), maxTokens: null, temperature: 1, seed: 4 });
+      if (await refusedWithoutGrammars(ids[0]!)) return;
+      for (const id of ids) await engine.waitFor((m) => m.type === "step" && m.outputs.some((o) => o.id === id && o.tokens.length > 0));
+      const from = engine.messages.length;
+      engine.send({ v: PROTOCOL_VERSION, type: "ping", nonce: 777 });
+      const pong = await engine.waitFor((m) => m.type === "pong" && m.nonce === 777, from);
+      await engine.waitFor((m) => m.type === "step" && m.outputs.some((o) => o.id === ids[0] && o.tokens.length > 0), engine.messages.indexOf(pong) + 1);
+      abort(...ids);
+      for (const id of ids) {
+        const outs = await engine.finished(id);
+        expect(outs.at(-1)!.finish!.reason).toBe("abort");
+        expect(textOf(outs)).toMatch(/^[a-z ]*$/);
+      }
+    });
+
+    it("guide: an invalid guide shape → request_error invalid_params", async () => {
+      const bad: unknown[] = [
+        { grammar: "", start: { kind: "free" } },
+        { grammar: "root ::= [a-z]", start: { kind: "rule", rule: "not a name", then: "end" } },
+        { grammar: "root ::= [a-z]", start: { kind: "free" }, triggers: [{ text: "", rule: "root" }] },
+        { grammar: "root ::= [a-z]", start: { kind: "rule", rule: "root" } },
+      ];
+      const ids = bad.map(() => nextId("guide-invalid"));
+      bad.forEach((guide, i) => engine.send({ v: PROTOCOL_VERSION, type: "add", id: ids[i], prompt: { text: "x" }, params: { ...params(), guide } }));
+      const ok = nextId("guide-valid-after");
+      add(ok, "a valid request after the bad guides", { maxTokens: 2 });
+      for (const id of ids) expect((await engine.refused(id)).code).toBe("invalid_params");
+      expect((await engine.finished(ok)).at(-1)!.finish!.reason).toBe("length");
     });
 
     it("step accounting: one step message per step, counter monotonic, one entry per id per step, nothing after a finish", () => {

@@ -56,7 +56,7 @@ describe("keel serve flags", () => {
   }
 
   it("--max_model_len beyond the model's trained context exits 2", () => {
-    const r = keel("serve", "--max_model_len", "1048576", "--rest_port", "0", "--rest_bind_address", "127.0.0.1");
+    const r = keel("serve", "--model_path", "keel-tiny", "--max_model_len", "1048576", "--rest_port", "0", "--rest_bind_address", "127.0.0.1");
     expect(r.status).toBe(2);
     expect(r.stderr).toMatch(/exceeds the model's trained context of 2048 tokens/);
   });
@@ -66,7 +66,7 @@ describe("keel serve flags", () => {
     const blocker = net.createServer();
     await new Promise<void>((r) => blocker.listen(0, "127.0.0.1", () => r()));
     const port = (blocker.address() as { port: number }).port;
-    const r = keel("serve", "--rest_port", String(port), "--rest_bind_address", "127.0.0.1");
+    const r = keel("serve", "--model_path", "keel-tiny", "--rest_port", String(port), "--rest_bind_address", "127.0.0.1");
     blocker.close();
     expect(r.status).toBe(1);
     expect(r.stderr).toContain(`port ${port} on 127.0.0.1 is already in use`);
@@ -115,7 +115,7 @@ describe("keel serve flags", () => {
   });
 
   it("killing the startup model check (as an OOM killer would) is not reported as a bad model: it is retried", async () => {
-    const proc = spawn(process.execPath, [path.join(ROOT, "bin", "keel.mjs"), "serve", "--rest_port", "0", "--rest_bind_address", "127.0.0.1"], { cwd: ROOT, stdio: ["ignore", "pipe", "pipe"] });
+    const proc = spawn(process.execPath, [path.join(ROOT, "bin", "keel.mjs"), "serve", "--model_path", "keel-tiny", "--rest_port", "0", "--rest_bind_address", "127.0.0.1"], { cwd: ROOT, stdio: ["ignore", "pipe", "pipe"] });
     let out = "";
     proc.stdout.setEncoding("utf8").on("data", (d: string) => (out += d));
     proc.stderr.setEncoding("utf8").on("data", (d: string) => (out += d));
@@ -189,7 +189,7 @@ describe("KEEL_ENGINE_COMMAND", () => {
   });
 
   it("a KEEL_ENGINE_COMMAND that is not an engine command is refused with exit 2", () => {
-    const r = spawnSync(process.execPath, [path.join(ROOT, "bin", "keel.mjs"), "serve", "--rest_port", "0"], { cwd: ROOT, encoding: "utf8", timeout: 60_000, env: { ...process.env, KEEL_ENGINE_COMMAND: '{"command":42}' } });
+    const r = spawnSync(process.execPath, [path.join(ROOT, "bin", "keel.mjs"), "serve", "--model_path", "keel-tiny", "--rest_port", "0"], { cwd: ROOT, encoding: "utf8", timeout: 60_000, env: { ...process.env, KEEL_ENGINE_COMMAND: '{"command":42}' } });
     expect(r.status).toBe(2);
     expect(r.stderr).toContain("KEEL_ENGINE_COMMAND must be JSON like");
   });

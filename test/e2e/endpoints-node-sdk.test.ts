@@ -138,7 +138,7 @@ describe("responses", () => {
     expect(done.text).toBe(unary.output_text);
   });
 
-  it("refuses previous_response_id, store: true and tools clearly (no server state)", async () => {
+  it("refuses previous_response_id and store: true (no server state), and tools on a server without --tool_parser", async () => {
     for (const extra of [{ previous_response_id: "resp_1" }, { store: true }, { tools: [{ type: "function", name: "f", parameters: {}, strict: false }] }]) {
       const err = await sdk.responses.create({ model: MODEL, input: "x", ...extra } as OpenAI.Responses.ResponseCreateParamsNonStreaming).catch((e: unknown) => e);
       expect(err).toBeInstanceOf(BadRequestError);

@@ -33,9 +33,14 @@ process.on("exit", () => {
   }
 });
 
-/** Start `keel serve` with extra flags; resolves once it listens and its engine is ready. */
-export async function startServer(flags: string[] = [], env: Record<string, string> = {}): Promise<ServerHandle> {
-  const proc = spawn(process.execPath, ["--unhandled-rejections=strict", BIN, "serve", "--rest_port", "0", "--rest_bind_address", "127.0.0.1", ...flags], {
+/**
+ * Start `keel serve` with extra flags; resolves once it listens and its engine is ready. The served model is the
+ * generated `keel-tiny` (deterministic, fast) unless `flags` name another `--model_path`, or `options.noModelFlag`
+ * leaves the flag out so that the server picks its own default (a real model).
+ */
+export async function startServer(flags: string[] = [], env: Record<string, string> = {}, options: { noModelFlag?: boolean } = {}): Promise<ServerHandle> {
+  const model = flags.includes("--model_path") || options.noModelFlag ? [] : ["--model_path", "keel-tiny"];
+  const proc = spawn(process.execPath, ["--unhandled-rejections=strict", BIN, "serve", "--rest_port", "0", "--rest_bind_address", "127.0.0.1", ...model, ...flags], {
     cwd: ROOT,
     stdio: ["ignore", "pipe", "pipe"],
     // Its own process group, like a job started from a terminal (tests send Ctrl-C to the group).

@@ -119,7 +119,7 @@ describe("completions encoder", () => {
     const body = parseCompletionRequest({ model: "m", prompt: "Hey", echo: true, n: 2, stream: true, stream_options: { include_usage: true } });
     const enc = completionEncoder(body, "cmpl-1", "m", 1);
     const { out, w } = recorder();
-    const fin: SessionEvent = { type: "finished", usage: { promptTokens: 2, completionTokens: 2 }, choices: [0, 1].map((i) => ({ index: i, text: "yo", reason: "length" as const, logprobs: [], completionTokens: 1 })) };
+    const fin: SessionEvent = { type: "finished", usage: { promptTokens: 2, completionTokens: 2 }, choices: [0, 1].map((i) => ({ index: i, text: "yo", reason: "length" as const, logprobs: [], completionTokens: 1, reasoning: null, toolCalls: [] })) };
     play(enc, [{ type: "started" }, { type: "delta", index: 1, content: "yo", logprobs: [] }, { type: "choice_finished", index: 1, reason: "length" }, fin], w);
     const choices = out.map((o) => (o.data as { choices: { index: number; text: string; finish_reason: string | null }[] }).choices);
     expect(choices).toEqual([
@@ -157,12 +157,45 @@ describe("responses request", () => {
     [{ model: "m", input: "x", reasoning: { effort: "low" } }, "unsupported_field", "reasoning"],
     [{ model: "m", input: "x", text: { format: { type: "json_object" } } }, "unsupported_field", "text"],
     [{ model: "m", input: "x", stream_options: {} }, "unsupported_field", "stream_options"],
-    [{ model: "m", input: [{ type: "function_call_output", output: "x" }] }, "unsupported_field", "input[0].type"],
+    [{ model: "m", input: [{ type: "web_search_call", id: "x" }] }, "unsupported_field", "input[0].type"],
+    [{ model: "m", input: [{ type: "function_call_output", output: "x" }] }, "missing_field", "input[0].call_id"],
+    [{ model: "m", input: [{ type: "function_call", call_id: "c", arguments: "{}" }] }, "missing_field", "input[0].name"],
+    [{ model: "m", input: [{ type: "function_call", call_id: "c", name: "f", arguments: { a: 1 } }] }, "invalid_value", "input[0].arguments"],
+    [{ model: "m", input: "x", tools: [{ type: "web_search" }] }, "unsupported_field", "tools[0].type"],
+    [{ model: "m", input: "x", tools: [{ type: "function", name: "f" }], tool_choice: { type: "function", name: "g" } }, "invalid_value", "tool_choice"],
+    [{ model: "m", input: "x", max_tool_calls: 2 }, "unsupported_field", "max_tool_calls"],
     [{ model: "m", input: [{ role: "user", content: [{ type: "input_image", image_url: "x" }] }] }, "unsupported_field", "input[0].content[0].type"],
     [{ model: "m", input: "x", max_output_tokens: 0 }, "invalid_value", "max_output_tokens"],
   ])("%j → 400 %s on %s", (body, code, param) => {
     const e = reject(() => parseResponsesRequest(body));
     expect({ status: e.status, code: e.code, param: e.param }).toEqual({ status: 400, code, param });
+  });
+});
+
+describe("responses request: function tools", () => {
+  it("flat tools, tool_choice, and function_call / function_call_output items become the chat turns a template expects", () => {
+    const r = parseResponsesRequest({
+      model: "m",
+      tools: [{ type: "function", name: "get_weather", parameters: { type: "object" } }],
+      tool_choice: "required",
+      parallel_tool_calls: false,
+      input: [
+        { role: "user", content: "Weather in Paris and Rome?" },
+        { type: "function_call", call_id: "call_1", name: "get_weather", arguments: '{"city":"Paris"}' },
+        { type: "function_call", call_id: "call_2", name: "get_weather", arguments: '{"city":"Rome"}' },
+        { type: "function_call_output", call_id: "call_1", output: "sunny" },
+        { type: "function_call_output", call_id: "call_2", output: "rain" },
+      ],
+    });
+    expect(r.tools).toEqual([{ name: "get_weather", parameters: { type: "object" } }]);
+    expect([r.toolChoice, r.parallelToolCalls]).toEqual([{ kind: "required" }, false]);
+    expect(r.messages).toEqual([
+      { role: "user", content: "Weather in Paris and Rome?" },
+      { role: "assistant", content: "", toolCalls: [{ id: "call_1", name: "get_weather", arguments: '{"city":"Paris"}' }, { id: "call_2", name: "get_weather", arguments: '{"city":"Rome"}' }] },
+      { role: "tool", content: "sunny", toolCallId: "call_1" },
+      { role: "tool", content: "rain", toolCallId: "call_2" },
+    ]);
+    expect(parseResponsesRequest({ model: "m", input: "x" }).toolChoice).toEqual({ kind: "none" });
   });
 });
 
@@ -178,7 +211,7 @@ describe("responses encoder", () => {
       { type: "delta", index: 0, content: "", logprobs: [] },
       { type: "delta", index: 0, content: "lo", logprobs: [] },
       { type: "choice_finished", index: 0, reason: "stop" },
-      { type: "finished", usage: { promptTokens: 3, completionTokens: 2 }, choices: [{ index: 0, text: "Hello", reason: "stop", logprobs: [], completionTokens: 2 }] },
+      { type: "finished", usage: { promptTokens: 3, completionTokens: 2 }, choices: [{ index: 0, text: "Hello", reason: "stop", logprobs: [], completionTokens: 2, reasoning: null, toolCalls: [] }] },
     ], w);
     expect(out.map((o) => o.event)).toEqual([
       "response.created",
@@ -199,10 +232,55 @@ describe("responses encoder", () => {
     expect(data[9]).toMatchObject({ response: { status: "completed", output: [{ content: [{ text: "Hello" }] }], usage: { input_tokens: 3, output_tokens: 2, total_tokens: 5 } } });
   });
 
+  it("function calls: an output item per call after the message, argument deltas, done events, and the same items unary", () => {
+    const tb = parseResponsesRequest({ model: "m", input: "hi", stream: true, tools: [{ type: "function", name: "f", parameters: { type: "object" } }] });
+    const enc = responsesEncoder(tb, "resp_abc", "m", 1);
+    const { out, w } = recorder();
+    const fin: SessionEvent = {
+      type: "finished",
+      usage: { promptTokens: 3, completionTokens: 9 },
+      choices: [{ index: 0, text: "ok", reason: "tool_calls", logprobs: [], completionTokens: 9, reasoning: null, toolCalls: [{ id: "call_x1", name: "f", arguments: '{"a":1}' }] }],
+    };
+    play(enc, [
+      { type: "started" },
+      { type: "delta", index: 0, content: "ok", logprobs: [], toolCalls: [{ index: 0, id: "call_x1", name: "f" }, { index: 0, arguments: '{"a":' }] },
+      { type: "delta", index: 0, content: "", logprobs: [], toolCalls: [{ index: 0, arguments: "1}" }] },
+      { type: "choice_finished", index: 0, reason: "tool_calls" },
+      fin,
+    ], w);
+    expect(out.map((o) => o.event)).toEqual([
+      "response.created",
+      "response.in_progress",
+      "response.output_item.added",
+      "response.content_part.added",
+      "response.output_text.delta",
+      "response.output_item.added",
+      "response.function_call_arguments.delta",
+      "response.function_call_arguments.delta",
+      "response.output_text.done",
+      "response.content_part.done",
+      "response.output_item.done",
+      "response.function_call_arguments.done",
+      "response.output_item.done",
+      "response.completed",
+    ]);
+    const data = out.map((o) => o.data as Record<string, unknown>);
+    expect(data.map((d) => d.sequence_number)).toEqual(data.map((_, i) => i));
+    const callItem = { id: "fc_x1", type: "function_call", call_id: "call_x1", name: "f" };
+    expect(data[5]).toMatchObject({ output_index: 1, item: { ...callItem, arguments: "", status: "in_progress" } });
+    expect(data[11]).toMatchObject({ item_id: "fc_x1", output_index: 1, arguments: '{"a":1}' });
+    const completed = data[13] as { response: { status: string; output: unknown[]; tools: unknown[] } };
+    expect(completed.response.status).toBe("completed");
+    expect(completed.response.output[1]).toEqual({ ...callItem, arguments: '{"a":1}', status: "completed" });
+    expect(completed.response.tools).toEqual([{ type: "function", name: "f", description: null, parameters: { type: "object" }, strict: false }]);
+    const unary = enc.unary(fin as Extract<SessionEvent, { type: "finished" }>) as { output: unknown[] };
+    expect(unary.output).toEqual(completed.response.output);
+  });
+
   it("a length finish is response.incomplete with reason max_output_tokens; a failure is response.failed followed by [DONE]", () => {
     const enc = responsesEncoder(body, "resp_abc", "m", 1);
     const { out, w } = recorder();
-    play(enc, [{ type: "started" }, { type: "finished", usage: { promptTokens: 1, completionTokens: 4 }, choices: [{ index: 0, text: "abcd", reason: "length", logprobs: [], completionTokens: 4 }] }], w);
+    play(enc, [{ type: "started" }, { type: "finished", usage: { promptTokens: 1, completionTokens: 4 }, choices: [{ index: 0, text: "abcd", reason: "length", logprobs: [], completionTokens: 4, reasoning: null, toolCalls: [] }] }], w);
     expect(out.at(-1)).toMatchObject({ event: "response.incomplete", data: { response: { status: "incomplete", incomplete_details: { reason: "max_output_tokens" } } } });
     const failed = recorder();
     const enc2 = responsesEncoder(body, "resp_abc", "m", 1);

@@ -12,8 +12,13 @@ import { parseChatRequest, type ChatRequest } from "../chat-request.js";
 import { modelNotFound, toErrorBody } from "../errors.js";
 import { generationOptions, runGeneration, type Encoder } from "../generate.js";
 import type { Usage } from "../registry.js";
+import type { ChoiceResult, SessionEvent } from "../session/events.js";
 import { readyEngine, renderMessages, type RouteContext } from "../route-context.js";
 import { checkCapabilities } from "./sampling.js";
+import { outputParserFactory, requestToolParser, toolsForTemplate } from "../agent-request.js";
+import { requestGuide } from "../guide-plan.js";
+import { buildGuide } from "../guided/guide.js";
+import type { GuideSpec } from "../../protocol/messages.js";
 import { chatLogprobs } from "./logprobs.js";
 
 /**
@@ -36,6 +41,40 @@ export function usageBody(u: Usage): { prompt_tokens: number; completion_tokens:
   return { prompt_tokens: u.promptTokens, completion_tokens: u.completionTokens, total_tokens: u.promptTokens + u.completionTokens };
 }
 
+/**
+ * The stream deltas of one session delta: `{reasoning_content}`, `{content}`, then one `{tool_calls:[…]}` per call
+ * fragment — a call's first fragment `{index, id, type: "function", function: {name, arguments}}` (arguments "" when
+ * none came yet), later ones `{index, function: {arguments}}` (OpenAI's shape). A delta with nothing but logprobs
+ * is `{content: ""}`.
+ */
+export function chatDeltas(ev: Extract<SessionEvent, { type: "delta" }>): Record<string, unknown>[] {
+  const out: Record<string, unknown>[] = [];
+  if (ev.reasoning) out.push({ reasoning_content: ev.reasoning });
+  if (ev.content.length > 0) out.push({ content: ev.content });
+  for (const d of ev.toolCalls ?? []) {
+    const fn: Record<string, unknown> = {};
+    if (d.name !== undefined) fn.name = d.name;
+    if (d.arguments !== undefined || d.name !== undefined) fn.arguments = d.arguments ?? "";
+    const call: Record<string, unknown> = d.id !== undefined ? { index: d.index, id: d.id, type: "function", function: fn } : { index: d.index, function: fn };
+    out.push({ tool_calls: [call] });
+  }
+  if (out.length === 0) out.push({ content: "" });
+  return out;
+}
+
+/**
+ * The unary message of one choice: `content` (null when empty and there are tool calls, as OpenAI),
+ * `reasoning_content` only when the reasoning parser found some, `tool_calls` only when there are calls.
+ */
+export function chatMessage(c: ChoiceResult): Record<string, unknown> {
+  const message: Record<string, unknown> = { role: "assistant", content: c.text === "" && c.toolCalls.length > 0 ? null : c.text };
+  if (c.reasoning !== null) message.reasoning_content = c.reasoning;
+  if (c.toolCalls.length > 0) {
+    message.tool_calls = c.toolCalls.map((t) => ({ id: t.id, type: "function", function: { name: t.name, arguments: t.arguments } }));
+  }
+  return message;
+}
+
 /** The chat encoder for one request. */
 export function chatEncoder(body: Pick<ChatRequest, "n" | "includeUsage" | "logprobs">, id: string, model: string, created: number): Encoder {
   const chunk = chunkBuilder("chat.completion.chunk", id, created, model, body.includeUsage);
@@ -46,9 +85,14 @@ export function chatEncoder(body: Pick<ChatRequest, "n" | "includeUsage" | "logp
         case "started":
           for (let i = 0; i < body.n; i++) w.data(chunk([{ index: i, delta: { role: "assistant", content: "" }, logprobs: null, finish_reason: null }]));
           return;
-        case "delta":
-          w.data(chunk([{ index: ev.index, delta: { content: ev.content }, logprobs: wantLogprobs ? chatLogprobs(ev.logprobs) : null, finish_reason: null }]));
+        case "delta": {
+          // One chunk per part, in the order reasoning → content → tool calls; logprobs ride on the first.
+          const deltas = chatDeltas(ev);
+          for (const [k, delta] of deltas.entries()) {
+            w.data(chunk([{ index: ev.index, delta, logprobs: wantLogprobs && k === 0 ? chatLogprobs(ev.logprobs) : null, finish_reason: null }]));
+          }
           return;
+        }
         case "choice_finished":
           w.data(chunk([{ index: ev.index, delta: {}, logprobs: null, finish_reason: ev.reason }]));
           return;
@@ -68,7 +112,7 @@ export function chatEncoder(body: Pick<ChatRequest, "n" | "includeUsage" | "logp
         model,
         choices: ev.choices.map((c) => ({
           index: c.index,
-          message: { role: "assistant", content: c.text },
+          message: chatMessage(c),
           logprobs: wantLogprobs ? chatLogprobs(c.logprobs) : null,
           finish_reason: c.reason,
         })),
@@ -78,6 +122,11 @@ export function chatEncoder(body: Pick<ChatRequest, "n" | "includeUsage" | "logp
   };
 }
 
+/** The plan options with `params.guide` set when there is a guide. */
+function withGuide<T extends { params: object }>(opts: T, guide: GuideSpec | null): T {
+  return guide === null ? opts : { ...opts, params: { ...opts.params, guide } };
+}
+
 /** Handle one chat completion request. */
 export async function handleChat(ctx: RouteContext, req: FastifyRequest, reply: FastifyReply): Promise<void> {
   const body = parseChatRequest(req.body);
@@ -85,7 +134,13 @@ export async function handleChat(ctx: RouteContext, req: FastifyRequest, reply: 
   const { template, capabilities: caps } = readyEngine(ctx, reply);
   const refused = checkCapabilities(body.sampling, body.logprobs === null ? null : { param: body.logprobs > 0 ? "top_logprobs" : "logprobs", n: body.logprobs }, caps, ctx.vocabSize());
   if (refused) throw refused;
-  const prompt = renderMessages(ctx, template, body.messages, body.templateKwargs);
+  const agents = ctx.agents();
+  // Tools asked for but no parser to read the calls: refused before rendering (never accepted and ignored).
+  const toolParser = requestToolParser(body, agents);
+  const prompt = renderMessages(ctx, template, body.messages, body.templateKwargs, toolsForTemplate(body));
+  const parser = outputParserFactory(body, toolParser, agents, prompt);
+  // A bad schema, or a guide this engine cannot apply, is a 400 here, before the engine sees the request.
+  const guide = requestGuide(buildGuide, body, toolParser, agents, prompt, caps);
   const id = `chatcmpl-${randomUUID().replaceAll("-", "")}`;
   const created = Math.floor(Date.now() / 1000);
   runGeneration(
@@ -95,7 +150,8 @@ export async function handleChat(ctx: RouteContext, req: FastifyRequest, reply: 
     {
       id,
       prompts: [prompt],
-      ...generationOptions(body, body.maxTokens ?? null),
+      ...withGuide(generationOptions(body, body.maxTokens ?? null), guide),
+      ...(parser ? { parser } : {}),
     },
     chatEncoder(body, id, ctx.modelName, created),
   );

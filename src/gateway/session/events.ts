@@ -4,7 +4,9 @@
  * the registry; it returns these events and the decisions the route executes.
  */
 import type { KeelHttpError } from "../errors.js";
+import type { ToolCallDelta } from "../parsers/types.js";
 import type { Usage } from "../registry.js";
+import type { ToolCall } from "../tools.js";
 
 /** One generated token's log probability as the APIs show it. */
 export interface TokenLogprobView {
@@ -20,13 +22,17 @@ export interface PositionLogprobView extends TokenLogprobView {
   top: TokenLogprobView[];
 }
 
-/** How one choice ended, as the APIs report it. */
-export type ChoiceFinishReason = "stop" | "length";
+/**
+ * How one choice ended, as the APIs report it: `tool_calls` = it stopped (EOS or a stop string) after at least one
+ * parsed tool call; a cut by the token budget stays `length` even with calls (as OpenAI and OVMS).
+ */
+export type ChoiceFinishReason = "stop" | "length" | "tool_calls";
 
 /**
  * Events, in order: `started` once (the engine admitted the first child), then per choice any number of `delta`s
  * followed by one `choice_finished`, and finally exactly one of `finished` / `failed`. Nothing follows `finished`
- * or `failed`. Issue #9's reasoning and tool parsers add `reasoning` and `toolCalls` parts to `delta`.
+ * or `failed`. With output parsers (chat with `--reasoning_parser` / tools), `content` is the parsed content and a delta
+ * may carry `reasoning` and `toolCalls` too; without them `content` is the text itself.
  */
 export type SessionEvent =
   | { type: "started" }
@@ -38,6 +44,10 @@ export type SessionEvent =
       content: string;
       /** Logprobs of the tokens generated since the previous delta of this choice (when requested). */
       logprobs: PositionLogprobView[];
+      /** Reasoning text that became certain (reasoning parser); absent when none. */
+      reasoning?: string;
+      /** Tool-call fragments that became certain (tool parser); absent when none. */
+      toolCalls?: ToolCallDelta[];
     }
   | { type: "choice_finished"; index: number; reason: ChoiceFinishReason }
   | { type: "finished"; usage: Usage; choices: ChoiceResult[] }
@@ -46,7 +56,12 @@ export type SessionEvent =
 /** What one choice produced in total (for unary answers and the `.done` events of the Responses API). */
 export interface ChoiceResult {
   index: number;
+  /** The output text; with output parsers, the content outside reasoning and tool calls. */
   text: string;
+  /** Reasoning (reasoning parser), or null when there was none. */
+  reasoning: string | null;
+  /** Parsed tool calls (tool parser); [] when none. */
+  toolCalls: ToolCall[];
   reason: ChoiceFinishReason;
   logprobs: PositionLogprobView[];
   completionTokens: number;

@@ -12,6 +12,7 @@ import type { PositionLogprobs, TokenLogprob } from "../../protocol/messages.js"
 import { engineError, type KeelHttpError } from "../errors.js";
 import type { FinishReason } from "../lifecycle.js";
 import type { Usage } from "../registry.js";
+import type { OutputParser, ParsedDelta } from "../parsers/types.js";
 import { StopMatcher } from "../stop-strings.js";
 import type { ChoiceFinishReason, ChoiceResult, PositionLogprobView, SessionEvent, SessionStep, TokenLogprobView } from "./events.js";
 
@@ -29,6 +30,11 @@ export interface SessionOptions {
   logprobs: boolean;
   /** `min_tokens`: stop strings are not matched until a choice generated this many tokens (vLLM). Absent = 0. */
   minTokens?: number;
+  /**
+   * Makes one output parser per choice (reasoning / tool calls, chat only): it reads the text after stop strings,
+   * and the deltas and the unary answer come from what it returns. Absent = the text is the content.
+   */
+  parser?: () => OutputParser;
 }
 
 /**
@@ -45,8 +51,10 @@ interface Choice {
   status: ChoiceState;
   /** Stop-string matcher over this choice's text; holds back a possible stop-string prefix. */
   readonly stop: StopMatcher;
-  /** Output text emitted so far (after stop handling). */
+  /** Output text emitted so far (after stop handling; before the output parser). */
   text: string;
+  /** This choice's output parser, or null when the request has none. */
+  readonly parser: OutputParser | null;
   /** Every logprob view emitted so far (for unary answers). */
   readonly logprobs: PositionLogprobView[];
   /** Tokens the engine generated for this choice (completion tokens, counted even past a stop string). */
@@ -74,6 +82,47 @@ function positionView(p: PositionLogprobs): PositionLogprobView {
   return { ...tokenView(p), top: p.top.map(tokenView) };
 }
 
+/** Two consecutive parser outputs as one (text concatenated, tool-call fragments in order). */
+function merge(a: ParsedDelta, b: ParsedDelta): ParsedDelta {
+  const out: ParsedDelta = {};
+  const content = (a.content ?? "") + (b.content ?? "");
+  const reasoning = (a.reasoning ?? "") + (b.reasoning ?? "");
+  const toolCalls = [...(a.toolCalls ?? []), ...(b.toolCalls ?? [])];
+  if (content.length > 0) out.content = content;
+  if (reasoning.length > 0) out.reasoning = reasoning;
+  if (toolCalls.length > 0) out.toolCalls = toolCalls;
+  return out;
+}
+
+/** The delta event for what became certain, or null when there is nothing (no text, no fragments, no logprobs). */
+function deltaEvent(index: number, d: ParsedDelta, logprobs: PositionLogprobView[]): SessionEvent | null {
+  const content = d.content ?? "";
+  const hasReasoning = d.reasoning !== undefined && d.reasoning.length > 0;
+  const hasCalls = d.toolCalls !== undefined && d.toolCalls.length > 0;
+  if (content.length === 0 && !hasReasoning && !hasCalls && logprobs.length === 0) return null;
+  return {
+    type: "delta",
+    index,
+    content,
+    logprobs,
+    ...(hasReasoning ? { reasoning: d.reasoning! } : {}),
+    ...(hasCalls ? { toolCalls: d.toolCalls! } : {}),
+  };
+}
+
+/** A choice that stopped after at least one parsed tool call finished with `tool_calls`; `length` always wins. */
+function finishReason(c: Choice, cut: "stop" | "length"): ChoiceFinishReason {
+  if (cut === "stop" && c.parser && c.parser.result().toolCalls.length > 0) return "tool_calls";
+  return cut;
+}
+
+/** Text, reasoning and tool calls of a choice for the unary answer. */
+function parsedResult(c: Choice): Pick<ChoiceResult, "text" | "reasoning" | "toolCalls"> {
+  if (!c.parser) return { text: c.text, reasoning: null, toolCalls: [] };
+  const r = c.parser.result();
+  return { text: r.content, reasoning: r.reasoning, toolCalls: r.toolCalls };
+}
+
 export class GenerationSession {
   /** The choices, by index. */
   readonly #choices: Choice[];
@@ -93,6 +142,7 @@ export class GenerationSession {
       status: { state: "waiting" },
       stop: new StopMatcher(opts.stop),
       text: "",
+      parser: opts.parser ? opts.parser() : null,
       logprobs: [],
       tokens: 0,
       promptTokens: 0,
@@ -131,12 +181,17 @@ export class GenerationSession {
     let content = r.emit;
     if (r.stopped && this.#opts.includeStopStr) content += c.stop.matched ?? "";
     c.text += content;
-    if (content.length > 0 || views.length > 0) events.push({ type: "delta", index: c.index, content, logprobs: views });
+    // 3. The output parser (if any) turns the text into content / reasoning / tool-call fragments; a stop string
+    //    ends the text, so the parser flushes what it held back.
+    const parsed = c.parser ? merge(c.parser.push(content), r.stopped ? c.parser.finish("stop") : {}) : { content };
+    const delta = deltaEvent(c.index, parsed, views);
+    if (delta) events.push(delta);
     if (!r.stopped) return { events, abort: [] };
-    // 3. A stop string matched: this choice ends now with "stop"; its engine request must be aborted, or the engine
+    // 4. A stop string matched: this choice ends now with "stop"; its engine request must be aborted, or the engine
     //    would keep generating for nobody until max_tokens.
-    c.status = { state: "done", reason: "stop" };
-    events.push({ type: "choice_finished", index: c.index, reason: "stop" });
+    const reason = finishReason(c, "stop");
+    c.status = { state: "done", reason };
+    events.push({ type: "choice_finished", index: c.index, reason });
     events.push(...this.#finishIfAllDone());
     return { events, abort: [c.id] };
   }
@@ -159,8 +214,11 @@ export class GenerationSession {
     // The held-back tail is output now: no stop string can complete any more.
     const tail = c.stop.flush();
     c.text += tail;
-    if (tail.length > 0) events.push({ type: "delta", index: c.index, content: tail, logprobs: [] });
-    const why: ChoiceFinishReason = reason === "length" ? "length" : "stop";
+    const cut = reason === "length" ? "length" : "stop";
+    const parsed = c.parser ? merge(c.parser.push(tail), c.parser.finish(cut)) : { content: tail };
+    const delta = deltaEvent(c.index, parsed, []);
+    if (delta) events.push(delta);
+    const why = finishReason(c, cut);
     c.status = { state: "done", reason: why };
     events.push({ type: "choice_finished", index: c.index, reason: why });
     events.push(...this.#finishIfAllDone());
@@ -211,7 +269,7 @@ export class GenerationSession {
     const completionTokens = this.#choices.reduce((s, c) => s + c.tokens, 0);
     const choices: ChoiceResult[] = this.#choices.map((c) => ({
       index: c.index,
-      text: c.text,
+      ...parsedResult(c),
       reason: c.status.state === "done" ? c.status.reason : "stop",
       logprobs: c.logprobs,
       completionTokens: c.tokens,

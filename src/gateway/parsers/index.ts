@@ -1,0 +1,177 @@
+/**
+ * # Output parsers
+ *
+ * One parser per choice turns generated text (after stop strings) into content, reasoning and tool calls,
+ * incrementally: each `push` returns what became certain, holding back only text that could still turn into a tag
+ * (the longest suffix that is a prefix of one) or, at the start, a possible bare JSON call. The deltas of all
+ * `push`es and `finish` concatenate to `result()` for any split of the text — a stream and the unary answer of the
+ * same generation always agree.
+ *
+ * Stages: the reasoning parser first (`--reasoning_parser qwen3`: `<think>…</think>`, see reasoning-qwen3.ts),
+ * then the tool parser (`--tool_parser`) on the rest.
+ *
+ * | format | markup | file |
+ * | --- | --- | --- |
+ * | hermes3 | `<tool_call>\n{"name": …, "arguments": {…}}\n</tool_call>`, several | hermes3.ts |
+ * | qwen3coder | `<tool_call><function=N><parameter=P>V</parameter></function></tool_call>` (+ `\n`) | qwen3coder.ts |
+ * | llama3 | `<|python_tag|>` (optional) + `{"name": …, "parameters": {…}}`, `;`-separated | llama3.ts |
+ *
+ * Streaming shape: a call is reported once complete (hermes3: at `</tool_call>`; qwen3coder: at `</function>`;
+ * llama3: when its JSON object closes), as two deltas in one `push` result: `{index, id, name}` then
+ * `{index, arguments}` with the whole compact JSON arguments. Holding a call until it is complete is what lets a
+ * call cut by `max_tokens` be reported honestly (below); OVMS sends the name earlier and cannot.
+ *
+ * What is lenient (beyond OVMS), and what is kept:
+ * - Content before, between and after calls is kept, in streams too (OVMS drops text after the first call when
+ *   streaming, and qwen3coder text sharing a chunk with the tag). Whitespace touching only calls and the ends of
+ *   the output is dropped (content-gaps.ts).
+ * - Bare calls (hermes3, llama3): a whole output (trimmed) that is `{"name": <declared tool>, "arguments": {…}}`,
+ *   a list of them, several separated by `;`, or one in a ```json fence, is a call — Qwen2.5-Coder-0.5B and 1.5B
+ *   answer so. Such output is held while it could still be one and released as content as soon as it cannot.
+ * - `"parameters"` is accepted for `"arguments"` and vice versa; arguments given as a JSON text are parsed.
+ * - Malformed markup (hermes3 body that is not a call, qwen3coder markup that does not fit, llama3 JSON that breaks)
+ *   stays in content as the raw text: no call, no error. OVMS ends the stream with an error mid-way.
+ * - qwen3coder: `</parameter>` ends a value with or without the newline before it, but only when `<parameter=` or
+ *   `</function>` follows; `</tool_call>` also closes a function; a `<tool_call>` holding hermes JSON is a call.
+ *
+ * Truncation: a call still open when the output ends with `finish("length")` is not a call — its raw text,
+ * tags included, becomes content and `finish_reason` stays `length`. With `finish("stop")` (the model ended, or a
+ * stop string cut it) a hermes3 `<tool_call>` body that is already a complete call counts even without its
+ * `</tool_call>`; an unfinished qwen3coder function (no `</function>`) or llama3 object is content either way.
+ *
+ * @module
+ */
+import { randomInt } from "node:crypto";
+import type { ToolCall, ToolParserName } from "../tools.js";
+import type { FoundCall } from "./call-shape.js";
+import { Hermes3Stage } from "./hermes3.js";
+import { Llama3Stage } from "./llama3.js";
+import { Qwen3CoderStage } from "./qwen3coder.js";
+import { Qwen3Reasoning } from "./reasoning-qwen3.js";
+import type { ToolStage } from "./stage.js";
+import type { OutputParser, OutputParserOptions, ParsedDelta, ParsedOutput, ToolCallDelta } from "./types.js";
+
+export type { OutputParser, OutputParserOptions, ParsedDelta, ParsedOutput, ToolCallDelta } from "./types.js";
+
+const ID_ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+
+/** `call_` + 24 random alphanumerics (vLLM's length; OpenAI's ids look alike). */
+export function randomToolCallId(): string {
+  let id = "call_";
+  for (let i = 0; i < 24; i++) id += ID_ALPHABET[randomInt(ID_ALPHABET.length)];
+  return id;
+}
+
+/** A parser for one choice. */
+export function createOutputParser(opts: OutputParserOptions): OutputParser {
+  return new ComposedParser(opts);
+}
+
+/**
+ * `--tool_parser auto`: the format the model's chat template asks for, or null when it shows none.
+ * qwen3coder's XML also uses `<tool_call>`, so it is checked first.
+ */
+export function pickToolParser(chatTemplate: string | null): ToolParserName | null {
+  if (chatTemplate === null) return null;
+  const has = (s: string) => chatTemplate.includes(s);
+  if (has("<tool_call>") && has("<function=") && has("<parameter=")) return "qwen3coder";
+  if (has("<tool_call>")) return "hermes3";
+  // Llama 3.1+: the python tag, or the ipython tool role / JSON-call instructions inside llama-3 headers.
+  if (has("<|python_tag|>")) return "llama3";
+  if (has("<|start_header_id|>") && (has("ipython") || has('"parameters"'))) return "llama3";
+  return null;
+}
+
+/** True when the rendered prompt opens reasoning itself: right-trimmed, it ends with `<think>`. */
+export function promptOpensReasoning(prompt: string): boolean {
+  return prompt.trimEnd().endsWith("<think>");
+}
+
+/** The tool stage for a format. */
+function toolStage(opts: OutputParserOptions): ToolStage | null {
+  switch (opts.toolParser) {
+    case "hermes3":
+      return new Hermes3Stage(opts.tools);
+    case "qwen3coder":
+      return new Qwen3CoderStage(opts.tools);
+    case "llama3":
+      return new Llama3Stage(opts.tools);
+    case null:
+      return null;
+  }
+}
+
+/** Reasoning stage, then tool stage; numbers the calls and keeps the running result. */
+class ComposedParser implements OutputParser {
+  /** The reasoning stage, or null without `--reasoning_parser`. */
+  readonly #reasoning: Qwen3Reasoning | null;
+  /** The tool stage, or null when the request has no tool parsing. */
+  readonly #tools: ToolStage | null;
+  /** Makes call ids. */
+  readonly #newId: () => string;
+  /** Content emitted so far. */
+  #content = "";
+  /** Reasoning emitted so far. */
+  #reasoningText = "";
+  /** Calls emitted so far, in order (their position is their `index`). */
+  readonly #calls: ToolCall[] = [];
+  /** Set by `finish`: later calls return nothing. */
+  #finished = false;
+
+  constructor(opts: OutputParserOptions) {
+    this.#reasoning = opts.reasoningParser === "qwen3" ? new Qwen3Reasoning(opts.reasoningOpen) : null;
+    this.#tools = toolStage(opts);
+    this.#newId = opts.newId ?? randomToolCallId;
+  }
+
+  push(text: string): ParsedDelta {
+    if (this.#finished || text === "") return {};
+    const split = this.#reasoning ? this.#reasoning.push(text) : { reasoning: "", rest: text };
+    const stage = this.#tools ? this.#tools.push(split.rest) : { content: split.rest, calls: [] };
+    return this.#emit(split.reasoning, stage.content, stage.calls);
+  }
+
+  finish(reason: "stop" | "length"): ParsedDelta {
+    if (this.#finished) return {};
+    this.#finished = true;
+    // 1. The reasoning stage flushes first: what it held may be text for the tool stage.
+    const split = this.#reasoning ? this.#reasoning.finish() : { reasoning: "", rest: "" };
+    if (!this.#tools) return this.#emit(split.reasoning, split.rest, []);
+    // 2. Then the tool stage reads that text and flushes in turn.
+    const pushed = this.#tools.push(split.rest);
+    const flushed = this.#tools.finish(reason);
+    return this.#emit(split.reasoning, pushed.content + flushed.content, [...pushed.calls, ...flushed.calls]);
+  }
+
+  result(): ParsedOutput {
+    return {
+      content: this.#content,
+      reasoning: this.#reasoningText === "" ? null : this.#reasoningText,
+      toolCalls: this.#calls.map((c) => ({ ...c })),
+    };
+  }
+
+  /** Records and shapes one delta (empty parts omitted). */
+  #emit(reasoning: string, content: string, calls: readonly FoundCall[]): ParsedDelta {
+    const delta: ParsedDelta = {};
+    if (reasoning !== "") {
+      this.#reasoningText += reasoning;
+      delta.reasoning = reasoning;
+    }
+    if (content !== "") {
+      this.#content += content;
+      delta.content = content;
+    }
+    if (calls.length > 0) {
+      const deltas: ToolCallDelta[] = [];
+      for (const c of calls) {
+        const index = this.#calls.length;
+        const id = this.#newId();
+        this.#calls.push({ id, name: c.name, arguments: c.arguments });
+        deltas.push({ index, id, name: c.name }, { index, arguments: c.arguments });
+      }
+      delta.toolCalls = deltas;
+    }
+    return delta;
+  }
+}
