@@ -151,6 +151,7 @@ describe("forced calls", () => {
 
   it("400s: named tool missing, no tool parser, bad parameters", () => {
     refused({ toolChoice: { kind: "function", name: "nope" } }, "tool_choice", /no tool named 'nope'/);
+    refused({ tools: [NO_ARGS], toolChoice: { kind: "function", name: "nope" } }, "tool_choice", /no tool named 'nope'/);
     refused({ toolChoice: { kind: "required" }, toolParser: null }, "tool_choice", /--tool_parser/);
     const notObject = { name: "x", parameters: "object" } as unknown as ToolSpec;
     refused({ tools: [WEATHER, notObject], toolChoice: { kind: "required" } }, "tools[1].function.parameters", /JSON schema of type .object./);

@@ -104,8 +104,11 @@ function build(req: GuideRequest): GuideSpec | null {
   }
   // 3. Tools.
   if (!toolsActive) return null;
-  if (!req.tools.some((t) => t.parameters !== undefined)) return null;
   const choice = req.toolChoice;
+  if (choice.kind === "function" && !req.tools.some((t) => t.name === choice.name)) {
+    throw invalidValue("tool_choice", `Invalid value for 'tool_choice': no tool named '${choice.name}' in 'tools'.`);
+  }
+  if (!req.tools.some((t) => t.parameters !== undefined)) return null;
   if (choice.kind === "auto") {
     if (!req.guideAuto || req.toolParser === null) {
       // Not guided: still refuse invalid schemas (recipe M2), but not valid ones a grammar could not honour.
@@ -121,11 +124,7 @@ function build(req: GuideRequest): GuideSpec | null {
   checkUniqueNames(req.tools);
   let tools: readonly ToolSpec[] = req.tools;
   if (choice.kind === "function") {
-    const named = req.tools.find((t) => t.name === choice.name);
-    if (!named) {
-      throw invalidValue("tool_choice", `Invalid value for 'tool_choice': no tool named '${choice.name}' in 'tools'.`);
-    }
-    tools = [named];
+    tools = [req.tools.find((t) => t.name === choice.name)!];
   }
   if (req.toolParser === null) {
     throw invalidValue(
