@@ -171,6 +171,22 @@ describe("GuideState", () => {
     expect((await g.prepare(async (st) => fake.canContinue(st))).ending).toBe(true);
   });
 
+  it("a free start phase whose model opens reasoning itself arms no trigger inside it, and re-arms after the close", async () => {
+    const fake = new FakeGrammar();
+    const guide = spec({ grammar: 'o ::= "{}"', reasoning: { open: "<think>", close: "</think>", after: { kind: "free" } }, triggers: [{ text: "{", rule: "o", then: "end" }] });
+    const g = new GuideState(guide, fake, noBans);
+    for (const t of [...tok("\n"), 1, ...tok("a{b")]) expect((await live(g, fake, t)).constrained).toBe(false);
+    expect(g.phase.kind).toBe("reasoning");
+    await live(g, fake, 2);
+    expect(g.phase).toMatchObject({ kind: "free", text: "" });
+    await live(g, fake, tok("{")[0]!);
+    expect(g.phase).toMatchObject({ kind: "rule", rule: "o" });
+    // Text first: the gate closes and a later "<think>" is plain free text, where the trigger fires.
+    const h = new GuideState(guide, fake, noBans);
+    for (const t of [...tok("hi"), 1, ...tok("{")]) await live(h, fake, t);
+    expect(h.phase).toMatchObject({ kind: "rule", rule: "o" });
+  });
+
   it("the close text spelled across tokens is found; text behind it starts the free phase", async () => {
     const fake = new FakeGrammar();
     const g = new GuideState(

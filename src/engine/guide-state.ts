@@ -7,7 +7,7 @@
  * changes while that sequence's sample runs.
  *
  *   free ──trigger matched──▶ rule(trigger.rule, then) ──complete, cannot continue──▶ free (then "free") | EOG (then "end")
- *   rule(start, gate) ──text = reasoning.open──▶ reasoning ──reasoning.close──▶ reasoning.after
+ *   rule(start, gate) | free(start, gate) ──text = reasoning.open──▶ reasoning ──reasoning.close──▶ reasoning.after
  *   any ──replay rejected / grammar unusable / sampler masked everything──▶ off (guideDropped, reported once)
  *
  * All native grammar work goes through {@link GuideGrammar} (the llama.cpp adapter, or a fake in unit tests), which
@@ -44,6 +44,11 @@ export type GuideMachinePhase =
       kind: "free";
       /** Text generated since the free phase began (trigger matches are searched here). */
       text: string;
+      /**
+       * The start phase while `reasoning.open` may still be generated (after leading whitespace): a model that opens
+       * reasoning itself must not have its triggers armed inside it (the parser reads that text as reasoning).
+       */
+      gate?: boolean;
       /** Tokens of that text, in order (to replay from the one holding a match start). */
       pieces: Piece[];
     }
@@ -108,7 +113,7 @@ export class GuideState {
     private readonly grammar: GuideGrammar,
     private readonly bans: ReadonlySet<number>,
   ) {
-    this.current = this.enter(spec.start, { gate: spec.start.kind === "rule" && spec.reasoning !== undefined });
+    this.current = this.enter(spec.start, { gate: spec.start.kind !== "reasoning" && spec.reasoning !== undefined });
   }
 
   /** Special-token texts of a spec: the tokens among `specials` to ban in its rule phases. */
@@ -223,6 +228,7 @@ export class GuideState {
     if (p.kind === "free" || p.kind === "reasoning") {
       p.pieces.push({ token, start: p.text.length, text });
       p.text += text;
+      if (p.kind === "free" && p.gate && this.freeGate(p)) return;
       if (p.kind === "free") this.matchTriggers(p, text.length);
       else this.matchClose(p, text.length);
     }
@@ -247,6 +253,24 @@ export class GuideState {
     if (!reasoning.open.startsWith(p.text)) p.gate = false; // the body was chosen: the gate can no longer open
   }
 
+  /**
+   * The free start phase's reasoning gate: true when the text (after leading whitespace) opened reasoning — the
+   * phase is then `reasoning`, fed the text behind the marker. Closes for good once the text cannot open it.
+   */
+  private freeGate(p: Extract<GuideMachinePhase, { kind: "free" }>): boolean {
+    const open = this.spec.reasoning!.open;
+    const t = p.text.trimStart();
+    if (t.startsWith(open)) {
+      const rest = t.slice(open.length);
+      const r: Extract<GuideMachinePhase, { kind: "reasoning" }> = { kind: "reasoning", text: rest, pieces: [] };
+      this.current = r;
+      if (rest.length > 0) this.matchClose(r, rest.length);
+      return true;
+    }
+    if (!open.startsWith(t)) p.gate = false;
+    return false;
+  }
+
   /** Transition: gated start rule → reasoning (the gate's grammar is discarded; not a drop). */
   private reasoningOpened(): void {
     this.current = { kind: "reasoning", text: "", pieces: [] };
@@ -261,7 +285,7 @@ export class GuideState {
   private enter(phase: GuidePhase, opts: { gate: boolean }): GuideMachinePhase {
     if (phase.kind === "rule") return { kind: "rule", rule: phase.rule, then: phase.then, gate: opts.gate, text: "", pending: null, grammar: null, ending: false };
     if (phase.kind === "reasoning") return { kind: "reasoning", text: "", pieces: [] };
-    return { kind: "free", text: "", pieces: [] };
+    return { kind: "free", text: "", pieces: [], gate: opts.gate };
   }
 
   /**

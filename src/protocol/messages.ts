@@ -96,7 +96,9 @@ export interface GuideSpec {
   grammar: string;
   /**
    * Phase at the first generated token. A `rule` start phase with `reasoning` set switches to `reasoning` when the
-   * generated text so far equals `reasoning.open` (the gateway's rule must allow it, e.g. `gate ::= "<think>" | body`).
+   * generated text so far equals `reasoning.open` (the gateway's rule must allow it, e.g. `gate ::= "<think>" | body`);
+   * a `free` start phase with `reasoning` set does so when its text, after leading whitespace, starts with
+   * `reasoning.open` (no trigger is armed inside reasoning).
    */
   start: GuidePhase;
   /** Reasoning markers (e.g. `<think>` / `</think>`) and the phase after `close` is generated. */
