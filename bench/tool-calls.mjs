@@ -4,8 +4,8 @@
 //
 // For each configuration it starts `node bin/keel.mjs serve --model_path <MODEL> --tool_parser <PARSER>` (with and
 // without --enable_tool_guided_generation true; --deterministic true so runs compare), sends the 20 prompts below
-// one at a time (greedy, tool_choice auto, max_tokens 96) with the same four tools, and counts a prompt as correct
-// when the answer has at least one call, the first call names the expected tool, and its arguments validate against
+// one at a time (greedy, tool_choice auto, max_tokens 96; a third run asks tool_choice "required") with the same four
+// tools, and counts a prompt as correct when the answer has at least one call, the first call names the expected tool, and its arguments validate against
 // that tool's schema (ajv, JSON Schema 2020-12). Also reported: answers with no call, calls to the wrong tool,
 // schema-invalid arguments, finish reasons, and the median time per request.
 //
@@ -83,7 +83,7 @@ function startServer(flags) {
   });
 }
 
-async function run(label, flags) {
+async function run(label, flags, toolChoice = "auto") {
   const { proc, base } = await startServer(flags);
   const tally = { config: label, correct: 0, noCall: 0, wrongTool: 0, invalidArgs: 0, finish: {}, "median ms": 0 };
   const times = [];
@@ -93,7 +93,7 @@ async function run(label, flags) {
       const res = await fetch(`${base}/v1/chat/completions`, {
         method: "POST",
         headers: { "content-type": "application/json" },
-        body: JSON.stringify({ model: "m", messages: [{ role: "user", content: prompt }], tools: TOOLS, tool_choice: "auto", temperature: 0, max_tokens: MAX_TOKENS }),
+        body: JSON.stringify({ model: "m", messages: [{ role: "user", content: prompt }], tools: TOOLS, tool_choice: toolChoice, temperature: 0, max_tokens: MAX_TOKENS }),
       });
       times.push(Date.now() - t0);
       const body = await res.json();
@@ -129,5 +129,6 @@ async function run(label, flags) {
 const rows = [];
 rows.push(await run(`${PARSER} unguided`, ["--tool_parser", PARSER]));
 rows.push(await run(`${PARSER} guided auto`, ["--tool_parser", PARSER, "--enable_tool_guided_generation", "true"]));
+rows.push(await run(`${PARSER} required`, ["--tool_parser", PARSER], "required"));
 console.log(`model ${MODEL}, ${PROMPTS.length} prompts, tool_choice auto, greedy, max_tokens ${MAX_TOKENS}`);
 console.table(rows);
