@@ -5,8 +5,8 @@
 // For each configuration it starts `node bin/keel.mjs serve --model_path <MODEL> --tool_parser <PARSER>` (with and
 // without --enable_tool_guided_generation true; --deterministic true so runs compare), sends the 20 prompts below
 // one at a time (greedy, tool_choice auto, max_tokens 96; a third run asks tool_choice "required") with the same four
-// tools, and counts a prompt as correct when the answer has at least one call, the first call names the expected tool, and its arguments validate against
-// that tool's schema (ajv, JSON Schema 2020-12). Also reported: answers with no call, calls to the wrong tool,
+// tools, and counts a prompt as correct when the answer has at least one call, the first call names the expected
+// tool, and its arguments validate against that tool's schema (ajv, JSON Schema 2020-12). Also reported: answers with no call, calls to the wrong tool,
 // schema-invalid arguments, finish reasons, and the median time per request.
 //
 // Run (after a build; the model is fetched into the cache by `node scripts/prepare.mjs` or `keel fetch`):
