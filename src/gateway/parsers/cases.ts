@@ -51,6 +51,14 @@ const coderParis =
 export const CASES: ParserCase[] = [
   // ---- hermes3 ----
   {
+    // A guided call may write the closing tag inside a JSON string (the grammar allows any text there).
+    name: "hermes3: </tool_call> inside an argument string is text of the string",
+    opts: hermes,
+    text: '<tool_call>\n{"name": "get_weather", "arguments": {"city": "a</tool_call>b"}}\n</tool_call> done',
+    content: " done",
+    calls: [{ name: "get_weather", arguments: '{"city":"a</tool_call>b"}' }],
+  },
+  {
     name: "hermes3: text then a call",
     opts: hermes,
     text: `Let me check.\n${hermesParis}`,

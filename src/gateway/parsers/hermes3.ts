@@ -6,6 +6,7 @@
  *
  * @module
  */
+import { JsonScanner } from "./json-scanner.js";
 import type { ToolSpec } from "../tools.js";
 import { BareCallDetector } from "./bare-calls.js";
 import { callsFromJson, tryParseJson } from "./call-shape.js";
@@ -116,8 +117,10 @@ export class Hermes3Stage implements ToolStage {
           continue;
         }
         case "call": {
-          // 4. The body up to `</tool_call>`; then a call, or raw content when it is not one.
-          const at = this.#pending.indexOf(CLOSE);
+          // 4. The body up to `</tool_call>`; then a call, or raw content when it is not one. A closing tag inside a
+          //    JSON string of the body is text of that string (a guided call may write one there).
+          let at = this.#pending.indexOf(CLOSE);
+          while (at >= 0 && insideJsonString(st.body + this.#pending.slice(0, at))) at = this.#pending.indexOf(CLOSE, at + 1);
           if (at < 0) {
             const cut = this.#pending.length - partialTagLength(this.#pending, [CLOSE]);
             st.body += this.#pending.slice(0, cut);
@@ -139,4 +142,11 @@ export class Hermes3Stage implements ToolStage {
       }
     }
   }
+}
+
+/** True when `body` is a JSON prefix that ends inside a string (so a tag found right after it is string text). */
+function insideJsonString(body: string): boolean {
+  const scanner = new JsonScanner();
+  for (const ch of body.slice(skipSpace(body))) if (scanner.push(ch) !== "more") return false;
+  return scanner.inString;
 }

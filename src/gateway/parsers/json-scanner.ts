@@ -50,6 +50,11 @@ export class JsonScanner {
     return this.#inKey && (this.#mode === "string" || this.#mode === "escape");
   }
 
+  /** True while the characters fed are inside a string (a key or a value), escapes included. */
+  get inString(): boolean {
+    return this.#mode === "string" || this.#mode === "escape";
+  }
+
   /** Feeds one character (a UTF-16 unit; surrogates only ever occur inside strings, where any unit is fine). */
   push(ch: string): ScanStep {
     if (this.#final !== "more") return "error";
