@@ -121,12 +121,14 @@ describe("forced calls", () => {
     expect(rs.accepts(ruleOf(single.start), two)).toBe(false);
   });
 
-  it("named function: only that tool, in each format", () => {
+  it("named function: only that tool, exactly once, in each format", () => {
     const named = { kind: "function", name: "get_weather" } as const;
     const h = guide({ toolChoice: named });
     const hr = new GbnfGrammar(h.grammar);
     expect(hr.accepts(ruleOf(h.start), hermesCall("get_weather", '{"city": "Oslo"}'))).toBe(true);
     expect(hr.accepts(ruleOf(h.start), hermesCall("get_time", "{}"))).toBe(false);
+    const twice = `${hermesCall("get_weather", '{"city": "Oslo"}')}\n${hermesCall("get_weather", '{"city": "Rome"}')}`;
+    expect(hr.accepts(ruleOf(h.start), twice)).toBe(false);
     const q = guide({ toolChoice: named, toolParser: "qwen3coder" });
     const qr = new GbnfGrammar(q.grammar);
     expect(qr.accepts(ruleOf(q.start), "<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n</function>\n</tool_call>")).toBe(true);
@@ -134,7 +136,7 @@ describe("forced calls", () => {
     const l = guide({ toolChoice: named, toolParser: "llama3" });
     const lr = new GbnfGrammar(l.grammar);
     expect(lr.accepts(ruleOf(l.start), '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Oslo"}}')).toBe(true);
-    expect(lr.accepts(ruleOf(l.start), '{"name": "get_weather", "parameters": {"city": "Oslo"}}; {"name": "get_weather", "parameters": {"city": "Rome"}}')).toBe(true);
+    expect(lr.accepts(ruleOf(l.start), '{"name": "get_weather", "parameters": {"city": "Oslo"}}; {"name": "get_weather", "parameters": {"city": "Rome"}}')).toBe(false);
     expect(lr.accepts(ruleOf(l.start), '{"name": "get_time", "parameters": {}}')).toBe(false);
     expect(l.specialTokens).toEqual(["<|python_tag|>"]);
   });

@@ -4,7 +4,7 @@
  * Decisions (documented in docs/protocol.md's guided section by the integrating branch):
  * - `response_format` json_object/json_schema → one rule for the whole output, `then: "end"`.
  * - `tool_choice` required / a named function → after reasoning, `ws call (ws call)*` over the tools (one call when
- *   `parallel_tool_calls` is false; the named tool only), `then: "end"`. Needs a tool parser (400 otherwise).
+ *   `parallel_tool_calls` is false; exactly one call of the named tool), `then: "end"`. Needs a tool parser (400 otherwise).
  * - `auto` with `--enable_tool_guided_generation` → free text with triggers: hermes3 `<tool_call>` (+ an atStart
  *   `{` for a bare-JSON call); qwen3coder `<tool_call>` and `<function=NAME>` per known name (never a bare
  *   `<function=`); llama3 `<|python_tag|>` and an atStart `{`.
@@ -133,6 +133,8 @@ function build(req: GuideRequest): GuideSpec | null {
     );
   }
   const parser = req.toolParser;
+  // A named function is called exactly once (as vLLM's named tool_choice); `required` may call several.
+  const several = req.parallelToolCalls && choice.kind !== "function";
   const b = new GbnfBuilder();
   const indexOf = (t: ToolSpec) => req.tools.indexOf(t);
   const rules = addCallRules(b, parser, tools, indexOf);
@@ -140,9 +142,9 @@ function build(req: GuideRequest): GuideSpec | null {
   let body: string;
   if (parser === "llama3") {
     const sep = `";" ${b.primitive("space")}`;
-    body = `${ws} "<|python_tag|>"? ${rules.call}${req.parallelToolCalls ? ` (${sep} ${rules.call})*` : ""}`;
+    body = `${ws} "<|python_tag|>"? ${rules.call}${several ? ` (${sep} ${rules.call})*` : ""}`;
   } else {
-    body = `${ws} ${rules.call}${req.parallelToolCalls ? ` (${ws} ${rules.call})*` : ""}`;
+    body = `${ws} ${rules.call}${several ? ` (${ws} ${rules.call})*` : ""}`;
   }
   return forced(b, b.define("calls-forced", body), req, CALL_SPECIAL_TOKENS[parser]);
 }
