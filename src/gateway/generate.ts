@@ -85,7 +85,7 @@ function furthest(phases: (Phase | null)[]): Phase | null {
  * Refuse at the door what cannot run now: not ready (503), the queue bound (429, counting all `n` choices;
  * requests the engine will admit into free sequences at its next step are not "waiting"), an isolated prompt.
  */
-export function admissionError(ctx: RouteContext, plan: Pick<GenerationPlan, "n" | "prompts">): KeelHttpError | null {
+export function admissionError(ctx: RouteContext, plan: Pick<GenerationPlan, "n" | "prompts"> & Partial<Pick<GenerationPlan, "params">>): KeelHttpError | null {
   if (!ctx.isReady()) {
     ctx.onRejected("not_ready");
     return ctx.unavailable();
@@ -107,7 +107,7 @@ export function admissionError(ctx: RouteContext, plan: Pick<GenerationPlan, "n"
   }
   // A prompt already isolated as an engine killer is refused here, so a client resending it cannot keep
   // restarting the engine (and pausing everyone else).
-  if (plan.prompts.some((p) => ctx.isKnownCulprit(p))) {
+  if (plan.prompts.some((p) => ctx.isKnownCulprit(p, plan.params?.guide))) {
     return engineFault("This request crashed the engine before and was isolated; it is refused without running it.");
   }
   return null;

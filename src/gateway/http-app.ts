@@ -3,6 +3,7 @@
  * connections (slow, silent, oversized), and every route. Engine supervision and the registry are given to it;
  * it owns only the HTTP-side state (draining, closing, the current chat template).
  */
+import type { GuideSpec } from "../protocol/messages.js";
 import http from "node:http";
 import Fastify, { type FastifyInstance, type FastifyReply } from "fastify";
 import type { Logger } from "pino";
@@ -80,7 +81,7 @@ export function buildHttpApp(deps: HttpAppDeps): HttpApp {
   /** Parsing and guidance for the current model (`--tool_parser auto` resolved on each engine ready). */
   let agents: AgentSettings = resolveAgentSettings(agentFlags, null, pickToolParser);
   /** Prompts isolated as engine killers, as the routes ask about them (bounded in time: supervisor.ts). */
-  const culpritPrompts = { has: (prompt: string) => supervisor.isKnownCulprit(prompt) };
+  const culpritPrompts = { has: (prompt: string, guide?: GuideSpec) => supervisor.isKnownCulprit(prompt, guide) };
   /** Set once the HTTP server and engine are being stopped. */
   let closing = false;
   /** Set by the drain: readiness 503 and new requests refused with 503 + Retry-After. */
@@ -180,7 +181,7 @@ export function buildHttpApp(deps: HttpAppDeps): HttpApp {
       if (draining || closing) return shuttingDown();
       return supervisor.unavailableReason === "restarting" ? engineRestarting() : notReady();
     },
-    isKnownCulprit: (prompt: string) => culpritPrompts.has(prompt),
+    isKnownCulprit: (prompt: string, guide?: GuideSpec) => culpritPrompts.has(prompt, guide),
     tokenize: (text, addSpecialTokens) => supervisor.tokenizer.tokenize(text, addSpecialTokens),
     onRejected: (reason: "queue_full" | "not_ready") => metrics.requestsRejected.inc({ reason }),
     agents: () => agents,

@@ -1,5 +1,6 @@
 import { describe, expect, it } from "vitest";
-import { IsolatedPrompts } from "./isolated-prompts.js";
+import type { GuideSpec } from "../protocol/messages.js";
+import { IsolatedPrompts, isolationKey } from "./isolated-prompts.js";
 
 describe("IsolatedPrompts: a refusal is earned and does not last forever", () => {
   it("refuses an isolated prompt until its time is up, then forgets it", () => {
@@ -26,5 +27,18 @@ describe("IsolatedPrompts: a refusal is earned and does not last forever", () =>
     m.add("b", 2);
     m.add("c", 3);
     expect([m.has("a", 4), m.has("b", 4), m.has("c", 4)]).toEqual([false, true, true]);
+  });
+
+  it("a request isolated with a guide refuses only that prompt with that guide, not the same messages unguided", () => {
+    const m = new IsolatedPrompts(60_000);
+    const killer: GuideSpec = { grammar: 'root ::= "a"', start: { kind: "rule", rule: "root", then: "end" } };
+    const other: GuideSpec = { ...killer, grammar: 'root ::= "b"' };
+    m.add(isolationKey("What is 2+2?", killer), 0);
+    expect(m.has(isolationKey("What is 2+2?", killer), 1)).toBe(true);
+    expect(m.has(isolationKey("What is 2+2?"), 1)).toBe(false);
+    expect(m.has(isolationKey("What is 2+2?", other), 1)).toBe(false);
+    expect(m.has(isolationKey("What is 3+3?", killer), 1)).toBe(false);
+    // Unguided keys stay the prompt itself (existing behaviour).
+    expect(isolationKey("p")).toBe("p");
   });
 });

@@ -1,3 +1,16 @@
+import { createHash } from "node:crypto";
+import type { GuideSpec } from "../protocol/messages.js";
+
+/**
+ * What identifies an isolated request: its rendered prompt and, when it had one, its guide (a grammar can be what
+ * kills the engine — then a plain request with the same messages is innocent and must not be refused). Hashed, so a
+ * large guide costs the memory nothing.
+ */
+export function isolationKey(prompt: string, guide?: GuideSpec): string {
+  if (guide === undefined) return prompt;
+  return `guided:${createHash("sha256").update(prompt).update("\u0000").update(JSON.stringify(guide)).digest("hex")}`;
+}
+
 /**
  * Memory of prompts isolated as engine killers (culprit isolation, registry.ts), so that a client resending one is
  * refused without another crash. A refusal must be earned and must not last forever: an entry expires `ttlMs`

@@ -307,9 +307,9 @@ export class RequestRegistry {
    * flight when the engine died, after `faultThreshold` deaths, is failed with `engine_fault`; everyone else is
    * resumed (suspects when their test comes). Returns the ids failed as culprits.
    */
-  handleEngineDeath(description: string, opts: { blame: boolean } = { blame: true }): { id: string; prompt: AddMessage["prompt"] }[] {
+  handleEngineDeath(description: string, opts: { blame: boolean } = { blame: true }): { id: string; prompt: AddMessage["prompt"]; params: SamplingParams }[] {
     const inFlight = [...this.live.values()].filter((e) => lc.heldByEngine(e.lifecycle));
-    const culprits: { id: string; prompt: AddMessage["prompt"] }[] = [];
+    const culprits: { id: string; prompt: AddMessage["prompt"]; params: SamplingParams }[] = [];
     const died: Entry[] = [];
     const bisecting = this.pool.length > 0 || this.deferred.length > 0;
     for (const e of inFlight) {
@@ -346,7 +346,7 @@ export class RequestRegistry {
     // 2. A lone member that died with nothing else in flight is a culprit (after repeated deaths).
     const lone = members.length === 1 && others.length === 0 ? members[0]! : null;
     if (lone && lc.deathsOf(lone.lifecycle) >= this.faultThreshold) {
-      culprits.push({ id: lone.id, prompt: lone.prompt });
+      culprits.push({ id: lone.id, prompt: lone.prompt, params: lone.params });
       this.observer.onCulprit?.(lone.id, lc.deathsOf(lone.lifecycle));
       // The rest of the pool is no longer known to hold a culprit: it is tested again with the deferred suspects.
       this.startPool([...this.pool.filter((id) => id !== lone.id), ...this.deferred], false);

@@ -4,7 +4,7 @@
  */
 import type { FastifyReply } from "fastify";
 import type { Logger } from "pino";
-import type { EngineCapabilities } from "../protocol/messages.js";
+import type { EngineCapabilities, GuideSpec } from "../protocol/messages.js";
 import type { AgentSettings } from "./agent-config.js";
 import type { ChatMessage, ChatTemplate } from "./chat-template.js";
 import { contextLengthExceeded, type KeelHttpError } from "./errors.js";
@@ -32,8 +32,11 @@ export interface RouteContext {
   capabilities(): EngineCapabilities | null;
   /** The 503 to answer while not ready: loading, restarting after an engine fault, or shutting down. */
   unavailable(): KeelHttpError;
-  /** True when this rendered prompt was isolated as one that crashes the engine (answered without the engine). */
-  isKnownCulprit(prompt: string): boolean;
+  /**
+   * True when this rendered prompt, with this guide, was isolated as one that crashes the engine (answered without
+   * the engine). The same messages without that guide are another request.
+   */
+  isKnownCulprit(prompt: string, guide?: GuideSpec): boolean;
   /** Sequences of the current engine (0 while none is ready). */
   maxNumSeqs(): number;
   /** Bytes of stream output a client may leave unread in the server's buffer before it is treated as gone. */

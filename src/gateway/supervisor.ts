@@ -8,11 +8,11 @@ import { SHUTTING_DOWN_MESSAGE, shuttingDown } from "./errors.js";
 import { TokenizeClient } from "./tokenize-client.js";
 import type { Logger } from "pino";
 import type { EngineCommand, EngineConfig } from "../protocol/engine-config.js";
-import type { ReadyMessage } from "../protocol/messages.js";
+import type { GuideSpec, ReadyMessage } from "../protocol/messages.js";
 import { CHATML_TEMPLATE } from "../model/tiny-model.js";
 import { ChatTemplate } from "./chat-template.js";
 import { EngineClient } from "./engine-client.js";
-import { IsolatedPrompts } from "./isolated-prompts.js";
+import { IsolatedPrompts, isolationKey } from "./isolated-prompts.js";
 import type { Metrics } from "./metrics.js";
 import type { StepObserver } from "./metrics-observer.js";
 import type { RequestRegistry } from "./registry.js";
@@ -174,9 +174,9 @@ export class EngineSupervisor {
     return this.steps.lastStep;
   }
 
-  /** True when this rendered prompt was isolated as an engine killer recently (answered without the engine). */
-  isKnownCulprit(prompt: string): boolean {
-    return this.isolated.has(prompt);
+  /** True when this rendered prompt (with this guide) was isolated as an engine killer recently (answered without the engine). */
+  isKnownCulprit(prompt: string, guide?: GuideSpec): boolean {
+    return this.isolated.has(isolationKey(prompt, guide));
   }
 
   /** Stop watching for stalls (a drain stops the engine itself). */
@@ -235,7 +235,7 @@ export class EngineSupervisor {
     }
     const culprits = this.registry.handleEngineDeath(`the engine process exited (${exit.signal ?? `code ${exit.code}`})`, { blame: verdict.blame });
     // Remember isolated prompts (bounded in number and time) so that resending one is refused without a crash.
-    for (const c of culprits) if ("text" in c.prompt) this.isolated.add(c.prompt.text);
+    for (const c of culprits) if ("text" in c.prompt) this.isolated.add(isolationKey(c.prompt.text, c.params.guide));
   }
 
   /**
