@@ -146,11 +146,23 @@ describe("guided generation on the real engine", () => {
     expect(["yes", "no"]).toContain(runs.get("bystander")!.text);
   });
 
-  it("a grammar that does not compile runs unconstrained with guideDropped", async () => {
-    const run = await generate({ guide: rule("root ::= [a-"), maxTokens: 5, ignoreEos: true });
-    expect(run.dropped).toHaveLength(1);
-    expect(run.dropped[0]).toMatch(/could not be built/);
-    expect(run.tokens).toHaveLength(5);
+  it("a grammar that does not compile, or names an undefined rule, refuses the add (invalid_params); the loop goes on", async () => {
+    const messages: EngineMessage[] = [];
+    const loop = new StepLoop(adapter, { maxNumSeqs: 3, maxNumBatchedTokens: 64, maxModelLen: 256 }, (m) => messages.push(m));
+    const bad: [string, GuideSpec][] = [
+      ["syntax", rule("root ::= [a-")],
+      ["undefined", { grammar: 'root ::= "a"', start: { kind: "free" }, triggers: [{ text: "x", rule: "nope" }] }],
+    ];
+    for (const [id, guide] of bad) loop.submit({ v: PROTOCOL_VERSION, type: "add", id, prompt: { text: PROMPT }, params: { ...base, guide, maxTokens: 5 } });
+    loop.submit({ v: PROTOCOL_VERSION, type: "add", id: "ok", prompt: { text: PROMPT }, params: { ...base, guide: rule('root ::= "yes" | "no"'), maxTokens: 5 } });
+    do await loop.step();
+    while (loop.scheduler.hasWork);
+    const refused = messages.filter((m) => m.type === "request_error");
+    expect(refused.map((m) => [m.id, m.code])).toEqual([["syntax", "invalid_params"], ["undefined", "invalid_params"]]);
+    expect(refused[0]!.message).toMatch(/does not compile/);
+    expect(refused[1]!.message).toMatch(/undefined grammar rules: nope/);
+    const ok = messages.flatMap((m) => (m.type === "step" ? m.outputs : [])).filter((o) => o.id === "ok");
+    expect(["yes", "no"]).toContain(ok.map((o) => o.text).join(""));
   });
 
   it("ignore_eos and min_tokens cannot mask a completed then:end rule: it stops right after the rule", async () => {

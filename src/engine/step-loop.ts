@@ -6,7 +6,7 @@
  * samples sequentially, and emits exactly one `step` message for each step that did work. No native call ever overlaps a decode:
  * slots are cleared and samplers disposed only between decodes.
  */
-import type { AddMessage, EngineErrorCode, EngineMessage, TokenizeMessage, TokenizedMessage, PositionLogprobs, RequestOutput, SamplingParams } from "../protocol/messages.js";
+import type { AddMessage, EngineErrorCode, EngineMessage, GuidePhase, GuideSpec, TokenizeMessage, TokenizedMessage, PositionLogprobs, RequestOutput, SamplingParams } from "../protocol/messages.js";
 import { PROTOCOL_VERSION } from "../protocol/messages.js";
 import { checkSamplingParams } from "../protocol/validate.js";
 import type { CompiledGrammar, DecodeItem, GrammarState, RawLogprobs, SamplerConfig, SamplerHandle } from "./llama-adapter.js";
@@ -428,6 +428,8 @@ export class StepLoop {
     let guide: GuideState | null = null;
     if (cmd.params.guide) {
       const grammar = grammarSupport(this.backend)!;
+      const uncompilable = guideCompileError(grammar, cmd.params.guide);
+      if (uncompilable) return refuse("invalid_params", uncompilable);
       guide = new GuideState(cmd.params.guide, { ...bindGrammar(grammar), bytesOf: (t) => this.backend.bytesOf(t), isEndOfGeneration: (t) => this.backend.isEndOfGeneration(t) }, GuideState.bansFor(cmd.params.guide, grammar.specialTokens()));
       generated.forEach((t, i) => guide!.onToken(t, { isBanned: (b) => sampling.bannedAt(i, b) }));
     }
@@ -546,5 +548,29 @@ export class StepLoop {
         ...(f.error ? { error: f.error } : {}),
       };
     }
+  }
+}
+
+/**
+ * Why a guide cannot be applied at all, or null: a rule it names is not defined, or its grammar does not compile.
+ * Checked at add so that a client asking for structured output or a forced call never gets unconstrained text
+ * instead (a 400 at the gateway); the text is compiled once (cached by text for the rule phases that follow).
+ */
+export function guideCompileError(grammar: Pick<GrammarBackend, "compileGrammar">, guide: GuideSpec): string | null {
+  const named = new Set<string>();
+  const add = (p: GuidePhase | undefined): void => {
+    if (p?.kind === "rule") named.add(p.rule);
+  };
+  add(guide.start);
+  add(guide.reasoning?.after);
+  for (const t of guide.triggers ?? []) named.add(t.rule);
+  if (named.size === 0) return null;
+  const missing = [...named].filter((r) => !new RegExp(`^${r.replace(/[.*+?^${}()|[\]\\-]/g, "\\$&")}\\s*::=`, "m").test(guide.grammar));
+  if (missing.length > 0) return `the guide names undefined grammar rules: ${missing.join(", ")}`;
+  try {
+    grammar.compileGrammar(guide.grammar, [...named][0]!);
+    return null;
+  } catch (err) {
+    return `the guide's grammar does not compile: ${(err as Error)?.message ?? String(err)}`;
   }
 }
