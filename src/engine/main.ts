@@ -151,7 +151,7 @@ async function main(): Promise<void> {
     // no shared prefill (prefix cache only).
     capabilities: { exactSeededResume: true, maxTopLogprobs: loop.maxTopLogprobs, extendedSampling: true, grammars: loop.grammars, sharedPrefill: false },
   });
-  logLine("info", "engine ready", { model: config.modelPath, threads: config.threads, kvCacheType: config.kvCacheType, flashAttention: config.flashAttention });
+  logLine("info", "model loaded; step loop running", { model: config.modelPath, threads: config.threads, kvCacheType: config.kvCacheType, flashAttention: config.flashAttention });
   await loop.run();
   await adapter.dispose();
   channel.end();

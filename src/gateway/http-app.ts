@@ -80,6 +80,8 @@ export function buildHttpApp(deps: HttpAppDeps): HttpApp {
   const agentFlags = opts.agents ?? NO_AGENT_FLAGS;
   /** Parsing and guidance for the current model (`--tool_parser auto` resolved on each engine ready). */
   let agents: AgentSettings = resolveAgentSettings(agentFlags, null, pickToolParser);
+  /** Whether `--tool_parser auto`'s outcome was logged (at the first engine ready). */
+  let autoAnnounced = false;
   /** Prompts isolated as engine killers, as the routes ask about them (bounded in time: supervisor.ts). */
   const culpritPrompts = { has: (prompt: string, guide?: GuideSpec) => supervisor.isKnownCulprit(prompt, guide) };
   /** Set once the HTTP server and engine are being stopped. */
@@ -215,7 +217,10 @@ export function buildHttpApp(deps: HttpAppDeps): HttpApp {
       template = t;
       const before = agents.toolParser;
       agents = resolveAgentSettings(agentFlags, t?.source ?? null, pickToolParser);
-      if (t && agentFlags.toolParser === "auto" && before !== agents.toolParser) {
+      // Said at the first engine ready, and again only when a new engine's template changes the outcome.
+      const first = !autoAnnounced;
+      if (t) autoAnnounced = true;
+      if (t && agentFlags.toolParser === "auto" && (first || before !== agents.toolParser)) {
         if (agents.toolParser) log.info({ event: "tool_parser_resolved", toolParser: agents.toolParser }, `--tool_parser auto: the model's template uses ${agents.toolParser}`);
         else log.warn({ event: "tool_parser_unresolved" }, "--tool_parser auto: the model's chat template shows no tool-call format Keel knows; requests with tools will be refused");
       }

@@ -96,6 +96,20 @@ describe("server agent flags", () => {
     expect(JSON.parse(line!).toolParser).toBe("hermes3");
   });
 
+  it("--tool_parser auto on a model whose template shows no tool format says so at start, and refuses tools", async () => {
+    const none = await startServer(["--tool_parser", "auto", "--max_num_seqs", "1", "--max_num_batched_tokens", "64"]);
+    try {
+      const refused = await chat(none.baseUrl, { model: "keel-tiny", messages: user, tools: [weather], max_tokens: 2 });
+      expect(refused.status).toBe(400);
+      expect((refused.body as ErrorBody).error.message).toContain("--tool_parser auto");
+    } finally {
+      await none.stop(); // every log line the process wrote has been read once it stopped
+    }
+    const line = none.logs.find((l) => l.includes('"tool_parser_unresolved"'));
+    expect(line, none.logs.slice(-5).join("\n")).toBeDefined();
+    expect(JSON.parse(line!).level).toBe(40);
+  });
+
   it("a server without --tool_parser refuses tools (not ignored), but tool_choice none renders no tools and is served", async () => {
     const refused = await chat(plain.baseUrl, { model: "keel-tiny", messages: user, tools: [weather], max_tokens: 4 });
     expect(refused.status).toBe(400);

@@ -98,7 +98,8 @@ export async function startServer(flags: string[] = [], env: Record<string, stri
     },
     async stop() {
       if (proc.exitCode !== null || proc.signalCode !== null) return;
-      const exited = new Promise<void>((r) => proc.once("exit", () => r()));
+      // "close": the process exited and its stdout/stderr were read to the end (every log line is in `logs`).
+      const exited = new Promise<void>((r) => proc.once("close", () => r()));
       proc.kill("SIGTERM");
       const t = setTimeout(() => proc.kill("SIGKILL"), 10_000);
       await exited;
