@@ -35,6 +35,7 @@ import { charSet, jsonCharOf, literal, negate } from "./gbnf-text.js";
 import { FORMATS } from "./formats-gbnf.js";
 import { type Bound, integerRange, numberRange } from "./number-range.js";
 import { MAX_REPEAT, PatternError, patternToGbnf, type CharMode, RAW_ANY } from "./pattern-gbnf.js";
+import { checkSchemaLimits, newTotals, type SchemaTotals } from "./schema-limits.js";
 
 /** Deepest schema nesting we convert. */
 export const MAX_SCHEMA_DEPTH = 64;
@@ -152,6 +153,10 @@ export class GbnfBuilder {
   private size = 0;
   /** Request field path blamed when the grammar grows too large. */
   private lastParam: string | null = null;
+  /** Size totals over the schemas this builder converted (one request; see schema-limits.ts). */
+  private readonly totals: SchemaTotals = newTotals();
+  /** Root schemas already checked against the limits (a qwen3coder tool converts one root per parameter). */
+  private readonly measured = new WeakSet<object>();
 
   /** Ensures a shared primitive (and its dependencies) is defined; returns its name. */
   primitive(name: string): string {
@@ -215,6 +220,21 @@ export class GbnfBuilder {
    */
   addSchemaAt(root: unknown, ptr: string, prefix: string, param: string, mode: CharMode = "json"): string {
     this.lastParam = param;
+    // Limits first, iteratively: nothing recursive may see a schema too deep or too large for it.
+    if (typeof root !== "object" || root === null || !this.measured.has(root)) {
+      checkSchemaLimits(root, param, this.totals);
+      if (typeof root === "object" && root !== null) this.measured.add(root);
+    }
+    try {
+      return this.convertAt(root, ptr, prefix, param, mode);
+    } catch (e) {
+      // Last resort: a walk the limits did not bound ran out of stack. A 400, never a 500.
+      if (e instanceof RangeError) throw tooComplex(param);
+      throw e;
+    }
+  }
+
+  private convertAt(root: unknown, ptr: string, prefix: string, param: string, mode: CharMode): string {
     const job: SchemaJob = { root, prefix: sanitizePrefix(prefix), param, refRules: new Map(), finiteRefs: new Set() };
     const target = resolvePointer(root, ptr);
     if (target === undefined) throw this.fail(job, ptr, "no schema at this location.");
@@ -511,25 +531,30 @@ export class GbnfBuilder {
       extra = this.define(this.fresh(job.prefix, "extra-kv"), `${this.otherKey(job, declared)} ${sp} ":" ${sp} ${value} ${sp}`);
     }
     // seq(i, first): the members from declaration index i on, `first` = nothing written yet (no comma before).
-    const memo = new Map<string, string>();
-    const seq = (i: number, first: boolean): string => {
-      const key = `${i}:${first}`;
-      const known = memo.get(key);
-      if (known !== undefined) return known;
-      let body: string;
-      const comma = first ? "" : `"," ${sp} `;
-      if (i === live.length) {
-        if (extra === null) body = '""';
-        else body = first ? `(${extra} ("," ${sp} ${extra})*)?` : `("," ${sp} ${extra})*`;
-      } else {
-        const take = `${comma}${kv[i]} ${seq(i + 1, false)}`;
-        body = req.has(live[i]!) ? take : `${take} | ${seq(i + 1, first)}`;
-      }
-      const name = this.define(this.fresh(job.prefix, `obj-${i}${first ? "f" : "n"}`), body);
-      memo.set(key, name);
-      return name;
-    };
-    return `"{" ${sp} ${seq(0, true)} "}"`;
+    // Built bottom-up (from the last member), never recursively: thousands of properties must not use the stack.
+    // `first` variants exist only where every member before i is optional.
+    const needFirst: boolean[] = [true];
+    for (let i = 0; i < live.length; i++) needFirst.push(needFirst[i]! && !req.has(live[i]!));
+    let nextN = "";
+    let nextF = "";
+    for (let i = live.length; i >= 0; i--) {
+      // 1. The tail after all declared members: extra keys or nothing.
+      const variant = (first: boolean): string => {
+        if (i === live.length) {
+          if (extra === null) return '""';
+          return first ? `(${extra} ("," ${sp} ${extra})*)?` : `("," ${sp} ${extra})*`;
+        }
+        // 2. Member i, then the rest; skippable when optional.
+        const take = `${first ? "" : `"," ${sp} `}${kv[i]} ${nextN}`;
+        return req.has(live[i]!) ? take : `${take} | ${first ? nextF : nextN}`;
+      };
+      const n = i > 0 ? this.define(this.fresh(job.prefix, `obj-${i}n`), variant(false)) : "";
+      const f = needFirst[i] ? this.define(this.fresh(job.prefix, `obj-${i}f`), variant(true)) : "";
+      nextN = n;
+      nextF = f;
+    }
+    const start = nextF;
+    return `"{" ${sp} ${start} "}"`;
   }
 
   /**
@@ -783,6 +808,11 @@ export function finite(root: unknown, schema: unknown, path: Set<string>, known:
     }
     return true;
   });
+}
+
+/** The 400 for a schema whose conversion ran out of stack. */
+export function tooComplex(param: string | null): KeelHttpError {
+  return markUnsupported(invalidValue(param, `Invalid schema for '${param ?? "the request"}' at '#': the schema is too complex to convert (too deep or too large); simplify it.`));
 }
 
 /** Errors for valid schemas the grammar cannot honour (vs invalid schemas). */
