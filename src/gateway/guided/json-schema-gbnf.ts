@@ -35,6 +35,7 @@ import { charSet, jsonCharOf, literal, negate } from "./gbnf-text.js";
 import { FORMATS } from "./formats-gbnf.js";
 import { type Bound, integerRange, numberRange } from "./number-range.js";
 import { MAX_REPEAT, PatternError, patternToGbnf, type CharMode, RAW_ANY } from "./pattern-gbnf.js";
+import { groupDepth, MAX_GROUP_DEPTH } from "./gbnf-limits.js";
 import { checkSchemaLimits, newTotals, type SchemaTotals } from "./schema-limits.js";
 
 /** Deepest schema nesting we convert. */
@@ -179,6 +180,13 @@ export class GbnfBuilder {
     if (old !== undefined) {
       if (old !== body) throw new Error(`rule ${name} defined twice`);
       return name;
+    }
+    // llama.cpp's parser recurses per group and crashes on deep ones: refused by construction (gbnf-limits.ts).
+    if (groupDepth(body) > MAX_GROUP_DEPTH) {
+      throw markUnsupported(invalidValue(
+        this.lastParam,
+        `The grammar for '${this.lastParam ?? "the request"}' at '#' nests groups deeper than ${MAX_GROUP_DEPTH} (limit ${MAX_GROUP_DEPTH}); simplify the schema or its patterns.`,
+      ));
     }
     this.rules.set(name, body);
     // llama.cpp expands `x{m,n}` into about n copies: count them, so a short text cannot hide a huge grammar.
@@ -643,11 +651,13 @@ export class GbnfBuilder {
         tail = lo === 0 ? `(${item(restRule)} ${more})?` : `${item(restRule)} ${more}`;
       } else tail = `(${sep}${item(restRule)})${rep(lo, hi)}`;
     }
-    // Prefix positions from the end: position i is mandatory below minItems.
+    // Prefix positions from the end: position i is mandatory below minItems. Each position is its own rule that
+    // names the next, so a long tuple never nests groups (20000 nested optional groups crashed llama.cpp's parser).
     let body = tail;
     for (let i = k - 1; i >= 0; i--) {
       const one = `${i === 0 ? "" : sep}${item(prefixRules[i]!)} ${body}`;
       body = i < min ? one : `(${one})?`;
+      if (i > 0) body = this.define(this.fresh(job.prefix, `prefix-${i}`), body);
     }
     const name = this.define(this.fresh(job.prefix, "items"), body);
     return `"[" ${sp} ${name} "]"`;
