@@ -35,7 +35,7 @@ import { charSet, jsonCharOf, literal, negate } from "./gbnf-text.js";
 import { FORMATS } from "./formats-gbnf.js";
 import { type Bound, integerRange, numberRange } from "./number-range.js";
 import { MAX_REPEAT, PatternError, patternToGbnf, type CharMode, RAW_ANY } from "./pattern-gbnf.js";
-import { groupDepth, MAX_GROUP_DEPTH } from "./gbnf-limits.js";
+import { bodyProblem } from "./gbnf-limits.js";
 import { checkSchemaLimits, newTotals, type SchemaTotals } from "./schema-limits.js";
 
 /** Deepest schema nesting we convert. */
@@ -181,11 +181,13 @@ export class GbnfBuilder {
       if (old !== body) throw new Error(`rule ${name} defined twice`);
       return name;
     }
-    // llama.cpp's parser recurses per group and crashes on deep ones: refused by construction (gbnf-limits.ts).
-    if (groupDepth(body) > MAX_GROUP_DEPTH) {
+    // What llama.cpp's parser would refuse or crash on (deep groups, repetitions past its threshold) never
+    // leaves the gateway: refused by construction (gbnf-limits.ts).
+    const problem = bodyProblem(body);
+    if (problem !== null) {
       throw markUnsupported(invalidValue(
         this.lastParam,
-        `The grammar for '${this.lastParam ?? "the request"}' at '#' nests groups deeper than ${MAX_GROUP_DEPTH} (limit ${MAX_GROUP_DEPTH}); simplify the schema or its patterns.`,
+        `The grammar for '${this.lastParam ?? "the request"}' at '#': ${problem}; simplify the schema or its patterns.`,
       ));
     }
     this.rules.set(name, body);
@@ -597,6 +599,11 @@ export class GbnfBuilder {
     return `"\\"" ${emit(root)}`;
   }
 
+  /** `expr` as a rule reference: itself when it already is a rule name, else a new rule. */
+  private asRule(job: SchemaJob, expr: string, hint: string): string {
+    return /^[a-zA-Z0-9-]+$/.test(expr) ? expr : this.define(this.fresh(job.prefix, hint), expr);
+  }
+
   /** A count keyword (`minItems`, `maxLength`…): absent → null; present, it must be a non-negative integer. */
   private count(job: SchemaJob, s: JsonSchema, key: string, ctx: Ctx): number | null {
     const v = s[key];
@@ -608,7 +615,9 @@ export class GbnfBuilder {
   private visitArray(job: SchemaJob, s: JsonSchema, ctx: Ctx): string {
     const sp = this.primitive("space");
     const guarded: Ctx = { ...ctx, unguarded: new Set() };
-    const sub = (x: unknown, seg: string) => this.visit(job, x, { ...guarded, ptr: `${ctx.ptr}/${seg}`, depth: ctx.depth + 1 }, "json");
+    // Items are rule references: a repetition over an inline item would repeat the item's own generated rules too
+    // (llama.cpp multiplies them against its threshold, see gbnf-limits.ts).
+    const sub = (x: unknown, seg: string) => this.asRule(job, this.visit(job, x, { ...guarded, ptr: `${ctx.ptr}/${seg}`, depth: ctx.depth + 1 }, "json"), "item");
     if ("prefixItems" in s && !Array.isArray(s.prefixItems)) throw this.fail(job, `${ctx.ptr}/prefixItems`, "'prefixItems' must be an array of schemas.");
     let prefix: unknown[] = [];
     let rest: unknown = s.items ?? true;
@@ -646,10 +655,11 @@ export class GbnfBuilder {
       const lo = Math.max(0, min - k);
       const hi = max === null ? null : max - k;
       const rep = (a: number, b: number | null) => (b === null ? (a === 0 ? "*" : a === 1 ? "+" : `{${a},}`) : `{${a},${b}}`);
+      // The repetition is a rule of its own: inside `( … )?` its generated rules would count again.
       if (k === 0) {
-        const more = `(${sep}${item(restRule)})${rep(Math.max(0, lo - 1), hi === null ? null : hi - 1)}`;
+        const more = this.define(this.fresh(job.prefix, "more"), `(${sep}${item(restRule)})${rep(Math.max(0, lo - 1), hi === null ? null : hi - 1)}`);
         tail = lo === 0 ? `(${item(restRule)} ${more})?` : `${item(restRule)} ${more}`;
-      } else tail = `(${sep}${item(restRule)})${rep(lo, hi)}`;
+      } else tail = this.define(this.fresh(job.prefix, "more"), `(${sep}${item(restRule)})${rep(lo, hi)}`);
     }
     // Prefix positions from the end: position i is mandatory below minItems. Each position is its own rule that
     // names the next, so a long tuple never nests groups (20000 nested optional groups crashed llama.cpp's parser).
@@ -674,7 +684,11 @@ export class GbnfBuilder {
     if ("pattern" in s) {
       if (typeof s.pattern !== "string") throw this.fail(job, `${ctx.ptr}/pattern`, "'pattern' must be a string.");
       try {
-        const body = this.define(this.fresh(job.prefix, "pattern"), patternToGbnf(s.pattern, mode, anyChar));
+        const gbnf = patternToGbnf(s.pattern, mode, anyChar);
+        // Checked here too, so the 400 names the pattern's pointer (define() would only know the request field).
+        const problem = bodyProblem(gbnf);
+        if (problem !== null) throw this.fail(job, `${ctx.ptr}/pattern`, `${problem}.`, true);
+        const body = this.define(this.fresh(job.prefix, "pattern"), gbnf);
         return quote(body);
       } catch (e) {
         if (e instanceof PatternError) throw this.fail(job, `${ctx.ptr}/pattern`, `${e.message}.`, !e.invalidRegex);
@@ -696,7 +710,8 @@ export class GbnfBuilder {
       if (max !== null && max < min) throw this.fail(job, ctx.ptr, "'maxLength' is below 'minLength'.");
       if (min > MAX_REPEAT || (max !== null && max > MAX_REPEAT)) throw this.fail(job, ctx.ptr, `string lengths above ${MAX_REPEAT} are not supported.`, true);
       const c = mode === "json" ? this.primitive("json-char-cp") : `(${anyChar})`;
-      return quote(max === null ? `${c}{${min},}` : `${c}{${min},${max}}`);
+      // A rule of its own, so that a container repeating or skipping this value repeats one reference.
+      return this.define(this.fresh(job.prefix, "string"), quote(max === null ? `${c}{${min},}` : `${c}{${min},${max}}`));
     }
     return mode === "json" ? this.primitive("json-string") : this.primitive("raw-text");
   }
