@@ -40,8 +40,12 @@ import { checkSchemaLimits, newTotals, type SchemaTotals } from "./schema-limits
 
 /** Deepest schema nesting we convert. */
 export const MAX_SCHEMA_DEPTH = 64;
-/** Largest GBNF text one builder may produce (characters). */
-export const MAX_GBNF_CHARS = 2 * 1024 * 1024;
+/**
+ * Largest GBNF text one builder (one request) may produce, in characters with repetitions counted expanded: it
+ * bounds llama.cpp's per-step grammar cost. 50 tools of 5 parameters (bench/guided.mjs's set) count 64–74 K in
+ * every call format (57.6 K characters of text), so 256 K leaves a 3.5× margin.
+ */
+export const MAX_GBNF_CHARS = 256 * 1024;
 /** Largest integral part of an integer/number, in digits (llama.cpp's bound). */
 const MAX_DIGITS = 16;
 
@@ -198,7 +202,7 @@ export class GbnfBuilder {
     if (this.size > MAX_GBNF_CHARS) {
       throw markUnsupported(invalidValue(
         this.lastParam,
-        `The grammar for '${this.lastParam ?? "the request"}' at '#' exceeds ${MAX_GBNF_CHARS} characters (repetitions counted expanded); simplify the schema or send fewer tools.`,
+        `The grammar for '${this.lastParam ?? "the request"}' at '#' exceeds ${MAX_GBNF_CHARS} characters (limit ${MAX_GBNF_CHARS}, repetitions counted expanded); simplify the schema or send fewer tools.`,
       ));
     }
     return name;

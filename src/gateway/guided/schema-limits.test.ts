@@ -5,8 +5,8 @@
 import { describe, expect, it } from "vitest";
 import { KeelHttpError } from "../errors.js";
 import { buildGuide } from "./guide.js";
-import { schemaToGbnf } from "./json-schema-gbnf.js";
-import { MAX_ENUM_CHARS, MAX_ENUM_VALUES, MAX_JSON_DEPTH, MAX_PREFIX_ITEMS, MAX_PROPERTIES } from "./schema-limits.js";
+import { MAX_GBNF_CHARS, schemaToGbnf } from "./json-schema-gbnf.js";
+import { checkSchemaLimits, newTotals, MAX_ENUM_CHARS, MAX_ENUM_VALUES, MAX_JSON_DEPTH, MAX_PREFIX_ITEMS, MAX_PROPERTIES } from "./schema-limits.js";
 import type { GuideRequest } from "./types.js";
 
 /** A request guiding `response_format` with `schema`. */
@@ -60,8 +60,8 @@ describe("schema size limits", () => {
     expect(refusal(rfRequest({ const: "x".repeat(MAX_ENUM_CHARS + 1) })).message).toMatch(/characters/);
   });
 
-  it("properties: the limit converts (iteratively), one more is refused", () => {
-    expect(() => schemaToGbnf(propsOf(MAX_PROPERTIES), { param: "p" })).not.toThrow();
+  it("properties: the limit passes the limits, one more is refused", () => {
+    expect(() => checkSchemaLimits(propsOf(MAX_PROPERTIES), "p", newTotals())).not.toThrow();
     const err = refusal(rfRequest(propsOf(MAX_PROPERTIES + 1)));
     expect(err.message).toMatch(/limit 5000/);
     expect(err.message).toContain("'#/properties'");
@@ -86,5 +86,23 @@ describe("schema size limits", () => {
     const tuple = (n: number) => ({ type: "array", prefixItems: Array.from({ length: n }, () => ({ type: "integer" })) });
     expect(() => schemaToGbnf(tuple(MAX_PREFIX_ITEMS), { param: "p" })).not.toThrow();
     expect(refusal(rfRequest(tuple(MAX_PREFIX_ITEMS + 1))).message).toContain("'#/prefixItems'");
+  });
+
+  it("the emitted grammar is capped per request; 50 tools of 5 parameters stay far below the cap", () => {
+    const tools = (n: number) =>
+      Array.from({ length: n }, (_, i) => ({
+        name: `tool_${i}`,
+        parameters: {
+          type: "object",
+          properties: { city: { type: "string" }, unit: { type: "string", enum: ["celsius", "fahrenheit"] }, days: { type: "integer", minimum: 1, maximum: 14 }, detailed: { type: "boolean" }, note: { type: "string", maxLength: 40 } },
+          required: ["city"],
+        },
+      }));
+    const req = (n: number): GuideRequest => ({ ...rfRequest({}), responseFormat: { kind: "text" }, toolChoice: { kind: "required" }, tools: tools(n) });
+    for (const toolParser of ["hermes3", "qwen3coder", "llama3"] as const) {
+      expect(buildGuide({ ...req(50), toolParser })!.grammar.length).toBeLessThan(MAX_GBNF_CHARS / 3);
+    }
+    // Many tools within every schema limit still hit the grammar cap: a 400 naming it.
+    expect(refusal(req(400)).message).toMatch(new RegExp(`limit ${MAX_GBNF_CHARS}`));
   });
 });
