@@ -97,6 +97,9 @@ function rawTextRules(): Array<[string, string]> {
   return rules;
 }
 
+/** Closing tags of the qwen3coder call format: a raw parameter value holding one cannot be read back. */
+const QWEN_TAGS = ["</parameter>", "</function>", "</tool_call>"] as const;
+
 /** Keywords that constrain but that the grammar cannot honour: always refused (unless trivially satisfied). */
 const REFUSED_KEYWORDS = [
   "multipleOf",
@@ -418,7 +421,19 @@ export class GbnfBuilder {
     const kept = values.filter((v) => types === null || types.some((t) => jsonTypeMatches(v, t)));
     if (kept.length === 0) throw this.fail(job, ctx.ptr, "no 'enum'/'const' value has the schema's 'type'.", true);
     // A qwen3coder parameter writes strings raw (unquoted); other values stay JSON.
-    const lits = [...new Set(kept.map((v) => literal(mode === "raw" && typeof v === "string" ? v : JSON.stringify(v))))];
+    const texts = kept.map((v) => (mode === "raw" && typeof v === "string" ? v : JSON.stringify(v)));
+    if (mode === "raw") {
+      // The XML wire format cannot carry a value holding its closing tags: the parser would end the value (or the
+      // call) there. No escape exists in that format, so such a value is refused, naming it.
+      texts.forEach((t, i) => {
+        const tag = QWEN_TAGS.find((x) => t.includes(x));
+        if (tag !== undefined) {
+          const at = "const" in s ? `${ctx.ptr}/const` : `${ctx.ptr}/enum/${values.indexOf(kept[i])}`;
+          throw this.fail(job, at, `the value contains '${tag}', which the qwen3coder call format cannot carry inside a parameter value.`, true);
+        }
+      });
+    }
+    const lits = [...new Set(texts.map((t) => literal(t)))];
     return `(${lits.join(" | ")})`;
   }
 
