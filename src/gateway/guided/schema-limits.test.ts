@@ -105,4 +105,12 @@ describe("schema size limits", () => {
     // Many tools within every schema limit still hit the grammar cap: a 400 naming it.
     expect(refusal(req(400)).message).toMatch(new RegExp(`limit ${MAX_GBNF_CHARS}`));
   });
+
+  it("a long chain of $refs (shallow JSON, deep walk) is a 400, never a stack overflow", () => {
+    const n = 20_000;
+    const defs = Object.fromEntries(Array.from({ length: n }, (_, i) => [`d${i}`, i + 1 < n ? { anyOf: [{ $ref: `#/$defs/d${i + 1}` }] } : { type: "integer" }]));
+    const err = refusal(rfRequest({ $ref: "#/$defs/d0", $defs: defs }));
+    expect(err.message).toMatch(/too complex|deeper than 64/);
+  });
 });
+
