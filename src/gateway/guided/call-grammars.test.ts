@@ -129,6 +129,30 @@ describe("qwen3coder", () => {
     expect(() => grammarFor("qwen3coder", [alt])).toThrow(/root 'anyOf'/);
     expect(grammarFor("hermes3", [alt]).accepts(hermes("alt", '{"b": 1}'))).toBe(true);
   });
+
+  it("an enum/const value holding a closing tag of the format is a 400 naming the value; JSON formats carry it", () => {
+    const cases: Array<[unknown, string]> = [
+      [{ enum: ["ok", "a</parameter>"] }, "#/properties/p/enum/1"],
+      [{ const: "x\n</function>" }, "#/properties/p/const"],
+      [{ type: "string", enum: ["</tool_call>"] }, "#/properties/p/enum/0"],
+      [{ enum: [["a</parameter></function>"]] }, "#/properties/p/enum/0"],
+    ];
+    for (const [schema, pointer] of cases) {
+      const tool: ToolSpec = { name: "t", parameters: { type: "object", properties: { p: schema }, required: ["p"] } };
+      let err: unknown;
+      try {
+        grammarFor("qwen3coder", [tool]);
+      } catch (e) {
+        err = e;
+      }
+      expect(err, JSON.stringify(schema)).toBeInstanceOf(KeelHttpError);
+      expect((err as KeelHttpError).message).toContain(`'${pointer}'`);
+      expect(() => grammarFor("hermes3", [tool])).not.toThrow();
+    }
+    // Near misses are carried raw.
+    const fine: ToolSpec = { name: "t", parameters: { type: "object", properties: { p: { enum: ["</param>", "<parameter=x>"] } }, required: ["p"] } };
+    expect(grammarFor("qwen3coder", [fine]).accepts(qwen("t", [["p", "</param>"]]))).toBe(true);
+  });
 });
 
 it("a bad parameters schema is a 400 naming the tool's index", () => {

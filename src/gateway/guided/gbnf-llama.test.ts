@@ -7,7 +7,11 @@ import { getLlama, type Llama } from "node-llama-cpp";
 import { beforeAll, describe, expect, it } from "vitest";
 import type { GuideSpec } from "../../protocol/messages.js";
 import { buildGuide } from "./guide.js";
+import { KeelHttpError } from "../errors.js";
+import { MAX_GROUP_DEPTH } from "./gbnf-limits.js";
 import { schemaToGbnf } from "./json-schema-gbnf.js";
+import { MAX_REPEAT } from "./pattern-gbnf.js";
+import { MAX_PREFIX_ITEMS } from "./schema-limits.js";
 import { SCHEMAS, TOOLS } from "./samples.js";
 import type { GuideRequest } from "./types.js";
 
@@ -78,4 +82,42 @@ describe("llama.cpp parses our grammars", () => {
     }
     expect(checked).toBeGreaterThan(requests.length);
   });
+
+  it("boundary schemas: exactly at each limit parses in llama.cpp, just above is a 400 (issue #9)", async () => {
+    const tuple = (n: number) => ({ type: "array", prefixItems: Array.from({ length: n }, () => ({ type: "integer" })) });
+    const nested = (n: number) => `^${"(a".repeat(n)}${")?".repeat(n)}$`;
+    // [at the limit, just above it]
+    const pairs: Array<[unknown, unknown]> = [
+      [{ type: "string", maxLength: MAX_REPEAT }, { type: "string", maxLength: MAX_REPEAT + 1 }],
+      [{ type: "string", minLength: MAX_REPEAT }, { type: "string", minLength: MAX_REPEAT + 1 }],
+      [{ type: "array", items: { type: "integer" }, maxItems: MAX_REPEAT }, { type: "array", items: { type: "integer" }, maxItems: MAX_REPEAT + 1 }],
+      [tuple(MAX_PREFIX_ITEMS), tuple(MAX_PREFIX_ITEMS + 1)],
+      [{ type: "string", pattern: `^a{0,${MAX_REPEAT}}$` }, { type: "string", pattern: `^a{0,${MAX_REPEAT + 1}}$` }],
+      // Nested repetitions multiply: 101 rules × 19 < 2000 ≤ 101 × 20.
+      [{ type: "string", pattern: "^(a{1,100}){1,19}$" }, { type: "string", pattern: "^(a{1,100}){1,20}$" }],
+      [{ type: "string", pattern: "^b(a{1,100}){1,19}$" }, { type: "string", pattern: "^(a|a)*b(a{1,100}){1,100}$" }],
+      [{ type: "string", pattern: nested(MAX_GROUP_DEPTH - 2) }, { type: "string", pattern: nested(MAX_GROUP_DEPTH + 1) }],
+    ];
+    for (const [at, above] of pairs) {
+      const { grammar } = schemaToGbnf(at, { param: "p" });
+      await parses(grammar, "root");
+      expect(() => schemaToGbnf(above, { param: "p" }), JSON.stringify(above).slice(0, 80)).toThrow(KeelHttpError);
+    }
+  });
+
+  it("boundary schemas as qwen3coder parameters (raw values)", async () => {
+    const req = (minLength: number): GuideRequest => ({
+      toolParser: "qwen3coder",
+      tools: [{ name: "f", parameters: { type: "object", properties: { s: { type: "string", minLength } }, required: ["s"] } }],
+      toolChoice: { kind: "required" },
+      parallelToolCalls: true,
+      responseFormat: { kind: "text" },
+      guideAuto: true,
+      reasoning: null,
+    });
+    const g = buildGuide(req(MAX_REPEAT))!;
+    for (const rule of namedRules(g)) await parses(g.grammar, rule);
+    for (const above of [MAX_REPEAT + 1, 4096]) expect(() => buildGuide(req(above))).toThrow(KeelHttpError);
+  });
 });
+

@@ -21,7 +21,8 @@ import { invalidValue } from "../errors.js";
 import type { ReasoningParserName, ToolParserName, ToolSpec } from "../tools.js";
 import { addCallRules, checkParametersShape, toolParam } from "./call-grammars.js";
 import { literal } from "./gbnf-text.js";
-import { GbnfBuilder, checkSchema } from "./json-schema-gbnf.js";
+import { GbnfBuilder, checkSchema, tooComplex } from "./json-schema-gbnf.js";
+import { checkSchemaLimits, newTotals } from "./schema-limits.js";
 import type { BuildGuide, GuideRequest } from "./types.js";
 
 /** Reasoning markers per reasoning parser. */
@@ -50,19 +51,43 @@ const cache = new Map<string, GuideSpec | null>();
  * KeelHttpError 400 for a request that cannot be guided or an invalid schema (never cached).
  */
 export const buildGuide: BuildGuide = (req: GuideRequest): GuideSpec | null => {
-  const key = JSON.stringify(req);
+  // Before anything recursive (the cache key's JSON.stringify included): the schemas' size limits, iteratively.
+  checkRequestLimits(req);
+  let key: string;
+  try {
+    key = JSON.stringify(req);
+  } catch (e) {
+    if (e instanceof RangeError) throw tooComplex(null);
+    throw e;
+  }
   if (cache.has(key)) {
     const hit = cache.get(key)!;
     cache.delete(key);
     cache.set(key, hit);
     return hit;
   }
-  const spec = build(req);
+  let spec: GuideSpec | null;
+  try {
+    spec = build(req);
+  } catch (e) {
+    // Last resort (the limits should make it unreachable): a walk out of stack is the client's schema, a 400.
+    if (e instanceof RangeError) throw tooComplex(null);
+    throw e;
+  }
   const frozen = spec === null ? null : deepFreeze(spec);
   cache.set(key, frozen);
   if (cache.size > CACHE_SIZE) cache.delete(cache.keys().next().value!);
   return frozen;
 };
+
+/** The limits of schema-limits.ts over every schema of the request (their totals are per request). */
+function checkRequestLimits(req: GuideRequest): void {
+  const totals = newTotals();
+  req.tools.forEach((t, i) => {
+    if (t.parameters !== undefined) checkSchemaLimits(t.parameters, toolParam(i), totals);
+  });
+  if (req.responseFormat.kind === "json_schema") checkSchemaLimits(req.responseFormat.schema, "response_format.json_schema.schema", totals);
+}
 
 function deepFreeze<T>(v: T): T {
   if (typeof v === "object" && v !== null) {

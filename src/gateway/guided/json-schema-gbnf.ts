@@ -35,11 +35,17 @@ import { charSet, jsonCharOf, literal, negate } from "./gbnf-text.js";
 import { FORMATS } from "./formats-gbnf.js";
 import { type Bound, integerRange, numberRange } from "./number-range.js";
 import { MAX_REPEAT, PatternError, patternToGbnf, type CharMode, RAW_ANY } from "./pattern-gbnf.js";
+import { bodyProblem } from "./gbnf-limits.js";
+import { checkSchemaLimits, newTotals, type SchemaTotals } from "./schema-limits.js";
 
 /** Deepest schema nesting we convert. */
 export const MAX_SCHEMA_DEPTH = 64;
-/** Largest GBNF text one builder may produce (characters). */
-export const MAX_GBNF_CHARS = 2 * 1024 * 1024;
+/**
+ * Largest GBNF text one builder (one request) may produce, in characters with repetitions counted expanded: it
+ * bounds llama.cpp's per-step grammar cost. 50 tools of 5 parameters (bench/guided.mjs's set) count 64–74 K in
+ * every call format (57.6 K characters of text), so 256 K leaves a 3.5× margin.
+ */
+export const MAX_GBNF_CHARS = 256 * 1024;
 /** Largest integral part of an integer/number, in digits (llama.cpp's bound). */
 const MAX_DIGITS = 16;
 
@@ -90,6 +96,9 @@ function rawTextRules(): Array<[string, string]> {
   }
   return rules;
 }
+
+/** Closing tags of the qwen3coder call format: a raw parameter value holding one cannot be read back. */
+const QWEN_TAGS = ["</parameter>", "</function>", "</tool_call>"] as const;
 
 /** Keywords that constrain but that the grammar cannot honour: always refused (unless trivially satisfied). */
 const REFUSED_KEYWORDS = [
@@ -152,6 +161,10 @@ export class GbnfBuilder {
   private size = 0;
   /** Request field path blamed when the grammar grows too large. */
   private lastParam: string | null = null;
+  /** Size totals over the schemas this builder converted (one request; see schema-limits.ts). */
+  private readonly totals: SchemaTotals = newTotals();
+  /** Root schemas already checked against the limits (a qwen3coder tool converts one root per parameter). */
+  private readonly measured = new WeakSet<object>();
 
   /** Ensures a shared primitive (and its dependencies) is defined; returns its name. */
   primitive(name: string): string {
@@ -175,6 +188,15 @@ export class GbnfBuilder {
       if (old !== body) throw new Error(`rule ${name} defined twice`);
       return name;
     }
+    // What llama.cpp's parser would refuse or crash on (deep groups, repetitions past its threshold) never
+    // leaves the gateway: refused by construction (gbnf-limits.ts).
+    const problem = bodyProblem(body);
+    if (problem !== null) {
+      throw markUnsupported(invalidValue(
+        this.lastParam,
+        `The grammar for '${this.lastParam ?? "the request"}' at '#': ${problem}; simplify the schema or its patterns.`,
+      ));
+    }
     this.rules.set(name, body);
     // llama.cpp expands `x{m,n}` into about n copies: count them, so a short text cannot hide a huge grammar.
     let expanded = 0;
@@ -183,7 +205,7 @@ export class GbnfBuilder {
     if (this.size > MAX_GBNF_CHARS) {
       throw markUnsupported(invalidValue(
         this.lastParam,
-        `The grammar for '${this.lastParam ?? "the request"}' at '#' exceeds ${MAX_GBNF_CHARS} characters (repetitions counted expanded); simplify the schema or send fewer tools.`,
+        `The grammar for '${this.lastParam ?? "the request"}' at '#' exceeds ${MAX_GBNF_CHARS} characters (limit ${MAX_GBNF_CHARS}, repetitions counted expanded); simplify the schema or send fewer tools.`,
       ));
     }
     return name;
@@ -215,6 +237,21 @@ export class GbnfBuilder {
    */
   addSchemaAt(root: unknown, ptr: string, prefix: string, param: string, mode: CharMode = "json"): string {
     this.lastParam = param;
+    // Limits first, iteratively: nothing recursive may see a schema too deep or too large for it.
+    if (typeof root !== "object" || root === null || !this.measured.has(root)) {
+      checkSchemaLimits(root, param, this.totals);
+      if (typeof root === "object" && root !== null) this.measured.add(root);
+    }
+    try {
+      return this.convertAt(root, ptr, prefix, param, mode);
+    } catch (e) {
+      // Last resort: a walk the limits did not bound ran out of stack. A 400, never a 500.
+      if (e instanceof RangeError) throw tooComplex(param);
+      throw e;
+    }
+  }
+
+  private convertAt(root: unknown, ptr: string, prefix: string, param: string, mode: CharMode): string {
     const job: SchemaJob = { root, prefix: sanitizePrefix(prefix), param, refRules: new Map(), finiteRefs: new Set() };
     const target = resolvePointer(root, ptr);
     if (target === undefined) throw this.fail(job, ptr, "no schema at this location.");
@@ -384,7 +421,19 @@ export class GbnfBuilder {
     const kept = values.filter((v) => types === null || types.some((t) => jsonTypeMatches(v, t)));
     if (kept.length === 0) throw this.fail(job, ctx.ptr, "no 'enum'/'const' value has the schema's 'type'.", true);
     // A qwen3coder parameter writes strings raw (unquoted); other values stay JSON.
-    const lits = [...new Set(kept.map((v) => literal(mode === "raw" && typeof v === "string" ? v : JSON.stringify(v))))];
+    const texts = kept.map((v) => (mode === "raw" && typeof v === "string" ? v : JSON.stringify(v)));
+    if (mode === "raw") {
+      // The XML wire format cannot carry a value holding its closing tags: the parser would end the value (or the
+      // call) there. No escape exists in that format, so such a value is refused, naming it.
+      texts.forEach((t, i) => {
+        const tag = QWEN_TAGS.find((x) => t.includes(x));
+        if (tag !== undefined) {
+          const at = "const" in s ? `${ctx.ptr}/const` : `${ctx.ptr}/enum/${values.indexOf(kept[i])}`;
+          throw this.fail(job, at, `the value contains '${tag}', which the qwen3coder call format cannot carry inside a parameter value.`, true);
+        }
+      });
+    }
+    const lits = [...new Set(texts.map((t) => literal(t)))];
     return `(${lits.join(" | ")})`;
   }
 
@@ -511,25 +560,30 @@ export class GbnfBuilder {
       extra = this.define(this.fresh(job.prefix, "extra-kv"), `${this.otherKey(job, declared)} ${sp} ":" ${sp} ${value} ${sp}`);
     }
     // seq(i, first): the members from declaration index i on, `first` = nothing written yet (no comma before).
-    const memo = new Map<string, string>();
-    const seq = (i: number, first: boolean): string => {
-      const key = `${i}:${first}`;
-      const known = memo.get(key);
-      if (known !== undefined) return known;
-      let body: string;
-      const comma = first ? "" : `"," ${sp} `;
-      if (i === live.length) {
-        if (extra === null) body = '""';
-        else body = first ? `(${extra} ("," ${sp} ${extra})*)?` : `("," ${sp} ${extra})*`;
-      } else {
-        const take = `${comma}${kv[i]} ${seq(i + 1, false)}`;
-        body = req.has(live[i]!) ? take : `${take} | ${seq(i + 1, first)}`;
-      }
-      const name = this.define(this.fresh(job.prefix, `obj-${i}${first ? "f" : "n"}`), body);
-      memo.set(key, name);
-      return name;
-    };
-    return `"{" ${sp} ${seq(0, true)} "}"`;
+    // Built bottom-up (from the last member), never recursively: thousands of properties must not use the stack.
+    // `first` variants exist only where every member before i is optional.
+    const needFirst: boolean[] = [true];
+    for (let i = 0; i < live.length; i++) needFirst.push(needFirst[i]! && !req.has(live[i]!));
+    let nextN = "";
+    let nextF = "";
+    for (let i = live.length; i >= 0; i--) {
+      // 1. The tail after all declared members: extra keys or nothing.
+      const variant = (first: boolean): string => {
+        if (i === live.length) {
+          if (extra === null) return '""';
+          return first ? `(${extra} ("," ${sp} ${extra})*)?` : `("," ${sp} ${extra})*`;
+        }
+        // 2. Member i, then the rest; skippable when optional.
+        const take = `${first ? "" : `"," ${sp} `}${kv[i]} ${nextN}`;
+        return req.has(live[i]!) ? take : `${take} | ${first ? nextF : nextN}`;
+      };
+      const n = i > 0 ? this.define(this.fresh(job.prefix, `obj-${i}n`), variant(false)) : "";
+      const f = needFirst[i] ? this.define(this.fresh(job.prefix, `obj-${i}f`), variant(true)) : "";
+      nextN = n;
+      nextF = f;
+    }
+    const start = nextF;
+    return `"{" ${sp} ${start} "}"`;
   }
 
   /**
@@ -564,6 +618,11 @@ export class GbnfBuilder {
     return `"\\"" ${emit(root)}`;
   }
 
+  /** `expr` as a rule reference: itself when it already is a rule name, else a new rule. */
+  private asRule(job: SchemaJob, expr: string, hint: string): string {
+    return /^[a-zA-Z0-9-]+$/.test(expr) ? expr : this.define(this.fresh(job.prefix, hint), expr);
+  }
+
   /** A count keyword (`minItems`, `maxLength`…): absent → null; present, it must be a non-negative integer. */
   private count(job: SchemaJob, s: JsonSchema, key: string, ctx: Ctx): number | null {
     const v = s[key];
@@ -575,7 +634,9 @@ export class GbnfBuilder {
   private visitArray(job: SchemaJob, s: JsonSchema, ctx: Ctx): string {
     const sp = this.primitive("space");
     const guarded: Ctx = { ...ctx, unguarded: new Set() };
-    const sub = (x: unknown, seg: string) => this.visit(job, x, { ...guarded, ptr: `${ctx.ptr}/${seg}`, depth: ctx.depth + 1 }, "json");
+    // Items are rule references: a repetition over an inline item would repeat the item's own generated rules too
+    // (llama.cpp multiplies them against its threshold, see gbnf-limits.ts).
+    const sub = (x: unknown, seg: string) => this.asRule(job, this.visit(job, x, { ...guarded, ptr: `${ctx.ptr}/${seg}`, depth: ctx.depth + 1 }, "json"), "item");
     if ("prefixItems" in s && !Array.isArray(s.prefixItems)) throw this.fail(job, `${ctx.ptr}/prefixItems`, "'prefixItems' must be an array of schemas.");
     let prefix: unknown[] = [];
     let rest: unknown = s.items ?? true;
@@ -613,16 +674,19 @@ export class GbnfBuilder {
       const lo = Math.max(0, min - k);
       const hi = max === null ? null : max - k;
       const rep = (a: number, b: number | null) => (b === null ? (a === 0 ? "*" : a === 1 ? "+" : `{${a},}`) : `{${a},${b}}`);
+      // The repetition is a rule of its own: inside `( … )?` its generated rules would count again.
       if (k === 0) {
-        const more = `(${sep}${item(restRule)})${rep(Math.max(0, lo - 1), hi === null ? null : hi - 1)}`;
+        const more = this.define(this.fresh(job.prefix, "more"), `(${sep}${item(restRule)})${rep(Math.max(0, lo - 1), hi === null ? null : hi - 1)}`);
         tail = lo === 0 ? `(${item(restRule)} ${more})?` : `${item(restRule)} ${more}`;
-      } else tail = `(${sep}${item(restRule)})${rep(lo, hi)}`;
+      } else tail = this.define(this.fresh(job.prefix, "more"), `(${sep}${item(restRule)})${rep(lo, hi)}`);
     }
-    // Prefix positions from the end: position i is mandatory below minItems.
+    // Prefix positions from the end: position i is mandatory below minItems. Each position is its own rule that
+    // names the next, so a long tuple never nests groups (20000 nested optional groups crashed llama.cpp's parser).
     let body = tail;
     for (let i = k - 1; i >= 0; i--) {
       const one = `${i === 0 ? "" : sep}${item(prefixRules[i]!)} ${body}`;
       body = i < min ? one : `(${one})?`;
+      if (i > 0) body = this.define(this.fresh(job.prefix, `prefix-${i}`), body);
     }
     const name = this.define(this.fresh(job.prefix, "items"), body);
     return `"[" ${sp} ${name} "]"`;
@@ -639,7 +703,11 @@ export class GbnfBuilder {
     if ("pattern" in s) {
       if (typeof s.pattern !== "string") throw this.fail(job, `${ctx.ptr}/pattern`, "'pattern' must be a string.");
       try {
-        const body = this.define(this.fresh(job.prefix, "pattern"), patternToGbnf(s.pattern, mode, anyChar));
+        const gbnf = patternToGbnf(s.pattern, mode, anyChar);
+        // Checked here too, so the 400 names the pattern's pointer (define() would only know the request field).
+        const problem = bodyProblem(gbnf);
+        if (problem !== null) throw this.fail(job, `${ctx.ptr}/pattern`, `${problem}.`, true);
+        const body = this.define(this.fresh(job.prefix, "pattern"), gbnf);
         return quote(body);
       } catch (e) {
         if (e instanceof PatternError) throw this.fail(job, `${ctx.ptr}/pattern`, `${e.message}.`, !e.invalidRegex);
@@ -661,7 +729,8 @@ export class GbnfBuilder {
       if (max !== null && max < min) throw this.fail(job, ctx.ptr, "'maxLength' is below 'minLength'.");
       if (min > MAX_REPEAT || (max !== null && max > MAX_REPEAT)) throw this.fail(job, ctx.ptr, `string lengths above ${MAX_REPEAT} are not supported.`, true);
       const c = mode === "json" ? this.primitive("json-char-cp") : `(${anyChar})`;
-      return quote(max === null ? `${c}{${min},}` : `${c}{${min},${max}}`);
+      // A rule of its own, so that a container repeating or skipping this value repeats one reference.
+      return this.define(this.fresh(job.prefix, "string"), quote(max === null ? `${c}{${min},}` : `${c}{${min},${max}}`));
     }
     return mode === "json" ? this.primitive("json-string") : this.primitive("raw-text");
   }
@@ -783,6 +852,11 @@ export function finite(root: unknown, schema: unknown, path: Set<string>, known:
     }
     return true;
   });
+}
+
+/** The 400 for a schema whose conversion ran out of stack. */
+export function tooComplex(param: string | null): KeelHttpError {
+  return markUnsupported(invalidValue(param, `Invalid schema for '${param ?? "the request"}' at '#': the schema is too complex to convert (too deep or too large); simplify it.`));
 }
 
 /** Errors for valid schemas the grammar cannot honour (vs invalid schemas). */

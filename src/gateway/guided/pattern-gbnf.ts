@@ -11,8 +11,12 @@
  */
 import { type CharSet, MAX_CODE_POINT, charSet, classOf, jsonCharOf, negate, subtract } from "./gbnf-text.js";
 
-/** Largest `{m,n}` bound we expand (llama.cpp expands repetitions into that many rules). */
-export const MAX_REPEAT = 4096;
+/**
+ * Largest `{m,n}` bound we emit: llama.cpp's GBNF parser refuses a repetition once (rules in the repeated part) ×
+ * (bound) reaches its MAX_REPETITION_THRESHOLD, 2000 (measured on the bundled build: `[a-z]{0,1999}` parses,
+ * `{0,2000}` is refused whatever else the grammar holds). Nested repetitions multiply: see gbnf-limits.ts.
+ */
+export const MAX_REPEAT = 1999;
 
 /** A parsed regex. */
 type Node =
