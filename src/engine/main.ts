@@ -39,7 +39,7 @@ function logLine(level: string, msg: string, extra: Record<string, unknown> = {}
 }
 
 /** The event of the fatal line a gateway recognises as "the GPU asked for is not there" (cli.ts validateModel). */
-export const NO_GPU_EVENT = "no_gpu_backend";
+const NO_GPU_EVENT = "no_gpu_backend";
 
 /** Fractions of the model load between two `loading` messages (the gateway logs at most every 10%). */
 const LOAD_PROGRESS_STEP = 0.01;

@@ -205,7 +205,7 @@ export class EngineSupervisor {
     const decile = Math.floor(progress * 10);
     if (decile <= this.loadLogged) return;
     this.loadLogged = decile;
-    this.log.info({ event: "engine_loading", progress }, `loading the model: ${Math.round(progress * 100)}%`);
+    this.log.info({ event: "engine_loading", progress }, `loading the model: ${Math.floor(progress * 100)}%`);
   }
 
   private onReady(msg: ReadyMessage): void {
