@@ -151,6 +151,59 @@ describe("keel serve flags", () => {
   });
 });
 
+/** The seed's command line (issue #10), exactly as a shell passes it. */
+const SEED_LINE = ["--task=text_generation", "--target_device=GPU", '--plugin_config={"ENABLE_CPU_PINNING":false}', "--tool_parser", "qwen3coder", "--enable_tool_guided_generation", "true", "--reasoning_parser", "qwen3", "--kv_cache_precision", "u8", "--cache_size", "4", "--enable_prefix_caching", "true", "--cache_interval_multiplier", "64", "--max_num_seqs", "16", "--max_num_batched_tokens", "4096"];
+
+describe("the seed's command line", () => {
+  it("unchanged, on a machine without a GPU: exit 1 with one clear GPU message (no silent CPU fallback, no help dump)", () => {
+    const r = keel("serve", ...SEED_LINE);
+    expect(r.status).toBe(1);
+    const lines = r.stderr.trim().split("\n");
+    expect(lines).toHaveLength(1);
+    expect(lines[0]).toMatch(/^keel serve: --target_device GPU: no GPU backend loads on this machine .*--target_device CPU/);
+    expect(r.stdout).toBe("");
+  }, 60_000);
+
+  it("with --target_device CPU appended it serves: load progress, backend, KV capacity set by --cache_size, every flag's note", async () => {
+    const server = await startServer([...SEED_LINE, "--target_device", "CPU"], {}, { noModelFlag: true });
+    try {
+      const models = JSON.parse((await (await fetch(`${server.baseUrl}/v3/models`)).text())) as { data: { id: string }[] };
+      const r = await chat(server.baseUrl, { model: models.data[0]!.id, messages: [{ role: "user", content: "Hello" }], max_tokens: 4 });
+      expect(r.status).toBe(200);
+      const events = server.logs.flatMap((l) => {
+        try {
+          return [JSON.parse(l) as Record<string, unknown>];
+        } catch {
+          return [];
+        }
+      });
+      // Load progress: logged at most once per 10%, rising, ending at 100%.
+      const progress = events.filter((e) => e["event"] === "engine_loading").map((e) => Math.floor((e["progress"] as number) * 10));
+      expect(progress.length).toBeGreaterThan(0);
+      expect(progress.length).toBeLessThanOrEqual(11);
+      for (let i = 1; i < progress.length; i++) expect(progress[i]).toBeGreaterThan(progress[i - 1]!);
+      expect(progress.at(-1)).toBe(10);
+      const ready = events.find((e) => e["event"] === "engine_ready")!;
+      expect(ready["backend"]).toBe("cpu");
+      expect(ready["msg"]).toMatch(/^engine ready in \d+\.\d s; backend cpu; KV capacity \d+ tokens per sequence x 16 sequences \(\d+\.\d MB q8_0\)$/);
+      // --cache_size 4 decides the capacity: beyond the 4096-token default, as the model's context allows.
+      const capacity = events.find((e) => e["event"] === "capacity")!;
+      const limits = ready["limits"] as { maxModelLen: number };
+      expect(capacity["tokensPerSequence"]).toBe(limits.maxModelLen);
+      expect(limits.maxModelLen).toBeGreaterThan(4096);
+      expect(capacity["kvBytes"]).toBe(ready["kvBytes"]);
+      const flagNotes = events.filter((e) => e["event"] === "flag").map((e) => e["msg"] as string);
+      expect(flagNotes.some((m) => m.startsWith("--plugin_config ENABLE_CPU_PINNING false"))).toBe(true);
+      expect(flagNotes.some((m) => m.startsWith("--cache_interval_multiplier 64 is a no-op"))).toBe(true);
+      // llama.cpp's warnings while loading (e.g. "control-looking token") are debug, not warnings.
+      const readyAt = events.indexOf(ready);
+      expect(events.slice(0, readyAt).filter((e) => e["level"] === 40 && (e["engine"] as { source?: string } | undefined)?.source === "llama.cpp")).toEqual([]);
+    } finally {
+      await server.stop();
+    }
+  }, 120_000);
+});
+
 describe("--deterministic", () => {
   it("turns prefix reuse off (no cache hits on a repeated prompt), says so at start, and repeats the same text", async () => {
     const server = await startServer(["--deterministic", "true"]);
