@@ -41,6 +41,9 @@ describe("OVMS flags: accepted with their meaning", () => {
   it("--pipeline_type LM, LM_CB, AUTO; --dynamic_split_fuse true; --rest_workers 2..10000; --port 0; --metrics_enable true", () => {
     for (const v of ["LM", "LM_CB", "AUTO"]) expect(parse("--pipeline_type", v)["pipeline_type"]).toBe(v);
     expect(parse("--dynamic_split_fuse", "true")["dynamic_split_fuse"]).toBe(true);
+    const off = parse("--dynamic_split_fuse", "false", "--max_num_batched_tokens", "64");
+    expect(off["dynamic_split_fuse"]).toBe(false);
+    expect(notes(off)).toContain("info: --dynamic_split_fuse false: prompts longer than --max_num_batched_tokens (64) are refused with 400, as OVMS");
     const f = parse("--rest_workers", "2", "--port", "0", "--metrics_enable", "true");
     expect([f["rest_workers"], f["port"], f["metrics_enable"]]).toEqual([2, 0, true]);
     expect(notes(f).some((n) => n.includes("--rest_workers 2 is a no-op"))).toBe(true);
@@ -74,7 +77,6 @@ describe("OVMS flags: refused with why and what to use", () => {
     [["--target_device", "NPU"], /--target_device NPU is not supported/],
     [["--target_device", "TPU"], /--target_device must be one of CPU, GPU, GPU\.0, AUTO/],
     [["--pipeline_type", "VLM_CB"], /--pipeline_type VLM_CB is not supported: Keel serves text-only models/],
-    [["--dynamic_split_fuse", "false"], /--dynamic_split_fuse false is not supported: .*--max_model_len/],
     [["--dynamic_split_fuse", "maybe"], /--dynamic_split_fuse must be true or false/],
     [["--rest_workers", "1"], /--rest_workers must be an integer between 2 and 10000/],
     [["--port", "9000"], /--port 9000 is not supported: Keel serves no gRPC.*--rest_port/],

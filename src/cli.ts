@@ -126,10 +126,7 @@ export const SERVE_FLAGS: FlagSpec[] = [
   } },
   { name: "plugin_config", help: "JSON: KV_CACHE_PRECISION (u8|f16), INFERENCE_NUM_THREADS (engine threads), ENABLE_CPU_PINNING (threads are not pinned: false is Keel's behaviour, true is warned), CACHE_DIR; other keys warned", default: undefined },
   { name: "cache_interval_multiplier", help: "OVMS: state-block interval of linear-attention models; accepted and logged: a no-op here (llama.cpp keeps full per-token KV for attention models)", default: undefined, parse: int("cache_interval_multiplier", 1) },
-  { name: "dynamic_split_fuse", help: "true: long prompts are prefilled in chunks of max_num_batched_tokens (what Keel does); false is refused", default: "true", parse: (v) => {
-    if (bool("dynamic_split_fuse")(v)) return true;
-    throw new Error("--dynamic_split_fuse false is not supported: Keel always prefills long prompts in chunks of --max_num_batched_tokens; bound prompt length with --max_model_len instead");
-  } },
+  { name: "dynamic_split_fuse", help: "true: long prompts are prefilled in chunks of max_num_batched_tokens; false (as OVMS): a prompt longer than max_num_batched_tokens is refused with 400", default: "true", parse: bool("dynamic_split_fuse") },
   { name: "rest_workers", help: "OVMS HTTP worker threads (2..10000); accepted and logged: Keel's one event loop has no worker pool (concurrency is bounded by --max_num_seqs and --max_queued_requests)", default: undefined, parse: int("rest_workers", 2, 10000) },
   { name: "cache_dir", help: "cache directory: Keel keeps downloaded models in <cache_dir>/models (default: $KEEL_CACHE_DIR, else ~/.cache/keel)", default: undefined },
   { name: "metrics_enable", help: "true: /metrics is served (Keel always serves it; false is refused)", default: "true", parse: (v) => {
@@ -253,7 +250,14 @@ export function parseServeFlags(argv: string[], host: HostCpus = hostCpus()): Re
     notes.push({ level: "info", msg: `--rest_workers ${out["rest_workers"]} is a no-op here: Keel's gateway is one event loop without a worker pool; concurrency is bounded by --max_num_seqs and --max_queued_requests` });
   }
   if (given.has("pipeline_type")) notes.push({ level: "info", msg: `--pipeline_type ${out["pipeline_type"]}: Keel runs continuous batching (LM_CB) for every text model` });
-  if (given.has("dynamic_split_fuse")) notes.push({ level: "info", msg: "--dynamic_split_fuse true: long prompts are prefilled in chunks of --max_num_batched_tokens, interleaved with decoding" });
+  if (given.has("dynamic_split_fuse")) {
+    notes.push({
+      level: "info",
+      msg: out["dynamic_split_fuse"]
+        ? "--dynamic_split_fuse true: long prompts are prefilled in chunks of --max_num_batched_tokens, interleaved with decoding"
+        : `--dynamic_split_fuse false: prompts longer than --max_num_batched_tokens (${out["max_num_batched_tokens"]}) are refused with 400, as OVMS`,
+    });
+  }
   out["notes"] = notes;
   out["given"] = given;
   if ((out["max_num_batched_tokens"] as number) < (out["max_num_seqs"] as number)) {
@@ -441,6 +445,8 @@ async function serve(argv: string[]): Promise<void> {
     flashAttention: u8 ? true : (flags["flash_attention"] as boolean),
     kvCacheType: u8 ? ("q8_0" as const) : ("f16" as const),
     prefixCaching: flags["enable_prefix_caching"] as boolean,
+    // Split-fuse off (OVMS): a prompt must fit one step.
+    ...(flags["dynamic_split_fuse"] === false ? { maxPromptLen: flags["max_num_batched_tokens"] as number } : {}),
     device: flags["target_device"] as "cpu" | "gpu" | "auto",
   };
   const engineCommand = engineCommandFromEnv();

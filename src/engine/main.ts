@@ -95,6 +95,7 @@ async function main(): Promise<void> {
       maxModelLen: config.maxModelLen,
       prefixCaching: config.prefixCaching,
       partialTrim: adapter.supportsPartialTrim,
+      ...(config.maxPromptLen !== undefined ? { maxPromptLen: config.maxPromptLen } : {}),
     },
     send,
   );

@@ -16,6 +16,8 @@ export interface EngineConfig {
   maxNumBatchedTokens: number;
   /** Capacity of one sequence: prompt + generated tokens. */
   maxModelLen: number;
+  /** Longest prompt admitted (tokens), optional: set when chunked prefill is off (a prompt must fit one step). */
+  maxPromptLen?: number;
   /** Keep finished requests' KV for prefix reuse. */
   prefixCaching: boolean;
   /** CPU threads for the compute backend. */

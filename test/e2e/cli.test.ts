@@ -204,6 +204,21 @@ describe("the seed's command line", () => {
   }, 120_000);
 });
 
+describe("--dynamic_split_fuse false", () => {
+  it("a prompt longer than --max_num_batched_tokens is a 400 (as OVMS); a shorter one is served", async () => {
+    const server = await startServer(["--dynamic_split_fuse", "false", "--max_num_batched_tokens", "16"]);
+    try {
+      const long = await chat(server.baseUrl, { model: "keel-tiny", messages: [{ role: "user", content: "one two three four five six seven eight nine ten eleven twelve" }], max_tokens: 2 });
+      expect(long.status).toBe(400);
+      expect(JSON.stringify(long.body)).toMatch(/Input length exceeds pipeline capabilities: \d+ > 16/);
+      const short = await chat(server.baseUrl, { model: "keel-tiny", prompt: "hi", max_tokens: 2 }, {}, "/v3/completions");
+      expect(short.status).toBe(200);
+    } finally {
+      await server.stop();
+    }
+  }, 60_000);
+});
+
 describe("--deterministic", () => {
   it("turns prefix reuse off (no cache hits on a repeated prompt), says so at start, and repeats the same text", async () => {
     const server = await startServer(["--deterministic", "true"]);
