@@ -65,6 +65,8 @@ describe("OVMS flags: accepted with their meaning", () => {
     expect(f).toMatchObject({ configPath: "c.json", sourceModel: "org/m", modelRepositoryPath: "/m", pull: true, ggufFilename: "m.gguf", overwriteModels: true,
       apiKeyFile: "k.txt", allowedOrigins: ["http://a", "http://b"], allowedMethods: ["GET", "POST"], allowedHeaders: ["x-a"], allowCredentials: false });
     expect(parse()["pull"]).toBeUndefined();
+    expect(() => parse("--pull", "true")).toThrow("--pull takes no value (write --pull alone, or --pull=true|false)");
+    expect(() => parse("--max_num_seqs", "4", "stray")).toThrow('unexpected argument "stray"');
     // Every such field is in the set refused at start until its module serves it.
     for (const spec of SERVE_FLAGS.filter((s) => s.field !== undefined)) expect(NOT_YET_SERVED.has(spec.name)).toBe(true);
   });

@@ -213,7 +213,17 @@ export function parseServeFlags(argv: string[], host: HostCpus = hostCpus()): Re
   const problems: string[] = [];
   if (unknown.length > 0) problems.push(`unknown flag${unknown.length > 1 ? "s" : ""} ${[...new Set(unknown)].join(", ")}`);
   if (valueless.length > 0) problems.push(`flag${valueless.length > 1 ? "s" : ""} ${valueless.join(", ")} need${valueless.length > 1 ? "" : "s"} a value`);
-  const positionals = parsed.positionals;
+  // A value after a switch (`--pull true`) is a positional to the parser: say what the switch takes instead.
+  const tokens = parsed.tokens ?? [];
+  const positionals: string[] = [];
+  for (let i = 0; i < tokens.length; i++) {
+    const t = tokens[i]!;
+    if (t.kind !== "positional") continue;
+    const prev = tokens[i - 1];
+    if (prev?.kind === "option" && bare.has(prev.name) && prev.value === undefined) {
+      problems.push(`${prev.rawName} takes no value (write ${prev.rawName} alone, or ${prev.rawName}=true|false)`);
+    } else positionals.push(t.value);
+  }
   if (positionals.length > 0) problems.push(`unexpected argument "${positionals[0]}"`);
   if (parsed.values["help"] && problems.length === 0) return { help: true };
   const out: Record<string, unknown> = {};

@@ -21,6 +21,11 @@ describe("keel serve flags", () => {
     for (const f of ["--rest_port", "--rest_bind_address", "--model_path", "--model_name", "--max_num_seqs", "--max_num_batched_tokens", "--max_model_len", "--log_level", "--engine_threads"]) {
       expect(r.stdout).toContain(f);
     }
+    // OVMS's flags too, and the engine threads rule.
+    for (const f of ["--task", "--target_device", "--plugin_config", "--cache_interval_multiplier", "--dynamic_split_fuse", "--pipeline_type", "--log_path", "--log_format", "--metrics_enable", "--rest_workers", "--cache_dir", "--port", "--config_path", "--api_key_file"]) {
+      expect(r.stdout).toContain(f);
+    }
+    expect(r.stdout).toContain("1 on hosts with <= 2 CPUs, else physical cores - 1");
     expect(r.stdout).toContain("(default: 8000)");
     expect(r.stdout).toContain("(default: 256)");
   });
