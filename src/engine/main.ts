@@ -184,7 +184,8 @@ async function main(): Promise<void> {
     backend,
     loadMs: Date.now() - startedAt,
   });
-  logLine("info", "engine ready", { model: config.modelPath, threads: config.threads, kvCacheType: config.kvCacheType, flashAttention: config.flashAttention, backend });
+  // Debug: the gateway logs its own "engine ready" line from `ready` (load time, backend, KV capacity).
+  logLine("debug", "engine ready", { model: config.modelPath, threads: config.threads, kvCacheType: config.kvCacheType, flashAttention: config.flashAttention, backend });
   await loop.run();
   await adapter.dispose();
   channel.end();
