@@ -99,7 +99,7 @@ export const SERVE_FLAGS: FlagSpec[] = [
   { name: "target_device", help: "CPU; GPU or GPU.0 (a llama.cpp GPU backend, CUDA or Vulkan; exits if none loads); AUTO (a GPU backend if one loads, else CPU; logged)", default: "CPU", parse: parseTargetDevice },
   { name: "max_queued_requests", help: "requests allowed to wait for a sequence; beyond it 429 with Retry-After", default: "256", parse: int("max_queued_requests", 0, 1_000_000) },
   { name: "enable_prefix_caching", help: "keep finished requests' KV and reuse the longest common prefix", default: "true", parse: bool("enable_prefix_caching") },
-  { name: "kv_cache_precision", help: "KV cache precision: f16, or u8 (q8_0 K and V, with flash attention)", default: undefined, parse: oneOf("kv_cache_precision", ["f16", "u8"]) },
+  { name: "kv_cache_precision", help: "KV cache precision: f16 (default), or u8 (q8_0 K and V, with flash attention)", default: undefined, parse: oneOf("kv_cache_precision", ["f16", "u8"]) },
   { name: "cache_size", help: "KV cache budget in GB (10^9 bytes) over all sequences (fractions allowed); 0 = max_model_len per sequence", default: "0", parse: gb("cache_size") },
   { name: "engine_stall_timeout", help: "seconds without engine progress while there is work before the engine is restarted", default: "30", parse: int("engine_stall_timeout", 1, 86_400) },
   { name: "shutdown_timeout", help: "seconds in-flight requests may take to finish after SIGTERM/SIGINT", default: "30", parse: int("shutdown_timeout", 0, 86_400) },

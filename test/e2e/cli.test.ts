@@ -209,6 +209,39 @@ describe("the seed's command line", () => {
   }, 120_000);
 });
 
+describe("--log_path and --log_format text", () => {
+  it("write readable lines to the file (load progress, engine ready, a request), nothing to stdout", async () => {
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), "keel-logpath-"));
+    const file = path.join(dir, "keel.log");
+    const proc = spawn(process.execPath, [path.join(ROOT, "bin", "keel.mjs"), "serve", "--model_path", "keel-tiny", "--rest_port", "0", "--rest_bind_address", "127.0.0.1", "--log_path", file, "--log_format", "text"], { cwd: ROOT, stdio: ["ignore", "pipe", "pipe"] });
+    let stdout = "";
+    proc.stdout.setEncoding("utf8").on("data", (d: string) => (stdout += d));
+    const exited = new Promise<number | null>((r) => proc.once("exit", (c) => r(c)));
+    try {
+      // The log file is the only place the port and readiness appear: read it as it grows.
+      let text = "";
+      for (let i = 0; i < 600 && !/ engine ready /.test(text); i++) {
+        await new Promise((r) => setTimeout(r, 50));
+        text = fs.existsSync(file) ? fs.readFileSync(file, "utf8") : "";
+      }
+      const port = Number(/"port":(\d+)/.exec(text)?.[1]);
+      const r = await chat(`http://127.0.0.1:${port}`, { model: "keel-tiny", messages: [{ role: "user", content: "hi" }], max_tokens: 2 });
+      expect(r.status).toBe(200);
+      proc.kill("SIGTERM");
+      expect(await exited).toBe(0);
+      const lines = fs.readFileSync(file, "utf8").trim().split("\n");
+      for (const l of lines) expect(l).toMatch(/^\d\d:\d\d:\d\d\.\d{3} (DEBUG|INFO |WARN |ERROR) gateway /);
+      expect(lines.some((l) => / INFO  gateway loading the model: 100% /.test(l))).toBe(true);
+      expect(lines.some((l) => / INFO  gateway engine ready in \d+\.\d s; backend cpu; KV capacity /.test(l))).toBe(true);
+      expect(lines.some((l) => / INFO  gateway request finished /.test(l))).toBe(true);
+      expect(stdout).toBe("");
+    } finally {
+      proc.kill("SIGKILL");
+      fs.rmSync(dir, { recursive: true, force: true });
+    }
+  }, 90_000);
+});
+
 describe("--dynamic_split_fuse false", () => {
   it("a prompt longer than --max_num_batched_tokens is a 400 (as OVMS); a shorter one is served", async () => {
     const server = await startServer(["--dynamic_split_fuse", "false", "--max_num_batched_tokens", "16"]);
