@@ -27,8 +27,6 @@ interface FlagSpec {
   bare?: boolean;
   /** Key of the value in parseServeFlags' result when not the flag's name (the camelCase fields other modules wire). */
   field?: string;
-  /** Shown in --help: an OVMS flag Keel refuses (any value, or the values `parse` refuses). */
-  refused?: boolean;
 }
 
 const int = (name: string, min: number, max = Number.MAX_SAFE_INTEGER) => (v: string): number => {
@@ -143,14 +141,14 @@ export const SERVE_FLAGS: FlagSpec[] = [
     if (int("port", 0, 65535)(v) === 0) return 0;
     throw new Error(`--port ${v} is not supported: Keel serves no gRPC (OVMS's OpenAI API is REST-only too); use --rest_port`);
   } },
-  { name: "grpc_bind_address", help: "refused: no gRPC", default: undefined, refused: true, parse: refuse("grpc_bind_address", "Keel serves no gRPC; use --rest_bind_address") },
-  { name: "max_prompt_len", help: "refused: NPU-only in OVMS", default: undefined, refused: true, parse: refuse("max_prompt_len", "it is NPU-only in OVMS and Keel has no NPU; a prompt is limited by --max_model_len") },
-  { name: "model_distribution_policy", help: "refused: one engine on one device", default: undefined, refused: true, parse: refuse("model_distribution_policy", "Keel runs each model in one engine process on one device (no tensor or pipeline parallelism)") },
-  { name: "draft_source_model", help: "refused: no speculative decoding", default: undefined, refused: true, parse: refuse("draft_source_model", "Keel has no speculative decoding; serve the main model alone") },
-  { name: "allowed_local_media_path", help: "refused: no image input", default: undefined, refused: true, parse: refuse("allowed_local_media_path", "Keel serves text-only models (no image input)") },
-  { name: "allowed_media_domains", help: "refused: no image input", default: undefined, refused: true, parse: refuse("allowed_media_domains", "Keel serves text-only models (no image input)") },
-  { name: "weight-format", help: "refused: GGUF files carry their quantization", default: undefined, refused: true, parse: refuse("weight-format", "Keel serves GGUF files whose quantization is fixed in the file; choose a quantized file (--gguf_filename)") },
-  { name: "extra_quantization_params", help: "refused: GGUF files carry their quantization", default: undefined, refused: true, parse: refuse("extra_quantization_params", "Keel does not quantize models; choose a quantized GGUF file (--gguf_filename)") },
+  { name: "grpc_bind_address", help: "refused: no gRPC", default: undefined, parse: refuse("grpc_bind_address", "Keel serves no gRPC; use --rest_bind_address") },
+  { name: "max_prompt_len", help: "refused: NPU-only in OVMS", default: undefined, parse: refuse("max_prompt_len", "it is NPU-only in OVMS and Keel has no NPU; a prompt is limited by --max_model_len") },
+  { name: "model_distribution_policy", help: "refused: one engine on one device", default: undefined, parse: refuse("model_distribution_policy", "Keel runs each model in one engine process on one device (no tensor or pipeline parallelism)") },
+  { name: "draft_source_model", help: "refused: no speculative decoding", default: undefined, parse: refuse("draft_source_model", "Keel has no speculative decoding; serve the main model alone") },
+  { name: "allowed_local_media_path", help: "refused: no image input", default: undefined, parse: refuse("allowed_local_media_path", "Keel serves text-only models (no image input)") },
+  { name: "allowed_media_domains", help: "refused: no image input", default: undefined, parse: refuse("allowed_media_domains", "Keel serves text-only models (no image input)") },
+  { name: "weight-format", help: "refused: GGUF files carry their quantization", default: undefined, parse: refuse("weight-format", "Keel serves GGUF files whose quantization is fixed in the file; choose a quantized file (--gguf_filename)") },
+  { name: "extra_quantization_params", help: "refused: GGUF files carry their quantization", default: undefined, parse: refuse("extra_quantization_params", "Keel does not quantize models; choose a quantized GGUF file (--gguf_filename)") },
   // OVMS flags parsed here and served by other modules (see NOT_YET_SERVED).
   { name: "config_path", help: "OVMS JSON config listing several models", default: undefined, field: "configPath" },
   { name: "source_model", help: "Hugging Face model id (ORG/NAME) to download and serve", default: undefined, field: "sourceModel" },
@@ -167,7 +165,10 @@ export const SERVE_FLAGS: FlagSpec[] = [
 
 function usage(): string {
   const lines = ["Usage: keel serve [--flag value | --flag=value ...]", "", "Flags:"];
-  for (const f of SERVE_FLAGS) lines.push(`  --${f.name.padEnd(28)} ${f.help}${f.default !== undefined ? ` (default: ${f.default})` : ""}`);
+  for (const f of SERVE_FLAGS) {
+    const unserved = NOT_YET_SERVED.has(f.name) ? " [recognised; not served by this build]" : "";
+    lines.push(`  --${f.name.padEnd(28)} ${f.help}${f.default !== undefined ? ` (default: ${f.default})` : ""}${unserved}`);
+  }
   lines.push("", "Other commands:", "  keel fetch NAME | --list               fetch, verify and cache a real model (see --help there)", "  keel make-model --out FILE [options]   write a tiny random-weight GGUF (see --help there)");
   return lines.join("\n");
 }
