@@ -234,6 +234,7 @@ export class EngineSupervisor {
   private onExit(exit: { code: number | null; signal: NodeJS.Signals | null }): void {
     this.steps.engineGone();
     this.tokenizer.failAll("the engine process exited");
+    this.loadLogged = -1; // the next engine's load is logged from 0%, even if this one died while loading
     if (this.stopping) {
       this.registry.handleEngineExit(SHUTTING_DOWN_MESSAGE, shuttingDown());
       return;
