@@ -535,7 +535,7 @@ async function serve(argv: string[]): Promise<void> {
     { event: "capacity", tokensPerSequence: maxModelLen, sequences: maxNumSeqs, kvBytes, limitedBy: capacityNote, kvCachePrecision: flags["kv_cache_precision"], prefixCaching: base.prefixCaching },
     `KV capacity: ${maxModelLen} tokens per sequence x ${maxNumSeqs} sequences${kvBytes !== null ? ` = ${(kvBytes / 1e9).toFixed(2)} GB` : ""}, limited by ${capacityNote}`,
   );
-  gw.log.info({ event: "device", targetDevice: base.device, backend: meta.backend ?? null }, `--target_device ${base.device}: llama.cpp backend ${meta.backend ? (meta.backend.gpu === false ? "cpu" : `${meta.backend.gpu} (${meta.backend.devices.join(", ")})`) : "unknown"}`);
+  gw.log.info({ event: "device", targetDevice: base.device, backend: meta.backend ?? null }, `target device ${base.device}: llama.cpp runs on ${meta.backend ? (meta.backend.gpu === false ? "cpu" : `${meta.backend.gpu} (${meta.backend.devices.join(", ")})`) : "unknown"}`);
   for (const note of flags["notes"] as FlagNote[]) gw.log[note.level]({ event: "flag" }, note.msg);
   if (flags["deterministic"]) {
     gw.log.info({ event: "deterministic", prefixCaching: false, flashAttention: false, kvCachePrecision: "f16" }, "deterministic mode: the same request and seed give the same text on every run (prefix reuse off)");

@@ -242,6 +242,22 @@ describe("--log_path and --log_format text", () => {
   }, 90_000);
 });
 
+describe("--target_device AUTO", () => {
+  it("takes a GPU backend only if one loads, and logs the backend actually used", async () => {
+    const server = await startServer(["--target_device", "AUTO"]);
+    try {
+      const device = server.logs.map((l) => JSON.parse(l) as Record<string, unknown>).find((e) => e["event"] === "device")!;
+      expect(device["targetDevice"]).toBe("auto");
+      const backend = device["backend"] as { gpu: string | false; devices: string[] };
+      // Whatever loads here is named: "cpu" without devices, or a GPU backend with its device names.
+      expect(device["msg"]).toBe(`target device auto: llama.cpp runs on ${backend.gpu === false ? "cpu" : `${backend.gpu} (${backend.devices.join(", ")})`}`);
+      expect(backend.gpu === false ? backend.devices.length === 0 : backend.devices.length > 0).toBe(true);
+    } finally {
+      await server.stop();
+    }
+  }, 60_000);
+});
+
 describe("--dynamic_split_fuse false", () => {
   it("a prompt longer than --max_num_batched_tokens is a 400 (as OVMS); a shorter one is served", async () => {
     const server = await startServer(["--dynamic_split_fuse", "false", "--max_num_batched_tokens", "16"]);
