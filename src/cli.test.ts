@@ -2,7 +2,162 @@ import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { afterAll, describe, expect, it } from "vitest";
-import { checkModelFile, parseServeFlags, ShutdownSignals } from "./cli.js";
+import { defaultEngineThreads, physicalCoresFromCpuinfo } from "./cli/engine-threads.js";
+import { parsePluginConfig } from "./cli/plugin-config.js";
+import { checkModelFile, METRIC_FAMILIES, NOT_YET_SERVED, parseServeFlags, parseTargetDevice, SERVE_FLAGS, ShutdownSignals, type FlagNote } from "./cli.js";
+
+/** A 16-core host without hyper-threads, so that defaults do not depend on the machine running the tests. */
+const HOST = { logicalCpus: 16, physicalCores: 16 };
+const parse = (...argv: string[]): Record<string, unknown> => parseServeFlags(argv, HOST);
+const notes = (f: Record<string, unknown>): string[] => (f["notes"] as FlagNote[]).map((n) => `${n.level}: ${n.msg}`);
+
+/** The seed's command line (issue #10), as a shell passes it. */
+const SEED = ["--task=text_generation", "--target_device=GPU", '--plugin_config={"ENABLE_CPU_PINNING":false}', "--tool_parser", "qwen3coder", "--enable_tool_guided_generation", "true", "--reasoning_parser", "qwen3", "--kv_cache_precision", "u8", "--cache_size", "4", "--enable_prefix_caching", "true", "--cache_interval_multiplier", "64", "--max_num_seqs", "16", "--max_num_batched_tokens", "4096"];
+
+describe("the seed's command line", () => {
+  it("parses unchanged, every flag with its OVMS meaning", () => {
+    const f = parse(...SEED);
+    expect([f["task"], f["target_device"], f["tool_parser"], f["enable_tool_guided_generation"], f["reasoning_parser"]]).toEqual(["text_generation", "gpu", "qwen3coder", true, "qwen3"]);
+    expect([f["kv_cache_precision"], f["cache_size"], f["enable_prefix_caching"], f["cache_interval_multiplier"], f["max_num_seqs"], f["max_num_batched_tokens"]]).toEqual(["u8", 4, true, 64, 16, 4096]);
+    // The flags that change nothing in llama.cpp say so instead of being dropped.
+    expect(notes(f).some((n) => n.startsWith("info: --plugin_config ENABLE_CPU_PINNING false"))).toBe(true);
+    expect(notes(f).some((n) => n.startsWith("info: --cache_interval_multiplier 64 is a no-op"))).toBe(true);
+  });
+
+  it("--flag=value and --flag value give the same result", () => {
+    const spaced = parse("--max_num_seqs", "4", "--target_device", "CPU", "--plugin_config", '{"KV_CACHE_PRECISION":"u8"}');
+    const inline = parse("--max_num_seqs=4", "--target_device=CPU", '--plugin_config={"KV_CACHE_PRECISION":"u8"}');
+    for (const k of ["max_num_seqs", "target_device", "kv_cache_precision"]) expect(inline[k]).toEqual(spaced[k]);
+    expect([spaced["max_num_seqs"], spaced["target_device"], spaced["kv_cache_precision"]]).toEqual([4, "cpu", "u8"]);
+  });
+});
+
+describe("OVMS flags: accepted with their meaning", () => {
+  it("--target_device maps CPU, GPU, GPU.0 and AUTO onto the engine's devices", () => {
+    expect(["CPU", "GPU", "GPU.0", "AUTO", "AUTO:GPU,CPU"].map(parseTargetDevice)).toEqual(["cpu", "gpu", "gpu", "auto", "auto"]);
+    expect(parse()["target_device"]).toBe("cpu");
+  });
+
+  it("--pipeline_type LM, LM_CB, AUTO; --dynamic_split_fuse true; --rest_workers 2..10000; --port 0; --metrics_enable true", () => {
+    for (const v of ["LM", "LM_CB", "AUTO"]) expect(parse("--pipeline_type", v)["pipeline_type"]).toBe(v);
+    expect(parse("--dynamic_split_fuse", "true")["dynamic_split_fuse"]).toBe(true);
+    const off = parse("--dynamic_split_fuse", "false", "--max_num_batched_tokens", "64");
+    expect(off["dynamic_split_fuse"]).toBe(false);
+    expect(notes(off)).toContain("info: --dynamic_split_fuse false: prompts longer than --max_num_batched_tokens (64) are refused with 400, as OVMS");
+    const f = parse("--rest_workers", "2", "--port", "0", "--metrics_enable", "true");
+    expect([f["rest_workers"], f["port"], f["metrics_enable"]]).toEqual([2, 0, true]);
+    expect(notes(f).some((n) => n.includes("--rest_workers 2 is a no-op"))).toBe(true);
+    expect(parse("--rest_workers", "10000")["rest_workers"]).toBe(10000);
+  });
+
+  it("--log_path, --log_format, --cache_dir and TRACE logging", () => {
+    const f = parse("--log_path", "/tmp/k.log", "--log_format", "text", "--cache_dir", "/tmp/c", "--log_level", "TRACE");
+    expect([f["log_path"], f["log_format"], f["cache_dir"], f["log_level"]]).toEqual(["/tmp/k.log", "text", "/tmp/c", "DEBUG"]);
+  });
+
+  it("--metrics_list takes known families", () => {
+    expect(parse("--metrics_list", `${METRIC_FAMILIES[0]},${METRIC_FAMILIES[1]}`)["metricsList"]).toEqual([METRIC_FAMILIES[0], METRIC_FAMILIES[1]]);
+  });
+
+  it("flags served by other modules are parsed into their camelCase fields; switches take no value", () => {
+    const f = parse("--config_path", "c.json", "--source_model", "org/m", "--model_repository_path", "/m", "--pull", "--gguf_filename", "m.gguf", "--overwrite_models",
+      "--api_key_file", "k.txt", "--allowed_origins", "http://a, http://b", "--allowed_methods", "GET,POST", "--allowed_headers", "x-a", "--allow_credentials=false");
+    expect(f).toMatchObject({ configPath: "c.json", sourceModel: "org/m", modelRepositoryPath: "/m", pull: true, ggufFilename: "m.gguf", overwriteModels: true,
+      apiKeyFile: "k.txt", allowedOrigins: ["http://a", "http://b"], allowedMethods: ["GET", "POST"], allowedHeaders: ["x-a"], allowCredentials: false });
+    expect(parse()["pull"]).toBeUndefined();
+    expect(() => parse("--pull", "true")).toThrow("--pull takes no value (write --pull alone, or --pull=true|false)");
+    expect(() => parse("--max_num_seqs", "4", "stray")).toThrow('unexpected argument "stray"');
+    // Every such field is in the set refused at start until its module serves it.
+    for (const spec of SERVE_FLAGS.filter((s) => s.field !== undefined)) expect(NOT_YET_SERVED.has(spec.name)).toBe(true);
+  });
+});
+
+describe("OVMS flags: refused with why and what to use", () => {
+  const refusals: [string[], RegExp][] = [
+    [["--task", "embeddings"], /--task embeddings is not supported: .*--task text_generation/],
+    [["--target_device", "GPU.1"], /GPU\.1: Keel cannot pick a GPU by index; .*CUDA_VISIBLE_DEVICES=1.*--target_device GPU/],
+    [["--target_device", "NPU"], /--target_device NPU is not supported/],
+    [["--target_device", "TPU"], /--target_device must be one of CPU, GPU, GPU\.0, AUTO/],
+    [["--pipeline_type", "VLM_CB"], /--pipeline_type VLM_CB is not supported: Keel serves text-only models/],
+    [["--dynamic_split_fuse", "maybe"], /--dynamic_split_fuse must be true or false/],
+    [["--rest_workers", "1"], /--rest_workers must be an integer between 2 and 10000/],
+    [["--port", "9000"], /--port 9000 is not supported: Keel serves no gRPC.*--rest_port/],
+    [["--grpc_bind_address", "0.0.0.0"], /--grpc_bind_address is not supported: .*--rest_bind_address/],
+    [["--max_prompt_len", "1024"], /--max_prompt_len is not supported: it is NPU-only/],
+    [["--model_distribution_policy", "TENSOR_PARALLEL"], /--model_distribution_policy is not supported/],
+    [["--draft_source_model", "org/d"], /--draft_source_model is not supported: Keel has no speculative decoding/],
+    [["--allowed_local_media_path", "/x"], /--allowed_local_media_path is not supported: .*text-only/],
+    [["--allowed_media_domains", "all"], /--allowed_media_domains is not supported/],
+    [["--weight-format", "int8"], /--weight-format is not supported/],
+    [["--metrics_enable", "false"], /--metrics_enable false is not supported: Keel always serves \/metrics/],
+    [["--metrics_list", "keel_engine_steps_total,nope"], /--metrics_list names unknown metric family nope/],
+    [["--cache_interval_multiplier", "0"], /--cache_interval_multiplier must be an integer/],
+    [["--log_format", "yaml"], /--log_format must be one of text, json/],
+  ];
+  for (const [argv, message] of refusals) {
+    it(`${argv.join(" ")}`, () => expect(() => parse(...argv)).toThrow(message));
+  }
+
+  it("every problem of the command line in one message, without the help text", () => {
+    let message = "";
+    try {
+      parse("--bogus", "--task=rerank", "--port", "1", "--other=x");
+    } catch (err) {
+      message = (err as Error).message;
+    }
+    expect(message).toMatch(/^unknown flags --bogus, --other; --task rerank is not supported.*; --port 1 is not supported/);
+    expect(message).not.toContain("Flags:");
+  });
+});
+
+describe("--plugin_config", () => {
+  it("maps KV_CACHE_PRECISION and INFERENCE_NUM_THREADS onto the engine", () => {
+    const f = parse("--plugin_config", '{"KV_CACHE_PRECISION":"u8","INFERENCE_NUM_THREADS":3}');
+    expect([f["kv_cache_precision"], f["engine_threads"]]).toEqual(["u8", 3]);
+  });
+
+  it("refuses a key that another flag also sets (OVMS's Doubled rule)", () => {
+    expect(() => parse("--kv_cache_precision", "u8", "--plugin_config", '{"KV_CACHE_PRECISION":"u8"}')).toThrow("Doubled KV_CACHE_PRECISION parameter in plugin config (--kv_cache_precision sets it too; give it once)");
+    expect(() => parse("--engine_threads", "2", "--plugin_config", '{"INFERENCE_NUM_THREADS":2}')).toThrow(/Doubled INFERENCE_NUM_THREADS/);
+  });
+
+  it("warns about keys it does not apply, and says what ENABLE_CPU_PINNING true does not do", () => {
+    const r = parsePluginConfig('{"PERFORMANCE_HINT":"LATENCY","FOO":1,"ENABLE_CPU_PINNING":true}', new Set());
+    expect(r.problems).toEqual([]);
+    expect(r.notes.map((n) => n.level)).toEqual(["warn", "warn", "warn"]);
+    expect(r.notes[0]!.msg).toMatch(/PERFORMANCE_HINT is an OpenVINO runtime property with no llama.cpp equivalent/);
+    expect(r.notes[1]!.msg).toMatch(/FOO is not a property Keel knows/);
+    expect(r.notes[2]!.msg).toMatch(/ENABLE_CPU_PINNING true is not applied/);
+  });
+
+  it("refuses invalid JSON, a non-object and bad values", () => {
+    expect(() => parse("--plugin_config", "{oops")).toThrow(/--plugin_config is not valid JSON/);
+    expect(() => parse("--plugin_config", "[1]")).toThrow(/--plugin_config must be a JSON object/);
+    expect(() => parse("--plugin_config", '{"KV_CACHE_PRECISION":"u4"}')).toThrow(/KV_CACHE_PRECISION must be "u8" or "f16"/);
+    expect(() => parse("--plugin_config", '{"INFERENCE_NUM_THREADS":-1}')).toThrow(/INFERENCE_NUM_THREADS must be an integer/);
+  });
+});
+
+describe("engine threads default", () => {
+  it("1 on <= 2 CPUs, else physical cores - 1, never more than the CPUs the process may use", () => {
+    expect(defaultEngineThreads({ logicalCpus: 1, physicalCores: 1 })).toBe(1);
+    expect(defaultEngineThreads({ logicalCpus: 2, physicalCores: 2 })).toBe(1);
+    expect(defaultEngineThreads({ logicalCpus: 2, physicalCores: 1 })).toBe(1);
+    expect(defaultEngineThreads({ logicalCpus: 4, physicalCores: 4 })).toBe(3);
+    expect(defaultEngineThreads({ logicalCpus: 32, physicalCores: 16 })).toBe(15);
+    expect(defaultEngineThreads({ logicalCpus: 4, physicalCores: 64 })).toBe(3);
+    expect(parseServeFlags([], { logicalCpus: 16, physicalCores: 8 })["engine_threads"]).toBe(7);
+    expect(parseServeFlags(["--engine_threads", "5"], { logicalCpus: 16, physicalCores: 8 })["engine_threads"]).toBe(5);
+  });
+
+  it("physical cores are the distinct (physical id, core id) pairs of /proc/cpuinfo", () => {
+    const cpu = (p: number, c: number): string => `processor\t: x\nphysical id\t: ${p}\ncore id\t\t: ${c}\n\n`;
+    expect(physicalCoresFromCpuinfo(cpu(0, 0) + cpu(0, 0) + cpu(0, 1) + cpu(0, 1))).toBe(2);
+    expect(physicalCoresFromCpuinfo(cpu(0, 0) + cpu(1, 0))).toBe(2);
+    expect(physicalCoresFromCpuinfo("processor\t: 0\n")).toBeNull();
+  });
+});
+
 
 describe("parseServeFlags", () => {
   it("reports every unknown flag in one message", () => {
@@ -26,7 +181,7 @@ describe("parseServeFlags", () => {
   it("--deterministic true turns prefix reuse and flash attention off", () => {
     const f = parseServeFlags(["--deterministic", "true"]);
     expect([f["deterministic"], f["enable_prefix_caching"], f["flash_attention"]]).toEqual([true, false, false]);
-    const d = parseServeFlags([]);
+    const d = parse();
     expect([d["deterministic"], d["enable_prefix_caching"]]).toEqual([false, true]);
   });
 

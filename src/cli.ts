@@ -4,13 +4,17 @@
  * An unknown flag or a bad value exits with code 2 and a clear message; `--help` lists every flag with its default.
  */
 import fs from "node:fs";
+import path from "node:path";
 import { parseArgs } from "node:util";
 import { DEFAULT_ENGINE_COMMAND, spawnEngine } from "./gateway/engine-client.js";
 import { startGateway } from "./gateway/server.js";
 import { HOW_TO_PASS_A_MODEL, resolveServeModel, type ServeModel } from "./model/serve-model.js";
 import type { EngineCommand, EngineConfig } from "./protocol/engine-config.js";
-import type { ModelMetadata } from "./protocol/messages.js";
+import type { EngineBackend, ModelMetadata } from "./protocol/messages.js";
+import { defaultLogFormat, logDestination, type LogFormat } from "./gateway/logging.js";
 import { REASONING_PARSERS, TOOL_PARSERS, type ReasoningParserName, type ToolParserName } from "./gateway/tools.js";
+import { defaultEngineThreads, ENGINE_THREADS_RULE, hostCpus, type HostCpus } from "./cli/engine-threads.js";
+import { parsePluginConfig } from "./cli/plugin-config.js";
 
 /** One `keel serve` flag. */
 interface FlagSpec {
@@ -19,6 +23,10 @@ interface FlagSpec {
   default: string | undefined;
   /** Parse and check the value; throw Error with a message naming the flag. */
   parse?: (v: string) => unknown;
+  /** An OVMS switch that takes no value: `--pull` alone means true; `--pull=false` also works. */
+  bare?: boolean;
+  /** Key of the value in parseServeFlags' result when not the flag's name (the camelCase fields other modules wire). */
+  field?: string;
 }
 
 const int = (name: string, min: number, max = Number.MAX_SAFE_INTEGER) => (v: string): number => {
@@ -41,8 +49,42 @@ const bool = (name: string) => (v: string): boolean => {
   if (v !== "true" && v !== "false") throw new Error(`--${name} must be true or false, got "${v}"`);
   return v === "true";
 };
+const csv = (v: string): string[] => v.split(",").map((s) => s.trim()).filter((s) => s !== "");
+/** A flag Keel refuses whatever its value: why, and what to use instead. */
+const refuse = (name: string, why: string) => (): never => {
+  throw new Error(`--${name} is not supported: ${why}`);
+};
 
-/** Every `keel serve` flag with its default. */
+/** `--target_device` values → the engine's device: CPU never touches a GPU; GPU must get one; AUTO may. */
+export function parseTargetDevice(v: string): "cpu" | "gpu" | "auto" {
+  if (v === "CPU") return "cpu";
+  if (v === "GPU" || v === "GPU.0") return "gpu";
+  if (v === "AUTO" || v.startsWith("AUTO:")) return "auto";
+  if (/^GPU\.\d+$/.test(v)) {
+    throw new Error(`--target_device ${v}: Keel cannot pick a GPU by index; make that GPU the only visible one (CUDA_VISIBLE_DEVICES=${v.slice(4)} or GGML_VK_VISIBLE_DEVICES=${v.slice(4)}) and pass --target_device GPU`);
+  }
+  if (v === "NPU" || v.startsWith("HETERO") || v.startsWith("MULTI")) throw new Error(`--target_device ${v} is not supported: Keel runs llama.cpp on CPU or one GPU (CPU, GPU, GPU.0, AUTO)`);
+  throw new Error(`--target_device must be one of CPU, GPU, GPU.0, AUTO, got "${v}"`);
+}
+
+/** The metric families `--metrics_list` may name (Keel's own; /metrics lists them). */
+export const METRIC_FAMILIES = [
+  "keel_prefix_cache_hit_tokens_total", "keel_engine_steps_total", "keel_requests_queued_total", "keel_prompt_tokens_total",
+  "keel_generation_tokens_total", "keel_time_to_first_token_seconds", "keel_inter_token_latency_seconds",
+  "keel_e2e_request_latency_seconds", "keel_request_queue_time_seconds", "keel_guided_dropped_total", "keel_requests_resumed_total",
+];
+
+/**
+ * Flags that are parsed here but served by modules of other parts of issue #10 (multi-model config, hub pull, auth,
+ * CORS, metrics selection). Until a module wires its field, giving the flag is refused at start rather than ignored;
+ * wiring one means removing its name from this set.
+ */
+export const NOT_YET_SERVED: ReadonlySet<string> = new Set([
+  "config_path", "source_model", "model_repository_path", "pull", "gguf_filename", "overwrite_models",
+  "api_key_file", "allowed_origins", "allowed_methods", "allowed_headers", "allow_credentials", "metrics_list",
+]);
+
+/** Every `keel serve` flag with its default: Keel's own, then OVMS's (accepted with their meaning, or refused). */
 export const SERVE_FLAGS: FlagSpec[] = [
   { name: "rest_port", help: "HTTP port", default: "8000", parse: int("rest_port", 0, 65535) },
   { name: "rest_bind_address", help: "HTTP bind address", default: "0.0.0.0" },
@@ -50,16 +92,18 @@ export const SERVE_FLAGS: FlagSpec[] = [
   { name: "model_name", help: "served model name (default: the model's own name, e.g. SmolLM2-135M-Instruct or keel-tiny, or the model file's base name)", default: undefined },
   { name: "max_num_seqs", help: "sequences decoded together (KV slots)", default: "8", parse: int("max_num_seqs", 1, 256) },
   { name: "max_num_batched_tokens", help: "token budget of one engine step (>= max_num_seqs)", default: "256", parse: int("max_num_batched_tokens", 1, 65536) },
-  { name: "max_model_len", help: "tokens per sequence (default: min(model's trained context, 4096))", default: undefined, parse: int("max_model_len", 2, 1 << 20) },
-  { name: "engine_threads", help: "CPU threads of the engine (1 measured best on a 2-core machine; bench/threads.mjs)", default: "1", parse: int("engine_threads", 1, 512) },
-  { name: "target_device", help: "CPU, or AUTO/GPU to let llama.cpp use a prebuilt GPU backend", default: "CPU", parse: oneOf("target_device", ["CPU", "AUTO", "GPU"]) },
+  { name: "max_model_len", help: "tokens per sequence (default: min(model's trained context, 4096); with --cache_size: what the budget holds, up to the trained context)", default: undefined, parse: int("max_model_len", 2, 1 << 20) },
+  { name: "engine_threads", help: `CPU threads of the engine (default: ${ENGINE_THREADS_RULE})`, default: undefined, parse: int("engine_threads", 1, 512) },
+  { name: "target_device", help: "CPU; GPU or GPU.0 (a llama.cpp GPU backend, CUDA or Vulkan; exits if none loads); AUTO (a GPU backend if one loads, else CPU; logged)", default: "CPU", parse: parseTargetDevice },
   { name: "max_queued_requests", help: "requests allowed to wait for a sequence; beyond it 429 with Retry-After", default: "256", parse: int("max_queued_requests", 0, 1_000_000) },
   { name: "enable_prefix_caching", help: "keep finished requests' KV and reuse the longest common prefix", default: "true", parse: bool("enable_prefix_caching") },
-  { name: "kv_cache_precision", help: "KV cache precision: f16, or u8 (q8_0 K and V, with flash attention)", default: "f16", parse: oneOf("kv_cache_precision", ["f16", "u8"]) },
+  { name: "kv_cache_precision", help: "KV cache precision: f16 (default), or u8 (q8_0 K and V, with flash attention)", default: undefined, parse: oneOf("kv_cache_precision", ["f16", "u8"]) },
   { name: "cache_size", help: "KV cache budget in GB (10^9 bytes) over all sequences (fractions allowed); 0 = max_model_len per sequence", default: "0", parse: gb("cache_size") },
   { name: "engine_stall_timeout", help: "seconds without engine progress while there is work before the engine is restarted", default: "30", parse: int("engine_stall_timeout", 1, 86_400) },
   { name: "shutdown_timeout", help: "seconds in-flight requests may take to finish after SIGTERM/SIGINT", default: "30", parse: int("shutdown_timeout", 0, 86_400) },
-  { name: "log_level", help: "DEBUG, INFO, WARNING or ERROR", default: "INFO", parse: oneOf("log_level", ["DEBUG", "INFO", "WARNING", "ERROR"]) },
+  { name: "log_level", help: "DEBUG, INFO, WARNING or ERROR (TRACE = DEBUG)", default: "INFO", parse: (v) => oneOf("log_level", ["TRACE", "DEBUG", "INFO", "WARNING", "ERROR"])(v) === "TRACE" ? "DEBUG" : v },
+  { name: "log_format", help: "text (one readable line per event) or json (default: text when stdout is a terminal, else json)", default: undefined, parse: oneOf("log_format", ["text", "json"]) },
+  { name: "log_path", help: "write the log to this file (appended) instead of stdout", default: undefined },
   { name: "request_timeout", help: "seconds a client may take to send its whole request (headers and body) before it is dropped", default: "30", parse: int("request_timeout", 1, 3600) },
   { name: "max_stream_buffer", help: "bytes of stream output a client may leave unread before it is treated as disconnected", default: String(1024 * 1024), parse: int("max_stream_buffer", 1024) },
   { name: "max_request_body", help: "request body limit in bytes", default: String(8 * 1024 * 1024), parse: int("max_request_body", 1024) },
@@ -68,63 +112,173 @@ export const SERVE_FLAGS: FlagSpec[] = [
   { name: "reasoning_parser", help: "reasoning format to split into reasoning_content: qwen3 (<think>…</think>); unset = reasoning stays in content", default: undefined, parse: oneOf("reasoning_parser", [...REASONING_PARSERS]) },
   { name: "enable_tool_guided_generation", help: "constrain tool calls with a grammar under tool_choice auto too (required and a named function are always guided)", default: "false", parse: bool("enable_tool_guided_generation") },
   { name: "deterministic", help: "same request + seed → same text on every run: prefix reuse off, flash attention off, f16 KV (see README)", default: "false", parse: bool("deterministic") },
+  // OVMS flags with their OVMS meaning (ovms-compat.md §1).
+  { name: "task", help: "text_generation (the only task Keel serves)", default: "text_generation", parse: (v) => {
+    if (v === "text_generation") return v;
+    throw new Error(`--task ${v} is not supported: Keel serves LLM text generation only (--task text_generation)`);
+  } },
+  { name: "pipeline_type", help: "LM, LM_CB or AUTO: all mean Keel's continuous batching (VLM pipelines are refused)", default: "AUTO", parse: (v) => {
+    if (v === "LM" || v === "LM_CB" || v === "AUTO") return v;
+    if (v === "VLM" || v === "VLM_CB") throw new Error(`--pipeline_type ${v} is not supported: Keel serves text-only models (LM, LM_CB or AUTO)`);
+    throw new Error(`--pipeline_type must be one of LM, LM_CB, AUTO, got "${v}"`);
+  } },
+  { name: "plugin_config", help: "JSON: KV_CACHE_PRECISION (u8|f16), INFERENCE_NUM_THREADS (engine threads), ENABLE_CPU_PINNING (threads are not pinned: false is Keel's behaviour, true is warned), CACHE_DIR; other keys warned", default: undefined },
+  { name: "cache_interval_multiplier", help: "OVMS: state-block interval of linear-attention models; accepted and logged: a no-op here (llama.cpp keeps full per-token KV for attention models)", default: undefined, parse: int("cache_interval_multiplier", 1) },
+  { name: "dynamic_split_fuse", help: "true: long prompts are prefilled in chunks of max_num_batched_tokens; false (as OVMS): a prompt longer than max_num_batched_tokens is refused with 400", default: "true", parse: bool("dynamic_split_fuse") },
+  { name: "rest_workers", help: "OVMS HTTP worker threads (2..10000); accepted and logged: Keel's one event loop has no worker pool (concurrency is bounded by --max_num_seqs and --max_queued_requests)", default: undefined, parse: int("rest_workers", 2, 10000) },
+  { name: "cache_dir", help: "cache directory: Keel keeps downloaded models in <cache_dir>/models (default: $KEEL_CACHE_DIR, else ~/.cache/keel)", default: undefined },
+  { name: "metrics_enable", help: "true: /metrics is served (Keel always serves it; false is refused)", default: "true", parse: (v) => {
+    if (bool("metrics_enable")(v)) return true;
+    throw new Error("--metrics_enable false is not supported: Keel always serves /metrics (gateways and probes scrape it)");
+  } },
+  { name: "metrics_list", help: `comma-separated metric families to export (${METRIC_FAMILIES.length} known; see /metrics)`, default: undefined, field: "metricsList", parse: (v) => {
+    const names = csv(v);
+    const unknown = names.filter((n) => !METRIC_FAMILIES.includes(n));
+    if (unknown.length > 0) throw new Error(`--metrics_list names unknown metric famil${unknown.length > 1 ? "ies" : "y"} ${unknown.join(", ")} (known: ${METRIC_FAMILIES.join(", ")})`);
+    return names;
+  } },
+  { name: "port", help: "OVMS gRPC port: only 0 (Keel serves REST only)", default: "0", parse: (v) => {
+    if (int("port", 0, 65535)(v) === 0) return 0;
+    throw new Error(`--port ${v} is not supported: Keel serves no gRPC (OVMS's OpenAI API is REST-only too); use --rest_port`);
+  } },
+  { name: "grpc_bind_address", help: "refused: no gRPC", default: undefined, parse: refuse("grpc_bind_address", "Keel serves no gRPC; use --rest_bind_address") },
+  { name: "max_prompt_len", help: "refused: NPU-only in OVMS", default: undefined, parse: refuse("max_prompt_len", "it is NPU-only in OVMS and Keel has no NPU; a prompt is limited by --max_model_len") },
+  { name: "model_distribution_policy", help: "refused: one engine on one device", default: undefined, parse: refuse("model_distribution_policy", "Keel runs each model in one engine process on one device (no tensor or pipeline parallelism)") },
+  { name: "draft_source_model", help: "refused: no speculative decoding", default: undefined, parse: refuse("draft_source_model", "Keel has no speculative decoding; serve the main model alone") },
+  { name: "allowed_local_media_path", help: "refused: no image input", default: undefined, parse: refuse("allowed_local_media_path", "Keel serves text-only models (no image input)") },
+  { name: "allowed_media_domains", help: "refused: no image input", default: undefined, parse: refuse("allowed_media_domains", "Keel serves text-only models (no image input)") },
+  { name: "weight-format", help: "refused: GGUF files carry their quantization", default: undefined, parse: refuse("weight-format", "Keel serves GGUF files whose quantization is fixed in the file; choose a quantized file (--gguf_filename)") },
+  { name: "extra_quantization_params", help: "refused: GGUF files carry their quantization", default: undefined, parse: refuse("extra_quantization_params", "Keel does not quantize models; choose a quantized GGUF file (--gguf_filename)") },
+  // OVMS flags parsed here and served by other modules (see NOT_YET_SERVED).
+  { name: "config_path", help: "OVMS JSON config listing several models", default: undefined, field: "configPath" },
+  { name: "source_model", help: "Hugging Face model id (ORG/NAME) to download and serve", default: undefined, field: "sourceModel" },
+  { name: "model_repository_path", help: "download root for --source_model", default: undefined, field: "modelRepositoryPath" },
+  { name: "pull", help: "download --source_model and exit", default: undefined, field: "pull", bare: true },
+  { name: "gguf_filename", help: "which GGUF file of --source_model to download", default: undefined, field: "ggufFilename" },
+  { name: "overwrite_models", help: "download again over an existing model", default: undefined, field: "overwriteModels", bare: true },
+  { name: "api_key_file", help: "file whose first line is the API key (else $API_KEY)", default: undefined, field: "apiKeyFile" },
+  { name: "allowed_origins", help: "CORS: comma-separated allowed origins", default: undefined, field: "allowedOrigins", parse: csv },
+  { name: "allowed_methods", help: "CORS: comma-separated allowed methods", default: undefined, field: "allowedMethods", parse: csv },
+  { name: "allowed_headers", help: "CORS: comma-separated allowed headers", default: undefined, field: "allowedHeaders", parse: csv },
+  { name: "allow_credentials", help: "CORS: send Access-Control-Allow-Credentials: true", default: undefined, field: "allowCredentials", bare: true },
 ];
 
 function usage(): string {
-  const lines = ["Usage: keel serve [--flag value ...]", "", "Flags:"];
-  for (const f of SERVE_FLAGS) lines.push(`  --${f.name.padEnd(24)} ${f.help}${f.default !== undefined ? ` (default: ${f.default})` : ""}`);
+  const lines = ["Usage: keel serve [--flag value | --flag=value ...]", "", "Flags:"];
+  for (const f of SERVE_FLAGS) {
+    const unserved = NOT_YET_SERVED.has(f.name) ? " [recognised; not served by this build]" : "";
+    lines.push(`  --${f.name.padEnd(28)} ${f.help}${f.default !== undefined ? ` (default: ${f.default})` : ""}${unserved}`);
+  }
   lines.push("", "Other commands:", "  keel fetch NAME | --list               fetch, verify and cache a real model (see --help there)", "  keel make-model --out FILE [options]   write a tiny random-weight GGUF (see --help there)");
   return lines.join("\n");
 }
 
-/** Parse `keel serve` flags. @throws Error with a user-facing message (every unknown flag named at once). */
-export function parseServeFlags(argv: string[]): Record<string, unknown> {
-  const options = Object.fromEntries([...SERVE_FLAGS.map((f) => [f.name, { type: "string" as const }]), ["help", { type: "boolean" as const, short: "h" }]]);
+/** A line to log at start about a flag (what it does here, or that part of it is not applied). */
+export interface FlagNote {
+  level: "info" | "warn";
+  msg: string;
+}
+
+/**
+ * Parse `keel serve` flags (`--flag value` and `--flag=value`). The result maps each flag name (or its `field`) to
+ * its parsed value, plus `notes` (FlagNote[]) to log at start and `given` (the flag names on the command line).
+ * @throws Error with a user-facing message naming every problem of the command line at once.
+ */
+export function parseServeFlags(argv: string[], host: HostCpus = hostCpus()): Record<string, unknown> {
+  const options = Object.fromEntries([
+    ...SERVE_FLAGS.map((f) => [f.name, { type: f.bare ? ("boolean" as const) : ("string" as const) }]),
+    ["help", { type: "boolean" as const, short: "h" }],
+  ]);
+  const bare = new Set(SERVE_FLAGS.filter((f) => f.bare).map((f) => f.name));
   // Non-strict parsing with tokens, so that every unknown flag and every flag missing its value is reported in one
   // run instead of the first one only.
   const parsed = parseArgs({ args: argv, options, strict: false, allowPositionals: true, tokens: true });
   const known = new Set(Object.keys(options));
   const unknown: string[] = [];
   const valueless: string[] = [];
+  /** The raw value of each flag given (the last one wins, as OVMS). */
+  const values = new Map<string, string>();
   for (const t of parsed.tokens ?? []) {
     if (t.kind !== "option") continue;
     if (!known.has(t.name)) unknown.push(t.rawName);
+    else if (bare.has(t.name)) values.set(t.name, t.value ?? "true");
     // A value that is itself a flag (`--rest_port --max_num_seqs 4`) means the value was forgotten; that flag is
     // checked too (`--log_level --bogus` names both).
     else if (t.name !== "help" && (t.value === undefined || (!t.inlineValue && t.value.startsWith("--")))) {
       valueless.push(t.rawName);
       const swallowed = t.value?.slice(2).split("=")[0];
       if (swallowed !== undefined && !known.has(swallowed)) unknown.push(`--${swallowed}`);
-    }
+    } else if (t.name !== "help" && t.value !== undefined) values.set(t.name, t.value);
   }
   // Every problem of the command line in one message, not the first one per run.
   const problems: string[] = [];
   if (unknown.length > 0) problems.push(`unknown flag${unknown.length > 1 ? "s" : ""} ${[...new Set(unknown)].join(", ")}`);
   if (valueless.length > 0) problems.push(`flag${valueless.length > 1 ? "s" : ""} ${valueless.join(", ")} need${valueless.length > 1 ? "" : "s"} a value`);
-  const values = parsed.values as Record<string, string | boolean | undefined>;
-  const positionals = parsed.positionals;
+  // A value after a switch (`--pull true`) is a positional to the parser: say what the switch takes instead.
+  const tokens = parsed.tokens ?? [];
+  const positionals: string[] = [];
+  for (let i = 0; i < tokens.length; i++) {
+    const t = tokens[i]!;
+    if (t.kind !== "positional") continue;
+    const prev = tokens[i - 1];
+    if (prev?.kind === "option" && bare.has(prev.name) && prev.value === undefined) {
+      problems.push(`${prev.rawName} takes no value (write ${prev.rawName} alone, or ${prev.rawName}=true|false)`);
+    } else positionals.push(t.value);
+  }
   if (positionals.length > 0) problems.push(`unexpected argument "${positionals[0]}"`);
-  if (values["help"] && problems.length === 0) return { help: true };
+  if (parsed.values["help"] && problems.length === 0) return { help: true };
   const out: Record<string, unknown> = {};
+  const notes: FlagNote[] = [];
   for (const f of SERVE_FLAGS) {
-    if (valueless.includes(`--${f.name}`)) continue;
-    const given = values[f.name];
-    const raw = (typeof given === "string" ? given : undefined) ?? f.default;
+    const raw = values.get(f.name) ?? f.default;
     try {
-      out[f.name] = raw === undefined ? undefined : f.parse ? f.parse(raw) : raw;
+      if (f.bare && raw !== undefined) out[f.field ?? f.name] = bool(f.name)(raw);
+      else out[f.field ?? f.name] = raw === undefined ? undefined : f.parse ? f.parse(raw) : raw;
     } catch (err) {
       problems.push((err as Error).message);
     }
   }
+  // --plugin_config: its keys set other flags' values unless those flags are given too (OVMS's Doubled rule).
+  const given = new Set(values.keys());
+  if (values.has("plugin_config")) {
+    const plugin = parsePluginConfig(values.get("plugin_config")!, given);
+    problems.push(...plugin.problems);
+    notes.push(...plugin.notes);
+    if (plugin.kvCachePrecision !== undefined) out["kv_cache_precision"] = plugin.kvCachePrecision;
+    if (plugin.threads !== undefined) out["engine_threads"] = plugin.threads;
+    if (plugin.cacheDir !== undefined) out["cache_dir"] = plugin.cacheDir;
+  }
   if (problems.length > 0) throw new Error(problems.join("; "));
+  out["kv_cache_precision"] ??= "f16";
+  out["engine_threads"] ??= defaultEngineThreads(host);
+  if (!given.has("engine_threads") && out["engine_threads"] === defaultEngineThreads(host)) {
+    notes.push({ level: "info", msg: `engine threads: ${out["engine_threads"]} (${host.physicalCores} physical cores, ${host.logicalCpus} CPUs; rule: ${ENGINE_THREADS_RULE})` });
+  }
+  if (given.has("cache_interval_multiplier")) {
+    notes.push({ level: "info", msg: `--cache_interval_multiplier ${out["cache_interval_multiplier"]} is a no-op here: it sets the state-block interval of linear-attention models in OpenVINO GenAI; llama.cpp keeps every token's KV for attention models and one state per sequence for recurrent ones` });
+  }
+  if (given.has("rest_workers")) {
+    notes.push({ level: "info", msg: `--rest_workers ${out["rest_workers"]} is a no-op here: Keel's gateway is one event loop without a worker pool; concurrency is bounded by --max_num_seqs and --max_queued_requests` });
+  }
+  if (given.has("pipeline_type")) notes.push({ level: "info", msg: `--pipeline_type ${out["pipeline_type"]}: Keel runs continuous batching (LM_CB) for every text model` });
+  if (given.has("dynamic_split_fuse")) {
+    notes.push({
+      level: "info",
+      msg: out["dynamic_split_fuse"]
+        ? "--dynamic_split_fuse true: long prompts are prefilled in chunks of --max_num_batched_tokens, interleaved with decoding"
+        : `--dynamic_split_fuse false: prompts longer than --max_num_batched_tokens (${out["max_num_batched_tokens"]}) are refused with 400, as OVMS`,
+    });
+  }
+  out["notes"] = notes;
+  out["given"] = given;
   if ((out["max_num_batched_tokens"] as number) < (out["max_num_seqs"] as number)) {
     throw new Error(`--max_num_batched_tokens (${out["max_num_batched_tokens"]}) must be >= --max_num_seqs (${out["max_num_seqs"]})`);
   }
   if (out["deterministic"] === true) {
     // Deterministic mode turns off what changes the numerics between two runs of one request; an explicit request
     // for one of those contradicts it.
-    if (values["enable_prefix_caching"] === "true") throw new Error("--deterministic true turns prefix reuse off; it contradicts --enable_prefix_caching true");
-    if (values["flash_attention"] === "true") throw new Error("--deterministic true needs flash attention off; it contradicts --flash_attention true");
+    if (values.get("enable_prefix_caching") === "true") throw new Error("--deterministic true turns prefix reuse off; it contradicts --enable_prefix_caching true");
+    if (values.get("flash_attention") === "true") throw new Error("--deterministic true needs flash attention off; it contradicts --flash_attention true");
     if (out["kv_cache_precision"] === "u8") throw new Error("--deterministic true needs an f16 KV cache (u8 needs flash attention); it contradicts --kv_cache_precision u8");
     out["enable_prefix_caching"] = false;
     out["flash_attention"] = false;
@@ -162,6 +316,12 @@ export function checkModelFile(modelPath: string): string | null {
 /** Engine failures that are a JavaScript error inside the GGUF reader: the file ends early or is corrupt. */
 const CORRUPT_GGUF = /Cannot read properties of undefined|out of range|Offset is outside the bounds|RangeError|Unexpected end|Maximum call stack/i;
 
+/** The model check found no GPU backend although --target_device asked for one. */
+export class NoGpuError extends Error {}
+
+/** The event of the engine's fatal line when a GPU was required and none loads (engine/main.ts). */
+const NO_GPU_EVENT = "no_gpu_backend";
+
 /** Signals that mean the model check was killed from outside (an OOM killer, an operator), not that it failed. */
 const KILL_SIGNALS = new Set(["SIGKILL", "SIGTERM", "SIGINT", "SIGHUP"]);
 
@@ -185,13 +345,18 @@ async function runModelCheck(config: Omit<EngineConfig, "mode">, command: Engine
  * it is killed again that is what the error says.
  * @returns the model metadata. @throws Error with the child's last log line when it fails.
  */
-export async function validateModel(config: Omit<EngineConfig, "mode">, command: EngineCommand = DEFAULT_ENGINE_COMMAND): Promise<ModelMetadata> {
+export async function validateModel(config: Omit<EngineConfig, "mode">, command: EngineCommand = DEFAULT_ENGINE_COMMAND): Promise<ModelMetadata & { backend?: EngineBackend }> {
   let run = await runModelCheck(config, command);
   if (run.signal && KILL_SIGNALS.has(run.signal)) run = await runModelCheck(config, command);
   const { code, signal, stdout, stderr } = run;
   if (code === 0) {
     const line = stdout.trim().split("\n").pop() ?? "";
-    return (JSON.parse(line) as { metadata: ModelMetadata }).metadata;
+    const result = JSON.parse(line) as { metadata: ModelMetadata; backend?: EngineBackend };
+    return result.backend ? { ...result.metadata, backend: result.backend } : result.metadata;
+  }
+  if (stderr.includes(`"event":"${NO_GPU_EVENT}"`)) {
+    // Asked for a GPU, none loads: say so plainly (no model verdict, no silent CPU fallback).
+    throw new NoGpuError(`--target_device GPU: no GPU backend loads on this machine (node-llama-cpp's prebuilt CUDA, Vulkan and Metal backends were tried); run on the CPU with --target_device CPU, or use --target_device AUTO to take a GPU only when one loads`);
   }
   if (signal && KILL_SIGNALS.has(signal)) {
     throw new Error(`the model check was killed (${signal}) twice while loading ${config.modelPath}; this is not a verdict on the model (out of memory? see the system log)`);
@@ -247,6 +412,23 @@ async function serve(argv: string[]): Promise<void> {
     process.stdout.write(usage() + "\n");
     return;
   }
+  const given = flags["given"] as Set<string>;
+  const unserved = [...given].filter((f) => NOT_YET_SERVED.has(f));
+  if (unserved.length > 0) {
+    // Parsed, but the module that serves them is not part of this build: refused rather than ignored.
+    process.stderr.write(`keel serve: ${unserved.map((f) => `--${f}`).join(", ")} ${unserved.length > 1 ? "are" : "is"} recognised but not served by this build of Keel\n`);
+    process.exit(2);
+  }
+  // --cache_dir: where downloaded models are kept (model-cache.ts reads KEEL_CACHE_DIR).
+  if (flags["cache_dir"] !== undefined) process.env["KEEL_CACHE_DIR"] = path.resolve(flags["cache_dir"] as string);
+  const logFormat = (flags["log_format"] as LogFormat | undefined) ?? defaultLogFormat(process.stdout.isTTY === true);
+  let logSink: ReturnType<typeof logDestination>;
+  try {
+    logSink = logDestination({ format: logFormat, path: flags["log_path"] as string | undefined });
+  } catch (err) {
+    process.stderr.write(`keel serve: --log_path ${String(flags["log_path"])} cannot be opened: ${(err as Error).message}\n`);
+    process.exit(2);
+  }
   let model: ServeModel;
   try {
     model = await resolveServeModel(flags["model_path"] as string | undefined, { fetch: { log: (l) => process.stderr.write(`keel serve: ${l}\n`) } });
@@ -274,10 +456,12 @@ async function serve(argv: string[]): Promise<void> {
     flashAttention: u8 ? true : (flags["flash_attention"] as boolean),
     kvCacheType: u8 ? ("q8_0" as const) : ("f16" as const),
     prefixCaching: flags["enable_prefix_caching"] as boolean,
-    device: (flags["target_device"] === "CPU" ? "cpu" : "auto") as "cpu" | "auto",
+    // Split-fuse off (OVMS): a prompt must fit one step.
+    ...(flags["dynamic_split_fuse"] === false ? { maxPromptLen: flags["max_num_batched_tokens"] as number } : {}),
+    device: flags["target_device"] as "cpu" | "gpu" | "auto",
   };
   const engineCommand = engineCommandFromEnv();
-  let meta: ModelMetadata;
+  let meta: ModelMetadata & { backend?: EngineBackend };
   try {
     meta = await validateModel({ ...base, maxModelLen: 256 }, engineCommand);
   } catch (err) {
@@ -289,9 +473,10 @@ async function serve(argv: string[]): Promise<void> {
     process.stderr.write(`keel serve: --max_model_len ${flags["max_model_len"]} exceeds the model's trained context of ${meta.trainContextSize} tokens\n`);
     process.exit(2);
   }
-  let maxModelLen = (flags["max_model_len"] as number | undefined) ?? Math.min(meta.trainContextSize, 4096);
+  const explicitLen = flags["max_model_len"] as number | undefined;
+  let maxModelLen = explicitLen ?? Math.min(meta.trainContextSize, 4096);
   const cacheGb = flags["cache_size"] as number;
-  let capacityNote = "max_model_len";
+  let capacityNote = explicitLen !== undefined ? "--max_model_len" : `the default max_model_len min(trained context ${meta.trainContextSize}, 4096)`;
   if (cacheGb > 0) {
     // Split the KV budget evenly across sequences (node-llama-cpp gives each sequence its own KV partition).
     const bytesPerElement = u8 ? 34 / 32 : 2; // q8_0 blocks: 32 values in 34 bytes
@@ -305,9 +490,15 @@ async function serve(argv: string[]): Promise<void> {
       process.stderr.write(`keel serve: --cache_size ${cacheGb} GB gives ${perSequence} tokens per sequence for ${maxNumSeqs} sequences (${bytesPerToken} bytes per token); raise it or lower --max_num_seqs\n`);
       process.exit(2);
     }
-    if (perSequence < maxModelLen) {
+    // The budget decides the capacity (as OVMS's cache_size), bounded by an explicit --max_model_len and by the
+    // model's trained context (a longer context gives garbage).
+    const bound = explicitLen ?? meta.trainContextSize;
+    if (perSequence < bound) {
       maxModelLen = perSequence;
-      capacityNote = `cache_size ${cacheGb} GB / ${maxNumSeqs} sequences / ${bytesPerToken} bytes per token`;
+      capacityNote = `--cache_size ${cacheGb} GB / ${maxNumSeqs} sequences / ${bytesPerToken.toFixed(0)} bytes per token`;
+    } else {
+      maxModelLen = bound;
+      capacityNote = `${explicitLen !== undefined ? "--max_model_len" : `the model's trained context ${meta.trainContextSize}`} (--cache_size ${cacheGb} GB would hold ${perSequence} tokens per sequence; the unused budget is not allocated)`;
     }
   }
   const logLevel = ({ DEBUG: "debug", INFO: "info", WARNING: "warn", ERROR: "error" } as const)[flags["log_level"] as "INFO"];
@@ -331,6 +522,7 @@ async function serve(argv: string[]): Promise<void> {
       guideAuto: flags["enable_tool_guided_generation"] as boolean,
     },
     logLevel,
+    logDestination: logSink,
   });
   } catch (err) {
     const e = err as NodeJS.ErrnoException;
@@ -338,10 +530,13 @@ async function serve(argv: string[]): Promise<void> {
     process.stderr.write(`keel serve: cannot listen: ${what}\n`);
     process.exit(1);
   }
+  const kvBytes = meta.kvElementsPerToken === null ? null : Math.round(meta.kvElementsPerToken * (u8 ? 34 / 32 : 2) * maxModelLen * maxNumSeqs);
   gw.log.info(
-    { event: "capacity", tokensPerSequence: maxModelLen, sequences: maxNumSeqs, limitedBy: capacityNote, kvCachePrecision: flags["kv_cache_precision"], prefixCaching: base.prefixCaching },
-    `KV capacity: ${maxModelLen} tokens per sequence x ${maxNumSeqs} sequences`,
+    { event: "capacity", tokensPerSequence: maxModelLen, sequences: maxNumSeqs, kvBytes, limitedBy: capacityNote, kvCachePrecision: flags["kv_cache_precision"], prefixCaching: base.prefixCaching },
+    `KV capacity: ${maxModelLen} tokens per sequence x ${maxNumSeqs} sequences${kvBytes !== null ? ` = ${(kvBytes / 1e9).toFixed(2)} GB` : ""}, limited by ${capacityNote}`,
   );
+  gw.log.info({ event: "device", targetDevice: base.device, backend: meta.backend ?? null }, `target device ${base.device}: llama.cpp runs on ${meta.backend ? (meta.backend.gpu === false ? "cpu" : `${meta.backend.gpu} (${meta.backend.devices.join(", ")})`) : "unknown"}`);
+  for (const note of flags["notes"] as FlagNote[]) gw.log[note.level]({ event: "flag" }, note.msg);
   if (flags["deterministic"]) {
     gw.log.info({ event: "deterministic", prefixCaching: false, flashAttention: false, kvCachePrecision: "f16" }, "deterministic mode: the same request and seed give the same text on every run (prefix reuse off)");
   }

@@ -19,9 +19,17 @@
  *   state when given the same history (else rebuilds it from the given tokens): the adapter mirrors that history.
  */
 import { getLlama, LlamaLogLevel, type Llama, type LlamaContext, type LlamaModel } from "node-llama-cpp";
-import type { ModelMetadata } from "../protocol/messages.js";
+import type { EngineBackend, ModelMetadata } from "../protocol/messages.js";
 
 /** Options of {@link LlamaAdapter.open}. */
+/** A GPU was required (device "gpu") and no GPU backend of node-llama-cpp (CUDA, Vulkan, Metal) loads here. */
+export class NoGpuBackendError extends Error {
+  constructor() {
+    super("no GPU backend loads on this machine (node-llama-cpp's prebuilt CUDA, Vulkan and Metal backends were tried)");
+    this.name = "NoGpuBackendError";
+  }
+}
+
 export interface LlamaAdapterOptions {
   modelPath: string;
   /** KV slots (llama.cpp sequences). */
@@ -37,9 +45,11 @@ export interface LlamaAdapterOptions {
   /** KV cache element type for K and V ("f16", "f32", "q8_0", …). A quantized V needs flash attention. */
   kvCacheType: "f16" | "f32" | "q8_0" | "q4_0";
   /** "cpu" never touches a GPU; "auto" lets node-llama-cpp pick a prebuilt GPU backend if one works. */
-  gpu: "cpu" | "auto";
+  gpu: "cpu" | "auto" | "gpu";
   /** Receives llama.cpp's log lines at warn level and above. */
   log?: (level: string, message: string) => void;
+  /** Receives the model's load progress (0..1) while llama.cpp loads its tensors. */
+  onLoadProgress?: (progress: number) => void;
 }
 
 /**
@@ -353,7 +363,10 @@ export class LlamaAdapter {
       logLevel: LlamaLogLevel.warn,
       logger: (level, message) => opts.log?.(String(level), message),
     });
-    const model = await llama.loadModel({ modelPath: opts.modelPath });
+    // "gpu" asks for a GPU: node-llama-cpp's "auto" falls back to CPU silently when no GPU backend loads, so that
+    // case is an error here, before the model is read.
+    if (opts.gpu === "gpu" && llama.gpu === false) throw new NoGpuBackendError();
+    const model = await llama.loadModel({ modelPath: opts.modelPath, ...(opts.onLoadProgress ? { onLoadProgress: opts.onLoadProgress } : {}) });
     const kv = opts.kvCacheType.toUpperCase() as "F16";
     const context = await model.createContext({
       contextSize: opts.contextSize,
@@ -367,6 +380,12 @@ export class LlamaAdapter {
     const native = internalsOf(llama, model, context);
     native.ctx.setThreads(opts.threads);
     return new LlamaAdapter(llama, model, context, native, opts);
+  }
+
+  /** The backend llama.cpp runs on and its devices, for `ready` and the startup log. */
+  async backend(): Promise<EngineBackend> {
+    const gpu = this.llama.gpu;
+    return { gpu, devices: gpu === false ? [] : await this.llama.getGpuDeviceNames() };
   }
 
   /** Metadata sent to the gateway in `ready`. */

@@ -13,7 +13,7 @@ import net from "node:net";
 import { encodeFrame, FrameDecoder } from "../protocol/framing.js";
 import { PROTOCOL_VERSION, type EngineMessage } from "../protocol/messages.js";
 import { parseGatewayMessage } from "../protocol/validate.js";
-import { LlamaAdapter } from "./llama-adapter.js";
+import { LlamaAdapter, NoGpuBackendError } from "./llama-adapter.js";
 import { parseEngineConfig, toAdapterOptions } from "./start-config.js";
 import { StepLoop } from "./step-loop.js";
 
@@ -38,25 +38,55 @@ function logLine(level: string, msg: string, extra: Record<string, unknown> = {}
   process.stderr.write(JSON.stringify({ level, time: Date.now(), component: "engine", pid: process.pid, msg, ...extra }) + "\n");
 }
 
+/** The event of the fatal line a gateway recognises as "the GPU asked for is not there" (cli.ts validateModel). */
+const NO_GPU_EVENT = "no_gpu_backend";
+
+/** Fractions of the model load between two `loading` messages (the gateway logs at most every 10%). */
+const LOAD_PROGRESS_STEP = 0.01;
+
 async function main(): Promise<void> {
+  const startedAt = Date.now();
   const config = parseEngineConfig(process.argv[2]);
-  const adapter = await LlamaAdapter.open({
-    ...toAdapterOptions(config),
-    log: (level, message) => {
-      if (level === "warn" || level === "error" || level === "fatal") logLine(level, message.trim(), { source: "llama.cpp" });
-    },
-  });
+  // In serve mode the channel opens first, so that load progress reaches the gateway while llama.cpp loads.
+  const channel = config.mode === "serve" ? new net.Socket({ fd: 3, readable: true, writable: true }) : null;
+  const send = (msg: EngineMessage): void => {
+    if (channel && !channel.destroyed) channel.write(encodeFrame(msg));
+  };
+  /** Last progress sent, so that a load reports at most every LOAD_PROGRESS_STEP. */
+  let lastProgress = -1;
+  /** True while the model loads: llama.cpp's warnings then are load noise (e.g. "control-looking token"), logged at debug. */
+  let loading = true;
+  let adapter: LlamaAdapter;
+  try {
+    adapter = await LlamaAdapter.open({
+      ...toAdapterOptions(config),
+      log: (level, message) => {
+        if (level === "error" || level === "fatal") logLine(level, message.trim(), { source: "llama.cpp" });
+        else if (level === "warn") logLine(loading ? "debug" : "warn", message.trim(), { source: "llama.cpp" });
+      },
+      onLoadProgress: (progress) => {
+        if (progress - lastProgress < LOAD_PROGRESS_STEP && progress < 1) return;
+        lastProgress = progress;
+        send({ v: PROTOCOL_VERSION, type: "loading", progress: Math.min(1, Math.max(0, progress)) });
+      },
+    });
+  } catch (err) {
+    if (err instanceof NoGpuBackendError) {
+      logLine("fatal", `a GPU was asked for (device "gpu") but ${err.message}`, { event: NO_GPU_EVENT });
+      process.exit(3);
+    }
+    throw err;
+  }
+  loading = false;
+  const backend = await adapter.backend();
   if (config.mode === "validate") {
     const metadata = adapter.metadata();
     await adapter.dispose();
-    process.stdout.write(JSON.stringify({ ok: true, metadata }) + "\n");
+    process.stdout.write(JSON.stringify({ ok: true, metadata, backend }) + "\n");
     return;
   }
+  if (!channel) throw new Error("serve mode without a channel");
 
-  const channel = new net.Socket({ fd: 3, readable: true, writable: true });
-  const send = (msg: EngineMessage): void => {
-    if (!channel.destroyed) channel.write(encodeFrame(msg));
-  };
   const loop = new StepLoop(
     adapter,
     {
@@ -65,6 +95,7 @@ async function main(): Promise<void> {
       maxModelLen: config.maxModelLen,
       prefixCaching: config.prefixCaching,
       partialTrim: adapter.supportsPartialTrim,
+      ...(config.maxPromptLen !== undefined ? { maxPromptLen: config.maxPromptLen } : {}),
     },
     send,
   );
@@ -150,8 +181,11 @@ async function main(): Promise<void> {
     // logprobs up to loop.maxTopLogprobs, the whole sampling set, guides (GBNF; resumed guides replay exactly);
     // no shared prefill (prefix cache only).
     capabilities: { exactSeededResume: true, maxTopLogprobs: loop.maxTopLogprobs, extendedSampling: true, grammars: loop.grammars, sharedPrefill: false },
+    backend,
+    loadMs: Date.now() - startedAt,
   });
-  logLine("info", "model loaded; step loop running", { model: config.modelPath, threads: config.threads, kvCacheType: config.kvCacheType, flashAttention: config.flashAttention });
+  // Debug: the gateway logs its own "engine ready" line from `ready` (load time, backend, KV capacity).
+  logLine("debug", "model loaded; step loop running", { model: config.modelPath, threads: config.threads, kvCacheType: config.kvCacheType, flashAttention: config.flashAttention, backend });
   await loop.run();
   await adapter.dispose();
   channel.end();

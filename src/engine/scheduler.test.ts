@@ -305,6 +305,17 @@ describe("refusals", () => {
     expect(s.phaseOf("a")).toBeNull();
   });
 
+  it("maxPromptLen (split-fuse off): refuses a prompt longer than it, as OVMS; resumed tokens do not count", () => {
+    const s = mk({ maxModelLen: 64, maxNumBatchedTokens: 16, maxPromptLen: 16 });
+    const r = s.add(seq("a", 17));
+    expect(r).toMatchObject({ id: "a", code: "context_length_exceeded" });
+    expect(r!.message).toMatch(/^Input length exceeds pipeline capabilities: 17 > 16/);
+    expect(s.add(seq("b", 16))).toBeNull();
+    // A resumed request: 16 prompt tokens plus 10 generated on an earlier engine is still a 16-token prompt.
+    expect(s.add(seq("c", 26, { promptLength: 16 }))).toBeNull();
+    expect(mk({ maxModelLen: 64, maxNumBatchedTokens: 16 }).add(seq("d", 17))).toBeNull();
+  });
+
   it("refuses input + maxNewTokens > maxModelLen and accepts == maxModelLen", () => {
     const s = mk({ maxModelLen: 8 });
     const r = s.add(seq("a", 5, { maxNewTokens: 4 }));

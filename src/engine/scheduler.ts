@@ -33,6 +33,11 @@ export interface SchedulerConfig {
    * its tokens are a prefix of the new input, and is cleared completely otherwise.
    */
   partialTrim?: boolean;
+  /**
+   * Longest prompt admitted (tokens); unset = only maxModelLen bounds it. Set to maxNumBatchedTokens when chunked
+   * prefill is off (OVMS `--dynamic_split_fuse false`): a prompt must then fit one step, and a longer one is refused.
+   */
+  maxPromptLen?: number;
 }
 
 /** A request as handed to the scheduler, already tokenized. */
@@ -264,6 +269,11 @@ export class Scheduler {
     const cap = this.config.maxModelLen;
     if (this.live.has(req.id)) return { id: req.id, code: "duplicate_id", message: `request id ${req.id} is already live` };
     if (req.inputTokens.length === 0) return { id: req.id, code: "invalid_prompt", message: "the prompt is empty after tokenization" };
+    const promptCap = this.config.maxPromptLen;
+    if (promptCap !== undefined && req.promptLength > promptCap) {
+      // OVMS's wording for the same refusal (split-fuse off), so clients matching on it keep working.
+      return { id: req.id, code: "context_length_exceeded", message: `Input length exceeds pipeline capabilities: ${req.promptLength} > ${promptCap} (a prompt must fit one step of ${promptCap} tokens when chunked prefill is off)` };
+    }
     if (req.inputTokens.length >= cap) {
       return {
         id: req.id,

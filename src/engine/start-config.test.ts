@@ -38,7 +38,10 @@ describe("engine start configuration", () => {
     expect(() => parseEngineConfig(undefined)).toThrow(/missing the EngineConfig JSON argument/);
     const { maxModelLen: _dropped, ...noLen } = config;
     expect(() => parseEngineConfig(JSON.stringify(noLen))).toThrow("EngineConfig.maxModelLen is missing or invalid: undefined");
-    expect(() => parseEngineConfig(JSON.stringify({ ...config, device: "gpu" }))).toThrow('EngineConfig.device is missing or invalid: "gpu"');
+    expect(() => parseEngineConfig(JSON.stringify({ ...config, device: "npu" }))).toThrow('EngineConfig.device is missing or invalid: "npu"');
+    expect(parseEngineConfig(JSON.stringify({ ...config, device: "gpu" })).device).toBe("gpu");
+    expect(() => parseEngineConfig(JSON.stringify({ ...config, maxPromptLen: 0 }))).toThrow("EngineConfig.maxPromptLen is missing or invalid: 0");
+    expect(parseEngineConfig(JSON.stringify({ ...config, maxPromptLen: 64 })).maxPromptLen).toBe(64);
     // The adapter's own option names are not the protocol's.
     expect(() => parseEngineConfig(JSON.stringify({ ...config, maxNumSeqs: undefined, sequences: 4 }))).toThrow(/maxNumSeqs/);
   });

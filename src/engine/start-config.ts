@@ -39,7 +39,8 @@ export function parseEngineConfig(arg: string | undefined): EngineConfig {
   need("prefixCaching", (v) => typeof v === "boolean");
   need("flashAttention", (v) => typeof v === "boolean");
   need("kvCacheType", (v) => v === "f16" || v === "f32" || v === "q8_0" || v === "q4_0");
-  need("device", (v) => v === "cpu" || v === "auto");
+  need("maxPromptLen", (v) => v === undefined || posInt(v));
+  need("device", (v) => v === "cpu" || v === "auto" || v === "gpu");
   return c as EngineConfig;
 }
 

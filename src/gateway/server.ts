@@ -12,7 +12,7 @@
  */
 import { SHUTTING_DOWN_MESSAGE } from "./errors.js";
 import type { FastifyInstance } from "fastify";
-import pino, { type Logger } from "pino";
+import pino, { type DestinationStream, type Logger } from "pino";
 import type { EngineClient } from "./engine-client.js";
 import { buildHttpApp } from "./http-app.js";
 import { Metrics } from "./metrics.js";
@@ -41,6 +41,8 @@ export interface GatewayOptions {
    */
   requestTimeoutMs?: number;
   logLevel: "debug" | "info" | "warn" | "error";
+  /** Where log lines go and in which format (gateway/logging.ts); default: JSON lines on stdout. */
+  logDestination?: DestinationStream;
   /** No step progress for this long (ms) while there is work → the engine is killed and restarted (default 30 s). */
   engineStallTimeoutMs?: number;
   /** Largest number of requests waiting for a sequence before new ones get 429 (the bounded queue). */
@@ -81,7 +83,8 @@ const CLOSE_GRACE_MS = 2000;
 
 /** Build and start the gateway (HTTP listening, engine spawned). */
 export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
-  const log = pino({ level: opts.logLevel, base: { component: "gateway", pid: process.pid } });
+  const logOptions = { level: opts.logLevel, base: { component: "gateway", pid: process.pid } };
+  const log = opts.logDestination ? pino(logOptions, opts.logDestination) : pino(logOptions);
   const metrics = new Metrics({
     counts: () => registry.counts(),
     activeSequences: () => steps.activeSequences,

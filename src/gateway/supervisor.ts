@@ -123,6 +123,9 @@ export class EngineSupervisor {
             case "tokenized":
               this.tokenizer.handle(msg);
               break;
+            case "loading":
+              this.logLoadProgress(msg.progress);
+              break;
             case "protocol_error":
               this.log.error({ event: "protocol_error", error: msg.message }, "engine rejected a message");
               break;
@@ -138,7 +141,7 @@ export class EngineSupervisor {
           // Engine lines are JSON already; pass them through at their level.
           try {
             const parsed = JSON.parse(line) as { level?: string; msg?: string };
-            const level = parsed.level === "fatal" || parsed.level === "error" ? "error" : parsed.level === "warn" ? "warn" : "info";
+            const level = parsed.level === "fatal" || parsed.level === "error" ? "error" : parsed.level === "warn" ? "warn" : parsed.level === "debug" ? "debug" : "info";
             this.log[level]({ engine: parsed }, parsed.msg ?? "engine");
           } catch {
             this.log.info({ engineStream: stream }, line);
@@ -194,6 +197,17 @@ export class EngineSupervisor {
     this.registry.handleEngineExit(SHUTTING_DOWN_MESSAGE, shuttingDown());
   }
 
+  /** Decile of load progress last logged (-1 before the first), so that a load is logged at most every 10%. */
+  private loadLogged = -1;
+
+  /** Log an engine's load progress at most every 10% (engines send finer `loading` messages). */
+  private logLoadProgress(progress: number): void {
+    const decile = Math.floor(progress * 10);
+    if (decile <= this.loadLogged) return;
+    this.loadLogged = decile;
+    this.log.info({ event: "engine_loading", progress }, `loading the model: ${Math.floor(progress * 100)}%`);
+  }
+
   private onReady(msg: ReadyMessage): void {
     this.steps.engineStarted();
     const m = msg.model;
@@ -207,7 +221,9 @@ export class EngineSupervisor {
     this.lastProgressAt = Date.now();
     this.opts.onEngineReady?.(this);
     const recovering = this.registry.recoveringCount;
-    this.log.info({ event: "engine_ready", enginePid: msg.pid, model: m.path, limits: msg.limits, engine: msg.engine, capabilities: msg.capabilities, recovering }, "engine ready");
+    this.loadLogged = -1;
+    const ready = describeReady(msg, this.opts.engine.kvCacheType);
+    this.log.info({ event: "engine_ready", enginePid: msg.pid, model: m.path, limits: msg.limits, engine: msg.engine, capabilities: msg.capabilities, recovering, ...ready.fields }, ready.text);
     if (this.diedAt !== null) {
       this.log.info({ event: "engine_recovered", downtimeMs: Date.now() - this.diedAt, resuming: recovering }, "engine restarted; resuming in-flight requests");
       this.diedAt = null;
@@ -218,6 +234,7 @@ export class EngineSupervisor {
   private onExit(exit: { code: number | null; signal: NodeJS.Signals | null }): void {
     this.steps.engineGone();
     this.tokenizer.failAll("the engine process exited");
+    this.loadLogged = -1; // the next engine's load is logged from 0%, even if this one died while loading
     if (this.stopping) {
       this.registry.handleEngineExit(SHUTTING_DOWN_MESSAGE, shuttingDown());
       return;
@@ -266,4 +283,25 @@ export class EngineSupervisor {
     }, Math.min(500, Math.max(50, stallMs / 4)));
     this.watchdog.unref();
   }
+}
+
+/** Bytes per KV element of each KV cache type (q8_0: blocks of 32 values in 34 bytes; q4_0: 32 in 18). */
+const KV_BYTES_PER_ELEMENT = { f16: 2, f32: 4, q8_0: 34 / 32, q4_0: 18 / 32 } as const;
+
+/**
+ * The "engine ready" log line: load time, backend and devices, KV capacity (tokens per sequence × sequences, and
+ * bytes when the model gives its KV shape).
+ */
+export function describeReady(msg: ReadyMessage, kvCacheType: keyof typeof KV_BYTES_PER_ELEMENT): { text: string; fields: Record<string, unknown> } {
+  const { maxModelLen, maxNumSeqs } = msg.limits;
+  const perToken = msg.model.kvElementsPerToken;
+  const kvBytes = perToken === null ? null : Math.round(perToken * KV_BYTES_PER_ELEMENT[kvCacheType] * maxModelLen * maxNumSeqs);
+  const backend = msg.backend ? (msg.backend.gpu === false ? "cpu" : msg.backend.gpu) : "unknown";
+  const devices = msg.backend?.devices ?? [];
+  const parts = [
+    msg.loadMs !== undefined ? `in ${(msg.loadMs / 1000).toFixed(1)} s` : null,
+    `backend ${backend}${devices.length > 0 ? ` (${devices.join(", ")})` : ""}`,
+    `KV capacity ${maxModelLen} tokens per sequence x ${maxNumSeqs} sequences${kvBytes !== null ? ` (${(kvBytes / 1e6).toFixed(1)} MB ${kvCacheType})` : ""}`,
+  ].filter((p) => p !== null);
+  return { text: `engine ready ${parts.join("; ")}`, fields: { loadMs: msg.loadMs ?? null, backend, devices, kvBytes } };
 }

@@ -16,6 +16,8 @@ export interface EngineConfig {
   maxNumBatchedTokens: number;
   /** Capacity of one sequence: prompt + generated tokens. */
   maxModelLen: number;
+  /** Longest prompt admitted (tokens), optional: set when chunked prefill is off (a prompt must fit one step). */
+  maxPromptLen?: number;
   /** Keep finished requests' KV for prefix reuse. */
   prefixCaching: boolean;
   /** CPU threads for the compute backend. */
@@ -24,8 +26,11 @@ export interface EngineConfig {
   flashAttention: boolean;
   /** KV cache element type for K and V. */
   kvCacheType: "f16" | "f32" | "q8_0" | "q4_0";
-  /** "cpu" never touches a GPU; "auto" lets the engine pick a GPU backend if one works. */
-  device: "cpu" | "auto";
+  /**
+   * "cpu" never touches a GPU; "auto" lets the engine pick a GPU backend if one works (else CPU); "gpu" needs a GPU
+   * backend: an engine that cannot load one exits with a message naming the device (never a silent CPU fallback).
+   */
+  device: "cpu" | "auto" | "gpu";
   /** 1 for the first engine process of a gateway, then 2, 3, … after restarts (fault injection keys on it). */
   generation?: number;
 }

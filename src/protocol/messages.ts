@@ -222,6 +222,24 @@ export interface ReadyMessage {
   /** Engine implementation, e.g. "node-llama-cpp@3.21.1". */
   engine: string;
   capabilities: EngineCapabilities;
+  /** The compute backend actually loaded (optional: engines before issue #10 do not send it). */
+  backend?: EngineBackend;
+  /** Milliseconds from the engine's start to ready (model load + context), optional. */
+  loadMs?: number;
+}
+
+/** The compute backend an engine runs on: `gpu` is the GPU backend's name ("cuda", "vulkan", "metal") or false for CPU. */
+export interface EngineBackend {
+  gpu: string | false;
+  /** Device names the backend uses (GPU names; empty on CPU). */
+  devices: string[];
+}
+
+/** engine → gateway: model load progress, sent while the model loads (before `ready`); `progress` is 0..1. */
+export interface LoadingMessage {
+  v: number;
+  type: "loading";
+  progress: number;
 }
 
 /** engine → gateway: reply to a ping. */
@@ -356,6 +374,7 @@ export interface FatalMessage {
 export type TokenizedMessage = { v: number; type: "tokenized"; id: string } & ({ tokens: number[] } | { error: string });
 
 export type EngineMessage =
+  | LoadingMessage
   | TokenizedMessage
   | ReadyMessage
   | PongMessage

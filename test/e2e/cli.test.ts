@@ -21,6 +21,11 @@ describe("keel serve flags", () => {
     for (const f of ["--rest_port", "--rest_bind_address", "--model_path", "--model_name", "--max_num_seqs", "--max_num_batched_tokens", "--max_model_len", "--log_level", "--engine_threads"]) {
       expect(r.stdout).toContain(f);
     }
+    // OVMS's flags too, and the engine threads rule.
+    for (const f of ["--task", "--target_device", "--plugin_config", "--cache_interval_multiplier", "--dynamic_split_fuse", "--pipeline_type", "--log_path", "--log_format", "--metrics_enable", "--rest_workers", "--cache_dir", "--port", "--config_path", "--api_key_file"]) {
+      expect(r.stdout).toContain(f);
+    }
+    expect(r.stdout).toContain("1 on hosts with <= 2 CPUs, else physical cores - 1");
     expect(r.stdout).toContain("(default: 8000)");
     expect(r.stdout).toContain("(default: 256)");
   });
@@ -149,6 +154,123 @@ describe("keel serve flags", () => {
       await exited;
     }
   });
+});
+
+/** The seed's command line (issue #10), exactly as a shell passes it. */
+const SEED_LINE = ["--task=text_generation", "--target_device=GPU", '--plugin_config={"ENABLE_CPU_PINNING":false}', "--tool_parser", "qwen3coder", "--enable_tool_guided_generation", "true", "--reasoning_parser", "qwen3", "--kv_cache_precision", "u8", "--cache_size", "4", "--enable_prefix_caching", "true", "--cache_interval_multiplier", "64", "--max_num_seqs", "16", "--max_num_batched_tokens", "4096"];
+
+describe("the seed's command line", () => {
+  it("unchanged, on a machine without a GPU: exit 1 with one clear GPU message (no silent CPU fallback, no help dump)", () => {
+    const r = keel("serve", ...SEED_LINE);
+    expect(r.status).toBe(1);
+    const lines = r.stderr.trim().split("\n");
+    expect(lines).toHaveLength(1);
+    expect(lines[0]).toMatch(/^keel serve: --target_device GPU: no GPU backend loads on this machine .*--target_device CPU/);
+    expect(r.stdout).toBe("");
+  }, 60_000);
+
+  it("with --target_device CPU appended it serves: load progress, backend, KV capacity set by --cache_size, every flag's note", async () => {
+    const server = await startServer([...SEED_LINE, "--target_device", "CPU"], {}, { noModelFlag: true });
+    try {
+      const models = JSON.parse((await (await fetch(`${server.baseUrl}/v3/models`)).text())) as { data: { id: string }[] };
+      const r = await chat(server.baseUrl, { model: models.data[0]!.id, messages: [{ role: "user", content: "Hello" }], max_tokens: 4 });
+      expect(r.status).toBe(200);
+      const events = server.logs.flatMap((l) => {
+        try {
+          return [JSON.parse(l) as Record<string, unknown>];
+        } catch {
+          return [];
+        }
+      });
+      // Load progress: logged at most once per 10%, rising, ending at 100%.
+      const progress = events.filter((e) => e["event"] === "engine_loading").map((e) => Math.floor((e["progress"] as number) * 10));
+      expect(progress.length).toBeGreaterThan(0);
+      expect(progress.length).toBeLessThanOrEqual(11);
+      for (let i = 1; i < progress.length; i++) expect(progress[i]).toBeGreaterThan(progress[i - 1]!);
+      expect(progress.at(-1)).toBe(10);
+      const ready = events.find((e) => e["event"] === "engine_ready")!;
+      expect(ready["backend"]).toBe("cpu");
+      expect(ready["msg"]).toMatch(/^engine ready in \d+\.\d s; backend cpu; KV capacity \d+ tokens per sequence x 16 sequences \(\d+\.\d MB q8_0\)$/);
+      // --cache_size 4 decides the capacity: beyond the 4096-token default, as the model's context allows.
+      const capacity = events.find((e) => e["event"] === "capacity")!;
+      const limits = ready["limits"] as { maxModelLen: number };
+      expect(capacity["tokensPerSequence"]).toBe(limits.maxModelLen);
+      expect(limits.maxModelLen).toBeGreaterThan(4096);
+      expect(capacity["kvBytes"]).toBe(ready["kvBytes"]);
+      const flagNotes = events.filter((e) => e["event"] === "flag").map((e) => e["msg"] as string);
+      expect(flagNotes.some((m) => m.startsWith("--plugin_config ENABLE_CPU_PINNING false"))).toBe(true);
+      expect(flagNotes.some((m) => m.startsWith("--cache_interval_multiplier 64 is a no-op"))).toBe(true);
+      // llama.cpp's warnings while loading (e.g. "control-looking token") are debug, not warnings.
+      const readyAt = events.indexOf(ready);
+      expect(events.slice(0, readyAt).filter((e) => e["level"] === 40 && (e["engine"] as { source?: string } | undefined)?.source === "llama.cpp")).toEqual([]);
+    } finally {
+      await server.stop();
+    }
+  }, 120_000);
+});
+
+describe("--log_path and --log_format text", () => {
+  it("write readable lines to the file (load progress, engine ready, a request), nothing to stdout", async () => {
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), "keel-logpath-"));
+    const file = path.join(dir, "keel.log");
+    const proc = spawn(process.execPath, [path.join(ROOT, "bin", "keel.mjs"), "serve", "--model_path", "keel-tiny", "--rest_port", "0", "--rest_bind_address", "127.0.0.1", "--log_path", file, "--log_format", "text"], { cwd: ROOT, stdio: ["ignore", "pipe", "pipe"] });
+    let stdout = "";
+    proc.stdout.setEncoding("utf8").on("data", (d: string) => (stdout += d));
+    const exited = new Promise<number | null>((r) => proc.once("exit", (c) => r(c)));
+    try {
+      // The log file is the only place the port and readiness appear: read it as it grows.
+      let text = "";
+      for (let i = 0; i < 600 && !/ engine ready /.test(text); i++) {
+        await new Promise((r) => setTimeout(r, 50));
+        text = fs.existsSync(file) ? fs.readFileSync(file, "utf8") : "";
+      }
+      const port = Number(/"port":(\d+)/.exec(text)?.[1]);
+      const r = await chat(`http://127.0.0.1:${port}`, { model: "keel-tiny", messages: [{ role: "user", content: "hi" }], max_tokens: 2 });
+      expect(r.status).toBe(200);
+      proc.kill("SIGTERM");
+      expect(await exited).toBe(0);
+      const lines = fs.readFileSync(file, "utf8").trim().split("\n");
+      for (const l of lines) expect(l).toMatch(/^\d\d:\d\d:\d\d\.\d{3} (DEBUG|INFO |WARN |ERROR) gateway /);
+      expect(lines.some((l) => / INFO  gateway loading the model: 100% /.test(l))).toBe(true);
+      expect(lines.some((l) => / INFO  gateway engine ready in \d+\.\d s; backend cpu; KV capacity /.test(l))).toBe(true);
+      expect(lines.some((l) => / INFO  gateway request finished /.test(l))).toBe(true);
+      expect(stdout).toBe("");
+    } finally {
+      proc.kill("SIGKILL");
+      fs.rmSync(dir, { recursive: true, force: true });
+    }
+  }, 90_000);
+});
+
+describe("--target_device AUTO", () => {
+  it("takes a GPU backend only if one loads, and logs the backend actually used", async () => {
+    const server = await startServer(["--target_device", "AUTO"]);
+    try {
+      const device = server.logs.map((l) => JSON.parse(l) as Record<string, unknown>).find((e) => e["event"] === "device")!;
+      expect(device["targetDevice"]).toBe("auto");
+      const backend = device["backend"] as { gpu: string | false; devices: string[] };
+      // Whatever loads here is named: "cpu" without devices, or a GPU backend with its device names.
+      expect(device["msg"]).toBe(`target device auto: llama.cpp runs on ${backend.gpu === false ? "cpu" : `${backend.gpu} (${backend.devices.join(", ")})`}`);
+      expect(backend.gpu === false ? backend.devices.length === 0 : backend.devices.length > 0).toBe(true);
+    } finally {
+      await server.stop();
+    }
+  }, 60_000);
+});
+
+describe("--dynamic_split_fuse false", () => {
+  it("a prompt longer than --max_num_batched_tokens is a 400 (as OVMS); a shorter one is served", async () => {
+    const server = await startServer(["--dynamic_split_fuse", "false", "--max_num_batched_tokens", "16"]);
+    try {
+      const long = await chat(server.baseUrl, { model: "keel-tiny", messages: [{ role: "user", content: "one two three four five six seven eight nine ten eleven twelve" }], max_tokens: 2 });
+      expect(long.status).toBe(400);
+      expect(JSON.stringify(long.body)).toMatch(/Input length exceeds pipeline capabilities: \d+ > 16/);
+      const short = await chat(server.baseUrl, { model: "keel-tiny", prompt: "hi", max_tokens: 2 }, {}, "/v3/completions");
+      expect(short.status).toBe(200);
+    } finally {
+      await server.stop();
+    }
+  }, 60_000);
 });
 
 describe("--deterministic", () => {

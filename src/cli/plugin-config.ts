@@ -1,0 +1,93 @@
+/**
+ * `--plugin_config` (OVMS: a JSON object of OpenVINO device properties) mapped onto Keel's engine settings.
+ * Keys that map are applied; keys without a llama.cpp meaning are warned about (named, not silently dropped); a key
+ * that another flag also sets is refused with OVMS's "Doubled … parameter in plugin config." message.
+ */
+
+/** What a plugin config sets, plus what the operator must be told. */
+export interface PluginSettings {
+  /** KV_CACHE_PRECISION → the KV cache precision flag's values. */
+  kvCachePrecision?: "f16" | "u8";
+  /** INFERENCE_NUM_THREADS → engine threads. */
+  threads?: number;
+  /** CACHE_DIR → the cache directory (as --cache_dir). */
+  cacheDir?: string;
+  /** Lines to log at start (warn: a key not applied; info: what a key does here). */
+  notes: { level: "info" | "warn"; msg: string }[];
+  /** Reasons to refuse the command line. */
+  problems: string[];
+}
+
+/** Keys OVMS also sets from a flag (a key given both ways is "Doubled"), mapped to that flag's name. */
+const FLAG_OF_KEY: Record<string, string> = {
+  KV_CACHE_PRECISION: "kv_cache_precision",
+  INFERENCE_NUM_THREADS: "engine_threads",
+  CACHE_DIR: "cache_dir",
+  MAX_PROMPT_LEN: "max_prompt_len",
+  MODEL_DISTRIBUTION_POLICY: "model_distribution_policy",
+};
+
+/** OpenVINO properties that only tune OpenVINO's own runtime: no llama.cpp meaning, warned. */
+const OPENVINO_ONLY = new Set(["PERFORMANCE_HINT", "NUM_STREAMS", "INFERENCE_PRECISION_HINT", "EXECUTION_MODE_HINT", "AFFINITY", "DYNAMIC_QUANTIZATION_GROUP_SIZE", "KV_CACHE_GROUP_SIZE", "ENABLE_HYPER_THREADING", "SCHEDULING_CORE_TYPE", "MODEL_PRIORITY"]);
+
+const asBool = (v: unknown): boolean | null => (v === true || v === "true" || v === "YES" ? true : v === false || v === "false" || v === "NO" ? false : null);
+
+/**
+ * Parse `--plugin_config`. @param flagsGiven flag names given on the command line (for the Doubled rule).
+ */
+export function parsePluginConfig(raw: string, flagsGiven: ReadonlySet<string>): PluginSettings {
+  const out: PluginSettings = { notes: [], problems: [] };
+  let obj: unknown;
+  try {
+    obj = JSON.parse(raw);
+  } catch (err) {
+    out.problems.push(`--plugin_config is not valid JSON: ${(err as Error).message}`);
+    return out;
+  }
+  if (typeof obj !== "object" || obj === null || Array.isArray(obj)) {
+    out.problems.push(`--plugin_config must be a JSON object, got ${JSON.stringify(obj)}`);
+    return out;
+  }
+  // 1. Each key in turn: doubled, mapped, or warned.
+  for (const [key, value] of Object.entries(obj as Record<string, unknown>)) {
+    const flag = FLAG_OF_KEY[key];
+    if (flag !== undefined && flagsGiven.has(flag)) {
+      out.problems.push(`Doubled ${key} parameter in plugin config (--${flag} sets it too; give it once)`);
+      continue;
+    }
+    switch (key) {
+      case "KV_CACHE_PRECISION":
+        if (value === "u8" || value === "f16") out.kvCachePrecision = value;
+        else out.problems.push(`--plugin_config KV_CACHE_PRECISION must be "u8" or "f16" in Keel (llama.cpp q8_0 or f16 KV cache), got ${JSON.stringify(value)}`);
+        break;
+      case "INFERENCE_NUM_THREADS":
+        if (Number.isSafeInteger(value) && (value as number) >= 1 && (value as number) <= 512) out.threads = value as number;
+        else if (value === 0) out.notes.push({ level: "info", msg: "--plugin_config INFERENCE_NUM_THREADS 0 means the default (as OpenVINO): the engine threads rule of --help applies" });
+        else out.problems.push(`--plugin_config INFERENCE_NUM_THREADS must be an integer between 0 and 512, got ${JSON.stringify(value)}`);
+        break;
+      case "ENABLE_CPU_PINNING": {
+        const pin = asBool(value);
+        if (pin === null) out.problems.push(`--plugin_config ENABLE_CPU_PINNING must be true or false, got ${JSON.stringify(value)}`);
+        else if (pin) out.notes.push({ level: "warn", msg: "--plugin_config ENABLE_CPU_PINNING true is not applied: Keel does not pin llama.cpp's threads to cores (the OS schedules them; start Keel under taskset/numactl to pin)" });
+        else out.notes.push({ level: "info", msg: "--plugin_config ENABLE_CPU_PINNING false: as Keel always runs, llama.cpp's threads are not pinned to cores (the OS schedules them)" });
+        break;
+      }
+      case "CACHE_DIR":
+        if (typeof value === "string" && value !== "") out.cacheDir = value;
+        else out.problems.push(`--plugin_config CACHE_DIR must be a directory path, got ${JSON.stringify(value)}`);
+        break;
+      case "MAX_PROMPT_LEN":
+      case "MODEL_DISTRIBUTION_POLICY":
+        out.problems.push(`--plugin_config ${key} is not supported: see --${flag} in --help`);
+        break;
+      default:
+        out.notes.push({
+          level: "warn",
+          msg: OPENVINO_ONLY.has(key)
+            ? `--plugin_config ${key} is an OpenVINO runtime property with no llama.cpp equivalent; not applied`
+            : `--plugin_config ${key} is not a property Keel knows; not applied (known: KV_CACHE_PRECISION, INFERENCE_NUM_THREADS, ENABLE_CPU_PINNING, CACHE_DIR)`,
+        });
+    }
+  }
+  return out;
+}
