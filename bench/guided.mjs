@@ -5,8 +5,9 @@
 // up side by side and are used one at a time (round by round, alternating, so machine-load drift hits both alike).
 //  1. Per tool count (1, 10, 50 tools of 5 parameters each): the same streaming request (a distinct user question per
 //     round, tools rendered in the prompt, greedy, max_tokens TOKENS) to the unguided server with tool_choice auto and
-//     to the guided server with tool_choice "required" (constrained from the first token). Reported: TTFT p50
-//     (request sent → first streamed delta) and decode tok/s p50 (completion tokens after the first / time after it).
+//     to the guided server with tool_choice "required" (constrained from the first token). Reported: TTFT p50 and
+//     decode tok/s p50 (1 / mean inter-token latency), both from the server's own histograms read around each
+//     request (a tool call streams whole, so the client cannot time its tokens).
 //  2. Bystanders: BYSTANDERS plain streaming chats (no tools, ignore_eos, TOKENS tokens), alone and alongside one
 //     50-tool request: unconstrained (tool_choice auto) on the unguided server, constrained (tool_choice required) on
 //     the guided server. Reported: the bystanders' ITL p50 and p99 (gaps between their content deltas). The batch
@@ -134,7 +135,15 @@ async function stream(server, body) {
 const [plain, guided] = [await startServer(false), await startServer(true)];
 const questions = ["Weather in Paris?", "Is it warm in Rome?", "Forecast for Oslo, 3 days", "Weather in Lima in fahrenheit", "How is the weather in Cairo?"];
 
+/** Sum and count of a Prometheus histogram on a server's /metrics. */
+async function histogram(server, name) {
+  const text = await (await fetch(server.url.replace(/\/v3\/chat\/completions$/, "/metrics"))).text();
+  const num = (suffix) => Number(new RegExp(`^${name}_${suffix}(?:\\{[^}]*\\})? (\\S+)$`, "m").exec(text)?.[1] ?? NaN);
+  return { sum: num("sum"), count: num("count") };
+}
+
 console.log(`model ${MODEL}; ${TOKENS} max tokens; ${ROUNDS} rounds; greedy`);
+console.log("(TTFT and decode speed from the server's keel_time_to_first_token / keel_inter_token_latency histograms: a call streams whole)");
 console.log("tools  unguided TTFT ms  guided TTFT ms  unguided tok/s  guided tok/s  guided/unguided tok/s");
 for (const n of TOOL_COUNTS) {
   const t = tools(n);
@@ -142,12 +151,13 @@ for (const n of TOOL_COUNTS) {
   for (let r = 0; r < ROUNDS + 1; r++) {
     const q = questions[r % questions.length];
     for (const [name, server, choice] of [["plain", plain, "auto"], ["guided", guided, "required"]]) {
-      const s = await stream(server, { messages: [{ role: "user", content: `${q} (#${r})` }], tools: t, tool_choice: choice, max_tokens: TOKENS });
+      const [ttft0, itl0] = [await histogram(server, "keel_time_to_first_token_seconds"), await histogram(server, "keel_inter_token_latency_seconds")];
+      await stream(server, { messages: [{ role: "user", content: `${q} (#${r})` }], tools: t, tool_choice: choice, max_tokens: TOKENS });
+      const [ttft1, itl1] = [await histogram(server, "keel_time_to_first_token_seconds"), await histogram(server, "keel_inter_token_latency_seconds")];
       if (r === 0) continue; // warm-up: fills the prefix cache with the tool prompt, as an agent fleet's steady state
-      if (!s.arrivals.length || !s.usage) continue;
-      m[name].ttft.push(s.arrivals[0] - s.t0);
-      const after = s.usage.completion_tokens - 1;
-      if (after > 0) m[name].tps.push(after / ((s.end - s.arrivals[0]) / 1000));
+      m[name].ttft.push((ttft1.sum - ttft0.sum) * 1000);
+      const gaps = itl1.count - itl0.count;
+      if (gaps > 0) m[name].tps.push(gaps / (itl1.sum - itl0.sum));
     }
   }
   const pt = pct(m.plain.tps, 50);
