@@ -7,7 +7,8 @@ import fs from "node:fs";
 import { parseArgs } from "node:util";
 import { DEFAULT_ENGINE_COMMAND, spawnEngine } from "./gateway/engine-client.js";
 import { startGateway } from "./gateway/server.js";
-import { HOW_TO_PASS_A_MODEL, resolveServeModel, type ServeModel } from "./model/serve-model.js";
+import { logProgress, ttyProgress } from "./model/hub-progress.js";
+import { HOW_TO_PASS_A_MODEL, modelSourceFlagProblem, resolveHubModel, resolveServeModel, type ServeModel } from "./model/serve-model.js";
 import type { EngineCommand, EngineConfig } from "./protocol/engine-config.js";
 import type { ModelMetadata } from "./protocol/messages.js";
 import { REASONING_PARSERS, TOOL_PARSERS, type ReasoningParserName, type ToolParserName } from "./gateway/tools.js";
@@ -19,6 +20,8 @@ interface FlagSpec {
   default: string | undefined;
   /** Parse and check the value; throw Error with a message naming the flag. */
   parse?: (v: string) => unknown;
+  /** A switch as in OVMS (`--pull`): given alone it means true; `--pull=false` is accepted too. */
+  switch?: true;
 }
 
 const int = (name: string, min: number, max = Number.MAX_SAFE_INTEGER) => (v: string): number => {
@@ -47,6 +50,11 @@ export const SERVE_FLAGS: FlagSpec[] = [
   { name: "rest_port", help: "HTTP port", default: "8000", parse: int("rest_port", 0, 65535) },
   { name: "rest_bind_address", help: "HTTP bind address", default: "0.0.0.0" },
   { name: "model_path", help: "GGUF model file, a model name from `keel fetch --list` (fetched and cached on first use), or keel-tiny / keel-tiny-qwen3 / keel-tiny-qwen3coder (generated random-weight models) (default: smollm2-135m-instruct; keel-tiny if it cannot be fetched)", default: undefined },
+  { name: "source_model", help: "Hugging Face hub repository ORG/NAME to pull a GGUF from (HF_ENDPOINT, HF_TOKEN honoured) into --model_repository_path/ORG/NAME; served as ORG/NAME unless --model_name", default: undefined },
+  { name: "model_repository_path", help: "directory models are pulled into (default: $OVMS_MODEL_REPOSITORY_PATH)", default: undefined },
+  { name: "gguf_filename", help: "the .gguf file to take from a --source_model repository or a --model_path directory holding several", default: undefined },
+  { name: "pull", help: "download the --source_model and exit (without it: download if missing, then serve)", default: "false", switch: true, parse: bool("pull") },
+  { name: "overwrite_models", help: "download the --source_model again even when it is already in the repository", default: "false", switch: true, parse: bool("overwrite_models") },
   { name: "model_name", help: "served model name (default: the model's own name, e.g. SmolLM2-135M-Instruct or keel-tiny, or the model file's base name)", default: undefined },
   { name: "max_num_seqs", help: "sequences decoded together (KV slots)", default: "8", parse: int("max_num_seqs", 1, 256) },
   { name: "max_num_batched_tokens", help: "token budget of one engine step (>= max_num_seqs)", default: "256", parse: int("max_num_batched_tokens", 1, 65536) },
@@ -70,6 +78,9 @@ export const SERVE_FLAGS: FlagSpec[] = [
   { name: "deterministic", help: "same request + seed → same text on every run: prefix reuse off, flash attention off, f16 KV (see README)", default: "false", parse: bool("deterministic") },
 ];
 
+/** Flags that take no value (`--pull`). */
+const SWITCHES = new Set(SERVE_FLAGS.filter((f) => f.switch).map((f) => f.name));
+
 function usage(): string {
   const lines = ["Usage: keel serve [--flag value ...]", "", "Flags:"];
   for (const f of SERVE_FLAGS) lines.push(`  --${f.name.padEnd(24)} ${f.help}${f.default !== undefined ? ` (default: ${f.default})` : ""}`);
@@ -79,7 +90,7 @@ function usage(): string {
 
 /** Parse `keel serve` flags. @throws Error with a user-facing message (every unknown flag named at once). */
 export function parseServeFlags(argv: string[]): Record<string, unknown> {
-  const options = Object.fromEntries([...SERVE_FLAGS.map((f) => [f.name, { type: "string" as const }]), ["help", { type: "boolean" as const, short: "h" }]]);
+  const options = Object.fromEntries([...SERVE_FLAGS.map((f) => [f.name, { type: f.switch ? ("boolean" as const) : ("string" as const) }]), ["help", { type: "boolean" as const, short: "h" }]]);
   // Non-strict parsing with tokens, so that every unknown flag and every flag missing its value is reported in one
   // run instead of the first one only.
   const parsed = parseArgs({ args: argv, options, strict: false, allowPositionals: true, tokens: true });
@@ -91,7 +102,7 @@ export function parseServeFlags(argv: string[]): Record<string, unknown> {
     if (!known.has(t.name)) unknown.push(t.rawName);
     // A value that is itself a flag (`--rest_port --max_num_seqs 4`) means the value was forgotten; that flag is
     // checked too (`--log_level --bogus` names both).
-    else if (t.name !== "help" && (t.value === undefined || (!t.inlineValue && t.value.startsWith("--")))) {
+    else if (t.name !== "help" && !SWITCHES.has(t.name) && (t.value === undefined || (!t.inlineValue && t.value.startsWith("--")))) {
       valueless.push(t.rawName);
       const swallowed = t.value?.slice(2).split("=")[0];
       if (swallowed !== undefined && !known.has(swallowed)) unknown.push(`--${swallowed}`);
@@ -109,7 +120,8 @@ export function parseServeFlags(argv: string[]): Record<string, unknown> {
   for (const f of SERVE_FLAGS) {
     if (valueless.includes(`--${f.name}`)) continue;
     const given = values[f.name];
-    const raw = (typeof given === "string" ? given : undefined) ?? f.default;
+    // A switch given alone (`--pull`) is true; with an inline value (`--pull=false`) that value is parsed.
+    const raw = (given === true ? "true" : typeof given === "string" ? given : undefined) ?? f.default;
     try {
       out[f.name] = raw === undefined ? undefined : f.parse ? f.parse(raw) : raw;
     } catch (err) {
@@ -247,17 +259,47 @@ async function serve(argv: string[]): Promise<void> {
     process.stdout.write(usage() + "\n");
     return;
   }
+  const sourceFlags = {
+    modelPath: flags["model_path"] as string | undefined,
+    sourceModel: flags["source_model"] as string | undefined,
+    modelRepositoryPath: (flags["model_repository_path"] as string | undefined) ?? (process.env["OVMS_MODEL_REPOSITORY_PATH"] || undefined),
+    ggufFilename: flags["gguf_filename"] as string | undefined,
+    pull: flags["pull"] as boolean,
+    overwriteModels: flags["overwrite_models"] as boolean,
+  };
+  const sourceProblem = modelSourceFlagProblem(sourceFlags);
+  if (sourceProblem) {
+    process.stderr.write(`keel serve: ${sourceProblem}\n`);
+    process.exit(2);
+  }
+  const say = (l: string): void => void process.stderr.write(`keel serve: ${l}\n`);
   let model: ServeModel;
   try {
-    model = await resolveServeModel(flags["model_path"] as string | undefined, { fetch: { log: (l) => process.stderr.write(`keel serve: ${l}\n`) } });
+    model = sourceFlags.sourceModel !== undefined
+      ? await resolveHubModel(
+          { sourceModel: sourceFlags.sourceModel, repositoryPath: sourceFlags.modelRepositoryPath!, ggufFilename: sourceFlags.ggufFilename, overwrite: sourceFlags.overwriteModels },
+          // A bar redrawn in place on a terminal; one line per 10% in a log.
+          { log: say, progress: (label) => (process.stderr.isTTY ? ttyProgress((s) => process.stderr.write(s), label) : logProgress(say, label)) },
+        )
+      : await resolveServeModel(sourceFlags.modelPath, { fetch: { log: say }, ggufFilename: sourceFlags.ggufFilename });
   } catch (err) {
-    process.stderr.write(`keel serve: ${(err as Error).message}\n`);
+    say((err as Error).message);
     process.exit(1);
+  }
+  if (sourceFlags.pull) {
+    // OVMS's --pull: download and exit; the file is only checked to be a GGUF (loading it is serving's job).
+    const notGguf = checkModelFile(model.path);
+    if (notGguf) {
+      say(notGguf);
+      process.exit(1);
+    }
+    say(`${model.kind === "hub" && model.downloaded ? "pulled" : "already pulled"} ${sourceFlags.sourceModel} to ${model.path}`);
+    return;
   }
   if (model.kind === "fallback") process.stderr.write(`keel serve: ${model.reason}\nkeel serve: serving the random-weight keel-tiny instead; ${HOW_TO_PASS_A_MODEL}\n`);
   const modelPath = model.path;
   const demo = model.kind === "tiny" || model.kind === "fallback";
-  const notAModel = model.kind === "file" ? checkModelFile(modelPath) : null;
+  const notAModel = model.kind === "file" || model.kind === "directory" || model.kind === "hub" ? checkModelFile(modelPath) : null;
   if (notAModel) {
     process.stderr.write(`keel serve: ${notAModel}\n`);
     process.exit(1);
