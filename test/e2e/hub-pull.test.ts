@@ -81,6 +81,36 @@ describe("keel serve --source_model against a fake hub", () => {
     }
   });
 
+  it("a pull killed mid-file is continued from its .part by the next run", async () => {
+    const killedRepo = path.join(tmp, "killed");
+    hub.requests.length = 0;
+    hub.stallNextFileAfter(Math.floor(tiny.length * 0.6));
+    const child = spawn(process.execPath, [path.join(ROOT, "bin", "keel.mjs"), "serve", "--source_model", "org/tiny", "--model_repository_path", killedRepo, "--pull"], {
+      cwd: ROOT,
+      env: { ...process.env, ...env() },
+      stdio: ["ignore", "ignore", "pipe"],
+    });
+    // Kill it once its own progress line says half of the file is on disk (progress is reported after each write).
+    const exited = new Promise<void>((resolve) => child.on("exit", () => resolve()));
+    let stderr = "";
+    await new Promise<void>((resolve) => {
+      child.on("exit", () => resolve()); // an early exit ends the wait too; the check below then fails with its output
+      child.stderr.setEncoding("utf8").on("data", (d: string) => {
+        stderr += d;
+        if (stderr.includes("keel-tiny.gguf: 50% (")) resolve();
+      });
+    });
+    expect(stderr).toContain("keel-tiny.gguf: 50% (");
+    child.kill("SIGKILL");
+    await exited;
+    const r = await keelRun(["--source_model", "org/tiny", "--model_repository_path", killedRepo, "--pull"], env());
+    expect(r.code).toBe(0);
+    const resumedAt = Number(/resuming keel-tiny\.gguf at (\d+) bytes/.exec(r.stderr)?.[1]);
+    expect(resumedAt).toBeGreaterThanOrEqual(Math.floor(tiny.length * 0.5));
+    expect(hub.requests.filter((q) => q.url.startsWith("/cdn/")).map((q) => q.range)).toEqual([undefined, `bytes=${resumedAt}-`]);
+    expect(sha256(readFileSync(path.join(killedRepo, "org", "tiny", "keel-tiny.gguf")))).toBe(sha256(tiny));
+  });
+
   it("a hub error is a clear message and exit 1", async () => {
     const r = await keelRun(["--source_model", "org/missing", "--model_repository_path", repo, "--pull"], env());
     expect(r.code).toBe(1);

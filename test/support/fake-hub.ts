@@ -7,6 +7,7 @@
  * - `GET /cdn/ORG/NAME/FILE` → the bytes, with `Range: bytes=N-` (206 + Content-Range) and an sha256 `ETag`
  * - a token mode: every route answers 401 unless `Authorization: Bearer <token>`
  * - a drop mode: the next file response sends part of the body and then destroys the socket (once per arm)
+ * - a stall mode: the next file response sends part of the body and then nothing more (once per arm)
  */
 import {createHash} from "node:crypto";
 import http from "node:http";
@@ -36,6 +37,8 @@ export interface FakeHub {
     requests: SeenRequest[];
     /** The next file body is cut after `afterBytes` bytes (the socket is destroyed), once. */
     dropNextFileAfter(afterBytes: number): void;
+    /** The next file body stops after `afterBytes` bytes and the connection stays open, silent (a hung transfer), once. */
+    stallNextFileAfter(afterBytes: number): void;
     /** Require this bearer token from now on (undefined = none). */
     requireToken(token: string | undefined): void;
     close(): Promise<void>;
@@ -53,6 +56,8 @@ export async function startFakeHub(repos: Record<string, Record<string, FakeFile
     const requests: SeenRequest[] = [];
     /** Bytes after which the next file body is cut, or null. */
     let dropAfter: number | null = null;
+    /** Bytes after which the next file body stalls, or null. */
+    let stallAfter: number | null = null;
     /** The bearer token required, or undefined. */
     let token: string | undefined;
 
@@ -124,6 +129,12 @@ export async function startFakeHub(repos: Record<string, Record<string, FakeFile
                 res.write(body.subarray(0, cut), () => res.socket?.destroy());
                 return;
             }
+            if (stallAfter !== null && stallAfter < body.length) {
+                const cut = stallAfter;
+                stallAfter = null;
+                res.write(body.subarray(0, cut)); // and never the rest: close() ends the connection
+                return;
+            }
             res.end(body);
             return;
         }
@@ -135,6 +146,7 @@ export async function startFakeHub(repos: Record<string, Record<string, FakeFile
         endpoint: `http://127.0.0.1:${port}`,
         requests,
         dropNextFileAfter: (n) => (dropAfter = n),
+        stallNextFileAfter: (n) => (stallAfter = n),
         requireToken: (t) => (token = t),
         close: () => new Promise<void>((resolve) => {
             server.closeAllConnections();
