@@ -66,8 +66,9 @@ describe("pullHubModel", () => {
         expect((wrong as HubError).message).toMatch(/HTTP 401.*HF_TOKEN is not allowed/);
     });
 
-    it("an unknown repository is a clear not-found error", async () => {
+    it("an unknown repository is a clear not-found error and leaves nothing on disk", async () => {
         await expect(pullHubModel({sourceModel: "org/missing", repositoryPath: root}, opts())).rejects.toThrow("the hub has no model repository org/missing (HTTP 404)");
+        expect(existsSync(root)).toBe(false);
     });
 
     it("a connection dropped mid-file is resumed with a Range request and the file verifies", async () => {
@@ -113,6 +114,18 @@ describe("pullHubModel", () => {
         const again = await pullHubModel({sourceModel: "org/tiny", repositoryPath: root, overwrite: true}, opts());
         expect(again.downloaded).toBe(true);
         expect(hub.requests.filter((q) => q.url.startsWith("/cdn/")).length).toBe(1);
+    });
+
+    it("two pulls of one model at once download it once (the second waits for the first's lock)", async () => {
+        const [a, b] = await Promise.all([
+            pullHubModel({sourceModel: "org/tiny", repositoryPath: root}, opts({lockPollMs: 5})),
+            pullHubModel({sourceModel: "org/tiny", repositoryPath: root}, opts({lockPollMs: 5}))
+        ]);
+        expect(a.path).toBe(b.path);
+        expect([a.downloaded, b.downloaded].sort()).toEqual([false, true]);
+        expect(hub.requests.filter((q) => q.url.startsWith("/cdn/")).length).toBe(1);
+        expect(sha256(readFileSync(a.path))).toBe(sha256(model));
+        expect(existsSync(path.join(root, "org", "tiny", ".keel-pull.lock"))).toBe(false);
     });
 
     it("several GGUFs need --gguf_filename (listed); a named one in a subfolder is pulled there", async () => {

@@ -8,7 +8,8 @@
  * resuming with a `Range` request after a dropped connection or from a `.part` a killed process left, with bounded
  * retries and exponential backoff; (4) it is verified — the sha256 of the hub's LFS metadata (the `lfs.sha256` of the
  * file list, else a 64-hex `X-Linked-Etag`/`ETag`), else the size alone — and (5) renamed to its final name
- * (atomic), so a reader never sees a partial or unverified file.
+ * (atomic), so a reader never sees a partial or unverified file. Two pulls into one directory at once take turns
+ * (a lock file holding the puller's pid); the second finds the file in place.
  *
  * `HF_TOKEN` is sent as `Authorization: Bearer`; fetch drops it on a redirect to another origin (the hub's CDN).
  *
@@ -20,6 +21,7 @@ import {mkdir, open, readdir, rename, rm, stat, truncate} from "node:fs/promises
 import path from "node:path";
 import {setTimeout as delay} from "node:timers/promises";
 import type {ProgressSink} from "./hub-progress.js";
+import {acquireLock} from "./model-cache.js";
 
 /** Why a pull failed (also in the message). */
 export type HubFailure =
@@ -70,6 +72,8 @@ export interface HubOptions {
     backoffMs?: number;
     /** A connection that delivers nothing for this long is dropped and retried (default 60 s). */
     idleTimeoutMs?: number;
+    /** Milliseconds between looks at another process's pull lock (default 500). */
+    lockPollMs?: number;
 }
 
 /** What {@link pullHubModel} is asked to pull. */
@@ -378,17 +382,30 @@ export async function pullHubModel(req: PullRequest, opts: HubOptions = {}): Pro
     if (req.ggufFilename !== undefined) checkGgufFilename(req.ggufFilename);
     const dir = hubModelDir(req.repositoryPath, req.sourceModel);
     const log = opts.log ?? (() => undefined);
+    /** The file already in place (the named one, or the directory's only `.gguf`), or null. */
+    const present = async (): Promise<string | null> => {
+        const found = req.ggufFilename !== undefined ? ((await sizeOf(path.join(dir, req.ggufFilename))) > 0 ? [req.ggufFilename] : []) : await localGgufs(dir);
+        return found.length === 1 ? path.join(dir, found[0]!) : null;
+    };
     // 1. Already pulled: no network (as OVMS, a present model is not downloaded again without --overwrite_models).
-    if (!req.overwrite) {
-        const present = req.ggufFilename !== undefined ? ((await sizeOf(path.join(dir, req.ggufFilename))) > 0 ? [req.ggufFilename] : []) : await localGgufs(dir);
-        if (present.length === 1) return {path: path.join(dir, present[0]!), downloaded: false, verified: "existing"};
-    }
-    // 2. The file list picks the GGUF.
+    const hit = req.overwrite ? null : await present();
+    if (hit) return {path: hit, downloaded: false, verified: "existing"};
+    // 2. The file list picks the GGUF (before anything is created on disk: a wrong name leaves no empty directory).
     log(`pulling ${req.sourceModel} from ${opts.endpoint ?? hubEndpoint()} into ${dir}`);
     const file = pickGguf(req.sourceModel, await hubModelFiles(req.sourceModel, opts), req.ggufFilename);
     const dest = path.join(dir, file.name);
-    // 3. Download, verify, rename. An overwrite starts from scratch rather than from an older .part.
-    if (req.overwrite) await rm(`${dest}.part`, {force: true});
-    const verified = await downloadHubFile(req.sourceModel, file, dest, opts);
-    return {path: dest, downloaded: true, verified};
+    // 3. One puller per repository directory: two pulls appending to one .part would corrupt it. A lock whose
+    //    process is gone is taken over.
+    await mkdir(dir, {recursive: true});
+    const release = await acquireLock(path.join(dir, ".keel-pull.lock"), opts.lockPollMs ?? 500, (pid) => log(`waiting for process ${pid}, which is pulling into ${dir}`));
+    try {
+        // a. Another pull may have finished it while this one waited.
+        if (!req.overwrite && (await sizeOf(dest)) > 0) return {path: dest, downloaded: false, verified: "existing"};
+        // b. Download, verify, rename. An overwrite starts from scratch rather than from an older .part.
+        if (req.overwrite) await rm(`${dest}.part`, {force: true});
+        const verified = await downloadHubFile(req.sourceModel, file, dest, opts);
+        return {path: dest, downloaded: true, verified};
+    } finally {
+        await release();
+    }
 }
