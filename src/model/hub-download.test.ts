@@ -85,6 +85,26 @@ describe("pullHubModel", () => {
         expect(logs.some((l) => l.startsWith("download of tiny-Q8_0.gguf interrupted at"))).toBe(true);
     });
 
+    it("a transfer that stalls is dropped after the idle timeout and resumed", async () => {
+        hub.stallNextFileAfter(100_000);
+        const r = await pullHubModel({sourceModel: "org/tiny", repositoryPath: root}, opts({idleTimeoutMs: 300}));
+        expect(sha256(readFileSync(r.path))).toBe(sha256(model));
+        const ranges = hub.requests.filter((q) => q.url.startsWith("/cdn/")).map((q) => q.range);
+        expect(ranges.length).toBe(2);
+        expect(ranges[1]).toMatch(/^bytes=[1-9]\d*-$/);
+        expect(logs.some((l) => /interrupted at \d+ bytes: .*no data for 300 ms/.test(l))).toBe(true);
+    });
+
+    it("retries are bounded: out of retries, the .part is kept and the next run continues it", async () => {
+        hub.dropNextFileAfter(100_000);
+        const err = (await pullHubModel({sourceModel: "org/tiny", repositoryPath: root}, opts({retries: 0})).catch((e: unknown) => e)) as HubError;
+        expect(err.failure).toBe("download-failed");
+        expect(err.message).toMatch(/^downloading tiny-Q8_0\.gguf of org\/tiny was interrupted 1 time \(.+\); the partial file .*tiny-Q8_0\.gguf\.part is kept and a later run continues it$/);
+        const r = await pullHubModel({sourceModel: "org/tiny", repositoryPath: root}, opts({retries: 0}));
+        expect(sha256(readFileSync(r.path))).toBe(sha256(model));
+        expect(hub.requests.filter((q) => q.url.startsWith("/cdn/")).map((q) => q.range)[1]).toMatch(/^bytes=[1-9]\d*-$/);
+    });
+
     it("a .part left by a killed process is continued from its end, not downloaded again", async () => {
         const dir = path.join(root, "org", "tiny");
         mkdirSync(dir, {recursive: true});

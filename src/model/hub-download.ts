@@ -241,10 +241,12 @@ export async function downloadHubFile(repo: string, file: HubFile, dest: string,
     let hash = await hashPrefix(part, hashed);
     if (hashed > 0) log(`resuming ${file.name} at ${hashed} bytes (a partial download was left by an earlier run)`);
     const progress = opts.progress?.(file.name);
+    /** Why the last attempt was interrupted, for the final message. */
+    let lastReason = "";
     for (let attempt = 0; ; attempt++) {
         // 1. Back off before a retry; give up after `retries` retries.
         if (attempt > 0) {
-            if (attempt > retries) throw new HubError("download-failed", `downloading ${file.name} of ${repo} failed ${attempt} times; the partial file ${part} is kept and a later run continues it`);
+            if (attempt > retries) throw new HubError("download-failed", `downloading ${file.name} of ${repo} was interrupted ${attempt} time${attempt > 1 ? "s" : ""} (${lastReason}); ${hashed > 0 ? `the partial file ${part} is kept and a later run continues it` : "nothing was received"}`);
             const wait = backoffMs * 2 ** (attempt - 1);
             log(`retrying ${file.name} in ${wait} ms (attempt ${attempt + 1} of ${retries + 1}) from byte ${hashed}`);
             await delay(wait);
@@ -252,6 +254,7 @@ export async function downloadHubFile(repo: string, file: HubFile, dest: string,
         // 2. One HTTP attempt from the current end of the .part.
         const outcome = await downloadAttempt();
         if (outcome.kind === "dropped") {
+            lastReason = outcome.reason;
             log(`download of ${file.name} interrupted at ${hashed} bytes: ${outcome.reason}`);
             continue;
         }
