@@ -66,6 +66,32 @@ describe("pullHubModel", () => {
         expect((wrong as HubError).message).toMatch(/HTTP 401.*HF_TOKEN is not allowed/);
     });
 
+    it("the token is not sent to the CDN of another origin that resolve redirects to", async () => {
+        const cdn = await startFakeHub({"org/tiny": {"tiny-Q8_0.gguf": {data: model}}});
+        try {
+            hub.redirectCdnTo(cdn.endpoint);
+            const r = await pullHubModel({sourceModel: "org/tiny", repositoryPath: root}, opts({token: "s3cret"}));
+            expect(sha256(readFileSync(r.path))).toBe(sha256(model));
+            expect(hub.requests.map((q) => q.authorization)).toEqual(["Bearer s3cret", "Bearer s3cret"]); // file list, resolve
+            expect(cdn.requests.map((q) => [q.url, q.authorization])).toEqual([["/cdn/org/tiny/tiny-Q8_0.gguf", undefined]]);
+        } finally {
+            hub.redirectCdnTo(undefined);
+            await cdn.close();
+        }
+    });
+
+    it("HTTP 503 from the CDN is retried with backoff; a 403 is not", async () => {
+        hub.failNextFiles(2, 503);
+        const r = await pullHubModel({sourceModel: "org/tiny", repositoryPath: root}, opts());
+        expect(sha256(readFileSync(r.path))).toBe(sha256(model));
+        expect(hub.requests.filter((q) => q.url.startsWith("/cdn/")).length).toBe(3);
+        expect(logs.filter((l) => l.endsWith(": HTTP 503")).length).toBe(2);
+        hub.failNextFiles(1, 403);
+        const err = (await pullHubModel({sourceModel: "org/tiny", repositoryPath: path.join(root, "b")}, opts()).catch((e: unknown) => e)) as HubError;
+        expect(err.failure).toBe("unauthorized");
+        expect(err.message).toBe("the hub refused file tiny-Q8_0.gguf in org/tiny (HTTP 403): it is gated or private; set HF_TOKEN to a token that may read it");
+    });
+
     it("an unknown repository is a clear not-found error and leaves nothing on disk", async () => {
         await expect(pullHubModel({sourceModel: "org/missing", repositoryPath: root}, opts())).rejects.toThrow("the hub has no model repository org/missing (HTTP 404)");
         expect(existsSync(root)).toBe(false);

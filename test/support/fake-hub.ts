@@ -7,6 +7,7 @@
  * - `GET /cdn/ORG/NAME/FILE` → the bytes, with `Range: bytes=N-` (206 + Content-Range) and an sha256 `ETag`
  * - a token mode: every route answers 401 unless `Authorization: Bearer <token>`
  * - a drop mode: the next file response sends part of the body and then destroys the socket (once per arm)
+ * - a flaky mode: the next N file responses are an HTTP error (e.g. 503); a mode redirecting to another origin's CDN
  * - a stall mode: the next file response sends part of the body and then nothing more (once per arm)
  */
 import {createHash} from "node:crypto";
@@ -39,6 +40,10 @@ export interface FakeHub {
     dropNextFileAfter(afterBytes: number): void;
     /** The next file body stops after `afterBytes` bytes and the connection stays open, silent (a hung transfer), once. */
     stallNextFileAfter(afterBytes: number): void;
+    /** The next `n` file responses answer HTTP `status` instead (a flaky CDN). */
+    failNextFiles(n: number, status: number): void;
+    /** `resolve` redirects to this base URL's `/cdn/…` (another fake hub: another origin) instead of its own. */
+    redirectCdnTo(base: string | undefined): void;
     /** Require this bearer token from now on (undefined = none). */
     requireToken(token: string | undefined): void;
     close(): Promise<void>;
@@ -58,6 +63,10 @@ export async function startFakeHub(repos: Record<string, Record<string, FakeFile
     let dropAfter: number | null = null;
     /** Bytes after which the next file body stalls, or null. */
     let stallAfter: number | null = null;
+    /** File responses still to fail, and with which status. */
+    let failing = {n: 0, status: 503};
+    /** Base URL of the CDN `resolve` redirects to ("" = this server). */
+    let cdnBase = "";
     /** The bearer token required, or undefined. */
     let token: string | undefined;
 
@@ -93,7 +102,7 @@ export async function startFakeHub(repos: Record<string, Record<string, FakeFile
                 return;
             }
             res.writeHead(302, {
-                location: `/cdn/${id}/${name.split("/").map(encodeURIComponent).join("/")}`,
+                location: `${cdnBase}/cdn/${id}/${name.split("/").map(encodeURIComponent).join("/")}`,
                 ...(f.lfs === false ? {} : {"x-linked-etag": `"${sha256(f.data)}"`, "x-linked-size": String(f.data.length)})
             }).end();
             return;
@@ -103,6 +112,11 @@ export async function startFakeHub(repos: Record<string, Record<string, FakeFile
             const f = repos[`${parts[1]}/${parts[2]}`]?.[parts.slice(3).join("/")];
             if (!f) {
                 res.writeHead(404).end();
+                return;
+            }
+            if (failing.n > 0) {
+                failing.n -= 1;
+                res.writeHead(failing.status).end("try again");
                 return;
             }
             const m = /^bytes=(\d+)-$/.exec(req.headers.range ?? "");
@@ -147,6 +161,8 @@ export async function startFakeHub(repos: Record<string, Record<string, FakeFile
         requests,
         dropNextFileAfter: (n) => (dropAfter = n),
         stallNextFileAfter: (n) => (stallAfter = n),
+        failNextFiles: (n, status) => (failing = {n, status}),
+        redirectCdnTo: (base) => (cdnBase = base ?? ""),
         requireToken: (t) => (token = t),
         close: () => new Promise<void>((resolve) => {
             server.closeAllConnections();
