@@ -7,6 +7,7 @@ import fs from "node:fs";
 import { parseArgs } from "node:util";
 import { DEFAULT_ENGINE_COMMAND, spawnEngine } from "./gateway/engine-client.js";
 import { startGateway } from "./gateway/server.js";
+import { HubError } from "./model/hub-download.js";
 import { logProgress, ttyProgress } from "./model/hub-progress.js";
 import { HOW_TO_PASS_A_MODEL, modelSourceFlagProblem, resolveHubModel, resolveServeModel, type ServeModel } from "./model/serve-model.js";
 import type { EngineCommand, EngineConfig } from "./protocol/engine-config.js";
@@ -49,7 +50,7 @@ const bool = (name: string) => (v: string): boolean => {
 export const SERVE_FLAGS: FlagSpec[] = [
   { name: "rest_port", help: "HTTP port", default: "8000", parse: int("rest_port", 0, 65535) },
   { name: "rest_bind_address", help: "HTTP bind address", default: "0.0.0.0" },
-  { name: "model_path", help: "GGUF model file, a model name from `keel fetch --list` (fetched and cached on first use), or keel-tiny / keel-tiny-qwen3 / keel-tiny-qwen3coder (generated random-weight models) (default: smollm2-135m-instruct; keel-tiny if it cannot be fetched)", default: undefined },
+  { name: "model_path", help: "GGUF model file, a model directory holding one (--gguf_filename picks among several), a model name from `keel fetch --list` (fetched and cached on first use), or keel-tiny / keel-tiny-qwen3 / keel-tiny-qwen3coder (generated random-weight models) (default: smollm2-135m-instruct; keel-tiny if it cannot be fetched)", default: undefined },
   { name: "source_model", help: "Hugging Face hub repository ORG/NAME to pull a GGUF from (HF_ENDPOINT, HF_TOKEN honoured) into --model_repository_path/ORG/NAME; served as ORG/NAME unless --model_name", default: undefined },
   { name: "model_repository_path", help: "directory models are pulled into (default: $OVMS_MODEL_REPOSITORY_PATH)", default: undefined },
   { name: "gguf_filename", help: "the .gguf file to take from a --source_model repository or a --model_path directory holding several", default: undefined },
@@ -284,7 +285,8 @@ async function serve(argv: string[]): Promise<void> {
       : await resolveServeModel(sourceFlags.modelPath, { fetch: { log: say }, ggufFilename: sourceFlags.ggufFilename });
   } catch (err) {
     say((err as Error).message);
-    process.exit(1);
+    // A malformed --source_model/--gguf_filename is a bad flag value (2); anything else is the model's or the hub's (1).
+    process.exit(err instanceof HubError && err.failure === "bad-request" ? 2 : 1);
   }
   if (sourceFlags.pull) {
     // OVMS's --pull: download and exit; the file is only checked to be a GGUF (loading it is serving's job).

@@ -40,7 +40,9 @@ export const HOW_TO_PASS_A_MODEL =
  */
 export async function resolveServeModel(requested: string | undefined, opts: {fetch?: FetchOptions; tinyDir?: string; ggufFilename?: string} = {}): Promise<ServeModel> {
     // 0. --gguf_filename picks a file inside a directory; with anything else it would be ignored, so it is refused.
-    const isDirectory = requested !== undefined && statSync(requested, {throwIfNoEntry: false})?.isDirectory() === true;
+    // Model names win over a directory of the same name in the working directory, as they did before directories.
+    const isName = requested !== undefined && (isTinyModelName(requested) || isCatalogueName(requested));
+    const isDirectory = requested !== undefined && !isName && statSync(requested, {throwIfNoEntry: false})?.isDirectory() === true;
     if (opts.ggufFilename !== undefined && !isDirectory) {
         throw new ModelSourceError(`--gguf_filename picks a file inside a model directory or a hub repository; ${requested === undefined ? "no --model_path or --source_model names one" : `--model_path ${requested} is not a directory`}`);
     }

@@ -117,10 +117,13 @@ describe("keel serve --source_model against a fake hub", () => {
     expect(r.stderr).toContain("keel serve: the hub has no model repository org/missing (HTTP 404)");
   });
 
-  it("--pull without --source_model exits 2 and says what it needs", async () => {
+  it("--pull without --source_model, and a malformed --source_model, exit 2 and say why", async () => {
     const r = await keelRun(["--pull"], env());
     expect(r.code).toBe(2);
     expect(r.stderr).toContain("--pull downloads the model of --source_model");
+    const bad = await keelRun(["--source_model", "no-slash", "--model_repository_path", repo, "--pull"], env());
+    expect(bad.code).toBe(2);
+    expect(bad.stderr).toContain(`--source_model must be a hub repository id ORG/NAME`);
   });
 });
 
