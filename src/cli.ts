@@ -8,7 +8,9 @@ import path from "node:path";
 import { parseArgs } from "node:util";
 import { DEFAULT_ENGINE_COMMAND, spawnEngine } from "./gateway/engine-client.js";
 import { startGateway } from "./gateway/server.js";
-import { HOW_TO_PASS_A_MODEL, resolveServeModel, type ServeModel } from "./model/serve-model.js";
+import { HubError } from "./model/hub-download.js";
+import { logProgress, ttyProgress } from "./model/hub-progress.js";
+import { HOW_TO_PASS_A_MODEL, modelSourceFlagProblem, resolveHubModel, resolveServeModel, type ServeModel } from "./model/serve-model.js";
 import type { EngineCommand, EngineConfig } from "./protocol/engine-config.js";
 import type { EngineBackend, ModelMetadata } from "./protocol/messages.js";
 import { defaultLogFormat, logDestination, type LogFormat } from "./gateway/logging.js";
@@ -80,7 +82,7 @@ export const METRIC_FAMILIES = [
  * wiring one means removing its name from this set.
  */
 export const NOT_YET_SERVED: ReadonlySet<string> = new Set([
-  "config_path", "source_model", "model_repository_path", "pull", "gguf_filename", "overwrite_models",
+  "config_path",
   "api_key_file", "allowed_origins", "allowed_methods", "allowed_headers", "allow_credentials", "metrics_list",
 ]);
 
@@ -88,7 +90,7 @@ export const NOT_YET_SERVED: ReadonlySet<string> = new Set([
 export const SERVE_FLAGS: FlagSpec[] = [
   { name: "rest_port", help: "HTTP port", default: "8000", parse: int("rest_port", 0, 65535) },
   { name: "rest_bind_address", help: "HTTP bind address", default: "0.0.0.0" },
-  { name: "model_path", help: "GGUF model file, a model name from `keel fetch --list` (fetched and cached on first use), or keel-tiny / keel-tiny-qwen3 / keel-tiny-qwen3coder (generated random-weight models) (default: smollm2-135m-instruct; keel-tiny if it cannot be fetched)", default: undefined },
+  { name: "model_path", help: "GGUF model file, a model directory holding one (--gguf_filename picks among several), a model name from `keel fetch --list` (fetched and cached on first use), or keel-tiny / keel-tiny-qwen3 / keel-tiny-qwen3coder (generated random-weight models) (default: smollm2-135m-instruct; keel-tiny if it cannot be fetched)", default: undefined },
   { name: "model_name", help: "served model name (default: the model's own name, e.g. SmolLM2-135M-Instruct or keel-tiny, or the model file's base name)", default: undefined },
   { name: "max_num_seqs", help: "sequences decoded together (KV slots)", default: "8", parse: int("max_num_seqs", 1, 256) },
   { name: "max_num_batched_tokens", help: "token budget of one engine step (>= max_num_seqs)", default: "256", parse: int("max_num_batched_tokens", 1, 65536) },
@@ -151,17 +153,18 @@ export const SERVE_FLAGS: FlagSpec[] = [
   { name: "extra_quantization_params", help: "refused: GGUF files carry their quantization", default: undefined, parse: refuse("extra_quantization_params", "Keel does not quantize models; choose a quantized GGUF file (--gguf_filename)") },
   // OVMS flags parsed here and served by other modules (see NOT_YET_SERVED).
   { name: "config_path", help: "OVMS JSON config listing several models", default: undefined, field: "configPath" },
-  { name: "source_model", help: "Hugging Face model id (ORG/NAME) to download and serve", default: undefined, field: "sourceModel" },
-  { name: "model_repository_path", help: "download root for --source_model", default: undefined, field: "modelRepositoryPath" },
-  { name: "pull", help: "download --source_model and exit", default: undefined, field: "pull", bare: true },
-  { name: "gguf_filename", help: "which GGUF file of --source_model to download", default: undefined, field: "ggufFilename" },
-  { name: "overwrite_models", help: "download again over an existing model", default: undefined, field: "overwriteModels", bare: true },
+  { name: "source_model", help: "Hugging Face hub repository ORG/NAME to pull a GGUF from (HF_ENDPOINT, HF_TOKEN honoured) into --model_repository_path/ORG/NAME; served as ORG/NAME unless --model_name", default: undefined, field: "sourceModel" },
+  { name: "model_repository_path", help: "directory models are pulled into (default: $OVMS_MODEL_REPOSITORY_PATH)", default: undefined, field: "modelRepositoryPath" },
+  { name: "pull", help: "download the --source_model and exit (without it: download if missing, then serve)", default: undefined, field: "pull", bare: true },
+  { name: "gguf_filename", help: "the .gguf file to take from a --source_model repository or a --model_path directory holding several", default: undefined, field: "ggufFilename" },
+  { name: "overwrite_models", help: "download the --source_model again even when it is already in the repository", default: undefined, field: "overwriteModels", bare: true },
   { name: "api_key_file", help: "file whose first line is the API key (else $API_KEY)", default: undefined, field: "apiKeyFile" },
   { name: "allowed_origins", help: "CORS: comma-separated allowed origins", default: undefined, field: "allowedOrigins", parse: csv },
   { name: "allowed_methods", help: "CORS: comma-separated allowed methods", default: undefined, field: "allowedMethods", parse: csv },
   { name: "allowed_headers", help: "CORS: comma-separated allowed headers", default: undefined, field: "allowedHeaders", parse: csv },
   { name: "allow_credentials", help: "CORS: send Access-Control-Allow-Credentials: true", default: undefined, field: "allowCredentials", bare: true },
 ];
+
 
 function usage(): string {
   const lines = ["Usage: keel serve [--flag value | --flag=value ...]", "", "Flags:"];
@@ -429,17 +432,48 @@ async function serve(argv: string[]): Promise<void> {
     process.stderr.write(`keel serve: --log_path ${String(flags["log_path"])} cannot be opened: ${(err as Error).message}\n`);
     process.exit(2);
   }
+  const sourceFlags = {
+    modelPath: flags["model_path"] as string | undefined,
+    sourceModel: flags["sourceModel"] as string | undefined,
+    modelRepositoryPath: (flags["modelRepositoryPath"] as string | undefined) ?? (process.env["OVMS_MODEL_REPOSITORY_PATH"] || undefined),
+    ggufFilename: flags["ggufFilename"] as string | undefined,
+    pull: (flags["pull"] as boolean | undefined) ?? false,
+    overwriteModels: (flags["overwriteModels"] as boolean | undefined) ?? false,
+  };
+  const sourceProblem = modelSourceFlagProblem(sourceFlags);
+  if (sourceProblem) {
+    process.stderr.write(`keel serve: ${sourceProblem}\n`);
+    process.exit(2);
+  }
+  const say = (l: string): void => void process.stderr.write(`keel serve: ${l}\n`);
   let model: ServeModel;
   try {
-    model = await resolveServeModel(flags["model_path"] as string | undefined, { fetch: { log: (l) => process.stderr.write(`keel serve: ${l}\n`) } });
+    model = sourceFlags.sourceModel !== undefined
+      ? await resolveHubModel(
+          { sourceModel: sourceFlags.sourceModel, repositoryPath: sourceFlags.modelRepositoryPath!, ggufFilename: sourceFlags.ggufFilename, overwrite: sourceFlags.overwriteModels },
+          // A bar redrawn in place on a terminal; one line per 10% in a log.
+          { log: say, progress: (label) => (process.stderr.isTTY ? ttyProgress((s) => process.stderr.write(s), label) : logProgress(say, label)) },
+        )
+      : await resolveServeModel(sourceFlags.modelPath, { fetch: { log: say }, ggufFilename: sourceFlags.ggufFilename });
   } catch (err) {
-    process.stderr.write(`keel serve: ${(err as Error).message}\n`);
-    process.exit(1);
+    say((err as Error).message);
+    // A malformed --source_model/--gguf_filename is a bad flag value (2); anything else is the model's or the hub's (1).
+    process.exit(err instanceof HubError && err.failure === "bad-request" ? 2 : 1);
+  }
+  if (sourceFlags.pull) {
+    // OVMS's --pull: download and exit; the file is only checked to be a GGUF (loading it is serving's job).
+    const notGguf = checkModelFile(model.path);
+    if (notGguf) {
+      say(notGguf);
+      process.exit(1);
+    }
+    say(`${model.kind === "hub" && model.downloaded ? "pulled" : "already pulled"} ${sourceFlags.sourceModel} to ${model.path}`);
+    return;
   }
   if (model.kind === "fallback") process.stderr.write(`keel serve: ${model.reason}\nkeel serve: serving the random-weight keel-tiny instead; ${HOW_TO_PASS_A_MODEL}\n`);
   const modelPath = model.path;
   const demo = model.kind === "tiny" || model.kind === "fallback";
-  const notAModel = model.kind === "file" ? checkModelFile(modelPath) : null;
+  const notAModel = model.kind === "file" || model.kind === "directory" || model.kind === "hub" ? checkModelFile(modelPath) : null;
   if (notAModel) {
     process.stderr.write(`keel serve: ${notAModel}\n`);
     process.exit(1);

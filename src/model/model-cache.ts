@@ -321,7 +321,7 @@ function processAlive(pid: number): boolean {
  * again every `pollMs`; a lock left by a dead process (or unreadable) is removed and retried.
  * @returns a function that releases the lock
  */
-async function acquireLock(lock: string, pollMs: number, onWait: (pid: number) => void): Promise<() => Promise<void>> {
+export async function acquireLock(lock: string, pollMs: number, onWait: (pid: number) => void): Promise<() => Promise<void>> {
     let announced = false;
     for (;;) {
         // 1. Try to create it.

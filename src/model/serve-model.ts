@@ -1,13 +1,17 @@
 /**
  * Which model `keel serve` serves: `--model_path` may name a generated tiny model (`keel-tiny`,
- * `keel-tiny-qwen3`, `keel-tiny-qwen3coder`), a catalogue model (fetched and cached on first use), or a GGUF file.
- * Without `--model_path` it serves {@link DEFAULT_SERVED_MODEL} (SmolLM2-135M-Instruct); if that cannot be fetched,
+ * `keel-tiny-qwen3`, `keel-tiny-qwen3coder`), a catalogue model (fetched and cached on first use), a GGUF file, or a
+ * model directory holding one GGUF (`--gguf_filename` picks among several). `--source_model ORG/NAME` with
+ * `--model_repository_path` pulls from the Hugging Face hub instead (hub-download.ts).
+ * Without either it serves {@link DEFAULT_SERVED_MODEL} (SmolLM2-135M-Instruct); if that cannot be fetched,
  * it serves `keel-tiny` and says why.
  *
  * @module
  */
+import {readdirSync, statSync} from "node:fs";
 import path from "node:path";
 import {DEFAULT_MODEL_NAME, ensureTinyModel, isTinyModelName} from "./default-model.js";
+import {checkGgufFilename, hubEndpoint, pullHubModel, type HubOptions} from "./hub-download.js";
 import {catalogueModel, DEFAULT_SERVED_MODEL, fetchModel, isCatalogueName, type FetchOptions} from "./model-cache.js";
 
 /** The model to serve and where it came from. */
@@ -18,6 +22,10 @@ export type ServeModel =
     | {kind: "catalogue"; name: string; path: string; servedName: string; source: string; cached: boolean}
     /** A GGUF file named on the command line (not checked here). */
     | {kind: "file"; path: string; servedName: string; source: string}
+    /** The GGUF of a model directory named on the command line (its only one, or the one `--gguf_filename` names). */
+    | {kind: "directory"; path: string; servedName: string; source: string}
+    /** A GGUF pulled from the hub into the model repository (`downloaded` false: it was already there). */
+    | {kind: "hub"; path: string; servedName: string; source: string; downloaded: boolean}
     /** No model named and the default could not be fetched: the tiny model, with the reason. */
     | {kind: "fallback"; name: string; path: string; servedName: string; source: string; reason: string};
 
@@ -30,7 +38,18 @@ export const HOW_TO_PASS_A_MODEL =
  * @param opts.fetch options of the fetcher (cache dir, downloader, progress log)
  * @throws ModelFetchError when a catalogue model that was named explicitly cannot be fetched
  */
-export async function resolveServeModel(requested: string | undefined, opts: {fetch?: FetchOptions; tinyDir?: string} = {}): Promise<ServeModel> {
+export async function resolveServeModel(requested: string | undefined, opts: {fetch?: FetchOptions; tinyDir?: string; ggufFilename?: string} = {}): Promise<ServeModel> {
+    // 0. --gguf_filename picks a file inside a directory; with anything else it would be ignored, so it is refused.
+    // Model names win over a directory of the same name in the working directory, as they did before directories.
+    const isName = requested !== undefined && (isTinyModelName(requested) || isCatalogueName(requested));
+    const isDirectory = requested !== undefined && !isName && statSync(requested, {throwIfNoEntry: false})?.isDirectory() === true;
+    if (opts.ggufFilename !== undefined && !isDirectory) {
+        throw new ModelSourceError(`--gguf_filename picks a file inside a model directory or a hub repository; ${requested === undefined ? "no --model_path or --source_model names one" : `--model_path ${requested} is not a directory`}`);
+    }
+    if (isDirectory) {
+        const file = resolveModelDirectory(requested, opts.ggufFilename);
+        return {kind: "directory", path: file, servedName: path.basename(path.resolve(requested)), source: `directory ${path.resolve(requested)}`};
+    }
     // 1. A generated tiny model by name.
     if (requested !== undefined && isTinyModelName(requested)) {
         return {kind: "tiny", name: requested, path: await ensureTinyModel(requested, {dir: opts.tinyDir}), servedName: requested, source: "generated (random weights)"};
@@ -54,4 +73,75 @@ export async function resolveServeModel(requested: string | undefined, opts: {fe
     // 3. A file.
     const file = path.resolve(name);
     return {kind: "file", path: file, servedName: path.basename(file).replace(/\.gguf$/i, ""), source: "file"};
+}
+
+/** A model source that cannot be used (a directory without a usable GGUF, a contradictory set of flags). */
+export class ModelSourceError extends Error {
+    constructor(message: string) {
+        super(message);
+        this.name = "ModelSourceError";
+    }
+}
+
+/**
+ * The GGUF file of model directory `dir`: `ggufFilename` (relative to it) if given, else its only `.gguf`.
+ * @throws ModelSourceError for several GGUFs (listed), an OpenVINO IR directory (its engine is issue #11), or none
+ */
+export function resolveModelDirectory(dir: string, ggufFilename?: string): string {
+    const abs = path.resolve(dir);
+    const entries = readdirSync(abs).sort();
+    const ggufs = entries.filter((f) => /\.gguf$/i.test(f) && statSync(path.join(abs, f), {throwIfNoEntry: false})?.isFile());
+    // 1. A named file must be in the directory (no way out of it).
+    if (ggufFilename !== undefined) {
+        try {
+            checkGgufFilename(ggufFilename);
+        } catch (err) {
+            throw new ModelSourceError((err as Error).message);
+        }
+        const file = path.join(abs, ggufFilename);
+        if (statSync(file, {throwIfNoEntry: false})?.isFile()) return file;
+        throw new ModelSourceError(`the model directory ${abs} has no file ${ggufFilename}${ggufs.length > 0 ? `; its .gguf files: ${ggufs.join(", ")}` : ""}`);
+    }
+    // 2. The only GGUF.
+    if (ggufs.length === 1) return path.join(abs, ggufs[0]!);
+    if (ggufs.length > 1) throw new ModelSourceError(`the model directory ${abs} has ${ggufs.length} .gguf files; pick one with --gguf_filename: ${ggufs.join(", ")}`);
+    // 3. No GGUF: say what the directory is instead.
+    if (entries.includes("openvino_model.xml")) {
+        throw new ModelSourceError(`${abs} is an OpenVINO IR model directory (openvino_model.xml); Keel's OpenVINO engine is not available yet (issue #11): pass a GGUF file or a directory holding one`);
+    }
+    throw new ModelSourceError(`the model directory ${abs} has no .gguf file; --model_path needs a GGUF file, a directory holding one, or a model name (keel fetch --list)`);
+}
+
+/** The model-source flags of `keel serve`. */
+export interface ModelSourceFlags {
+    modelPath?: string;
+    sourceModel?: string;
+    /** `--model_repository_path`, already defaulted from `OVMS_MODEL_REPOSITORY_PATH`. */
+    modelRepositoryPath?: string;
+    ggufFilename?: string;
+    pull: boolean;
+    overwriteModels: boolean;
+}
+
+/** A user-facing message when the model-source flags contradict each other or lack a partner, else null. */
+export function modelSourceFlagProblem(f: ModelSourceFlags): string | null {
+    if (f.sourceModel !== undefined) {
+        if (f.modelPath !== undefined) return "--source_model and --model_path both name a model; give one";
+        if (f.modelRepositoryPath === undefined) return "--source_model needs --model_repository_path (or OVMS_MODEL_REPOSITORY_PATH): the directory the model is pulled into";
+        return null;
+    }
+    if (f.pull) return "--pull downloads the model of --source_model; give --source_model ORG/NAME and --model_repository_path";
+    if (f.overwriteModels) return "--overwrite_models re-downloads the model of --source_model; give --source_model ORG/NAME";
+    return null;
+}
+
+/**
+ * Pulls `--source_model` into the model repository (a no-op when it is there, unless `overwrite`) and describes it
+ * as the model to serve, served as `ORG/NAME` (as OVMS) unless `--model_name` says otherwise.
+ * @throws HubError
+ */
+export async function resolveHubModel(req: {sourceModel: string; repositoryPath: string; ggufFilename?: string; overwrite: boolean}, hub: HubOptions = {}): Promise<ServeModel & {kind: "hub"}> {
+    const got = await pullHubModel(req, hub);
+    const endpoint = hub.endpoint ?? hubEndpoint();
+    return {kind: "hub", path: got.path, servedName: req.sourceModel, source: got.downloaded ? `pulled from ${endpoint}/${req.sourceModel} (${got.verified} verified)` : `${req.sourceModel}, already in ${req.repositoryPath}`, downloaded: got.downloaded};
 }

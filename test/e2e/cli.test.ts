@@ -87,11 +87,11 @@ describe("keel serve flags", () => {
     fs.rmSync(dir, { recursive: true, force: true });
   });
 
-  it("a directory as model path gets a clear message, not EISDIR", () => {
+  it("a directory without a GGUF as model path gets a clear message, not EISDIR", () => {
     const dir = fs.mkdtempSync(path.join(os.tmpdir(), "keel-dir-"));
     const r = keel("serve", "--model_path", dir, "--rest_port", "0", "--rest_bind_address", "127.0.0.1");
     expect(r.status).toBe(1);
-    expect(r.stderr).toContain(`${dir} is a directory; --model_path needs a GGUF model file`);
+    expect(r.stderr).toContain(`the model directory ${dir} has no .gguf file; --model_path needs a GGUF file, a directory holding one`);
     expect(r.stderr).not.toMatch(/EISDIR/);
     fs.rmSync(dir, { recursive: true, force: true });
   });
