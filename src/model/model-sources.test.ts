@@ -63,8 +63,8 @@ describe("a model directory as --model_path", () => {
 
 describe("model-source flags", () => {
     it("--pull and --overwrite_models are switches as in OVMS; =false and =true are accepted", () => {
-        expect(parseServeFlags(["--source_model", "o/n", "--pull", "--overwrite_models"])).toMatchObject({source_model: "o/n", pull: true, overwrite_models: true});
-        expect(parseServeFlags([])).toMatchObject({pull: false, overwrite_models: false});
+        expect(parseServeFlags(["--source_model", "o/n", "--pull", "--overwrite_models"])).toMatchObject({sourceModel: "o/n", pull: true, overwriteModels: true});
+        expect(parseServeFlags([])).toMatchObject({pull: undefined, overwriteModels: undefined});
         expect(parseServeFlags(["--pull=false"])).toMatchObject({pull: false});
         expect(() => parseServeFlags(["--pull=yes"])).toThrow(`--pull must be true or false, got "yes"`);
     });
