@@ -10,6 +10,8 @@ import { startGateway } from "./gateway/server.js";
 import { HOW_TO_PASS_A_MODEL, resolveServeModel, type ServeModel } from "./model/serve-model.js";
 import type { EngineCommand, EngineConfig } from "./protocol/engine-config.js";
 import type { ModelMetadata } from "./protocol/messages.js";
+import { loadApiKey } from "./gateway/auth.js";
+import { parseCsvFlag } from "./gateway/cors.js";
 import { REASONING_PARSERS, TOOL_PARSERS, type ReasoningParserName, type ToolParserName } from "./gateway/tools.js";
 
 /** One `keel serve` flag. */
@@ -67,6 +69,11 @@ export const SERVE_FLAGS: FlagSpec[] = [
   { name: "tool_parser", help: "tool-call format to parse (and guide): hermes3, qwen3coder, llama3, or auto (from the model's chat template); unset = requests with tools are refused", default: undefined, parse: oneOf("tool_parser", [...TOOL_PARSERS, "auto"]) },
   { name: "reasoning_parser", help: "reasoning format to split into reasoning_content: qwen3 (<think>…</think>); unset = reasoning stays in content", default: undefined, parse: oneOf("reasoning_parser", [...REASONING_PARSERS]) },
   { name: "enable_tool_guided_generation", help: "constrain tool calls with a grammar under tool_choice auto too (required and a named function are always guided)", default: "false", parse: bool("enable_tool_guided_generation") },
+  { name: "api_key_file", help: "file whose first line is the API key required as Authorization: Bearer on /v1/ and /v3/ routes (else env API_KEY; unset = no auth)", default: undefined },
+  { name: "allowed_origins", help: "CORS: origins allowed to read responses, comma-separated", default: "*", parse: (v) => parseCsvFlag("allowed_origins", v) },
+  { name: "allowed_methods", help: "CORS: methods a preflight allows, comma-separated", default: "*", parse: (v) => parseCsvFlag("allowed_methods", v) },
+  { name: "allowed_headers", help: "CORS: request headers a preflight allows, comma-separated", default: "*", parse: (v) => parseCsvFlag("allowed_headers", v) },
+  { name: "allow_credentials", help: "CORS: send Access-Control-Allow-Credentials: true", default: "false", parse: bool("allow_credentials") },
   { name: "deterministic", help: "same request + seed → same text on every run: prefix reuse off, flash attention off, f16 KV (see README)", default: "false", parse: bool("deterministic") },
 ];
 
@@ -276,6 +283,15 @@ async function serve(argv: string[]): Promise<void> {
     prefixCaching: flags["enable_prefix_caching"] as boolean,
     device: (flags["target_device"] === "CPU" ? "cpu" : "auto") as "cpu" | "auto",
   };
+  // The API key is read before the model loads: an unreadable key file is a startup error, not a late surprise.
+  let apiKey: string | null;
+  try {
+    apiKey = loadApiKey(flags["api_key_file"] as string | undefined, process.env);
+  } catch (err) {
+    process.stderr.write(`keel serve: ${(err as Error).message}\n`);
+    process.exit(2);
+  }
+  const cors = { origins: flags["allowed_origins"] as string[], methods: flags["allowed_methods"] as string[], headers: flags["allowed_headers"] as string[], credentials: flags["allow_credentials"] as boolean };
   const engineCommand = engineCommandFromEnv();
   let meta: ModelMetadata;
   try {
@@ -331,6 +347,8 @@ async function serve(argv: string[]): Promise<void> {
       guideAuto: flags["enable_tool_guided_generation"] as boolean,
     },
     logLevel,
+    apiKey,
+    cors,
   });
   } catch (err) {
     const e = err as NodeJS.ErrnoException;
@@ -345,6 +363,7 @@ async function serve(argv: string[]): Promise<void> {
   if (flags["deterministic"]) {
     gw.log.info({ event: "deterministic", prefixCaching: false, flashAttention: false, kvCachePrecision: "f16" }, "deterministic mode: the same request and seed give the same text on every run (prefix reuse off)");
   }
+  gw.log.info({ event: "security", apiKey: apiKey !== null, corsOrigins: cors.origins, allowCredentials: cors.credentials }, apiKey !== null ? "API key required on /v1/ and /v3/ routes" : "no API key: every route is open");
   gw.log.info({ event: "model", name: modelName, kind: model.kind, path: modelPath, source: model.source }, `serving ${modelName} (${model.source}) from ${modelPath}`);
   if (model.kind === "fallback") gw.log.warn({ event: "default_model_unavailable", reason: model.reason }, `${model.reason}; serving keel-tiny instead: ${HOW_TO_PASS_A_MODEL}`);
   if (demo) gw.log.warn({ event: "demo_model", model: modelPath }, "serving a generated random-weight model: its output is gibberish by design");

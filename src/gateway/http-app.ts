@@ -12,7 +12,9 @@ import { NO_AGENT_FLAGS, resolveAgentSettings, type AgentSettings } from "./agen
 import type { ChatTemplate } from "./chat-template.js";
 import { pickToolParser } from "./parsers/index.js";
 import type { EngineClient } from "./engine-client.js";
-import { clientConnectionError, engineRestarting, invalidUrl, expectationFailed, invalidJson, notReady, routeNotFound, shuttingDown, toErrorBody, toHttpError } from "./errors.js";
+import { apiKeyChecker, needsApiKey } from "./auth.js";
+import { corsHeaders, OPEN_CORS } from "./cors.js";
+import { clientConnectionError, engineRestarting, invalidApiKey, invalidUrl, expectationFailed, invalidJson, notReady, routeNotFound, shuttingDown, toErrorBody, toHttpError } from "./errors.js";
 import type { Metrics } from "./metrics.js";
 import type { RequestRegistry } from "./registry.js";
 import type { GatewayOptions } from "./server.js";
@@ -120,6 +122,25 @@ export function buildHttpApp(deps: HttpAppDeps): HttpApp {
         handler,
       ),
   });
+  // CORS then the API key, before any route: every response carries the CORS headers, a preflight (OPTIONS) is
+  // answered 204 before the key is asked for (a browser sends none with it), and a missing or wrong key is a 401.
+  const cors = opts.cors ?? OPEN_CORS;
+  const checkKey = opts.apiKey ? apiKeyChecker(opts.apiKey) : null;
+  const one = (v: string | string[] | undefined): string | undefined => (Array.isArray(v) ? v[0] : v);
+  app.addHook("onRequest", async (req, reply) => {
+    const preflight = req.method === "OPTIONS";
+    const h = req.headers;
+    void reply.headers(corsHeaders(cors, { origin: one(h.origin), requestMethod: one(h["access-control-request-method"]), requestHeaders: one(h["access-control-request-headers"]) }, preflight));
+    if (preflight) return reply.status(204).send();
+    if (checkKey && needsApiKey(req.url)) {
+      const r = checkKey(one(h.authorization));
+      if (!r.ok) {
+        metrics.requestsUnauthorized.inc();
+        return reply.status(401).header("www-authenticate", "Bearer").send(toErrorBody(invalidApiKey(r.present)));
+      }
+    }
+    return undefined;
+  });
   /** Connections that never sent a request: dropped after requestTimeout, and at shutdown. */
   const silent = new SilentConnections(app.server, requestTimeout);
   // Bodies are parsed as strict UTF-8 JSON whatever the content type says (clients often omit it).
@@ -182,7 +203,10 @@ export function buildHttpApp(deps: HttpAppDeps): HttpApp {
     },
     isKnownCulprit: (prompt: string) => culpritPrompts.has(prompt),
     tokenize: (text, addSpecialTokens) => supervisor.tokenizer.tokenize(text, addSpecialTokens),
-    onRejected: (reason: "queue_full" | "not_ready") => metrics.requestsRejected.inc({ reason }),
+    onRejected: (reason: "queue_full" | "not_ready") => {
+      metrics.requestsRejected.inc({ reason });
+      metrics.ovmsRejected.inc({ name: opts.modelName });
+    },
     agents: () => agents,
     onGuideDropped: () => metrics.guidedDropped.inc(),
     log,
