@@ -363,7 +363,7 @@ async function serve(argv: string[]): Promise<void> {
   if (flags["deterministic"]) {
     gw.log.info({ event: "deterministic", prefixCaching: false, flashAttention: false, kvCachePrecision: "f16" }, "deterministic mode: the same request and seed give the same text on every run (prefix reuse off)");
   }
-  gw.log.info({ event: "security", apiKey: apiKey !== null, corsOrigins: cors.origins, allowCredentials: cors.credentials }, apiKey !== null ? "API key required on /v1/ and /v3/ routes" : "no API key: every route is open");
+  gw.log.info({ event: "security", apiKeyRequired: apiKey !== null, corsOrigins: cors.origins, allowCredentials: cors.credentials }, apiKey !== null ? "API key required on /v1/ and /v3/ routes" : "no API key: every route is open");
   gw.log.info({ event: "model", name: modelName, kind: model.kind, path: modelPath, source: model.source }, `serving ${modelName} (${model.source}) from ${modelPath}`);
   if (model.kind === "fallback") gw.log.warn({ event: "default_model_unavailable", reason: model.reason }, `${model.reason}; serving keel-tiny instead: ${HOW_TO_PASS_A_MODEL}`);
   if (demo) gw.log.warn({ event: "demo_model", model: modelPath }, "serving a generated random-weight model: its output is gibberish by design");

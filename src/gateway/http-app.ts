@@ -130,7 +130,9 @@ export function buildHttpApp(deps: HttpAppDeps): HttpApp {
   app.addHook("onRequest", async (req, reply) => {
     const preflight = req.method === "OPTIONS";
     const h = req.headers;
-    void reply.headers(corsHeaders(cors, { origin: one(h.origin), requestMethod: one(h["access-control-request-method"]), requestHeaders: one(h["access-control-request-headers"]) }, preflight));
+    // On the raw response: generation routes hijack the reply and write their own head, which Node merges with these.
+    const headers = corsHeaders(cors, { origin: one(h.origin), requestMethod: one(h["access-control-request-method"]), requestHeaders: one(h["access-control-request-headers"]) }, preflight);
+    for (const [k, v] of Object.entries(headers)) reply.raw.setHeader(k, v);
     if (preflight) return reply.status(204).send();
     if (checkKey && needsApiKey(req.url)) {
       const r = checkKey(one(h.authorization));
