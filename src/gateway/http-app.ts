@@ -134,7 +134,9 @@ export function buildHttpApp(deps: HttpAppDeps): HttpApp {
     const headers = corsHeaders(cors, { origin: one(h.origin), requestMethod: one(h["access-control-request-method"]), requestHeaders: one(h["access-control-request-headers"]) }, preflight);
     for (const [k, v] of Object.entries(headers)) reply.raw.setHeader(k, v);
     if (preflight) return reply.status(204).send();
-    if (checkKey && needsApiKey(req.url)) {
+    // The matched route's pattern, not the raw URL: a percent-encoded path (`/%763/models`) routes like its decoded
+    // form and must be guarded like it.
+    if (checkKey && needsApiKey(req.routeOptions.url ?? req.url)) {
       const r = checkKey(one(h.authorization));
       if (!r.ok) {
         metrics.requestsUnauthorized.inc();
