@@ -88,6 +88,8 @@ export function buildHttpApp(deps: HttpAppDeps): HttpApp {
   /** Set by the drain: readiness 503 and new requests refused with 503 + Retry-After. */
   let draining = false;
 
+  /** CORS settings (every response carries their headers; see the onRequest hook below). */
+  const cors = opts.cors ?? OPEN_CORS;
   // requestTimeout bounds how long a client may take to send its whole request (slow headers or body).
   const requestTimeout = opts.requestTimeoutMs ?? 30_000;
   const app = Fastify({
@@ -97,7 +99,9 @@ export function buildHttpApp(deps: HttpAppDeps): HttpApp {
     // Errors fastify raises before routing (a path parameter that does not decode) in the OpenAI envelope too.
     frameworkErrors: (err, req, reply) => {
       const e = err.code === "FST_ERR_BAD_URL" ? invalidUrl(req.url) : toHttpError(err, opts.bodyLimit);
-      void (reply as unknown as FastifyReply).status(e.status).send(toErrorBody(e));
+      // No hook ran for this request: its CORS headers are set here, so a page can read the error too.
+      const origin = Array.isArray(req.headers.origin) ? req.headers.origin[0] : req.headers.origin;
+      void (reply as unknown as FastifyReply).headers(corsHeaders(cors, { origin }, false)).status(e.status).send(toErrorBody(e));
     },
     // Errors Node reports on the connection before any route (a request not sent in time, oversized headers, not
     // HTTP) get the OpenAI envelope too, not Fastify's own body.
@@ -124,7 +128,6 @@ export function buildHttpApp(deps: HttpAppDeps): HttpApp {
   });
   // CORS then the API key, before any route: every response carries the CORS headers, a preflight (OPTIONS) is
   // answered 204 before the key is asked for (a browser sends none with it), and a missing or wrong key is a 401.
-  const cors = opts.cors ?? OPEN_CORS;
   const checkKey = opts.apiKey ? apiKeyChecker(opts.apiKey) : null;
   const one = (v: string | string[] | undefined): string | undefined => (Array.isArray(v) ? v[0] : v);
   app.addHook("onRequest", async (req, reply) => {

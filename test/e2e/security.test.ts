@@ -115,6 +115,10 @@ describe("CORS", () => {
     const res = await call("/v3/models", { headers: { origin: otherPage.origin, authorization: `Bearer ${KEY}` } });
     expect(res.status).toBe(200);
     expect(res.headers.get("access-control-allow-origin")).toBeNull();
+    // A URL that does not decode is refused before any hook: its 400 carries the CORS headers as well.
+    const bad = await call("/v3/models/%E0%A4%A", { headers: { origin: allowedPage.origin } });
+    expect(bad.status).toBe(400);
+    expect(bad.headers.get("access-control-allow-origin")).toBe(allowedPage.origin);
     // Errors carry the CORS headers too, so a browser page can read its 401.
     const err = await call("/v3/models", { headers: { origin: allowedPage.origin } });
     expect(err.status).toBe(401);
