@@ -14,6 +14,8 @@ import { HOW_TO_PASS_A_MODEL, modelSourceFlagProblem, resolveHubModel, resolveSe
 import type { EngineCommand, EngineConfig } from "./protocol/engine-config.js";
 import type { EngineBackend, ModelMetadata } from "./protocol/messages.js";
 import { defaultLogFormat, logDestination, type LogFormat } from "./gateway/logging.js";
+import { loadApiKey } from "./gateway/auth.js";
+import { parseCsvFlag } from "./gateway/cors.js";
 import { REASONING_PARSERS, TOOL_PARSERS, type ReasoningParserName, type ToolParserName } from "./gateway/tools.js";
 import { defaultEngineThreads, ENGINE_THREADS_RULE, hostCpus, type HostCpus } from "./cli/engine-threads.js";
 import { parsePluginConfig } from "./cli/plugin-config.js";
@@ -83,7 +85,7 @@ export const METRIC_FAMILIES = [
  */
 export const NOT_YET_SERVED: ReadonlySet<string> = new Set([
   "config_path",
-  "api_key_file", "allowed_origins", "allowed_methods", "allowed_headers", "allow_credentials", "metrics_list",
+  "metrics_list",
 ]);
 
 /** Every `keel serve` flag with its default: Keel's own, then OVMS's (accepted with their meaning, or refused). */
@@ -158,10 +160,10 @@ export const SERVE_FLAGS: FlagSpec[] = [
   { name: "pull", help: "download the --source_model and exit (without it: download if missing, then serve)", default: undefined, field: "pull", bare: true },
   { name: "gguf_filename", help: "the .gguf file to take from a --source_model repository or a --model_path directory holding several", default: undefined, field: "ggufFilename" },
   { name: "overwrite_models", help: "download the --source_model again even when it is already in the repository", default: undefined, field: "overwriteModels", bare: true },
-  { name: "api_key_file", help: "file whose first line is the API key (else $API_KEY)", default: undefined, field: "apiKeyFile" },
-  { name: "allowed_origins", help: "CORS: comma-separated allowed origins", default: undefined, field: "allowedOrigins", parse: csv },
-  { name: "allowed_methods", help: "CORS: comma-separated allowed methods", default: undefined, field: "allowedMethods", parse: csv },
-  { name: "allowed_headers", help: "CORS: comma-separated allowed headers", default: undefined, field: "allowedHeaders", parse: csv },
+  { name: "api_key_file", help: "file whose first line is the API key required as Authorization: Bearer on /v1/ and /v3/ routes (else env API_KEY; unset = no auth)", default: undefined, field: "apiKeyFile" },
+  { name: "allowed_origins", help: "CORS: origins allowed to read responses, comma-separated", default: "*", field: "allowedOrigins", parse: (v) => parseCsvFlag("allowed_origins", v) },
+  { name: "allowed_methods", help: "CORS: methods a preflight allows, comma-separated", default: "*", field: "allowedMethods", parse: (v) => parseCsvFlag("allowed_methods", v) },
+  { name: "allowed_headers", help: "CORS: request headers a preflight allows, comma-separated", default: "*", field: "allowedHeaders", parse: (v) => parseCsvFlag("allowed_headers", v) },
   { name: "allow_credentials", help: "CORS: send Access-Control-Allow-Credentials: true", default: undefined, field: "allowCredentials", bare: true },
 ];
 
@@ -494,6 +496,15 @@ async function serve(argv: string[]): Promise<void> {
     ...(flags["dynamic_split_fuse"] === false ? { maxPromptLen: flags["max_num_batched_tokens"] as number } : {}),
     device: flags["target_device"] as "cpu" | "gpu" | "auto",
   };
+  // The API key is read before the model loads: an unreadable key file is a startup error, not a late surprise.
+  let apiKey: string | null;
+  try {
+    apiKey = loadApiKey(flags["apiKeyFile"] as string | undefined, process.env);
+  } catch (err) {
+    process.stderr.write(`keel serve: ${(err as Error).message}\n`);
+    process.exit(2);
+  }
+  const cors = { origins: flags["allowedOrigins"] as string[], methods: flags["allowedMethods"] as string[], headers: flags["allowedHeaders"] as string[], credentials: (flags["allowCredentials"] as boolean | undefined) ?? false };
   const engineCommand = engineCommandFromEnv();
   let meta: ModelMetadata & { backend?: EngineBackend };
   try {
@@ -557,6 +568,8 @@ async function serve(argv: string[]): Promise<void> {
     },
     logLevel,
     logDestination: logSink,
+    apiKey,
+    cors,
   });
   } catch (err) {
     const e = err as NodeJS.ErrnoException;
@@ -574,6 +587,7 @@ async function serve(argv: string[]): Promise<void> {
   if (flags["deterministic"]) {
     gw.log.info({ event: "deterministic", prefixCaching: false, flashAttention: false, kvCachePrecision: "f16" }, "deterministic mode: the same request and seed give the same text on every run (prefix reuse off)");
   }
+  gw.log.info({ event: "security", apiKeyRequired: apiKey !== null, corsOrigins: cors.origins, allowCredentials: cors.credentials }, apiKey !== null ? "API key required on /v1/ and /v3/ routes" : "no API key: every route is open");
   gw.log.info({ event: "model", name: modelName, kind: model.kind, path: modelPath, source: model.source }, `serving ${modelName} (${model.source}) from ${modelPath}`);
   if (model.kind === "fallback") gw.log.warn({ event: "default_model_unavailable", reason: model.reason }, `${model.reason}; serving keel-tiny instead: ${HOW_TO_PASS_A_MODEL}`);
   if (demo) gw.log.warn({ event: "demo_model", model: modelPath }, "serving a generated random-weight model: its output is gibberish by design");

@@ -251,6 +251,13 @@ export class Scheduler {
     return this.slots.filter((o) => o.kind === "owned").length;
   }
 
+  /** KV cells (tokens) held by live requests: what their slots hold (the gateway's KV-usage gauge). */
+  get kvTokensInUse(): number {
+    let n = 0;
+    for (const s of this.running) n += processedOf(s);
+    return n;
+  }
+
   /** True when a step would do work. */
   get hasWork(): boolean {
     return this.waiting.length > 0 || this.running.length > 0;

@@ -269,12 +269,13 @@ describe("StepLoop", () => {
       ["a", 5, 1],
       ["b", 2, 1],
     ]);
-    expect(first.stats).toEqual({ waiting: 0, running: 2, activeSequences: 2, cachedSequences: 0, prefixCacheHitTokens: 0 });
+    // Both prompts' KV is in their slots (5 + 2 cells).
+    expect(first.stats).toEqual({ waiting: 0, running: 2, activeSequences: 2, cachedSequences: 0, prefixCacheHitTokens: 0, kvTokensInUse: 7 });
     const finA = t.outputsOf("a").find((o) => o.finish)!.finish;
     expect(finA).toEqual({ reason: "length", promptTokens: 5, completionTokens: 3 });
     expect(t.outputsOf("a").flatMap((o) => o.tokens)).toHaveLength(3);
     expect(t.outputsOf("b").find((o) => o.finish)!.finish).toEqual({ reason: "length", promptTokens: 2, completionTokens: 2 });
-    expect(t.steps().at(-1)!.stats).toEqual({ waiting: 0, running: 0, activeSequences: 0, cachedSequences: 0, prefixCacheHitTokens: 0 });
+    expect(t.steps().at(-1)!.stats).toEqual({ waiting: 0, running: 0, activeSequences: 0, cachedSequences: 0, prefixCacheHitTokens: 0, kvTokensInUse: 0 });
     expect(t.loop.liveRequests).toBe(0);
     expect(t.backend.samplers.every((s) => s.disposed === 1)).toBe(true);
     expect(t.violations).toEqual([]);

@@ -286,6 +286,7 @@ export class StepLoop {
           activeSequences: this.scheduler.activeSlots,
           cachedSequences: this.scheduler.cachedSlots,
           prefixCacheHitTokens: this.scheduler.prefixHitTokens,
+          kvTokensInUse: this.scheduler.kvTokensInUse,
         },
       });
     }

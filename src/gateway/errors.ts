@@ -197,6 +197,19 @@ export function modelNotFound(model: string): KeelHttpError {
   });
 }
 
+/**
+ * 401 `invalid_api_key` (OpenAI's answer): the server has an API key and the request's `Authorization: Bearer` is
+ * missing or wrong. OVMS answers 500 here; Keel keeps OpenAI's status so clients see an authentication failure.
+ */
+export function invalidApiKey(present: boolean): KeelHttpError {
+  return new KeelHttpError({
+    status: 401,
+    type: "invalid_request_error",
+    code: "invalid_api_key",
+    message: present ? "Incorrect API key provided in the Authorization header." : "Missing API key: send the header Authorization: Bearer <key>.",
+  });
+}
+
 /** 404 `route_not_found`: no route for this method and path; `routes` (when given) are named in the message. */
 /** 400 `invalid_url`: the request's URL cannot be decoded (e.g. a bad percent escape in a path parameter). */
 export function invalidUrl(path: string): KeelHttpError {

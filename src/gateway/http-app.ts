@@ -13,7 +13,9 @@ import { NO_AGENT_FLAGS, resolveAgentSettings, type AgentSettings } from "./agen
 import type { ChatTemplate } from "./chat-template.js";
 import { pickToolParser } from "./parsers/index.js";
 import type { EngineClient } from "./engine-client.js";
-import { clientConnectionError, engineRestarting, invalidUrl, expectationFailed, invalidJson, notReady, routeNotFound, shuttingDown, toErrorBody, toHttpError } from "./errors.js";
+import { apiKeyChecker, needsApiKey } from "./auth.js";
+import { corsHeaders, OPEN_CORS } from "./cors.js";
+import { clientConnectionError, engineRestarting, invalidApiKey, invalidUrl, expectationFailed, invalidJson, notReady, routeNotFound, shuttingDown, toErrorBody, toHttpError } from "./errors.js";
 import type { Metrics } from "./metrics.js";
 import type { RequestRegistry } from "./registry.js";
 import type { GatewayOptions } from "./server.js";
@@ -89,6 +91,8 @@ export function buildHttpApp(deps: HttpAppDeps): HttpApp {
   /** Set by the drain: readiness 503 and new requests refused with 503 + Retry-After. */
   let draining = false;
 
+  /** CORS settings (every response carries their headers; see the onRequest hook below). */
+  const cors = opts.cors ?? OPEN_CORS;
   // requestTimeout bounds how long a client may take to send its whole request (slow headers or body).
   const requestTimeout = opts.requestTimeoutMs ?? 30_000;
   const app = Fastify({
@@ -98,7 +102,9 @@ export function buildHttpApp(deps: HttpAppDeps): HttpApp {
     // Errors fastify raises before routing (a path parameter that does not decode) in the OpenAI envelope too.
     frameworkErrors: (err, req, reply) => {
       const e = err.code === "FST_ERR_BAD_URL" ? invalidUrl(req.url) : toHttpError(err, opts.bodyLimit);
-      void (reply as unknown as FastifyReply).status(e.status).send(toErrorBody(e));
+      // No hook ran for this request: its CORS headers are set here, so a page can read the error too.
+      const origin = Array.isArray(req.headers.origin) ? req.headers.origin[0] : req.headers.origin;
+      void (reply as unknown as FastifyReply).headers(corsHeaders(cors, { origin }, false)).status(e.status).send(toErrorBody(e));
     },
     // Errors Node reports on the connection before any route (a request not sent in time, oversized headers, not
     // HTTP) get the OpenAI envelope too, not Fastify's own body.
@@ -122,6 +128,28 @@ export function buildHttpApp(deps: HttpAppDeps): HttpApp {
         { requestTimeout, headersTimeout: requestTimeout, connectionsCheckingInterval: Math.min(30_000, Math.max(100, Math.floor(requestTimeout / 4))) },
         handler,
       ),
+  });
+  // CORS then the API key, before any route: every response carries the CORS headers, a preflight (OPTIONS) is
+  // answered 204 before the key is asked for (a browser sends none with it), and a missing or wrong key is a 401.
+  const checkKey = opts.apiKey ? apiKeyChecker(opts.apiKey) : null;
+  const one = (v: string | string[] | undefined): string | undefined => (Array.isArray(v) ? v[0] : v);
+  app.addHook("onRequest", async (req, reply) => {
+    const preflight = req.method === "OPTIONS";
+    const h = req.headers;
+    // On the raw response: generation routes hijack the reply and write their own head, which Node merges with these.
+    const headers = corsHeaders(cors, { origin: one(h.origin), requestMethod: one(h["access-control-request-method"]), requestHeaders: one(h["access-control-request-headers"]) }, preflight);
+    for (const [k, v] of Object.entries(headers)) reply.raw.setHeader(k, v);
+    if (preflight) return reply.status(204).send();
+    // The matched route's pattern, not the raw URL: a percent-encoded path (`/%763/models`) routes like its decoded
+    // form and must be guarded like it.
+    if (checkKey && needsApiKey(req.routeOptions.url ?? req.url)) {
+      const r = checkKey(one(h.authorization));
+      if (!r.ok) {
+        metrics.requestsUnauthorized.inc();
+        return reply.status(401).header("www-authenticate", "Bearer").send(toErrorBody(invalidApiKey(r.present)));
+      }
+    }
+    return undefined;
   });
   /** Connections that never sent a request: dropped after requestTimeout, and at shutdown. */
   const silent = new SilentConnections(app.server, requestTimeout);
@@ -185,7 +213,10 @@ export function buildHttpApp(deps: HttpAppDeps): HttpApp {
     },
     isKnownCulprit: (prompt: string, guide?: GuideSpec) => culpritPrompts.has(prompt, guide),
     tokenize: (text, addSpecialTokens) => supervisor.tokenizer.tokenize(text, addSpecialTokens),
-    onRejected: (reason: "queue_full" | "not_ready") => metrics.requestsRejected.inc({ reason }),
+    onRejected: (reason: "queue_full" | "not_ready") => {
+      metrics.requestsRejected.inc({ reason });
+      metrics.ovmsRejected.inc({ name: opts.modelName });
+    },
     agents: () => agents,
     onGuideDropped: () => metrics.guidedDropped.inc(),
     log,

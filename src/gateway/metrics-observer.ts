@@ -20,6 +20,8 @@ export class StepObserver {
   activeSequences = 0;
   /** Idle engine sequences holding reusable KV, as last reported. */
   cachedSequences = 0;
+  /** KV cells held by live requests, as last reported (0 when the engine does not report it). */
+  kvTokensInUse = 0;
 
   constructor(private readonly metrics: Metrics) {}
 
@@ -34,6 +36,7 @@ export class StepObserver {
   engineGone(): void {
     this.activeSequences = 0;
     this.cachedSequences = 0;
+    this.kvTokensInUse = 0;
   }
 
   /** Apply one step output's counters (the engine reports cumulative values; the metrics count increments). */
@@ -45,6 +48,7 @@ export class StepObserver {
     }
     this.activeSequences = msg.stats.activeSequences;
     this.cachedSequences = msg.stats.cachedSequences;
+    this.kvTokensInUse = msg.stats.kvTokensInUse ?? 0;
     if (msg.stats.prefixCacheHitTokens > this.lastPrefixHits) {
       this.metrics.prefixCacheHitTokens.inc(msg.stats.prefixCacheHitTokens - this.lastPrefixHits);
       this.lastPrefixHits = msg.stats.prefixCacheHitTokens;
@@ -52,11 +56,17 @@ export class StepObserver {
   }
 }
 
-/** Registry observer that updates `metrics` and logs each request event with its request id. */
-export function registryObserver(metrics: Metrics, log: Logger, waiting: () => number): RegistryObserver {
+/**
+ * Registry observer that updates `metrics` and logs each request event with its request id. `modelName` labels the
+ * OVMS families (one registry per served model).
+ */
+export function registryObserver(metrics: Metrics, log: Logger, waiting: () => number, modelName = ""): RegistryObserver {
+  const name = { name: modelName };
+  metrics.registerModel(modelName);
   return {
     onQueued(id) {
       metrics.requestsQueued.inc();
+      metrics.ovmsAccepted.inc(name);
       log.info({ requestId: id, event: "queued", waiting: waiting() }, "request queued");
     },
     onAdmitted(id, promptTokens, info) {
@@ -75,6 +85,7 @@ export function registryObserver(metrics: Metrics, log: Logger, waiting: () => n
     },
     onRefused(id, code) {
       metrics.requestsRejected.inc({ reason: "invalid_request" });
+      metrics.ovmsRejected.inc(name);
       log.info({ requestId: id, event: "rejected", code }, "request refused by the engine");
     },
     onResumed(id, generatedTokens, deaths) {
@@ -93,6 +104,8 @@ export function registryObserver(metrics: Metrics, log: Logger, waiting: () => n
       metrics.promptTokens.inc(usage.promptTokens);
       metrics.generationTokens.inc(usage.completionTokens);
       metrics.e2eLatency.observe(info.e2eMs / 1000);
+      metrics.ovmsProcessingTime.observe(name, info.e2eMs * 1000);
+      (reason === "stop" || reason === "length" ? metrics.ovmsSuccess : metrics.ovmsFail).inc(name);
       if (reason === "error") {
         log.warn({ requestId: id, event: "failed", phase: info.phase, code: info.errorCode, error: info.error, e2eMs: info.e2eMs, ...usage }, "request failed");
         metrics.requestsFailed.inc({ reason: info.errorCode === "engine_fault" ? "engine_fault" : info.errorCode === "shutting_down" ? "shutdown" : "engine_error" });

@@ -17,6 +17,31 @@ export interface GaugeSources {
   cachedSequences(): number;
   /** Seconds since the engine's last step. */
   lastStepAgeSeconds(): number;
+  /** Per-model state for the gateway gauges (vLLM and OVMS names), one entry per served model; absent = none. */
+  models?(): ModelGauges[];
+}
+
+/** One served model's state as the gateway gauges read it at scrape time. */
+export interface ModelGauges {
+  /** Served model name (the `model_name` / `name` label). */
+  modelName: string;
+  /** Requests waiting for an engine sequence. */
+  waiting: number;
+  /** Requests owning an engine sequence (prefill or decode). */
+  running: number;
+  /** KV cells (tokens) held by live requests, as last reported by the engine (idle prefix-cache KV excluded). */
+  kvTokensInUse: number;
+  /** Configured KV budget in tokens: sequences × tokens per sequence; 0 while no engine is ready. */
+  kvTokenCapacity: number;
+  /** KV element type the engine runs with (e.g. f16, q8_0). */
+  cacheDtype: string;
+  /** Whether finished requests' KV is kept for prefix reuse. */
+  prefixCaching: boolean;
+}
+
+/** KV usage in 0..1 (0 when there is no budget yet). */
+export function kvUsage(m: Pick<ModelGauges, "kvTokensInUse" | "kvTokenCapacity">): number {
+  return m.kvTokenCapacity > 0 ? Math.min(1, m.kvTokensInUse / m.kvTokenCapacity) : 0;
 }
 
 export class Metrics {
@@ -38,6 +63,14 @@ export class Metrics {
   readonly queueTime: client.Histogram;
   readonly requestsFailed: client.Counter<"reason">;
   readonly requestsRejected: client.Counter<"reason">;
+  /** Requests refused 401 for a missing or wrong API key. */
+  readonly requestsUnauthorized: client.Counter;
+  /** OVMS families, labelled by served model `name` (ovms-compat.md §7). */
+  readonly ovmsAccepted: client.Counter<"name">;
+  readonly ovmsRejected: client.Counter<"name">;
+  readonly ovmsSuccess: client.Counter<"name">;
+  readonly ovmsFail: client.Counter<"name">;
+  readonly ovmsProcessingTime: client.Histogram<"name">;
 
   constructor(src: GaugeSources) {
     const registers = [this.registry];
@@ -93,5 +126,58 @@ export class Metrics {
     });
     this.requestsFailed = labelled("keel_requests_failed_total", "Requests that ended with an error, by reason (engine_fault: isolated as the engine's killer; engine_error; shutdown)", "reason", ["engine_fault", "engine_error", "shutdown"]);
     gauge("keel_engine_last_step_age_seconds", "Seconds since the engine's last step", () => src.lastStepAgeSeconds());
+    this.requestsUnauthorized = new client.Counter({ name: "keel_requests_unauthorized_total", help: "Requests refused 401 for a missing or wrong API key", registers });
+
+    // Gateway gauges under vLLM's names (read by the Gateway API Inference Extension / llm-d endpoint picker) and
+    // OVMS's; one series per served model, rebuilt at each scrape so a model that went away leaves no series.
+    const models = (): ModelGauges[] => src.models?.() ?? [];
+    /** A gauge with one series per model, set from `read(model)` at scrape time. */
+    const perModel = (name: string, help: string, label: "model_name" | "name", read: (m: ModelGauges) => number): void => {
+      new client.Gauge({
+        name,
+        help,
+        labelNames: [label],
+        registers,
+        collect() {
+          this.reset();
+          for (const m of models()) this.set({ [label]: m.modelName }, read(m));
+        },
+      });
+    };
+    perModel("vllm:num_requests_waiting", "Requests waiting for an engine sequence, per model (vLLM name)", "model_name", (m) => m.waiting);
+    perModel("vllm:num_requests_running", "Requests owning an engine sequence, per model (vLLM name)", "model_name", (m) => m.running);
+    perModel("vllm:kv_cache_usage_perc", "KV cells held by live requests over the configured KV budget (0..1), per model (vLLM name)", "model_name", kvUsage);
+    new client.Gauge({
+      name: "vllm:cache_config_info",
+      help: "KV cache configuration per model (vLLM name): block_size 1 (llama.cpp KV is per token cell), num_gpu_blocks = KV budget in cells",
+      labelNames: ["model_name", "block_size", "num_gpu_blocks", "cache_dtype", "enable_prefix_caching"],
+      registers,
+      collect() {
+        this.reset();
+        for (const m of models()) {
+          if (m.kvTokenCapacity === 0) continue; // no engine ready: the capacity is not known yet
+          this.set({ model_name: m.modelName, block_size: "1", num_gpu_blocks: String(m.kvTokenCapacity), cache_dtype: m.cacheDtype, enable_prefix_caching: String(m.prefixCaching) }, 1);
+        }
+      },
+    });
+    perModel("ovms_current_graphs", "Requests in flight (waiting or running), per model (OVMS name)", "name", (m) => m.waiting + m.running);
+    const byName = (name: string, help: string): client.Counter<"name"> => new client.Counter({ name, help, labelNames: ["name"], registers });
+    this.ovmsAccepted = byName("ovms_requests_accepted", "Requests handed to a model's engine (OVMS name)");
+    this.ovmsRejected = byName("ovms_requests_rejected", "Requests refused before or by the engine: queue full, not ready, invalid (OVMS name)");
+    this.ovmsSuccess = byName("ovms_requests_success", "Requests that ended with finish_reason stop or length (OVMS name)");
+    this.ovmsFail = byName("ovms_requests_fail", "Requests that ended with an error or were aborted (OVMS name)");
+    this.ovmsProcessingTime = new client.Histogram({
+      name: "ovms_graph_processing_time_us",
+      help: "Request duration from acceptance to end, unary or stream, in microseconds (OVMS name)",
+      labelNames: ["name"],
+      // OVMS's exponential microsecond buckets, coarsened.
+      buckets: [1e3, 5e3, 1e4, 5e4, 1e5, 2.5e5, 5e5, 1e6, 2.5e6, 5e6, 1e7, 2e7, 4e7, 8e7, 1.6e8],
+      registers,
+    });
+  }
+
+  /** Create the OVMS per-model series at 0, so a fresh server shows each name for `modelName`. */
+  registerModel(modelName: string): void {
+    for (const c of [this.ovmsAccepted, this.ovmsRejected, this.ovmsSuccess, this.ovmsFail]) c.inc({ name: modelName }, 0);
   }
 }

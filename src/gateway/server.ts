@@ -21,6 +21,7 @@ import { RequestRegistry } from "./registry.js";
 import { EngineSupervisor, ISOLATED_PROMPT_TTL_MS } from "./supervisor.js";
 import type { EngineCommand, EngineConfig } from "../protocol/engine-config.js";
 import type { AgentFlags } from "./agent-config.js";
+import type { CorsPolicy } from "./cors.js";
 
 /** Gateway options (resolved CLI flags). */
 export interface GatewayOptions {
@@ -54,6 +55,10 @@ export interface GatewayOptions {
   isolatedPromptTtlMs?: number;
   /** `--tool_parser`, `--reasoning_parser`, `--enable_tool_guided_generation` (default: none of them). */
   agents?: AgentFlags;
+  /** API key required on /v1/ and /v3/ routes (auth.ts); null or absent = no auth. Never logged. */
+  apiKey?: string | null;
+  /** CORS headers and preflight answers (cors.ts; default: OVMS's `*` everywhere, no credentials). */
+  cors?: CorsPolicy;
 }
 
 /** A running gateway. */
@@ -83,16 +88,35 @@ const CLOSE_GRACE_MS = 2000;
 
 /** Build and start the gateway (HTTP listening, engine spawned). */
 export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
-  const logOptions = { level: opts.logLevel, base: { component: "gateway", pid: process.pid } };
+  const logOptions = {
+    level: opts.logLevel,
+    base: { component: "gateway", pid: process.pid },
+    // Nothing logs request headers today; should a line ever carry them, the API key is censored.
+    redact: { paths: ["headers.authorization", "req.headers.authorization", "*.headers.authorization", "authorization", "apiKey"], censor: "[redacted]" },
+  };
   const log = opts.logDestination ? pino(logOptions, opts.logDestination) : pino(logOptions);
   const metrics = new Metrics({
     counts: () => registry.counts(),
     activeSequences: () => steps.activeSequences,
     cachedSequences: () => steps.cachedSequences,
     lastStepAgeSeconds: () => (Date.now() - steps.lastStepAt) / 1000,
+    // One model today; multi-model serving gives one entry per model (each from its own registry and engine).
+    models: () => {
+      const limits = supervisor.engine.ready?.limits;
+      return [
+        {
+          modelName: opts.modelName,
+          ...registry.counts(),
+          kvTokensInUse: steps.kvTokensInUse,
+          kvTokenCapacity: limits ? limits.maxNumSeqs * limits.maxModelLen : 0,
+          cacheDtype: opts.engine.kvCacheType,
+          prefixCaching: opts.engine.prefixCaching,
+        },
+      ];
+    },
   });
   const steps = new StepObserver(metrics);
-  const registry: RequestRegistry = new RequestRegistry((msg) => supervisor.engine.send(msg), registryObserver(metrics, log, () => registry.counts().waiting), () => steps.lastStep);
+  const registry: RequestRegistry = new RequestRegistry((msg) => supervisor.engine.send(msg), registryObserver(metrics, log, () => registry.counts().waiting, opts.modelName), () => steps.lastStep);
   const supervisor = new EngineSupervisor(
     {
       engine: opts.engine,

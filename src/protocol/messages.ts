@@ -344,7 +344,18 @@ export interface StepMessage {
    * Scheduler state after the step: requests waiting / running, sequences owned by live requests, idle sequences
    * holding reusable KV, and prefill tokens saved by prefix reuse since the engine started (cumulative).
    */
-  stats: { waiting: number; running: number; activeSequences: number; cachedSequences: number; prefixCacheHitTokens: number };
+  stats: {
+    waiting: number;
+    running: number;
+    activeSequences: number;
+    cachedSequences: number;
+    prefixCacheHitTokens: number;
+    /**
+     * KV cells (tokens) held by live requests' sequences (idle prefix-cache KV excluded). Optional: an engine that
+     * does not report it shows 0 KV usage in the gateway gauges.
+     */
+    kvTokensInUse?: number;
+  };
 }
 
 /** engine → gateway: an `add` was refused before it reached the scheduler (e.g. prompt too long). */
