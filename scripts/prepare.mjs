@@ -39,6 +39,34 @@ if (process.env.npm_lifecycle_event !== "serve") ensureTestVenv();
 //    `npm run serve` skips this: the server fetches its own default model on first start.
 if (process.env.npm_lifecycle_event !== "serve") await fetchTestModels();
 
+// 6. A headless browser for the CORS test (test/e2e/security.test.ts drives a page on another origin): Debian's
+//    chromium, installed with apt-get when missing (as root, the way CI and the developers' machines run).
+if (process.env.npm_lifecycle_event !== "serve") ensureChromium();
+
+function ensureChromium() {
+  const found = (cmd) => {
+    try {
+      execFileSync("sh", ["-c", `command -v ${cmd}`], { stdio: "ignore" });
+      return true;
+    } catch {
+      return false;
+    }
+  };
+  if (found("chromium")) return;
+  if (!found("apt-get") || process.getuid?.() !== 0) {
+    console.error("keel: the CORS browser test needs chromium (Debian: apt-get install chromium); install it and run again.");
+    process.exit(1);
+  }
+  console.error("keel: installing chromium for the CORS browser test (apt-get)…");
+  try {
+    execFileSync("apt-get", ["update", "-qq"], { stdio: "inherit" });
+    execFileSync("apt-get", ["install", "-y", "-qq", "--no-install-recommends", "chromium"], { stdio: "inherit", env: { ...process.env, DEBIAN_FRONTEND: "noninteractive" } });
+  } catch {
+    console.error("keel: apt-get could not install chromium; install it by hand (apt-get install chromium) and run again.");
+    process.exit(1);
+  }
+}
+
 async function fetchTestModels() {
   const { fetchModel, modelCacheDir } = await import(path.join(root, "dist", "model", "model-cache.js"));
   for (const name of ["smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct"]) {

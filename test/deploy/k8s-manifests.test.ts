@@ -88,8 +88,8 @@ describe("the manifests agree with Keel", () => {
     expect(c.args[0]).toBe("serve");
     const flags = parseServeFlags(c.args.slice(1));
     expect(flags["rest_port"]).toBe(8000);
-    expect(flags["api_key_file"]).toBe("/etc/keel/api-key");
-    expect(flags["allowed_origins"]).toEqual(["*"]);
+    expect(flags["apiKeyFile"]).toBe("/etc/keel/api-key");
+    expect(flags["allowedOrigins"]).toEqual(["*"]);
   });
 
   it("probes hit /v2/health/live and /v2/health/ready on the port Keel listens on", () => {
@@ -100,7 +100,7 @@ describe("the manifests agree with Keel", () => {
     expect(c.startupProbe.httpGet.path).toBe("/v2/health/ready");
     // The key file is mounted from the Secret where --api_key_file points.
     const mount = c.volumeMounts.find((m: { name: string }) => m.name === "api-key");
-    expect(path.posix.join(mount.mountPath, "api-key")).toBe(parseServeFlags(c.args.slice(1))["api_key_file"]);
+    expect(path.posix.join(mount.mountPath, "api-key")).toBe(parseServeFlags(c.args.slice(1))["apiKeyFile"]);
     const secret = find("Secret", "keel-api-key");
     expect(Object.keys(secret.stringData)).toEqual(["api-key"]);
   });
