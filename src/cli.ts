@@ -67,6 +67,7 @@ export const SERVE_FLAGS: FlagSpec[] = [
   { name: "tool_parser", help: "tool-call format to parse (and guide): hermes3, qwen3coder, llama3, or auto (from the model's chat template); unset = requests with tools are refused", default: undefined, parse: oneOf("tool_parser", [...TOOL_PARSERS, "auto"]) },
   { name: "reasoning_parser", help: "reasoning format to split into reasoning_content: qwen3 (<think>…</think>); unset = reasoning stays in content", default: undefined, parse: oneOf("reasoning_parser", [...REASONING_PARSERS]) },
   { name: "enable_tool_guided_generation", help: "constrain tool calls with a grammar under tool_choice auto too (required and a named function are always guided)", default: "false", parse: bool("enable_tool_guided_generation") },
+  { name: "config_path", help: "OVMS JSON config listing several models, each served by its own engine (README, \"Several models\")", default: undefined },
   { name: "deterministic", help: "same request + seed → same text on every run: prefix reuse off, flash attention off, f16 KV (see README)", default: "false", parse: bool("deterministic") },
 ];
 
@@ -247,6 +248,7 @@ async function serve(argv: string[]): Promise<void> {
     process.stdout.write(usage() + "\n");
     return;
   }
+  if (flags["config_path"] !== undefined) return (await import("./serve-config.js")).serveFromConfig(flags, engineCommandFromEnv());
   let model: ServeModel;
   try {
     model = await resolveServeModel(flags["model_path"] as string | undefined, { fetch: { log: (l) => process.stderr.write(`keel serve: ${l}\n`) } });

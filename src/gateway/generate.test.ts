@@ -56,6 +56,7 @@ function setup(maxUnreadBytes: number, body: Record<string, unknown> = {}, over:
     registry,
     modelName: "m",
     modelCreated: 0,
+    servedModels: () => ["m"],
     vocabSize: () => 100,
     capabilities: () => ({ exactSeededResume: true, maxTopLogprobs: 5, extendedSampling: true, grammars: false, sharedPrefill: false }),
     tokenize: async () => [],

@@ -21,6 +21,8 @@ export interface RouteContext {
   modelName: string;
   /** When the server started (unix seconds), the `created` of the model object. */
   modelCreated: number;
+  /** Every served model's name (for `/models` and the 404 `model_not_found` answer). */
+  servedModels(): string[];
   /** Chat template of the current engine, or null while no engine is ready. */
   template(): ChatTemplate | null;
   isReady(): boolean;
