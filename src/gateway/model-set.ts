@@ -68,7 +68,8 @@ export class ModelUnit {
     shared: ModelSetShared,
   ) {
     const { metrics } = shared;
-    const log = shared.labelLogs ? shared.log.child({ model: spec.name }) : shared.log;
+    // `model_name`, not `model`: engine log lines already carry `model` (the file path).
+    const log = shared.labelLogs ? shared.log.child({ model_name: spec.name }) : shared.log;
     this.agents = resolveAgentSettings(spec.agents, null, pickToolParser);
     this.steps = new StepObserver(metrics);
     const registry: RequestRegistry = new RequestRegistry(
