@@ -67,7 +67,7 @@ export interface GatewayOptions {
 /** A running gateway. */
 export interface Gateway {
   app: FastifyInstance;
-  /** The first model's engine, supervisor and registry (the only ones of a single-model server). */
+  /** The first model's engine, supervisor and registry at start (the only ones of a single-model server; a reload may replace them: use `models`). */
   engine: EngineClient;
   supervisor: EngineSupervisor;
   registry: RequestRegistry;

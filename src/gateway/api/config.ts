@@ -5,7 +5,7 @@
  */
 import type { FastifyInstance } from "fastify";
 import type { Logger } from "pino";
-import { invalidConfig, modelNotFound, noConfigFile, toErrorBody } from "../errors.js";
+import { invalidConfig, modelNotFound, noConfigFile, shuttingDown, toErrorBody } from "../errors.js";
 import type { ModelSet, ModelSpec } from "../model-set.js";
 
 /** One model's entry of `GET /v1/config`, in OVMS's shape (one version, "1"). */
@@ -32,6 +32,8 @@ export function registerConfigRoutes(app: FastifyInstance, models: ModelSet, log
   });
   app.post("/v1/config/reload", async (_req, reply) => {
     if (!reload) throw noConfigFile();
+    // A draining server starts no engine.
+    if (models.stopping !== null) throw shuttingDown();
     let specs: ModelSpec[];
     try {
       specs = await reload();
