@@ -14,7 +14,8 @@ import type { ReasoningParserName, ToolParserName } from "./gateway/tools.js";
 import { isTinyModelName } from "./model/default-model.js";
 import { isCatalogueName } from "./model/model-cache.js";
 import { resolveServeModel } from "./model/serve-model.js";
-import type { EngineCommand } from "./protocol/engine-config.js";
+import type { EngineCommand, EngineConfig } from "./protocol/engine-config.js";
+import type { ModelMetadata } from "./protocol/messages.js";
 
 /** The model file an entry's base_path names: keel-tiny*, a catalogue name, a GGUF file, or a folder with one `.gguf`. */
 async function entryModelPath(entry: ConfigEntry, configDir: string): Promise<string> {
@@ -51,6 +52,20 @@ function entryFlags(entry: ConfigEntry, flags: Record<string, unknown>): Record<
   return out;
 }
 
+/** Models that loaded in a throwaway engine, by file identity and settings: a reload does not check them again. */
+const checked = new Map<string, ModelMetadata>();
+
+/** {@link validateModel}, once per model file (path, size, mtime) and engine settings. */
+async function checkedModel(config: Omit<EngineConfig, "mode">, engineCommand: EngineCommand): Promise<ModelMetadata> {
+  const st = fs.statSync(config.modelPath);
+  const key = JSON.stringify([config, st.size, st.mtimeMs, engineCommand]);
+  const hit = checked.get(key);
+  if (hit) return hit;
+  const meta = await validateModel(config, engineCommand);
+  checked.set(key, meta);
+  return meta;
+}
+
 /**
  * Read `file` and resolve every model to what its engine starts with (each model checked in a throwaway engine).
  * @throws Error with the reason (the file, an entry's setting, a model that does not load).
@@ -81,7 +96,7 @@ export async function resolveConfigModels(file: string, flags: Record<string, un
     };
     let meta;
     try {
-      meta = await validateModel({ ...base, maxModelLen: 256 }, engineCommand);
+      meta = await checkedModel({ ...base, maxModelLen: 256 }, engineCommand);
     } catch (err) {
       throw new Error(`model "${entry.name}": ${(err as Error).message}`);
     }

@@ -62,6 +62,19 @@ function eventTimes(s: ServerHandle, model: string, event: string): number[] {
   });
 }
 
+/** Requests the model's old engine still held when a reload retired it (its `model_retiring` log line). */
+function retiringInFlight(s: ServerHandle, model: string): number | undefined {
+  for (const l of s.logs) {
+    try {
+      const j = JSON.parse(l) as { event?: string; model?: string; inFlight?: number };
+      if (j.event === "model_retiring" && j.model === model) return j.inFlight;
+    } catch {
+      /* not JSON */
+    }
+  }
+  return undefined;
+}
+
 async function post(baseUrl: string, p: string, body?: unknown): Promise<{ status: number; json: unknown }> {
   const res = await fetch(baseUrl + p, { method: "POST", headers: { "content-type": "application/json" }, ...(body !== undefined ? { body: JSON.stringify(body) } : {}) });
   const text = await res.text();
@@ -196,9 +209,10 @@ describe("POST /v1/config/reload", () => {
     const file = tmpConfig([{ name: "tiny", base_path: "keel-tiny", max_num_seqs: 4 }]);
     server = await startWithConfig(file);
     const s = server;
-    const prompts = ["Alpha beta gamma.", "Rivers and lakes.", "One two three.", "Blue green red."];
+    // Long streams (1,200 tokens each), so that they are still running when the new engine has loaded.
+    const prompts = ["Alpha beta gamma.", "Rivers and lakes.", "One two three."];
     const expected: string[] = [];
-    for (const [i, p] of prompts.entries()) expected.push((await chat(s.baseUrl, stream("tiny", p, 7 + i, 600))).text);
+    for (const [i, p] of prompts.entries()) expected.push((await chat(s.baseUrl, stream("tiny", p, 7 + i, 1200))).text);
     const firstPid = engineReadies(s, "tiny")[0]!.enginePid;
 
     // 1. Streams in flight across a reload that changes tiny (new limits) and adds qwen.
@@ -206,9 +220,9 @@ describe("POST /v1/config/reload", () => {
     let reload: Promise<{ status: number; json: unknown }> | null = null;
     const results = await Promise.all(
       prompts.map((p, i) =>
-        chat(s.baseUrl, stream("tiny", p, 7 + i, 600), {
+        chat(s.baseUrl, stream("tiny", p, 7 + i, 1200), {
           onEvent: (_e, k) => {
-            if (i === 0 && k === 3 && !reload) reload = post(s.baseUrl, "/v1/config/reload");
+            if (i === 0 && k === 1 && !reload) reload = post(s.baseUrl, "/v1/config/reload");
           },
         }),
       ),
@@ -219,21 +233,12 @@ describe("POST /v1/config/reload", () => {
     expect(reloaded.status).toBe(201);
     expect(Object.keys(reloaded.json as object)).toEqual(["tiny", "qwen"]);
     // The old engine still held the streams when it was retired (they crossed the reload), then stopped.
-    const retiring = s.logs
-      .flatMap((l) => {
-        try {
-          return [JSON.parse(l) as { event?: string; model?: string; inFlight?: number }];
-        } catch {
-          return [];
-        }
-      })
-      .find((j) => j.event === "model_retiring" && j.model === "tiny");
-    expect(retiring?.inFlight).toBeGreaterThan(0);
+    expect(retiringInFlight(s, "tiny")).toBeGreaterThan(0);
     const tinyEngines = engineReadies(s, "tiny");
     expect(tinyEngines.map((e) => e.limits.maxNumSeqs)).toEqual([4, 3]);
     expect(tinyEngines[1]!.enginePid).not.toBe(firstPid);
     // New requests go to the new engine and give the same text (same model file, same seed).
-    expect((await chat(s.baseUrl, stream("tiny", prompts[1]!, 8, 600))).text).toBe(expected[1]);
+    expect((await chat(s.baseUrl, stream("tiny", prompts[1]!, 8, 1200))).text).toBe(expected[1]);
     expect((await get(s.baseUrl, "/v2/models/qwen/ready")).status).toBe(200);
 
     // 2. An invalid file: 400 with the reason, nothing changes.
@@ -256,6 +261,7 @@ describe("POST /v1/config/reload", () => {
     ]);
     expect((await removal!).status).toBe(201);
     expectIdentical(qwenResults, qwenExpected);
+    expect(retiringInFlight(s, "qwen")).toBeGreaterThan(0);
     const gone = await post(s.baseUrl, "/v3/chat/completions", { model: "qwen", messages: [{ role: "user", content: "hi" }] });
     expect(gone.status).toBe(404);
     expect((await get(s.baseUrl, "/v2/models/qwen/ready")).status).toBe(404);
