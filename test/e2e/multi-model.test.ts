@@ -265,7 +265,7 @@ describe("POST /v1/config/reload", () => {
     const gone = await post(s.baseUrl, "/v3/chat/completions", { model: "qwen", messages: [{ role: "user", content: "hi" }] });
     expect(gone.status).toBe(404);
     expect((await get(s.baseUrl, "/v2/models/qwen/ready")).status).toBe(404);
-  });
+  }, 180_000); // long streams on two shared cores: about a minute
 
   it("a server started from flags (one model) answers a reload with 400: no config file", async () => {
     server = await startServer();
