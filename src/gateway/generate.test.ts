@@ -57,6 +57,7 @@ function setup(maxUnreadBytes: number, body: Record<string, unknown> = {}, over:
     modelName: "m",
     modelCreated: 0,
     servedModels: () => ["m"],
+    models: () => [],
     vocabSize: () => 100,
     capabilities: () => ({ exactSeededResume: true, maxTopLogprobs: 5, extendedSampling: true, grammars: false, sharedPrefill: false }),
     tokenize: async () => [],

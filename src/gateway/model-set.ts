@@ -100,6 +100,7 @@ export class ModelUnit {
       modelName: spec.name,
       modelCreated: set.startedAt,
       servedModels: () => set.names(),
+      models: () => set.list(),
       template: () => this.template,
       isReady: () => engine.isReady && set.stopping === null,
       maxModelLen: () => engine.ready?.limits.maxModelLen ?? null,
