@@ -172,6 +172,7 @@ describe("several models from --config_path", () => {
     /** When each qwen event arrived (ms since epoch). */
     const arrivals: number[] = [];
     let culprit: Promise<ChatResult> | null = null;
+    const probes: Promise<number>[] = [];
     const results = await Promise.all(
       prompts.map((p, i) =>
         chat(s.baseUrl, stream("qwen", p, 100 + i, 400), {
@@ -179,6 +180,8 @@ describe("several models from --config_path", () => {
             arrivals.push(Date.now());
             // Once both qwen streams are under way, poison the tiny model's engine (it aborts whenever scheduled).
             if (i === 0 && k === 5 && !culprit) culprit = chat(s.baseUrl, stream("tiny", "POISON: this kills the engine", 1, 50));
+            // qwen's own readiness, probed now and then throughout (tiny's engine down or not).
+            if (i === 1 && k % 20 === 0) probes.push(get(s.baseUrl, "/v2/models/qwen/ready").then((r) => r.status));
           },
         }),
       ),
@@ -201,6 +204,10 @@ describe("several models from --config_path", () => {
     expect(down.length, "qwen events while tiny's engine was down").toBeGreaterThan(0);
     const m = await metrics(s.baseUrl);
     expect(m.get('keel_requests_failed_total{reason="engine_fault"}')).toBe(1);
+    // 4. qwen stayed ready throughout (its readiness is its own engine's).
+    const statuses = await Promise.all(probes);
+    expect(statuses.length).toBeGreaterThan(5);
+    expect(new Set(statuses)).toEqual(new Set([200]));
   });
 });
 
