@@ -30,8 +30,8 @@ function tmpConfig(entries: Entry[]): string {
   return writeConfig(path.join(dir, "config.json"), entries);
 }
 
-async function startWithConfig(file: string, env: Record<string, string> = {}): Promise<ServerHandle> {
-  const s = await startServer(["--config_path", file], env, { noModelFlag: true });
+async function startWithConfig(file: string, env: Record<string, string> = {}, flags: string[] = []): Promise<ServerHandle> {
+  const s = await startServer(["--config_path", file, ...flags], env, { noModelFlag: true });
   await waitForReady(s.baseUrl); // every model ready (startServer waits for the first engine only)
   return s;
 }
@@ -209,6 +209,41 @@ describe("several models from --config_path", () => {
     expect(statuses.length).toBeGreaterThan(5);
     expect(new Set(statuses)).toEqual(new Set([200]));
   });
+});
+
+describe("a hung engine", () => {
+  it("one model's engine frozen (SIGSTOP): the other model's streams run to the end meanwhile; the frozen one is restarted and its stream resumes", async () => {
+    // The watchdog acts after 8 s without progress: far longer than qwen's streams below take.
+    server = await startWithConfig(tmpConfig([TWO_MODELS[0]!, { ...TWO_MODELS[1]!, max_model_len: 2048 }]), {}, ["--engine_stall_timeout", "8"]);
+    const s = server;
+    const tinyExpected = (await chat(s.baseUrl, stream("tiny", "Frozen in time.", 5, 200))).text;
+    const qwenExpected = [(await chat(s.baseUrl, stream("qwen", "Keep going.", 6, 300))).text, (await chat(s.baseUrl, stream("qwen", "And on.", 7, 300))).text];
+    const tinyPid = engineReadies(s, "tiny")[0]!.enginePid;
+    // 1. A tiny stream in flight, then its engine frozen.
+    let frozen: () => void = () => undefined;
+    const isFrozen = new Promise<void>((r) => (frozen = r));
+    let stopped = false;
+    const tinyStream = chat(s.baseUrl, stream("tiny", "Frozen in time.", 5, 200), {
+      onEvent: (_e, k) => {
+        if (k === 3 && !stopped) {
+          stopped = true;
+          process.kill(tinyPid, "SIGSTOP");
+          frozen();
+        }
+      },
+    });
+    await isFrozen;
+    // 2. qwen streams, started and finished while tiny's engine is frozen.
+    const qwen = await Promise.all([chat(s.baseUrl, stream("qwen", "Keep going.", 6, 300)), chat(s.baseUrl, stream("qwen", "And on.", 7, 300))]);
+    expectIdentical(qwen, qwenExpected);
+    expect(eventTimes(s, "tiny", "engine_stalled"), "tiny's engine was still frozen when qwen's streams ended").toEqual([]);
+    // 3. The watchdog kills and restarts tiny's engine; its stream resumes with the undisturbed text.
+    const tinyResult = await tinyStream;
+    expectIdentical([tinyResult], [tinyExpected]);
+    expect(eventTimes(s, "tiny", "engine_stalled").length).toBe(1);
+    expect(engineReadies(s, "tiny").length).toBe(2);
+    expect(engineReadies(s, "qwen").length).toBe(1);
+  }, 120_000);
 });
 
 describe("POST /v1/config/reload", () => {
