@@ -18,7 +18,12 @@ afterEach(async () => {
 });
 
 /** A model set over the fake engine (test/support/fake-engine.mjs), and a way to wait for a log event. */
-function makeSet() {
+/**
+ * Engine command: the fake engine, except for the model file /never.gguf, whose engine starts and never reports ready.
+ */
+const HANGS_ON_NEVER = `const c = JSON.parse(process.argv.at(-1)); if (c.modelPath === "/never.gguf") setInterval(() => {}, 1000); else import(${JSON.stringify(new URL("../../test/support/fake-engine.mjs", import.meta.url).href)});`;
+
+function makeSet(reloadReadyMs?: number) {
   const waiters: { event: string; resolve: (j: Record<string, unknown>) => void }[] = [];
   const log = pino({ level: "info" }, {
     write(line: string) {
@@ -31,7 +36,8 @@ function makeSet() {
   });
   const next = (event: string) => new Promise<Record<string, unknown>>((resolve) => waiters.push({ event, resolve }));
   const metrics = new Metrics({ counts: () => ({ waiting: 0, running: 0 }), activeSequences: () => 0, cachedSequences: () => 0, lastStepAgeSeconds: () => 0 });
-  const set = new ModelSet({ engineCommand: { command: process.execPath, args: [FAKE] }, stallMs: 30_000, pingIntervalMs: 50, readyStalenessMs: 5_000, metrics, log, labelLogs: true });
+  const engineCommand = reloadReadyMs === undefined ? { command: process.execPath, args: [FAKE] } : { command: process.execPath, args: ["-e", HANGS_ON_NEVER] };
+  const set = new ModelSet({ engineCommand, stallMs: 30_000, pingIntervalMs: 50, readyStalenessMs: 5_000, metrics, log, labelLogs: true, ...(reloadReadyMs !== undefined ? { reloadReadyMs } : {}) });
   current = set;
   return { set, next };
 }
@@ -91,6 +97,20 @@ describe("ModelSet: one engine per model, reloads", () => {
     expect(second.replaced).toEqual(["a"]);
     expect(set.get("a")!.supervisor.limits?.maxNumSeqs).toBe(1);
     expect(set.names()).toEqual(["a"]);
+  });
+
+  it("a changed model whose new engine never becomes ready: the old engine keeps serving, the new one is retired", async () => {
+    const { set, next } = makeSet(500);
+    set.startAll([spec("a")]);
+    const old = set.get("a")!;
+    await old.supervisor.firstReady;
+    const failed = next("model_replacement_failed");
+    const summary = await set.apply([{ ...spec("a"), engine: { ...engine, modelPath: "/never.gguf" } }]);
+    expect(summary.replaced).toEqual(["a"]);
+    expect((await failed)["model"]).toBe("a");
+    expect(set.get("a")).toBe(old);
+    expect(old.state.kind).toBe("serving");
+    expect(set.list().map((m) => [m.name, m.state])).toEqual([["a", "AVAILABLE"], ["a", "UNLOADING"]]);
   });
 
   it("sameSpec compares settings, not key order", () => {

@@ -43,6 +43,8 @@ export interface ModelSetShared {
   log: Logger;
   /** Name each unit's log lines with its model (set when several models may be served). */
   labelLogs: boolean;
+  /** How long a reload waits for a new engine (default {@link REPLACEMENT_READY_MS}). */
+  reloadReadyMs?: number;
 }
 
 /** Where a unit is in its life: serving (reachable by name) or retired (finishing its streams, then stopped). */
@@ -279,13 +281,15 @@ export class ModelSet {
       if (!old) {
         this.serving.set(spec.name, unit);
         summary.added.push(spec.name);
-        waits.push(unit.supervisor.firstReady);
+        // Served (LOADING) whether or not it is ready in time; the answer waits for it within the bound.
+        waits.push(readyWithin(unit, this.shared.reloadReadyMs ?? REPLACEMENT_READY_MS).then(() => undefined));
       } else {
         summary.replaced.push(spec.name);
         waits.push(
-          unit.supervisor.firstReady.then(() => {
-            // Replaced only if this reload's unit is still the one wanted (a later reload may have changed it again).
-            if (this.serving.get(spec.name) !== old || this.stopping !== null) {
+          readyWithin(unit, this.shared.reloadReadyMs ?? REPLACEMENT_READY_MS).then((ready) => {
+            // Replaced only if the new engine came up and the old unit is still the one serving (and not stopping).
+            if (!ready || this.serving.get(spec.name) !== old || this.stopping !== null) {
+              if (!ready) this.shared.log.error({ event: "model_replacement_failed", model: spec.name, waitedMs: this.shared.reloadReadyMs ?? REPLACEMENT_READY_MS }, `model ${spec.name}: the new engine did not become ready; the old one keeps serving`);
               this.retire(unit);
               return;
             }
@@ -347,6 +351,16 @@ export class ModelSet {
     this.retired.clear();
     await Promise.all(units.map((u) => u.supervisor.stop()));
   }
+}
+
+/** How long a reload waits for a new engine; a changed model's old engine keeps serving if the new one is not ready by then (ms). */
+export const REPLACEMENT_READY_MS = 120_000;
+
+/** True when the unit's engine reported ready within `ms`, false when it did not. */
+function readyWithin(unit: ModelUnit, ms: number): Promise<boolean> {
+  let timer: NodeJS.Timeout | undefined;
+  const late = new Promise<boolean>((r) => (timer = setTimeout(() => r(false), ms)));
+  return Promise.race([unit.supervisor.firstReady.then(() => true), late]).finally(() => clearTimeout(timer));
 }
 
 /** Two specs start the same engine with the same parsers and limits. */
