@@ -45,6 +45,9 @@ function entryFlags(entry: ConfigEntry, flags: Record<string, unknown>): Record<
       problems.push((err as Error).message.replace(`--${k}`, k));
     }
   }
+  // --deterministic turns prefix reuse off and needs an f16 KV cache: an entry asking otherwise contradicts it (cli.ts).
+  if (out["deterministic"] === true && out["enable_prefix_caching"] === true && entry.settings.enable_prefix_caching !== undefined) problems.push("enable_prefix_caching true contradicts --deterministic true");
+  if (out["deterministic"] === true && out["kv_cache_precision"] === "u8") problems.push("kv_cache_precision u8 contradicts --deterministic true (it needs an f16 KV cache)");
   if (problems.length > 0) throw new Error(`model "${entry.name}": ${problems.join("; ")}`);
   if ((out["max_num_batched_tokens"] as number) < (out["max_num_seqs"] as number)) {
     throw new Error(`model "${entry.name}": max_num_batched_tokens (${out["max_num_batched_tokens"]}) must be >= max_num_seqs (${out["max_num_seqs"]})`);

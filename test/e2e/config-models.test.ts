@@ -51,5 +51,7 @@ describe("resolveConfigModels", () => {
     const missing = configDir([{ name: "gone", base_path: "nowhere.gguf" }]);
     await expect(resolveConfigModels(path.join(missing, "config.json"), flags, DEFAULT_ENGINE_COMMAND)).rejects.toThrow(/model "gone": the model file .*nowhere\.gguf does not exist/);
     await expect(resolveConfigModels(path.join(missing, "absent.json"), flags, DEFAULT_ENGINE_COMMAND)).rejects.toThrow(/cannot read the config file/);
+    const contradicts = configDir([{ name: "d", base_path: "keel-tiny", enable_prefix_caching: true }]);
+    await expect(resolveConfigModels(path.join(contradicts, "config.json"), parseServeFlags(["--deterministic", "true"]), DEFAULT_ENGINE_COMMAND)).rejects.toThrow(/model "d": enable_prefix_caching true contradicts --deterministic true/);
   });
 });
