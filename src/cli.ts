@@ -84,7 +84,6 @@ export const METRIC_FAMILIES = [
  * wiring one means removing its name from this set.
  */
 export const NOT_YET_SERVED: ReadonlySet<string> = new Set([
-  "config_path",
   "metrics_list",
 ]);
 
@@ -154,7 +153,7 @@ export const SERVE_FLAGS: FlagSpec[] = [
   { name: "weight-format", help: "refused: GGUF files carry their quantization", default: undefined, parse: refuse("weight-format", "Keel serves GGUF files whose quantization is fixed in the file; choose a quantized file (--gguf_filename)") },
   { name: "extra_quantization_params", help: "refused: GGUF files carry their quantization", default: undefined, parse: refuse("extra_quantization_params", "Keel does not quantize models; choose a quantized GGUF file (--gguf_filename)") },
   // OVMS flags parsed here and served by other modules (see NOT_YET_SERVED).
-  { name: "config_path", help: "OVMS JSON config listing several models", default: undefined, field: "configPath" },
+  { name: "config_path", help: "OVMS JSON config listing several models, each served by its own engine (README, \"Several models\")", default: undefined, field: "configPath" },
   { name: "source_model", help: "Hugging Face hub repository ORG/NAME to pull a GGUF from (HF_ENDPOINT, HF_TOKEN honoured) into --model_repository_path/ORG/NAME; served as ORG/NAME unless --model_name", default: undefined, field: "sourceModel" },
   { name: "model_repository_path", help: "directory models are pulled into (default: $OVMS_MODEL_REPOSITORY_PATH)", default: undefined, field: "modelRepositoryPath" },
   { name: "pull", help: "download the --source_model and exit (without it: download if missing, then serve)", default: undefined, field: "pull", bare: true },
@@ -434,6 +433,17 @@ async function serve(argv: string[]): Promise<void> {
     process.stderr.write(`keel serve: --log_path ${String(flags["log_path"])} cannot be opened: ${(err as Error).message}\n`);
     process.exit(2);
   }
+  // The API key is read before the model loads: an unreadable key file is a startup error, not a late surprise.
+  let apiKey: string | null;
+  try {
+    apiKey = loadApiKey(flags["apiKeyFile"] as string | undefined, process.env);
+  } catch (err) {
+    process.stderr.write(`keel serve: ${(err as Error).message}\n`);
+    process.exit(2);
+  }
+  const cors = { origins: flags["allowedOrigins"] as string[], methods: flags["allowedMethods"] as string[], headers: flags["allowedHeaders"] as string[], credentials: (flags["allowCredentials"] as boolean | undefined) ?? false };
+  // Several models from an OVMS config file: each gets its own engine (serve-config.ts).
+  if (flags["configPath"] !== undefined) return (await import("./serve-config.js")).serveFromConfig(flags, engineCommandFromEnv(), { logDestination: logSink, apiKey, cors });
   const sourceFlags = {
     modelPath: flags["model_path"] as string | undefined,
     sourceModel: flags["sourceModel"] as string | undefined,
@@ -496,15 +506,6 @@ async function serve(argv: string[]): Promise<void> {
     ...(flags["dynamic_split_fuse"] === false ? { maxPromptLen: flags["max_num_batched_tokens"] as number } : {}),
     device: flags["target_device"] as "cpu" | "gpu" | "auto",
   };
-  // The API key is read before the model loads: an unreadable key file is a startup error, not a late surprise.
-  let apiKey: string | null;
-  try {
-    apiKey = loadApiKey(flags["apiKeyFile"] as string | undefined, process.env);
-  } catch (err) {
-    process.stderr.write(`keel serve: ${(err as Error).message}\n`);
-    process.exit(2);
-  }
-  const cors = { origins: flags["allowedOrigins"] as string[], methods: flags["allowedMethods"] as string[], headers: flags["allowedHeaders"] as string[], credentials: (flags["allowCredentials"] as boolean | undefined) ?? false };
   const engineCommand = engineCommandFromEnv();
   let meta: ModelMetadata & { backend?: EngineBackend };
   try {

@@ -10,6 +10,8 @@ import {
   methodNotAllowed,
   missingField,
   modelNotFound,
+  invalidConfig,
+  noConfigFile,
   notReady,
   queueFull,
   quoteClientValue,
@@ -39,6 +41,8 @@ describe("error factories", () => {
     ["engineError", engineError(), 500, "server_error", "engine_error", null],
     ["notReady", notReady(), 503, "service_unavailable_error", "not_ready", null],
     ["internalError", internalError(), 500, "server_error", "internal_error", null],
+    ["invalidConfig", invalidConfig("bad"), 400, "invalid_request_error", "invalid_config", null],
+    ["noConfigFile", noConfigFile(), 400, "invalid_request_error", "no_config_file", null],
   ] as const)("%s has the catalogued status, type, code and param", (_n, err, status, type, code, param) => {
     expect(err).toBeInstanceOf(KeelHttpError);
     expect(err).toBeInstanceOf(Error);
@@ -48,6 +52,12 @@ describe("error factories", () => {
     expect(err.code).toBe(code);
     expect(err.param).toBe(param);
     expect(err.message.length).toBeGreaterThan(0);
+  });
+
+  it("model_not_found names the served models when given, and the reason of a refused reload is in its message", () => {
+    expect(modelNotFound("x", ["a", "b/c"]).message).toBe('The model \'x\' does not exist. Served models: "a", "b/c".');
+    expect(modelNotFound("x").message).toBe("The model 'x' does not exist.");
+    expect(invalidConfig("model \"a\": max_num_seqs must be an integer").message).toContain('nothing changed): model "a": max_num_seqs must be an integer');
   });
 
   it("names the field in missing-field messages", () => {

@@ -186,13 +186,13 @@ export function contextLengthExceeded(contextLength: number, promptTokens: numbe
   });
 }
 
-/** 404 `model_not_found` (OpenAI code), param `model`. */
-export function modelNotFound(model: string): KeelHttpError {
+/** 404 `model_not_found` (OpenAI code), param `model`; `served` (when given) are named in the message. */
+export function modelNotFound(model: string, served?: readonly string[]): KeelHttpError {
   return new KeelHttpError({
     status: 404,
     type: "invalid_request_error",
     code: "model_not_found",
-    message: `The model ${quoteClientValue(model)} does not exist.`,
+    message: `The model ${quoteClientValue(model)} does not exist.${served && served.length > 0 ? ` Served models: ${served.map((n) => JSON.stringify(n)).join(", ")}.` : ""}`,
     param: "model",
   });
 }
@@ -465,4 +465,14 @@ export function show(v: unknown): string {
   if (typeof v === "string") return quoteClientValue(v);
   if (typeof v === "number" || typeof v === "boolean" || v === null) return String(v);
   return describe(v);
+}
+
+/** 400 `invalid_config`: `POST /v1/config/reload` read a configuration it cannot apply; nothing changed. */
+export function invalidConfig(reason: string): KeelHttpError {
+  return new KeelHttpError({ status: 400, type: "invalid_request_error", code: "invalid_config", message: `The configuration was not reloaded (nothing changed): ${reason}`, param: null });
+}
+
+/** 400 `no_config_file`: a reload on a server started without `--config_path` (its model comes from flags). */
+export function noConfigFile(): KeelHttpError {
+  return new KeelHttpError({ status: 400, type: "invalid_request_error", code: "no_config_file", message: "This server was not started with --config_path; there is no configuration to reload.", param: null });
 }

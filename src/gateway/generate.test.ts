@@ -56,6 +56,8 @@ function setup(maxUnreadBytes: number, body: Record<string, unknown> = {}, over:
     registry,
     modelName: "m",
     modelCreated: 0,
+    servedModels: () => ["m"],
+    models: () => [],
     vocabSize: () => 100,
     capabilities: () => ({ exactSeededResume: true, maxTopLogprobs: 5, extendedSampling: true, grammars: false, sharedPrefill: false }),
     tokenize: async () => [],

@@ -1,26 +1,21 @@
 /**
  * The gateway's HTTP app (fastify): strict UTF-8 JSON bodies, the OpenAI error envelope for every failure, guards on
  * connections (slow, silent, oversized), and every route. Engine supervision and the registry are given to it;
- * it owns only the HTTP-side state (draining, closing, the current chat template).
+ * it owns only the HTTP-side state (connections, body parsing, error envelopes).
  */
 import type { GuideSpec } from "../protocol/messages.js";
 import http from "node:http";
 import Fastify, { type FastifyInstance, type FastifyReply } from "fastify";
 import type { Logger } from "pino";
-import { MAX_UNREAD_BYTES, type RouteContext } from "./route-context.js";
 import { registerRoutes, routeList } from "./routes.js";
-import { NO_AGENT_FLAGS, resolveAgentSettings, type AgentSettings } from "./agent-config.js";
-import type { ChatTemplate } from "./chat-template.js";
-import { pickToolParser } from "./parsers/index.js";
-import type { EngineClient } from "./engine-client.js";
+import { registerConfigRoutes } from "./api/config.js";
 import { apiKeyChecker, needsApiKey } from "./auth.js";
 import { corsHeaders, OPEN_CORS } from "./cors.js";
-import { clientConnectionError, engineRestarting, invalidApiKey, invalidUrl, expectationFailed, invalidJson, notReady, routeNotFound, shuttingDown, toErrorBody, toHttpError } from "./errors.js";
+import { clientConnectionError, invalidApiKey, invalidUrl, expectationFailed, invalidJson, routeNotFound, toErrorBody, toHttpError } from "./errors.js";
 import type { Metrics } from "./metrics.js";
-import type { RequestRegistry } from "./registry.js";
+import type { ModelSet, ModelSpec } from "./model-set.js";
 import type { GatewayOptions } from "./server.js";
 import { SilentConnections } from "./silent-connections.js";
-import type { EngineSupervisor } from "./supervisor.js";
 
 const utf8 = new TextDecoder("utf-8", { fatal: true });
 
@@ -53,10 +48,12 @@ function discardBody(body: http.IncomingMessage, maxBytes: number): Promise<bool
 /** What the HTTP app is given. */
 export interface HttpAppDeps {
   opts: GatewayOptions;
-  registry: RequestRegistry;
-  supervisor: EngineSupervisor;
+  /** The served models (each its own engine, registry and route context). */
+  models: ModelSet;
   metrics: Metrics;
   log: Logger;
+  /** Re-read the configuration (`POST /v1/config/reload`); absent when the server was not started from a config file. */
+  reload?: () => Promise<ModelSpec[]>;
 }
 
 /** The HTTP app and the switches the gateway's composition turns. */
@@ -64,8 +61,6 @@ export interface HttpApp {
   app: FastifyInstance;
   /** Connections that never sent a request (dropped at shutdown). */
   silent: SilentConnections;
-  /** The current engine's chat template (set on each engine ready). */
-  setTemplate(t: ChatTemplate | null): void;
   /** Readiness turns 503 and new requests get 503 `shutting_down` with Retry-After. */
   startDraining(): void;
   /** The server is being stopped (same answers as draining). */
@@ -74,22 +69,7 @@ export interface HttpApp {
 
 /** Build the HTTP app (not listening yet). */
 export function buildHttpApp(deps: HttpAppDeps): HttpApp {
-  const { opts, registry, supervisor, metrics, log } = deps;
-  // The names the routes' context below reads (it moves as one unit to the routes module).
-  const engine: EngineClient = supervisor.engine;
-  /** Chat template of the current engine's model; null until an engine reported ready. */
-  let template: ChatTemplate | null = null;
-  const agentFlags = opts.agents ?? NO_AGENT_FLAGS;
-  /** Parsing and guidance for the current model (`--tool_parser auto` resolved on each engine ready). */
-  let agents: AgentSettings = resolveAgentSettings(agentFlags, null, pickToolParser);
-  /** Whether `--tool_parser auto`'s outcome was logged (at the first engine ready). */
-  let autoAnnounced = false;
-  /** Prompts isolated as engine killers, as the routes ask about them (bounded in time: supervisor.ts). */
-  const culpritPrompts = { has: (prompt: string, guide?: GuideSpec) => supervisor.isKnownCulprit(prompt, guide) };
-  /** Set once the HTTP server and engine are being stopped. */
-  let closing = false;
-  /** Set by the drain: readiness 503 and new requests refused with 503 + Retry-After. */
-  let draining = false;
+  const { opts, models, metrics, log } = deps;
 
   /** CORS settings (every response carries their headers; see the onRequest hook below). */
   const cors = opts.cors ?? OPEN_CORS;
@@ -194,40 +174,15 @@ export function buildHttpApp(deps: HttpAppDeps): HttpApp {
     void reply.status(404).send(toErrorBody(routeNotFound(req.method, req.url, routeList())));
   });
 
-  const startedAt = Math.floor(Date.now() / 1000);
-  const routeCtx: RouteContext = {
-    registry,
-    modelName: opts.modelName,
-    modelCreated: startedAt,
-    template: () => template,
-    isReady: () => engine.isReady && !draining && !closing,
-    maxModelLen: () => engine.ready?.limits.maxModelLen ?? null,
-    vocabSize: () => engine.ready?.model.vocabSize ?? 0,
-    capabilities: () => engine.ready?.capabilities ?? null,
-    maxQueuedRequests: opts.maxQueuedRequests,
-    maxUnreadBytes: opts.maxStreamBuffer ?? MAX_UNREAD_BYTES,
-    maxNumSeqs: () => engine.ready?.limits.maxNumSeqs ?? 0,
-    unavailable: () => {
-      if (draining || closing) return shuttingDown();
-      return supervisor.unavailableReason === "restarting" ? engineRestarting() : notReady();
-    },
-    isKnownCulprit: (prompt: string, guide?: GuideSpec) => culpritPrompts.has(prompt, guide),
-    tokenize: (text, addSpecialTokens) => supervisor.tokenizer.tokenize(text, addSpecialTokens),
-    onRejected: (reason: "queue_full" | "not_ready") => {
-      metrics.requestsRejected.inc({ reason });
-      metrics.ovmsRejected.inc({ name: opts.modelName });
-    },
-    agents: () => agents,
-    onGuideDropped: () => metrics.guidedDropped.inc(),
-    log,
-    onDisconnect: (phase) => metrics.clientDisconnects.inc({ phase }),
-  };
-  registerRoutes(app, routeCtx);
+  registerRoutes(app, models);
   app.get("/v2/health/live", async (_req, reply) => reply.status(200).send());
+  // Ready when every served model is (as OVMS); the answer names the first one that is not.
   app.get("/v2/health/ready", async (_req, reply) => {
-    if (engine.isReady && !closing && !draining) return reply.status(200).send();
-    return reply.status(503).send(toErrorBody(draining || closing ? shuttingDown() : supervisor.unavailableReason === "restarting" ? engineRestarting() : notReady()));
+    const notReadyUnit = models.servingUnits().find((u) => !u.isReady(models));
+    if (!notReadyUnit) return reply.status(200).send();
+    return reply.status(503).send(toErrorBody(notReadyUnit.unavailable(models)));
   });
+  registerConfigRoutes(app, models, log, deps.reload);
   app.get("/metrics", async (_req, reply) => {
     const text = await metrics.registry.metrics();
     return reply.type(metrics.registry.contentType).send(text);
@@ -244,19 +199,7 @@ export function buildHttpApp(deps: HttpAppDeps): HttpApp {
   return {
     app,
     silent,
-    setTemplate: (t) => {
-      template = t;
-      const before = agents.toolParser;
-      agents = resolveAgentSettings(agentFlags, t?.source ?? null, pickToolParser);
-      // Said at the first engine ready, and again only when a new engine's template changes the outcome.
-      const first = !autoAnnounced;
-      if (t) autoAnnounced = true;
-      if (t && agentFlags.toolParser === "auto" && (first || before !== agents.toolParser)) {
-        if (agents.toolParser) log.info({ event: "tool_parser_resolved", toolParser: agents.toolParser }, `--tool_parser auto: the model's template uses ${agents.toolParser}`);
-        else log.warn({ event: "tool_parser_unresolved" }, "--tool_parser auto: the model's chat template shows no tool-call format Keel knows; requests with tools will be refused");
-      }
-    },
-    startDraining: () => (draining = true),
-    startClosing: () => (closing = true),
+    startDraining: () => (models.stopping ??= "draining"),
+    startClosing: () => (models.stopping = "closing"),
   };
 }

@@ -9,6 +9,7 @@ import type { AgentSettings } from "./agent-config.js";
 import type { ChatMessage, ChatTemplate } from "./chat-template.js";
 import { contextLengthExceeded, type KeelHttpError } from "./errors.js";
 import type { Phase } from "./lifecycle.js";
+import type { ServedModelView } from "./model-set.js";
 import type { RequestRegistry } from "./registry.js";
 import type { ToolSpec } from "./tools.js";
 
@@ -21,6 +22,13 @@ export interface RouteContext {
   modelName: string;
   /** When the server started (unix seconds), the `created` of the model object. */
   modelCreated: number;
+  /** Every served model's name (for `/models` and the 404 `model_not_found` answer). */
+  servedModels(): string[];
+  /**
+   * Every model's engine with its registry and supervisor (serving ones, then retired ones still finishing): what
+   * per-model gauges read (`model_name` label).
+   */
+  models(): ServedModelView[];
   /** Chat template of the current engine, or null while no engine is ready. */
   template(): ChatTemplate | null;
   isReady(): boolean;

@@ -11,11 +11,17 @@ import { handleResponses } from "./api/responses.js";
 import { handleTokenize } from "./api/tokenize.js";
 import type { RouteContext } from "./route-context.js";
 
+/** Picks the route context of the model a request body names (model-set.ts). */
+export interface ModelRouter {
+  /** The named model's context, or the default model's when the body names no served model (its handler answers 404). */
+  contextFor(body: unknown): RouteContext;
+}
+
 /** API prefixes; each API route exists under all of them. */
 export const API_PREFIXES = ["/v3", "/v3/v1", "/v1"] as const;
 
 /** The routes outside the API prefixes (registered by the server). */
-export const SERVER_ROUTES = ["GET /v2/health/live", "GET /v2/health/ready", "GET /metrics"] as const;
+export const SERVER_ROUTES = ["GET /v2/health/live", "GET /v2/health/ready", "GET /v2/models/{name}/ready", "GET /v1/config", "POST /v1/config/reload", "GET /metrics"] as const;
 
 /** Method and path (after the prefix) of every API route. */
 const API_ROUTES = [
@@ -35,13 +41,15 @@ export function routeList(): string[] {
 }
 
 /** Register every API route on `app`. */
-export function registerRoutes(app: FastifyInstance, ctx: RouteContext): void {
+export function registerRoutes(app: FastifyInstance, models: ModelRouter): void {
+  // Each request goes to the context (engine, registry, limits) of the model its body names.
+  const ctx = (body: unknown): RouteContext => models.contextFor(body);
   for (const prefix of API_PREFIXES) {
-    app.post(`${prefix}/chat/completions`, (req, reply) => handleChat(ctx, req, reply));
-    app.post(`${prefix}/completions`, (req, reply) => handleCompletion(ctx, req, reply));
-    app.post(`${prefix}/responses`, (req, reply) => handleResponses(ctx, req, reply));
-    app.post(`${prefix}/tokenize`, (req, reply) => handleTokenize(ctx, req, reply));
-    app.get(`${prefix}/models`, async () => listModels(ctx));
-    app.get(`${prefix}/models/*`, async (req) => getModel(ctx, req));
+    app.post(`${prefix}/chat/completions`, (req, reply) => handleChat(ctx(req.body), req, reply));
+    app.post(`${prefix}/completions`, (req, reply) => handleCompletion(ctx(req.body), req, reply));
+    app.post(`${prefix}/responses`, (req, reply) => handleResponses(ctx(req.body), req, reply));
+    app.post(`${prefix}/tokenize`, (req, reply) => handleTokenize(ctx(req.body), req, reply));
+    app.get(`${prefix}/models`, async () => listModels(ctx(undefined)));
+    app.get(`${prefix}/models/*`, async (req) => getModel(ctx(undefined), req));
   }
 }

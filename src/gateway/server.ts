@@ -7,8 +7,11 @@
  *   POST /v3/chat/completions, /v3/v1/chat/completions, /v1/chat/completions
  *   GET  /v3/models, /v3/v1/models, /v1/models
  *   GET  /v2/health/live   — the HTTP loop answers (always 200 while the process runs)
- *   GET  /v2/health/ready  — engine reported ready and answered a ping recently
+ *   GET  /v2/health/ready  — every model's engine reported ready and answered a ping recently
+ *   GET  /v2/models/{name}/ready, GET /v1/config, POST /v1/config/reload — OVMS's per-model status (api/config.ts)
  *   GET  /metrics          — Prometheus text
+ *
+ * Several models (`--config_path`): one engine, supervisor and registry per model (model-set.ts).
  */
 import { SHUTTING_DOWN_MESSAGE } from "./errors.js";
 import type { FastifyInstance } from "fastify";
@@ -16,11 +19,11 @@ import pino, { type DestinationStream, type Logger } from "pino";
 import type { EngineClient } from "./engine-client.js";
 import { buildHttpApp } from "./http-app.js";
 import { Metrics } from "./metrics.js";
-import { registryObserver, StepObserver } from "./metrics-observer.js";
-import { RequestRegistry } from "./registry.js";
-import { EngineSupervisor, ISOLATED_PROMPT_TTL_MS } from "./supervisor.js";
+import { ModelSet, type ModelSpec } from "./model-set.js";
+import type { RequestRegistry } from "./registry.js";
+import type { EngineSupervisor } from "./supervisor.js";
 import type { EngineCommand, EngineConfig } from "../protocol/engine-config.js";
-import type { AgentFlags } from "./agent-config.js";
+import { NO_AGENT_FLAGS, type AgentFlags } from "./agent-config.js";
 import type { CorsPolicy } from "./cors.js";
 
 /** Gateway options (resolved CLI flags). */
@@ -59,17 +62,27 @@ export interface GatewayOptions {
   apiKey?: string | null;
   /** CORS headers and preflight answers (cors.ts; default: OVMS's `*` everywhere, no credentials). */
   cors?: CorsPolicy;
+  /**
+   * Several models (`--config_path`), each with its own engine; when given, `modelName`, `engine` and `agents` are
+   * not used. The first is the default model.
+   */
+  models?: ModelSpec[];
+  /** Re-read the config file for `POST /v1/config/reload` (throws Error with the reason when it is invalid). */
+  reloadModels?: () => Promise<ModelSpec[]>;
 }
 
 /** A running gateway. */
 export interface Gateway {
   app: FastifyInstance;
+  /** The first model's engine, supervisor and registry at start (the only ones of a single-model server; a reload may replace them: use `models`). */
   engine: EngineClient;
   supervisor: EngineSupervisor;
   registry: RequestRegistry;
+  /** Every served model with its own engine, supervisor and registry. */
+  models: ModelSet;
   metrics: Metrics;
   log: Logger;
-  /** Resolves when the engine reported ready for the first time. */
+  /** Resolves when every model's engine reported ready for the first time. */
   engineReady: Promise<void>;
   /**
    * Graceful drain: readiness turns 503, new requests get 503 with Retry-After, in-flight requests may finish for
@@ -95,60 +108,58 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     redact: { paths: ["headers.authorization", "req.headers.authorization", "*.headers.authorization", "authorization", "apiKey"], censor: "[redacted]" },
   };
   const log = opts.logDestination ? pino(logOptions, opts.logDestination) : pino(logOptions);
+  const specs: ModelSpec[] = opts.models ?? [{ name: opts.modelName, engine: opts.engine, agents: opts.agents ?? NO_AGENT_FLAGS, maxQueuedRequests: opts.maxQueuedRequests }];
+  /** Sum of a per-model reading over every engine (serving and retired): the metric families stay server-wide. */
+  const sum = (read: (u: ReturnType<ModelSet["all"]>[number]) => number): number => models.all().reduce((n, u) => n + read(u), 0);
   const metrics = new Metrics({
-    counts: () => registry.counts(),
-    activeSequences: () => steps.activeSequences,
-    cachedSequences: () => steps.cachedSequences,
-    lastStepAgeSeconds: () => (Date.now() - steps.lastStepAt) / 1000,
-    // One model today; multi-model serving gives one entry per model (each from its own registry and engine).
-    models: () => {
-      const limits = supervisor.engine.ready?.limits;
-      return [
-        {
-          modelName: opts.modelName,
-          ...registry.counts(),
-          kvTokensInUse: steps.kvTokensInUse,
+    counts: () => ({ waiting: sum((u) => u.registry.counts().waiting), running: sum((u) => u.registry.counts().running) }),
+    activeSequences: () => sum((u) => u.steps.activeSequences),
+    cachedSequences: () => sum((u) => u.steps.cachedSequences),
+    // The stalest engine's age: a stuck engine of one model shows even while another steps.
+    lastStepAgeSeconds: () => Math.max(0, ...models.all().map((u) => (Date.now() - u.steps.lastStepAt) / 1000)),
+    // The gateway gauges (vLLM names, OVMS families): one entry per served model, from its own registry and engine.
+    models: () =>
+      models.servingUnits().map((u) => {
+        const limits = u.supervisor.engine.ready?.limits;
+        return {
+          modelName: u.spec.name,
+          ...u.registry.counts(),
+          kvTokensInUse: u.steps.kvTokensInUse,
           kvTokenCapacity: limits ? limits.maxNumSeqs * limits.maxModelLen : 0,
-          cacheDtype: opts.engine.kvCacheType,
-          prefixCaching: opts.engine.prefixCaching,
-        },
-      ];
-    },
+          cacheDtype: u.spec.engine.kvCacheType,
+          prefixCaching: u.spec.engine.prefixCaching,
+        };
+      }),
   });
-  const steps = new StepObserver(metrics);
-  const registry: RequestRegistry = new RequestRegistry((msg) => supervisor.engine.send(msg), registryObserver(metrics, log, () => registry.counts().waiting, opts.modelName), () => steps.lastStep);
-  const supervisor = new EngineSupervisor(
-    {
-      engine: opts.engine,
-      ...(opts.engineCommand ? { engineCommand: opts.engineCommand } : {}),
-      stallMs: opts.engineStallTimeoutMs ?? 30_000,
-      pingIntervalMs: opts.pingIntervalMs ?? 1000,
-      readyStalenessMs: opts.readyStalenessMs ?? 5000,
-      isolatedPromptTtlMs: opts.isolatedPromptTtlMs ?? ISOLATED_PROMPT_TTL_MS,
-      onEngineReady: (s) => web.setTemplate(s.template),
-    },
-    registry,
-    steps,
+  const models = new ModelSet({
+    ...(opts.engineCommand ? { engineCommand: opts.engineCommand } : {}),
+    stallMs: opts.engineStallTimeoutMs ?? 30_000,
+    pingIntervalMs: opts.pingIntervalMs ?? 1000,
+    readyStalenessMs: opts.readyStalenessMs ?? 5000,
+    ...(opts.isolatedPromptTtlMs !== undefined ? { isolatedPromptTtlMs: opts.isolatedPromptTtlMs } : {}),
+    ...(opts.maxStreamBuffer !== undefined ? { maxUnreadBytes: opts.maxStreamBuffer } : {}),
     metrics,
     log,
-  );
+    labelLogs: opts.models !== undefined,
+  });
   /** When a running drain stops waiting for in-flight requests (ms since epoch). */
   let drainDeadline = 0;
   /** Set by hurryDrain() (a second signal): what the drain ends early is logged as hurried, not as a timeout. */
   let hurried = false;
 
-  const web = buildHttpApp({ opts, registry, supervisor, metrics, log });
+  const web = buildHttpApp({ opts, models, metrics, log, ...(opts.reloadModels ? { reload: opts.reloadModels } : {}) });
   const app = web.app;
 
-  // Listen first: liveness answers while the engine loads, and a busy port fails before an engine is spawned.
+  // Listen first: liveness answers while the engines load, and a busy port fails before an engine is spawned.
   await app.listen({ host: opts.host, port: opts.port });
-  supervisor.start();
+  models.startAll(specs);
+  const first = models.first();
   log.info({ event: "listening", address: app.server.address() }, "gateway listening");
 
   /** Stop the engine, drop connections that never sent a request, close the HTTP server. */
   async function shutDown(): Promise<void> {
     web.startClosing();
-    await supervisor.stop();
+    await models.stopAll();
     const closed = app.close();
     const dropped = web.silent.destroyAll();
     if (dropped > 0) log.info({ event: "silent_connections_dropped", count: dropped }, "dropped connections that never sent a request");
@@ -166,28 +177,29 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
 
   return {
     app,
-    engine: supervisor.engine,
-    supervisor,
-    registry,
+    engine: first.supervisor.engine,
+    supervisor: first.supervisor,
+    registry: first.registry,
+    models,
     metrics,
     log,
-    engineReady: supervisor.firstReady,
+    engineReady: Promise.all(models.servingUnits().map((u) => u.supervisor.firstReady)).then(() => undefined),
     async drain(timeoutMs: number) {
       web.startDraining();
-      supervisor.stopWatchdog();
-      log.info({ event: "drain_started", inFlight: registry.size, timeoutMs }, "draining: new requests get 503");
+      for (const u of models.all()) u.supervisor.stopWatchdog();
+      log.info({ event: "drain_started", inFlight: models.inFlight, timeoutMs }, "draining: new requests get 503");
       drainDeadline = Date.now() + timeoutMs;
-      // 1. Let in-flight requests finish (observed through the registry; bounded by the timeout).
-      while (registry.size > 0 && Date.now() < drainDeadline) await new Promise((r) => setTimeout(r, 50));
-      // 2. End what is left cleanly and abort it in the engine.
-      const left = registry.endAll(SHUTTING_DOWN_MESSAGE);
+      // 1. Let in-flight requests finish (observed through the registries; bounded by the timeout).
+      while (models.inFlight > 0 && Date.now() < drainDeadline) await new Promise((r) => setTimeout(r, 50));
+      // 2. End what is left cleanly and abort it in the engines.
+      const left = models.endAll(SHUTTING_DOWN_MESSAGE);
       if (left > 0) {
         if (hurried) log.warn({ event: "drain_hurried", aborted: left }, "second signal: remaining requests aborted");
         else log.warn({ event: "drain_timeout", aborted: left }, "shutdown timeout reached: remaining requests aborted");
       }
       // 3. Give the engine a moment to confirm the aborts, then stop everything.
       const settle = Date.now() + 2000;
-      while (registry.size > 0 && Date.now() < settle) await new Promise((r) => setTimeout(r, 20));
+      while (models.inFlight > 0 && Date.now() < settle) await new Promise((r) => setTimeout(r, 20));
       await shutDown();
       log.info({ event: "drain_finished" }, "shutdown complete");
     },

@@ -130,7 +130,7 @@ function withGuide<T extends { params: object }>(opts: T, guide: GuideSpec | nul
 /** Handle one chat completion request. */
 export async function handleChat(ctx: RouteContext, req: FastifyRequest, reply: FastifyReply): Promise<void> {
   const body = parseChatRequest(req.body);
-  if (body.model !== ctx.modelName) throw modelNotFound(body.model);
+  if (body.model !== ctx.modelName) throw modelNotFound(body.model, ctx.servedModels());
   const { template, capabilities: caps } = readyEngine(ctx, reply);
   const refused = checkCapabilities(body.sampling, body.logprobs === null ? null : { param: body.logprobs > 0 ? "top_logprobs" : "logprobs", n: body.logprobs }, caps, ctx.vocabSize());
   if (refused) throw refused;

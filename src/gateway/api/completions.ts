@@ -165,7 +165,7 @@ export function completionEncoder(body: CompletionRequest, id: string, model: st
 /** Handle one completions request. */
 export async function handleCompletion(ctx: RouteContext, req: FastifyRequest, reply: FastifyReply): Promise<void> {
   const body = parseCompletionRequest(req.body);
-  if (body.model !== ctx.modelName) throw modelNotFound(body.model);
+  if (body.model !== ctx.modelName) throw modelNotFound(body.model, ctx.servedModels());
   const { capabilities: caps } = readyEngine(ctx, reply);
   const refused = checkCapabilities(body.sampling, body.logprobs === null ? null : { param: "logprobs", n: body.logprobs }, caps, ctx.vocabSize());
   if (refused) throw refused;

@@ -1,22 +1,23 @@
 /**
- * `GET …/models` and `GET …/models/{id}`: the one served model as an OpenAI model object; any other id is a 404
- * `model_not_found` (OpenAI's answer; OVMS answers 500 there).
+ * `GET …/models` and `GET …/models/{id}`: every served model as an OpenAI model object; any other id is a 404
+ * `model_not_found` naming the served models (OpenAI's answer; OVMS answers 500 there).
  */
 import type { FastifyRequest } from "fastify";
 import { modelNotFound } from "../errors.js";
 import type { RouteContext } from "../route-context.js";
 
-function modelObject(ctx: RouteContext) {
-  return { id: ctx.modelName, object: "model", created: ctx.modelCreated, owned_by: "keel" };
+function modelObject(ctx: RouteContext, id: string) {
+  return { id, object: "model", created: ctx.modelCreated, owned_by: "keel" };
 }
 
 export function listModels(ctx: RouteContext): unknown {
-  return { object: "list", data: [modelObject(ctx)] };
+  return { object: "list", data: ctx.servedModels().map((id) => modelObject(ctx, id)) };
 }
 
 export function getModel(ctx: RouteContext, req: FastifyRequest): unknown {
   // A wildcard, so ids with slashes ("org/model") match too.
   const id = decodeURIComponent((req.params as { "*": string })["*"]);
-  if (id !== ctx.modelName) throw modelNotFound(id);
-  return modelObject(ctx);
+  const served = ctx.servedModels();
+  if (!served.includes(id)) throw modelNotFound(id, served);
+  return modelObject(ctx, id);
 }

@@ -349,7 +349,7 @@ export function responsesEncoder(body: ResponsesRequest, id: string, model: stri
 /** Handle one Responses request. */
 export async function handleResponses(ctx: RouteContext, req: FastifyRequest, reply: FastifyReply): Promise<void> {
   const body = parseResponsesRequest(req.body);
-  if (body.model !== ctx.modelName) throw modelNotFound(body.model);
+  if (body.model !== ctx.modelName) throw modelNotFound(body.model, ctx.servedModels());
   const { template, capabilities: caps } = readyEngine(ctx, reply);
   // Reasoning stays in the text here (Responses reasoning items are not produced); tool calls are parsed as in chat.
   const agents = { ...ctx.agents(), reasoningParser: null };

@@ -44,7 +44,7 @@ export async function handleTokenize(ctx: RouteContext, req: FastifyRequest, rep
   const parsed = tokenizeBodySchema.safeParse(req.body, { reportInput: true });
   if (!parsed.success) throw issueToError(parsed.error.issues[0]!);
   const b = parsed.data;
-  if (b.model !== ctx.modelName) throw modelNotFound(b.model);
+  if (b.model !== ctx.modelName) throw modelNotFound(b.model, ctx.servedModels());
   readyEngine(ctx, reply);
   const texts = typeof b.text === "string" ? [b.text] : b.text;
   const limit = (ctx.maxModelLen() ?? 0) * TOKENIZE_CHARS_PER_CONTEXT_TOKEN;
