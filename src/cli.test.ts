@@ -150,6 +150,13 @@ describe("engine threads default", () => {
     expect(parseServeFlags(["--engine_threads", "5"], { logicalCpus: 16, physicalCores: 8 })["engine_threads"]).toBe(5);
   });
 
+  it("the thread count is always said at start; more threads than CPUs is a warning", () => {
+    const notes = (argv: string[]) => (parseServeFlags(argv, { logicalCpus: 2, physicalCores: 2 })["notes"] as { level: string; msg: string }[]).filter((n) => n.msg.startsWith("engine threads"));
+    expect(notes([])).toEqual([{ level: "info", msg: expect.stringContaining("engine threads: 1 (") }]);
+    expect(notes(["--engine_threads", "2"])).toEqual([{ level: "info", msg: expect.stringContaining("engine threads: 2 (set;") }]);
+    expect(notes(["--engine_threads=3"])).toEqual([{ level: "warn", msg: expect.stringContaining("more than this host's 2 CPUs") }]);
+  });
+
   it("physical cores are the distinct (physical id, core id) pairs of /proc/cpuinfo", () => {
     const cpu = (p: number, c: number): string => `processor\t: x\nphysical id\t: ${p}\ncore id\t\t: ${c}\n\n`;
     expect(physicalCoresFromCpuinfo(cpu(0, 0) + cpu(0, 0) + cpu(0, 1) + cpu(0, 1))).toBe(2);

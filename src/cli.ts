@@ -255,8 +255,14 @@ export function parseServeFlags(argv: string[], host: HostCpus = hostCpus()): Re
   if (problems.length > 0) throw new Error(problems.join("; "));
   out["kv_cache_precision"] ??= "f16";
   out["engine_threads"] ??= defaultEngineThreads(host);
-  if (!given.has("engine_threads") && out["engine_threads"] === defaultEngineThreads(host)) {
-    notes.push({ level: "info", msg: `engine threads: ${out["engine_threads"]} (${host.physicalCores} physical cores, ${host.logicalCpus} CPUs; rule: ${ENGINE_THREADS_RULE})` });
+  const threads = out["engine_threads"] as number;
+  if (!given.has("engine_threads") && threads === defaultEngineThreads(host)) {
+    notes.push({ level: "info", msg: `engine threads: ${threads} (${host.physicalCores} physical cores, ${host.logicalCpus} CPUs; rule: ${ENGINE_THREADS_RULE})` });
+  } else if (threads > host.logicalCpus) {
+    // More threads than CPUs oversubscribes the cores (bench/threads.mjs: 0.01–0.03× of the best on 2 shared cores).
+    notes.push({ level: "warn", msg: `engine threads: ${threads}, more than this host's ${host.logicalCpus} CPUs: expect a large slowdown (rule for the default: ${ENGINE_THREADS_RULE})` });
+  } else {
+    notes.push({ level: "info", msg: `engine threads: ${threads} (set; ${host.physicalCores} physical cores, ${host.logicalCpus} CPUs)` });
   }
   if (given.has("cache_interval_multiplier")) {
     notes.push({ level: "info", msg: `--cache_interval_multiplier ${out["cache_interval_multiplier"]} is a no-op here: it sets the state-block interval of linear-attention models in OpenVINO GenAI; llama.cpp keeps every token's KV for attention models and one state per sequence for recurrent ones` });
@@ -429,6 +435,8 @@ async function serve(argv: string[]): Promise<void> {
   let logSink: ReturnType<typeof logDestination>;
   try {
     logSink = logDestination({ format: logFormat, path: flags["log_path"] as string | undefined });
+    // With a log file nothing else is printed: say once, on stderr, where the log goes.
+    if (flags["log_path"] !== undefined) process.stderr.write(`keel serve: logging to ${path.resolve(flags["log_path"] as string)} (${logFormat})\n`);
   } catch (err) {
     process.stderr.write(`keel serve: --log_path ${String(flags["log_path"])} cannot be opened: ${(err as Error).message}\n`);
     process.exit(2);

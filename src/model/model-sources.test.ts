@@ -45,6 +45,14 @@ describe("a model directory as --model_path", () => {
         expect(() => resolveModelDirectory(dir, "../several/a.gguf")).toThrow(/--gguf_filename must be the relative path/);
     });
 
+    it("OVMS's versioned layout (base_path/1/, base_path/2/…): the highest version's GGUF", () => {
+        const dir = dirWith("versioned", {"1/old.gguf": "GGUF", "2/new.gguf": "GGUF", "10/newest.gguf": "GGUF", "notes/x.gguf": "GGUF"});
+        expect(resolveModelDirectory(dir)).toBe(path.join(dir, "10", "newest.gguf"));
+        const two = dirWith("versioned-two", {"3/a.gguf": "GGUF", "3/b.gguf": "GGUF"});
+        expect(resolveModelDirectory(two, "b.gguf")).toBe(path.join(two, "3", "b.gguf"));
+        expect(() => resolveModelDirectory(two)).toThrow(/has 2 \.gguf files; pick one with --gguf_filename/);
+    });
+
     it("an OpenVINO IR directory says its engine is not available yet", () => {
         const dir = dirWith("ov", {"openvino_model.xml": "<xml/>", "openvino_model.bin": ""});
         expect(() => resolveModelDirectory(dir)).toThrow(ModelSourceError);

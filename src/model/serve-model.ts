@@ -91,6 +91,13 @@ export function resolveModelDirectory(dir: string, ggufFilename?: string): strin
     const abs = path.resolve(dir);
     const entries = readdirSync(abs).sort();
     const ggufs = entries.filter((f) => /\.gguf$/i.test(f) && statSync(path.join(abs, f), {throwIfNoEntry: false})?.isFile());
+    // 0. OVMS's versioned layout (`base_path/1/…`, `base_path/2/…`) and no GGUF at the top: the highest version, as
+    //    OVMS serves it.
+    const versions = entries.filter((f) => /^[1-9][0-9]{0,8}$/.test(f) && statSync(path.join(abs, f), {throwIfNoEntry: false})?.isDirectory());
+    if (ggufs.length === 0 && versions.length > 0) {
+        const latest = versions.sort((a, b) => Number(b) - Number(a))[0]!;
+        return resolveModelDirectory(path.join(abs, latest), ggufFilename);
+    }
     // 1. A named file must be in the directory (no way out of it).
     if (ggufFilename !== undefined) {
         try {
