@@ -55,8 +55,11 @@ describe("OVMS flags: accepted with their meaning", () => {
     expect([f["log_path"], f["log_format"], f["cache_dir"], f["log_level"]]).toEqual(["/tmp/k.log", "text", "/tmp/c", "DEBUG"]);
   });
 
-  it("--metrics_list takes known families", () => {
+  it("--metrics_list takes known families: Keel's, the vLLM-named gauges and the OVMS families", () => {
     expect(parse("--metrics_list", `${METRIC_FAMILIES[0]},${METRIC_FAMILIES[1]}`)["metricsList"]).toEqual([METRIC_FAMILIES[0], METRIC_FAMILIES[1]]);
+    expect(parse("--metrics_list", "vllm:num_requests_running,ovms_requests_success,keel_engine_steps_total")["metricsList"]).toEqual([
+      "vllm:num_requests_running", "ovms_requests_success", "keel_engine_steps_total",
+    ]);
   });
 
   it("flags served by other modules are parsed into their camelCase fields; switches take no value", () => {

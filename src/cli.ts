@@ -8,6 +8,7 @@ import path from "node:path";
 import { parseArgs } from "node:util";
 import { DEFAULT_ENGINE_COMMAND, spawnEngine } from "./gateway/engine-client.js";
 import { startGateway } from "./gateway/server.js";
+import { metricFamilies } from "./gateway/metrics.js";
 import { HubError } from "./model/hub-download.js";
 import { logProgress, ttyProgress } from "./model/hub-progress.js";
 import { HOW_TO_PASS_A_MODEL, modelSourceFlagProblem, resolveHubModel, resolveServeModel, type ServeModel } from "./model/serve-model.js";
@@ -71,21 +72,15 @@ export function parseTargetDevice(v: string): "cpu" | "gpu" | "auto" {
   throw new Error(`--target_device must be one of CPU, GPU, GPU.0, AUTO, got "${v}"`);
 }
 
-/** The metric families `--metrics_list` may name (Keel's own; /metrics lists them). */
-export const METRIC_FAMILIES = [
-  "keel_prefix_cache_hit_tokens_total", "keel_engine_steps_total", "keel_requests_queued_total", "keel_prompt_tokens_total",
-  "keel_generation_tokens_total", "keel_time_to_first_token_seconds", "keel_inter_token_latency_seconds",
-  "keel_e2e_request_latency_seconds", "keel_request_queue_time_seconds", "keel_guided_dropped_total", "keel_requests_resumed_total",
-];
+/** The metric families `--metrics_list` may name: every family /metrics exports (keel_*, vllm:*, ovms_*). */
+export const METRIC_FAMILIES: readonly string[] = metricFamilies();
 
 /**
  * Flags that are parsed here but served by modules of other parts of issue #10 (multi-model config, hub pull, auth,
  * CORS, metrics selection). Until a module wires its field, giving the flag is refused at start rather than ignored;
  * wiring one means removing its name from this set.
  */
-export const NOT_YET_SERVED: ReadonlySet<string> = new Set([
-  "metrics_list",
-]);
+export const NOT_YET_SERVED: ReadonlySet<string> = new Set<string>([]);
 
 /** Every `keel serve` flag with its default: Keel's own, then OVMS's (accepted with their meaning, or refused). */
 export const SERVE_FLAGS: FlagSpec[] = [
@@ -451,7 +446,7 @@ async function serve(argv: string[]): Promise<void> {
   }
   const cors = { origins: flags["allowedOrigins"] as string[], methods: flags["allowedMethods"] as string[], headers: flags["allowedHeaders"] as string[], credentials: (flags["allowCredentials"] as boolean | undefined) ?? false };
   // Several models from an OVMS config file: each gets its own engine (serve-config.ts).
-  if (flags["configPath"] !== undefined) return (await import("./serve-config.js")).serveFromConfig(flags, engineCommandFromEnv(), { logDestination: logSink, apiKey, cors });
+  if (flags["configPath"] !== undefined) return (await import("./serve-config.js")).serveFromConfig(flags, engineCommandFromEnv(), { logDestination: logSink, apiKey, cors, ...(flags["metricsList"] !== undefined ? { metricsList: flags["metricsList"] as string[] } : {}) });
   const sourceFlags = {
     modelPath: flags["model_path"] as string | undefined,
     sourceModel: flags["sourceModel"] as string | undefined,
@@ -579,6 +574,7 @@ async function serve(argv: string[]): Promise<void> {
     logDestination: logSink,
     apiKey,
     cors,
+    ...(flags["metricsList"] !== undefined ? { metricsList: flags["metricsList"] as string[] } : {}),
   });
   } catch (err) {
     const e = err as NodeJS.ErrnoException;

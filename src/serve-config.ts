@@ -133,7 +133,7 @@ export async function resolveConfigModels(file: string, flags: Record<string, un
 export async function serveFromConfig(
   flags: Record<string, unknown>,
   engineCommand: EngineCommand,
-  server: Pick<GatewayOptions, "logDestination" | "apiKey" | "cors"> = {},
+  server: Pick<GatewayOptions, "logDestination" | "apiKey" | "cors" | "metricsList"> = {},
 ): Promise<void> {
   const file = flags["configPath"] as string;
   if (flags["model_path"] !== undefined || flags["model_name"] !== undefined) {

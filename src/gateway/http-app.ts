@@ -184,7 +184,10 @@ export function buildHttpApp(deps: HttpAppDeps): HttpApp {
   });
   registerConfigRoutes(app, models, log, deps.reload);
   app.get("/metrics", async (_req, reply) => {
-    const text = await metrics.registry.metrics();
+    // `--metrics_list` (OVMS): only the families it names.
+    const text = opts.metricsList
+      ? (await Promise.all(opts.metricsList.map((name) => metrics.registry.getSingleMetricAsString(name)))).join("\n") + "\n"
+      : await metrics.registry.metrics();
     return reply.type(metrics.registry.contentType).send(text);
   });
 

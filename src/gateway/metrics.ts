@@ -181,3 +181,9 @@ export class Metrics {
     for (const c of [this.ovmsAccepted, this.ovmsRejected, this.ovmsSuccess, this.ovmsFail]) c.inc({ name: modelName }, 0);
   }
 }
+
+/** Names of every metric family /metrics exports (what `--metrics_list` may name), read from a throwaway registry. */
+export function metricFamilies(): string[] {
+  const idle = new Metrics({ counts: () => ({ waiting: 0, running: 0 }), activeSequences: () => 0, cachedSequences: () => 0, lastStepAgeSeconds: () => 0 });
+  return idle.registry.getMetricsAsArray().map((m) => m.name);
+}

@@ -62,6 +62,8 @@ export interface GatewayOptions {
   apiKey?: string | null;
   /** CORS headers and preflight answers (cors.ts; default: OVMS's `*` everywhere, no credentials). */
   cors?: CorsPolicy;
+  /** `--metrics_list`: the metric families /metrics exports (default: all). */
+  metricsList?: string[];
   /**
    * Several models (`--config_path`), each with its own engine; when given, `modelName`, `engine` and `agents` are
    * not used. The first is the default model.

@@ -86,3 +86,17 @@ describe("vLLM-named gauges and OVMS families", () => {
     expect(after.get(`vllm:kv_cache_usage_perc${L}`)).toBe(0);
   });
 });
+
+describe("--metrics_list (OVMS): /metrics exports only the named families", () => {
+  it("names from each kind (vLLM gauge, OVMS family, Keel's own) come out; the others do not", async () => {
+    const listed = await startServer(["--max_num_seqs", "1", "--metrics_list", "vllm:num_requests_running,ovms_requests_success,keel_engine_steps_total"]);
+    try {
+      const text = await (await fetch(listed.baseUrl + "/metrics")).text();
+      const families = [...text.matchAll(/^# TYPE (\S+) /gm)].map((m) => m[1]);
+      expect(families.sort()).toEqual(["keel_engine_steps_total", "ovms_requests_success", "vllm:num_requests_running"]);
+      expect(text).toContain('vllm:num_requests_running{model_name="keel-tiny"} 0');
+    } finally {
+      await listed.stop();
+    }
+  });
+});
