@@ -135,7 +135,9 @@ describe("--plugin_config", () => {
 
   it("refuses invalid JSON, a non-object and bad values", () => {
     expect(() => parse("--plugin_config", "{oops")).toThrow(/--plugin_config is not valid JSON/);
-    expect(() => parse("--plugin_config", "[1]")).toThrow(/--plugin_config must be a JSON object/);
+    expect(() => parse("--plugin_config", "[1]")).toThrow(/--plugin_config must be a JSON object, got an array/);
+    expect(() => parse("--plugin_config", "[".repeat(5000) + "]".repeat(5000))).toThrow(/--plugin_config must be a JSON object, got an array/);
+    expect(() => parse("--plugin_config", "7")).toThrow(/--plugin_config must be a JSON object, got a number/);
     expect(() => parse("--plugin_config", '{"KV_CACHE_PRECISION":"u4"}')).toThrow(/KV_CACHE_PRECISION must be "u8" or "f16"/);
     expect(() => parse("--plugin_config", '{"INFERENCE_NUM_THREADS":-1}')).toThrow(/INFERENCE_NUM_THREADS must be an integer/);
   });

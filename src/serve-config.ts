@@ -69,6 +69,9 @@ async function checkedModel(config: Omit<EngineConfig, "mode">, engineCommand: E
   return meta;
 }
 
+/** Largest config file read (bytes): a model list is a few KB. */
+export const MAX_CONFIG_BYTES = 1 << 20;
+
 /**
  * Read `file` and resolve every model to what its engine starts with (each model checked in a throwaway engine).
  * @throws Error with the reason (the file, an entry's setting, a model that does not load).
@@ -76,7 +79,12 @@ async function checkedModel(config: Omit<EngineConfig, "mode">, engineCommand: E
 export async function resolveConfigModels(file: string, flags: Record<string, unknown>, engineCommand: EngineCommand): Promise<ModelSpec[]> {
   let text: string;
   try {
-    text = fs.readFileSync(file, "utf8");
+    // A regular file of bounded size only: opening a FIFO blocks until a writer comes and /dev/zero never ends, and
+    // either would stall the one event loop every model's streams run on (a reload happens while they stream).
+    const st = await fs.promises.stat(file);
+    if (!st.isFile()) throw new Error("not a regular file");
+    if (st.size > MAX_CONFIG_BYTES) throw new Error(`larger than ${MAX_CONFIG_BYTES} bytes`);
+    text = await fs.promises.readFile(file, "utf8");
   } catch (err) {
     throw new Error(`cannot read the config file ${file}: ${(err as Error).message}`);
   }

@@ -45,7 +45,9 @@ export function parsePluginConfig(raw: string, flagsGiven: ReadonlySet<string>):
     return out;
   }
   if (typeof obj !== "object" || obj === null || Array.isArray(obj)) {
-    out.problems.push(`--plugin_config must be a JSON object, got ${JSON.stringify(obj)}`);
+    // Named by kind, not echoed: a deeply nested array would overflow JSON.stringify's stack.
+    const kind = Array.isArray(obj) ? "an array" : obj === null ? "null" : `a ${typeof obj}`;
+    out.problems.push(`--plugin_config must be a JSON object, got ${kind}`);
     return out;
   }
   // 1. Each key in turn: doubled, mapped, or warned.

@@ -31,6 +31,13 @@ describe("log format", () => {
     expect(lines[0]).toMatch(/^\d\d:\d\d:\d\d\.\d{3} INFO  gateway hello event=x$/);
     expect(JSON.parse(lines[1]!)).toMatchObject({ level: 40, msg: "second" });
   });
+
+  it("--log_path creates missing folders; one that cannot be made (e.g. under /proc) is an error, never a spin", () => {
+    const nested = path.join(dir, "a", "b", "keel.log");
+    pino(logDestination({ format: "json", path: nested })).info("x");
+    expect(fs.readFileSync(nested, "utf8")).toContain('"msg":"x"');
+    expect(() => logDestination({ format: "json", path: "/proc/keel-no-such-pid/x.log" })).toThrow(/ENOENT|EACCES|EROFS/);
+  });
 });
 
 describe("engine ready line", () => {

@@ -3,6 +3,8 @@
  * human-readable line per event on a terminal (`--log_format text`), to stdout or to a file (`--log_path`).
  * pino-pretty is not a dependency: the text format is this small formatter.
  */
+import fs from "node:fs";
+import path from "node:path";
 import pino, { type DestinationStream } from "pino";
 
 export type LogFormat = "text" | "json";
@@ -51,8 +53,10 @@ export function formatLogLine(line: string): string {
  * format. @throws Error when the log file cannot be opened.
  */
 export function logDestination(opts: { format: LogFormat; path?: string | undefined }): DestinationStream {
+  // The log file's folder is created one level at a time: a recursive mkdir under /proc never returns (it spins).
+  if (opts.path !== undefined) makeFolders(path.dirname(path.resolve(opts.path)));
   // pino's own destination (sonic-boom) handles a full pipe (EAGAIN); synchronous so that a crash loses no line.
-  const sink = pino.destination({ dest: opts.path ?? 1, sync: true, append: true, mkdir: true });
+  const sink = pino.destination({ dest: opts.path ?? 1, sync: true, append: true });
   if (opts.format === "json") return sink;
   return {
     write(chunk: string): void {
@@ -60,4 +64,14 @@ export function logDestination(opts: { format: LogFormat; path?: string | undefi
       sink.write(chunk.split("\n").filter((l) => l !== "").map((l) => formatLogLine(l) + "\n").join(""));
     },
   };
+}
+
+/** Create `dir` and its missing parents, each with a plain (non-recursive) mkdir. @throws Error when one fails. */
+function makeFolders(dir: string): void {
+  const missing: string[] = [];
+  for (let d = dir; !fs.existsSync(d); d = path.dirname(d)) {
+    if (path.dirname(d) === d) break;
+    missing.unshift(d);
+  }
+  for (const d of missing) fs.mkdirSync(d);
 }

@@ -3,6 +3,7 @@
  * with one .gguf, relative to the config file), the server's flags as defaults with each entry's settings on top, and
  * refusals that name the model and the setting.
  */
+import { execFileSync } from "node:child_process";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
@@ -53,5 +54,17 @@ describe("resolveConfigModels", () => {
     await expect(resolveConfigModels(path.join(missing, "absent.json"), flags, DEFAULT_ENGINE_COMMAND)).rejects.toThrow(/cannot read the config file/);
     const contradicts = configDir([{ name: "d", base_path: "keel-tiny", enable_prefix_caching: true }]);
     await expect(resolveConfigModels(path.join(contradicts, "config.json"), parseServeFlags(["--deterministic", "true"]), DEFAULT_ENGINE_COMMAND)).rejects.toThrow(/model "d": enable_prefix_caching true contradicts --deterministic true/);
+  });
+
+  it("a config file that is a FIFO or /dev/zero is refused at once (reading it would stall every model's streams)", async () => {
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), "keel-config-special-"));
+    const fifo = path.join(dir, "fifo.json");
+    execFileSync("mkfifo", [fifo]);
+    fs.symlinkSync("/dev/zero", path.join(dir, "zero.json"));
+    const flags = parseServeFlags([]);
+    await expect(resolveConfigModels(fifo, flags, DEFAULT_ENGINE_COMMAND)).rejects.toThrow(/cannot read the config file .*fifo\.json: not a regular file/);
+    await expect(resolveConfigModels(path.join(dir, "zero.json"), flags, DEFAULT_ENGINE_COMMAND)).rejects.toThrow(/not a regular file/);
+    fs.writeFileSync(path.join(dir, "huge.json"), Buffer.alloc((1 << 20) + 1, 32));
+    await expect(resolveConfigModels(path.join(dir, "huge.json"), flags, DEFAULT_ENGINE_COMMAND)).rejects.toThrow(/larger than 1048576 bytes/);
   });
 });
