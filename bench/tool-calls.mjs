@@ -126,9 +126,18 @@ async function run(label, flags, toolChoice = "auto") {
   return tally;
 }
 
+// CONFIGS (env) picks some of the three runs, e.g. CONFIGS=required; each row is printed as soon as it is done.
+const CONFIGS = {
+  unguided: () => run(`${PARSER} unguided`, ["--tool_parser", PARSER]),
+  "guided-auto": () => run(`${PARSER} guided auto`, ["--tool_parser", PARSER, "--enable_tool_guided_generation", "true"]),
+  required: () => run(`${PARSER} required`, ["--tool_parser", PARSER], "required"),
+};
+const wanted = (process.env.CONFIGS ?? Object.keys(CONFIGS).join(",")).split(",");
+console.log(`model ${MODEL}, ${PROMPTS.length} prompts, greedy, max_tokens ${MAX_TOKENS}`);
 const rows = [];
-rows.push(await run(`${PARSER} unguided`, ["--tool_parser", PARSER]));
-rows.push(await run(`${PARSER} guided auto`, ["--tool_parser", PARSER, "--enable_tool_guided_generation", "true"]));
-rows.push(await run(`${PARSER} required`, ["--tool_parser", PARSER], "required"));
-console.log(`model ${MODEL}, ${PROMPTS.length} prompts, tool_choice auto, greedy, max_tokens ${MAX_TOKENS}`);
+for (const name of wanted) {
+  if (!CONFIGS[name]) throw new Error(`CONFIGS: unknown run ${name} (known: ${Object.keys(CONFIGS).join(", ")})`);
+  rows.push(await CONFIGS[name]());
+  console.table(rows.slice(-1));
+}
 console.table(rows);
