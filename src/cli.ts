@@ -18,6 +18,7 @@ import { defaultLogFormat, logDestination, type LogFormat } from "./gateway/logg
 import { loadApiKey } from "./gateway/auth.js";
 import { parseCsvFlag } from "./gateway/cors.js";
 import { REASONING_PARSERS, TOOL_PARSERS, type ReasoningParserName, type ToolParserName } from "./gateway/tools.js";
+import { kvCapacity } from "./cli/kv-capacity.js";
 import { defaultEngineThreads, ENGINE_THREADS_RULE, hostCpus, type HostCpus } from "./cli/engine-threads.js";
 import { parsePluginConfig } from "./cli/plugin-config.js";
 
@@ -517,38 +518,13 @@ async function serve(argv: string[]): Promise<void> {
     process.stderr.write(`keel serve: ${(err as Error).message}\n`);
     process.exit(1);
   }
-  if ((flags["max_model_len"] as number | undefined) !== undefined && (flags["max_model_len"] as number) > meta.trainContextSize) {
-    // As vLLM: a context longer than the model was trained for gives garbage and costs memory.
-    process.stderr.write(`keel serve: --max_model_len ${flags["max_model_len"]} exceeds the model's trained context of ${meta.trainContextSize} tokens\n`);
+  let maxModelLen: number;
+  let capacityNote: string;
+  try {
+    ({ maxModelLen, note: capacityNote } = kvCapacity(meta, { maxModelLen: flags["max_model_len"] as number | undefined, cacheGb: flags["cache_size"] as number, maxNumSeqs, u8 }));
+  } catch (err) {
+    process.stderr.write(`keel serve: --${(err as Error).message}\n`);
     process.exit(2);
-  }
-  const explicitLen = flags["max_model_len"] as number | undefined;
-  let maxModelLen = explicitLen ?? Math.min(meta.trainContextSize, 4096);
-  const cacheGb = flags["cache_size"] as number;
-  let capacityNote = explicitLen !== undefined ? "--max_model_len" : `the default max_model_len min(trained context ${meta.trainContextSize}, 4096)`;
-  if (cacheGb > 0) {
-    // Split the KV budget evenly across sequences (node-llama-cpp gives each sequence its own KV partition).
-    const bytesPerElement = u8 ? 34 / 32 : 2; // q8_0 blocks: 32 values in 34 bytes
-    if (meta.kvElementsPerToken === null) {
-      process.stderr.write("keel serve: --cache_size needs the model's KV shape, which its GGUF metadata does not give\n");
-      process.exit(2);
-    }
-    const bytesPerToken = meta.kvElementsPerToken * bytesPerElement;
-    const perSequence = Math.floor((cacheGb * 1e9) / maxNumSeqs / bytesPerToken);
-    if (perSequence < 16) {
-      process.stderr.write(`keel serve: --cache_size ${cacheGb} GB gives ${perSequence} tokens per sequence for ${maxNumSeqs} sequences (${bytesPerToken} bytes per token); raise it or lower --max_num_seqs\n`);
-      process.exit(2);
-    }
-    // The budget decides the capacity (as OVMS's cache_size), bounded by an explicit --max_model_len and by the
-    // model's trained context (a longer context gives garbage).
-    const bound = explicitLen ?? meta.trainContextSize;
-    if (perSequence < bound) {
-      maxModelLen = perSequence;
-      capacityNote = `--cache_size ${cacheGb} GB / ${maxNumSeqs} sequences / ${bytesPerToken.toFixed(0)} bytes per token`;
-    } else {
-      maxModelLen = bound;
-      capacityNote = `${explicitLen !== undefined ? "--max_model_len" : `the model's trained context ${meta.trainContextSize}`} (--cache_size ${cacheGb} GB would hold ${perSequence} tokens per sequence; the unused budget is not allocated)`;
-    }
   }
   const logLevel = ({ DEBUG: "debug", INFO: "info", WARNING: "warn", ERROR: "error" } as const)[flags["log_level"] as "INFO"];
   const modelName = (flags["model_name"] as string | undefined) ?? model.servedName;

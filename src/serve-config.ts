@@ -9,6 +9,7 @@ import path from "node:path";
 import { checkModelFile, SERVE_FLAGS, ShutdownSignals, validateModel } from "./cli.js";
 import { parseConfigFile, type ConfigEntry } from "./gateway/config-file.js";
 import type { ModelSpec } from "./gateway/model-set.js";
+import { kvCapacity } from "./cli/kv-capacity.js";
 import { startGateway, type Gateway, type GatewayOptions } from "./gateway/server.js";
 import type { ReasoningParserName, ToolParserName } from "./gateway/tools.js";
 import { isTinyModelName } from "./model/default-model.js";
@@ -111,17 +112,12 @@ export async function resolveConfigModels(file: string, flags: Record<string, un
     } catch (err) {
       throw new Error(`model "${entry.name}": ${(err as Error).message}`);
     }
-    // The same capacity rule as a single model from flags (cli.ts): trained context, then the KV budget.
-    const asked = f["max_model_len"] as number | undefined;
-    if (asked !== undefined && asked > meta.trainContextSize) throw new Error(`model "${entry.name}": max_model_len ${asked} exceeds the model's trained context of ${meta.trainContextSize} tokens`);
-    let maxModelLen = asked ?? Math.min(meta.trainContextSize, 4096);
-    const cacheGb = f["cache_size"] as number;
-    if (cacheGb > 0) {
-      if (meta.kvElementsPerToken === null) throw new Error(`model "${entry.name}": cache_size needs the model's KV shape, which its GGUF metadata does not give`);
-      const bytesPerToken = meta.kvElementsPerToken * (u8 ? 34 / 32 : 2);
-      const perSequence = Math.floor((cacheGb * 1e9) / maxNumSeqs / bytesPerToken);
-      if (perSequence < 16) throw new Error(`model "${entry.name}": cache_size ${cacheGb} GB gives ${perSequence} tokens per sequence for ${maxNumSeqs} sequences`);
-      maxModelLen = Math.min(maxModelLen, perSequence);
+    // The same capacity rule as a single model from flags (cli/kv-capacity.ts).
+    let maxModelLen: number;
+    try {
+      ({ maxModelLen } = kvCapacity(meta, { maxModelLen: f["max_model_len"] as number | undefined, cacheGb: f["cache_size"] as number, maxNumSeqs, u8 }));
+    } catch (err) {
+      throw new Error(`model "${entry.name}": ${(err as Error).message}`);
     }
     specs.push({
       name: entry.name,
