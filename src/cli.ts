@@ -76,13 +76,6 @@ export function parseTargetDevice(v: string): "cpu" | "gpu" | "auto" {
 /** The metric families `--metrics_list` may name: every family /metrics exports (keel_*, vllm:*, ovms_*). */
 export const METRIC_FAMILIES: readonly string[] = metricFamilies();
 
-/**
- * Flags that are parsed here but served by modules of other parts of issue #10 (multi-model config, hub pull, auth,
- * CORS, metrics selection). Until a module wires its field, giving the flag is refused at start rather than ignored;
- * wiring one means removing its name from this set.
- */
-export const NOT_YET_SERVED: ReadonlySet<string> = new Set<string>([]);
-
 /** Every `keel serve` flag with its default: Keel's own, then OVMS's (accepted with their meaning, or refused). */
 export const SERVE_FLAGS: FlagSpec[] = [
   { name: "rest_port", help: "HTTP port", default: "8000", parse: int("rest_port", 0, 65535) },
@@ -148,7 +141,7 @@ export const SERVE_FLAGS: FlagSpec[] = [
   { name: "allowed_media_domains", help: "refused: no image input", default: undefined, parse: refuse("allowed_media_domains", "Keel serves text-only models (no image input)") },
   { name: "weight-format", help: "refused: GGUF files carry their quantization", default: undefined, parse: refuse("weight-format", "Keel serves GGUF files whose quantization is fixed in the file; choose a quantized file (--gguf_filename)") },
   { name: "extra_quantization_params", help: "refused: GGUF files carry their quantization", default: undefined, parse: refuse("extra_quantization_params", "Keel does not quantize models; choose a quantized GGUF file (--gguf_filename)") },
-  // OVMS flags parsed here and served by other modules (see NOT_YET_SERVED).
+  // OVMS flags whose values other modules serve (multi-model config, hub pull, auth, CORS), under camelCase fields.
   { name: "config_path", help: "OVMS JSON config listing several models, each served by its own engine (README, \"Several models\")", default: undefined, field: "configPath" },
   { name: "source_model", help: "Hugging Face hub repository ORG/NAME to pull a GGUF from (HF_ENDPOINT, HF_TOKEN honoured) into --model_repository_path/ORG/NAME; served as ORG/NAME unless --model_name", default: undefined, field: "sourceModel" },
   { name: "model_repository_path", help: "directory models are pulled into (default: $OVMS_MODEL_REPOSITORY_PATH)", default: undefined, field: "modelRepositoryPath" },
@@ -166,8 +159,7 @@ export const SERVE_FLAGS: FlagSpec[] = [
 function usage(): string {
   const lines = ["Usage: keel serve [--flag value | --flag=value ...]", "", "Flags:"];
   for (const f of SERVE_FLAGS) {
-    const unserved = NOT_YET_SERVED.has(f.name) ? " [recognised; not served by this build]" : "";
-    lines.push(`  --${f.name.padEnd(28)} ${f.help}${f.default !== undefined ? ` (default: ${f.default})` : ""}${unserved}`);
+    lines.push(`  --${f.name.padEnd(28)} ${f.help}${f.default !== undefined ? ` (default: ${f.default})` : ""}`);
   }
   lines.push("", "Other commands:", "  keel fetch NAME | --list               fetch, verify and cache a real model (see --help there)", "  keel make-model --out FILE [options]   write a tiny random-weight GGUF (see --help there)");
   return lines.join("\n");
@@ -417,13 +409,6 @@ async function serve(argv: string[]): Promise<void> {
   if (flags["help"]) {
     process.stdout.write(usage() + "\n");
     return;
-  }
-  const given = flags["given"] as Set<string>;
-  const unserved = [...given].filter((f) => NOT_YET_SERVED.has(f));
-  if (unserved.length > 0) {
-    // Parsed, but the module that serves them is not part of this build: refused rather than ignored.
-    process.stderr.write(`keel serve: ${unserved.map((f) => `--${f}`).join(", ")} ${unserved.length > 1 ? "are" : "is"} recognised but not served by this build of Keel\n`);
-    process.exit(2);
   }
   // --cache_dir: where downloaded models are kept (model-cache.ts reads KEEL_CACHE_DIR).
   if (flags["cache_dir"] !== undefined) process.env["KEEL_CACHE_DIR"] = path.resolve(flags["cache_dir"] as string);
