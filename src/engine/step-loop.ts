@@ -566,7 +566,9 @@ export function guideCompileError(grammar: Pick<GrammarBackend, "compileGrammar"
   add(guide.reasoning?.after);
   for (const t of guide.triggers ?? []) named.add(t.rule);
   if (named.size === 0) return null;
-  const missing = [...named].filter((r) => !new RegExp(`^${r.replace(/[.*+?^${}()|[\]\\-]/g, "\\$&")}\\s*::=`, "m").test(guide.grammar));
+  // One pass over the grammar for its rule names (a qwen3coder guide names one trigger rule per tool).
+  const defined = new Set([...guide.grammar.matchAll(/^([A-Za-z0-9_-]+)\s*::=/gm)].map((m) => m[1]!));
+  const missing = [...named].filter((r) => !defined.has(r));
   if (missing.length > 0) return `the guide names undefined grammar rules: ${missing.join(", ")}`;
   try {
     grammar.compileGrammar(guide.grammar, [...named][0]!);
