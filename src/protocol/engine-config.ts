@@ -33,6 +33,25 @@ export interface EngineConfig {
   device: "cpu" | "auto" | "gpu";
   /** 1 for the first engine process of a gateway, then 2, 3, … after restarts (fault injection keys on it). */
   generation?: number;
+  /**
+   * Fixed KV pool in blocks (`--num_kv_blocks`, OpenVINO engine; a block is 32 tokens on CPU, 16 on GPU). Absent: the
+   * pool is `cacheGb` when set, else maxModelLen × maxNumSeqs tokens. The llama.cpp engine refuses it (fatal).
+   */
+  kvBlocks?: number;
+  /** `--cache_size` in GB (10^9 bytes) when given: the OpenVINO engine's fixed KV pool. */
+  cacheGb?: number;
+  /**
+   * OpenVINO device properties from `--plugin_config`, as given (the OpenVINO engine passes every key to
+   * `compile_model`; the llama.cpp engine never receives it: the CLI maps the keys it understands).
+   */
+  pluginConfig?: Record<string, string | number | boolean>;
+  /**
+   * Exact numerics (`--deterministic`): the OpenVINO engine runs f32 inference, f32 KV and no dynamic quantisation,
+   * so bystanders and resumed streams are token-identical (issue #11; openvino-engine.md §7).
+   */
+  deterministic?: boolean;
+  /** Directory for engine-side caches (the OpenVINO engine's prepared GGUFs and saved IR); absent = ~/.cache/keel. */
+  cacheDir?: string;
 }
 
 /** The executable that runs an engine: `command ...args <EngineConfig JSON>`, channel on fd 3. */

@@ -178,6 +178,11 @@ export interface EngineCapabilities {
   grammars: boolean;
   /** Requests with the same prompt submitted together share one prefill (for `n` > 1); else the prefix cache. */
   sharedPrefill: boolean;
+  /**
+   * Without `extendedSampling`: the extended sampling fields this engine applies nonetheless (e.g. the OpenVINO
+   * engine applies penalties, min_p, min_tokens and stop_token_ids but has no logit_bias). Absent = none.
+   */
+  samplingFields?: ("presencePenalty" | "frequencyPenalty" | "repetitionPenalty" | "minP" | "logitBias" | "minTokens" | "stopTokenIds")[];
 }
 
 /** What the engine serves, sent once in `ready`. */
@@ -355,6 +360,11 @@ export interface StepMessage {
      * does not report it shows 0 KV usage in the gateway gauges.
      */
     kvTokensInUse?: number;
+    /**
+     * Preemptions since the engine started (cumulative): times a running request lost its KV to make room for
+     * others and had to wait to be recomputed. Optional: an engine without preemption (llama.cpp) omits it.
+     */
+    preemptions?: number;
   };
 }
 
