@@ -25,6 +25,7 @@ import os
 import re
 import secrets
 import shutil
+import socket
 import struct
 import sys
 import time
@@ -476,12 +477,15 @@ def _pid_alive(pid: int) -> bool:
 
 
 def _temp_prefix(final: str) -> str:
-    """Name prefix of the temp folders of preparers building `final`: `.<name>.tmp-`."""
-    return f".{os.path.basename(final)}.tmp-"
+    """Name prefix of this host's temp folders for `final`: `.<name>.tmp-<host>-` (then `<pid>-<random>`). The host
+    name keeps a preparer on another machine or container sharing the cache (whose pids mean nothing here) safe from
+    the sweep."""
+    host = re.sub(r"[^A-Za-z0-9.-]", "_", socket.gethostname())
+    return f".{os.path.basename(final)}.tmp-{host}-"
 
 
 def _sweep_abandoned(final: str, log: Log) -> None:
-    """Removes temp folders next to `final` whose preparer process is gone (crashed or killed mid-build)."""
+    """Removes this host's temp folders next to `final` whose preparer process is gone (crashed or killed mid-build)."""
     parent, prefix = os.path.dirname(final), _temp_prefix(final)
     for name in os.listdir(parent):
         m = re.fullmatch(re.escape(prefix) + r"(\d+)-[0-9a-f]+", name)

@@ -105,7 +105,7 @@ def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description="write a small random-weight GGUF with matrices of one tensor type")
     parser.add_argument("out")
     parser.add_argument("tokenizer_source")
-    parser.add_argument("--arch", choices=["llama", "qwen2"], default="llama")
+    parser.add_argument("--arch", default="llama", help="llama or qwen2 (qwen2 adds q/k/v biases); any other name writes llama-shaped tensors under that architecture")
     parser.add_argument("--matrix-type", default="Q5_0")
     parser.add_argument("--seed", type=int, default=7)
     args = parser.parse_args(argv)
