@@ -47,11 +47,15 @@ OPENVINO_MATRIX_TYPES = frozenset({Q.F16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q6_K
 FLOAT_TYPES = frozenset({Q.F32, Q.BF16, Q.F64})
 #: Architectures OpenVINO GenAI builds from a GGUF (src/gguf_utils/gguf_modeling.cpp).
 OPENVINO_GGUF_ARCHITECTURES = frozenset({"llama", "qwen2", "qwen3"})
-#: `general.file_type` values written when the source has none or is ALL_F32 (llama.cpp's LLAMA_FTYPE numbering).
-FILE_TYPE_MOSTLY_F16 = 1
-FILE_TYPE_MOSTLY_Q8_0 = 7
+#: `general.file_type` (llama.cpp's LLAMA_FTYPE numbering) written when the source has none (OpenVINO GenAI then fails
+#: with `unordered_map::at`) or says ALL_F32 after its F32 matrices became F16: the "mostly" type of the most common
+#: matrix type after re-encoding.
+FILE_TYPE_OF_MATRIX_TYPE = {Q.F16: 1, Q.Q4_0: 2, Q.Q4_1: 3, Q.Q8_0: 7, Q.Q4_K: 15, Q.Q6_K: 18}
 #: The IR file whose presence makes a directory loadable as-is.
 IR_MODEL_FILE = "openvino_model.xml"
+#: What a prepared folder must hold: the model and the (de)tokenizer IR (text in, text out, stop strings, grammars).
+IR_REQUIRED_FILES = (IR_MODEL_FILE, "openvino_model.bin", "openvino_tokenizer.xml", "openvino_tokenizer.bin",
+                     "openvino_detokenizer.xml", "openvino_detokenizer.bin")
 #: Written last into a prepared folder: its presence (with matching sizes) is what "complete" means.
 MANIFEST_FILE = "manifest.json"
 #: The intermediate GGUF inside a folder being prepared (OpenVINO saves the IR next to the file it loads).
@@ -138,7 +142,7 @@ def read_complete_manifest(folder: str, fingerprint: dict) -> dict | None:
         files = manifest["files"]
         if manifest.get("format") != PREP_FORMAT_VERSION or manifest["source"]["fingerprint"] != fingerprint:
             return None
-        if IR_MODEL_FILE not in files:
+        if any(name not in files for name in IR_REQUIRED_FILES):
             return None
         for name, size in files.items():
             if os.path.getsize(os.path.join(folder, name)) != size:
@@ -370,12 +374,19 @@ def reencode_rows(rows: np.ndarray, source: Q, target: Q) -> np.ndarray:
 
 
 def _file_type_after(layout: GgufLayout, plan: list[Reencoding]) -> int | None:
-    """The `general.file_type` to write: kept (None) unless absent or ALL_F32 (F32 matrices are gone after the
-    re-encoding), then MOSTLY_Q8_0 if some tensor became Q8_0, else MOSTLY_F16."""
+    """The `general.file_type` to write, or None to keep the source's: set when absent or ALL_F32 (no F32 matrix is
+    left after the re-encoding), from the most common matrix type after re-encoding."""
     current = layout.value("general.file_type")
     if current is not None and int(current) != 0:
         return None
-    return FILE_TYPE_MOSTLY_Q8_0 if any(r.target_type == Q.Q8_0 for r in plan) else FILE_TYPE_MOSTLY_F16
+    new_types = {r.name: r.target_type for r in plan}
+    counts: dict[Q, int] = {}
+    for t in layout.tensors:
+        if _is_matrix(t.dims):
+            kind = new_types.get(t.name, t.type)
+            counts[kind] = counts.get(kind, 0) + 1
+    most_common = max(counts, key=lambda k: counts[k], default=Q.F16)
+    return FILE_TYPE_OF_MATRIX_TYPE.get(most_common, FILE_TYPE_OF_MATRIX_TYPE[Q.F16])
 
 
 def _gguf_string(text: str) -> bytes:
@@ -564,16 +575,21 @@ def prepare(model_path: str, cache_dir: str, log: Log = _no_log) -> str:
         needs_file_type = _file_type_after(layout, plan) is not None
         staged = os.path.join(tmp, STAGED_GGUF)
         if plan or needs_file_type:
-            log(f"prep: {os.path.basename(model_path)}: re-encoding {len(plan)} tensors OpenVINO cannot load")
+            log(f"prep: {os.path.basename(model_path)}: re-encoding {len(plan)} tensors OpenVINO cannot load"
+                + (" and setting general.file_type" if needs_file_type else ""))
             reencode_gguf(model_path, staged, plan, log)
         else:
             _link_or_copy(model_path, staged)
         reencoded_at = time.monotonic()
         log(f"prep: converting to OpenVINO IR in {tmp}")
-        save_ir_next_to(staged)
+        try:
+            save_ir_next_to(staged)
+        except Exception as err:  # noqa: BLE001 -- OpenVINO raises RuntimeError, IndexError (missing keys), ...
+            raise PrepError(f"OpenVINO GenAI cannot convert {model_path}: {type(err).__name__}: {err}".rstrip()) from err
         converted_at = time.monotonic()
-        if not os.path.isfile(os.path.join(tmp, IR_MODEL_FILE)):
-            raise PrepError(f"OpenVINO GenAI did not save an IR for {model_path}")
+        missing = [name for name in IR_REQUIRED_FILES if not os.path.isfile(os.path.join(tmp, name))]
+        if missing:
+            raise PrepError(f"OpenVINO GenAI did not save {', '.join(missing)} for {model_path}")
         # The IR alone loads and gives the GGUF's greedy tokens (src/engine-openvino/prep.test.ts checks it), so the
         # intermediate GGUF is dropped: it would double the disk use of a prepared model.
         os.unlink(staged)
@@ -581,8 +597,8 @@ def prepare(model_path: str, cache_dir: str, log: Log = _no_log) -> str:
         # 4. Manifest last, then the atomic rename.
         _write_manifest(tmp, model_path, fingerprint, plan, timings)
         published = _publish(tmp, final, fingerprint, log)
-        log(f"prep: prepared {published} in {time.monotonic() - started:.1f} s "
-            f"(re-encode {timings['reencode']} s, conversion {timings['convert']} s)")
+        log(f"prep: ready: {published} (this run: {time.monotonic() - started:.1f} s; "
+            f"re-encode {timings['reencode']} s, conversion {timings['convert']} s)")
         return published
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -51,11 +51,11 @@ function isComplete(dir: string): boolean {
 }
 
 /** Writes a synthetic GGUF (test/support/synthetic_gguf.py) with all matrices in `type`; the tokenizer of keel-tiny-f16. */
-async function synthetic(name: string, type: string, arch = "qwen2"): Promise<string> {
+async function synthetic(name: string, type: string, arch = "qwen2", extra: string[] = []): Promise<string> {
   const dir = path.join(tmp, "synthetic", name);
   fs.mkdirSync(dir, { recursive: true });
   const file = path.join(dir, `${name}.gguf`);
-  const r = await runPython([SYNTHETIC_GGUF_SCRIPT, file, tinyF16, "--arch", arch, "--matrix-type", type]);
+  const r = await runPython([SYNTHETIC_GGUF_SCRIPT, file, tinyF16, "--arch", arch, "--matrix-type", type, ...extra]);
   if (r.status !== 0) throw new Error(`synthetic_gguf.py failed: ${r.stderr}`);
   return file;
 }
@@ -159,6 +159,25 @@ describe("prep.py: tensor types OpenVINO cannot load", () => {
     const fromIr = await check<Generated>("generate", prepared.path!, "8");
     expect(fromIr.ok, fromIr.error).toBe(true);
     expect(fromIr.ids.every((ids) => ids.length > 0)).toBe(true);
+  }, 120_000);
+  it("no general.file_type: fails as shipped, loads after prep, which sets it from the matrices (Q8_0 -> MOSTLY_Q8_0 = 7)", async () => {
+    const file = await synthetic("no-file-type", "Q8_0", "llama", ["--no-file-type"]);
+    const raw = await check<Generated>("generate", file, "4");
+    expect(raw.ok).toBe(false);
+    expect(raw.error).toContain("unordered_map::at");
+    const prepared = await prepCli(file, freshCache("no-file-type"));
+    expect(prepared.status, prepared.stderr).toBe(0);
+    expect(prepared.stderr).toContain("re-encoding 0 tensors OpenVINO cannot load and setting general.file_type");
+    expect(readManifest(prepared.path!).reencoded).toEqual([]);
+    const rewritten = path.join(path.dirname(file), "rewritten.gguf");
+    await check("reencode", file, rewritten);
+    const same = await check<SameValues>("same-values", file, rewritten);
+    expect(same.differing).toEqual([]);
+    expect(same.same_keys).toBe(true);
+    expect(same.file_type_b).toBe(7);
+    const fromIr = await check<Generated>("generate", prepared.path!, "8");
+    expect(fromIr.ok, fromIr.error).toBe(true);
+    expect(fromIr.ids).toEqual((await check<Generated>("generate", rewritten, "8")).ids);
   }, 120_000);
 });
 

@@ -16,6 +16,7 @@ interface Generated {
   ids: number[][];
   texts: string[];
   eos: number;
+  template: string;
 }
 interface Manifest {
   reencoded: { name: string; from: string; to: string }[];
@@ -57,6 +58,7 @@ describe("prep.py on Qwen2.5-Coder-0.5B-Instruct (Q4_K_M)", () => {
     fs.rmSync(reencoded);
     expect(fromGguf.ok, fromGguf.error).toBe(true);
     expect(fromIr.ids).toEqual(fromGguf.ids);
+    expect(fromIr.template).toBe(fromGguf.template);
 
     const again = await prepCli(qwen, cache);
     expect(again.path).toBe(dir);

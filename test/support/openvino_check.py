@@ -2,7 +2,8 @@
 
 Subcommands (the tests assert on the JSON; this script decides nothing):
   generate PATH [TOKENS]      load PATH (GGUF or IR folder) in a ContinuousBatchingPipeline, greedy-generate TOKENS
-                              tokens for two fixed chats: {"ok", "ids", "texts", "eos", "load_s"} or {"ok": false, "error"}
+                              tokens for two fixed chats: {"ok", "ids", "texts", "eos", "template", "load_s"}, or
+                              {"ok": false, "error"} when the pipeline cannot be built
   reencode SRC OUT            prep.py's re-encoding of SRC into OUT: {"plan": [[name, from, to], ...]}
   same-values A B             dequantize every tensor of GGUFs A and B with gguf.GGUFReader (independent of prep.py's
                               own GGUF parser): {"compared", "differing": [names], "types_a", "types_b"}
@@ -35,8 +36,8 @@ def generate(path: str, tokens: str = "24") -> dict:
     started = time.monotonic()
     try:
         pipe = ov_genai.ContinuousBatchingPipeline(path, scheduler, "CPU")
-    except RuntimeError as err:
-        return {"ok": False, "error": str(err)}
+    except Exception as err:  # noqa: BLE001 -- RuntimeError, IndexError (a missing key): reported, not raised
+        return {"ok": False, "error": f"{type(err).__name__}: {err}"}
     load_s = time.monotonic() - started
     tok = pipe.get_tokenizer()
     inputs = [tok.encode(tok.apply_chat_template(chat, add_generation_prompt=True), add_special_tokens=False).input_ids
@@ -46,7 +47,8 @@ def generate(path: str, tokens: str = "24") -> dict:
     config.do_sample = False
     results = pipe.generate(inputs, [config] * len(inputs))
     ids = [list(map(int, r.m_generation_ids[0])) for r in results]
-    return {"ok": True, "ids": ids, "texts": [tok.decode(i) for i in ids], "eos": tok.get_eos_token_id(), "load_s": load_s}
+    return {"ok": True, "ids": ids, "texts": [tok.decode(i) for i in ids], "eos": tok.get_eos_token_id(),
+            "template": tok.chat_template, "load_s": load_s}
 
 
 def reencode(src: str, out: str) -> dict:

@@ -49,7 +49,7 @@ def _matrix(rng: np.random.Generator, rows: int, cols: int, qtype: GGMLQuantizat
     return quantize(data, qtype), qtype
 
 
-def build(out: str, tokenizer_source: str, arch: str, matrix_type: str, seed: int) -> None:
+def build(out: str, tokenizer_source: str, arch: str, matrix_type: str, seed: int, file_type: bool = True) -> None:
     # 1. Header: architecture hyper-parameters (the keys OpenVINO GenAI and llama.cpp read), then the tokenizer.
     qtype = GGMLQuantizationType[matrix_type]
     rng = np.random.default_rng(seed)
@@ -63,7 +63,8 @@ def build(out: str, tokenizer_source: str, arch: str, matrix_type: str, seed: in
     writer.add_layer_norm_rms_eps(1e-6)
     writer.add_rope_freq_base(10000.0)
     writer.add_rope_dimension_count(HIDDEN // HEADS)
-    writer.add_file_type(0 if qtype == GGMLQuantizationType.F32 else 1 if qtype == GGMLQuantizationType.F16 else 7)
+    if file_type:
+        writer.add_file_type(0 if qtype == GGMLQuantizationType.F32 else 1 if qtype == GGMLQuantizationType.F16 else 7)
     vocab = _copy_tokenizer_fields(GGUFReader(tokenizer_source), writer)
     if vocab == 0:
         raise SystemExit(f"{tokenizer_source} has no tokenizer.ggml.tokens")
@@ -108,8 +109,9 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--arch", default="llama", help="llama or qwen2 (qwen2 adds q/k/v biases); any other name writes llama-shaped tensors under that architecture")
     parser.add_argument("--matrix-type", default="Q5_0")
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--no-file-type", action="store_true", help="leave general.file_type out")
     args = parser.parse_args(argv)
-    build(args.out, args.tokenizer_source, args.arch, args.matrix_type, args.seed)
+    build(args.out, args.tokenizer_source, args.arch, args.matrix_type, args.seed, not args.no_file_type)
 
 
 if __name__ == "__main__":
