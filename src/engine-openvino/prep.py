@@ -4,8 +4,9 @@ OpenVINO GenAI reads GGUF files directly, but (measured, openvino-genai 2026.4.1
 - only some tensor types load: matrices in F16, Q8_0, Q4_0, Q4_1, Q4_K or Q6_K; F32 and BF16 matrices fail
   (`Unsupported quantization type`), Q5_0 and Q5_1 fail (`gguf_tensor_to_f16 failed`);
 - only the llama, qwen2 and qwen3 architectures load, and `general.file_type` must be present;
-- converting a GGUF on every start is 3-4x slower than loading the OpenVINO IR it can save
-  (`enable_save_ov_model`), which gives the same tokens.
+- converting a GGUF on every start is slower than loading the OpenVINO IR it can save (`enable_save_ov_model`),
+  which gives the same tokens: Qwen2.5-Coder-0.5B 18 s vs 4.6 s, SmolLM2-135M 9.5 s vs 6.8 s
+  (bench/openvino_prep.py, 2 shared cores).
 
 So `prepare()` re-encodes the tensors OpenVINO cannot load (quantized ones to Q8_0, float matrices to F16, vectors to
 F32), has OpenVINO GenAI convert the result once, keeps only the IR (model + tokenizer + detokenizer), and caches it
