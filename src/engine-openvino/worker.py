@@ -69,8 +69,10 @@ def _gguf_fields(path: str) -> dict:
             continue
         t = f.types[0]
         if t == GGUFValueType.ARRAY:
-            if name in ("tokenizer.ggml.tokens",):
+            if name == "tokenizer.ggml.tokens":
                 out[name] = [bytes(f.parts[i]).decode("utf-8", "replace") for i in f.data]
+            elif name == "tokenizer.ggml.token_type":
+                out[name] = [int(f.parts[i][0]) for i in f.data]
             else:
                 out[name + ".length"] = len(f.data)
         elif t == GGUFValueType.STRING:
@@ -109,6 +111,7 @@ def model_metadata(model_path: str) -> dict:
     emb = f.get(f"{arch}.embedding_length")
     head_dim = f.get(f"{arch}.attention.key_length") or (emb // heads if emb and heads else None)
     tok = lambda key: tokens[f[key]] if key in f and 0 <= f[key] < len(tokens) else ""  # noqa: E731
+    _TOKEN_TABLES[model_path] = (f.get("tokenizer.ggml.model"), tokens, f.get("tokenizer.ggml.token_type"))
     return {
         "path": model_path,
         "name": f.get("general.name"),
@@ -120,6 +123,44 @@ def model_metadata(model_path: str) -> dict:
         "bosToken": tok("tokenizer.ggml.bos_token_id"),
         "eosToken": tok("tokenizer.ggml.eos_token_id"),
     }
+
+
+#: Vocabulary of each GGUF read by model_metadata: (tokenizer model, token strings, token types).
+_TOKEN_TABLES: dict = {}
+
+
+def _gpt2_byte_decoder() -> dict:
+    """GPT-2 byte-level BPE: the printable character standing for each byte in token strings → that byte."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("\u00a1"), ord("\u00ac") + 1)) + list(range(ord("\u00ae"), ord("\u00ff") + 1))
+    chars = keep[:]
+    n = 0
+    for b in range(256):
+        if b not in keep:
+            keep.append(b)
+            chars.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(keep, chars)}
+
+
+def token_bytes_table(model_path: str) -> Optional[list]:
+    """The raw bytes of every token of a byte-level (gpt2) GGUF vocabulary, or None when unknown.
+
+    Protocol §6.2 defines a request's text as the UTF-8 decoding of its tokens' bytes (invalid sequences → U+FFFD);
+    OpenVINO's detokenizer drops invalid bytes instead, so the engine decodes bytes itself where it can.
+    """
+    entry = _TOKEN_TABLES.get(model_path)
+    if not entry or entry[0] != "gpt2":
+        return None
+    _, tokens, types = entry
+    dec = _gpt2_byte_decoder()
+    table = []
+    for i, text in enumerate(tokens):
+        kind = types[i] if types and i < len(types) else 1
+        if kind in (3, 4):  # control and user-defined tokens: their text as is
+            table.append(text.encode("utf-8"))
+        else:
+            table.append(bytes(dec[ch] for ch in text if ch in dec) if all(ch in dec for ch in text) else text.encode("utf-8"))
+    return table
 
 
 def is_hybrid(model_path: str) -> bool:
@@ -169,6 +210,22 @@ def kv_element_bytes(props: dict) -> float:
 
 # ---------------------------------------------------------------------------------------------------------------
 # Streaming text.
+
+class ByteDetokenizer:
+    """Incremental text from token bytes (protocol §6.2): an incremental UTF-8 decoder holds back an incomplete
+    character and turns never-valid bytes into U+FFFD, exactly as the llama.cpp engine does."""
+
+    def __init__(self, table: list, primed: list[int]) -> None:
+        import codecs
+
+        self.table = table
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        # Prime with the resumed tokens' bytes without emitting them (a character split at the resume point).
+        self.decoder.decode(b"".join(table[t] for t in primed))
+
+    def push(self, tokens: list[int], final: bool = False) -> str:
+        return self.decoder.decode(b"".join(self.table[t] for t in tokens), final=final)
+
 
 class Detokenizer:
     """Incremental text of one request (protocol §6.2): held back while the decoded tail is an incomplete character.
@@ -327,6 +384,8 @@ class Engine:
         if not self.meta["vocabSize"]:
             self.meta["vocabSize"] = int(self.pipe.get_metrics().requests) or 0
         self.vocab = int(self.meta["vocabSize"])
+        #: Bytes of every token (byte-level GGUF vocabularies), else None: text then comes from OpenVINO's detokenizer.
+        self.token_bytes = token_bytes_table(cfg["modelPath"])
         self.max_len = int(cfg["maxModelLen"])
 
         # Loop state.
@@ -474,7 +533,8 @@ class Engine:
         except Exception as err:  # noqa: BLE001
             return self.refuse(rid, "invalid_params", f"OpenVINO GenAI refuses these sampling parameters: {err}")
         silent = lambda t: t in self.eog  # noqa: E731
-        req.detok = Detokenizer(self.decode, [t for t in resumed if not silent(t)])
+        primed = [t for t in resumed if not silent(t)]
+        req.detok = ByteDetokenizer(self.token_bytes, primed) if self.token_bytes else Detokenizer(self.decode, primed)
         self.requests[rid] = req
         self.waiting.append(req)
 
