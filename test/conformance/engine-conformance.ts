@@ -42,7 +42,7 @@ export interface EngineLaunch {
 const WAIT_MS = 10_000;
 
 /** A running engine process and everything it said. */
-class EngineProcess {
+export class EngineProcess {
   /** Every message received, in order. */
   readonly messages: EngineMessage[] = [];
   /** stderr lines, for failure diagnostics. */
@@ -116,7 +116,7 @@ class EngineProcess {
   }
 }
 
-function launch(l: EngineLaunch): EngineProcess {
+export function launch(l: EngineLaunch): EngineProcess {
   const child = spawn(l.command, [...l.args, JSON.stringify(l.config)], {
     stdio: ["ignore", "pipe", "pipe", "pipe"],
     env: { ...process.env, ...l.env },
@@ -125,7 +125,7 @@ function launch(l: EngineLaunch): EngineProcess {
   return new EngineProcess(child);
 }
 
-const isReady = (m: EngineMessage): m is ReadyMessage => m.type === "ready";
+export const isReady = (m: EngineMessage): m is ReadyMessage => m.type === "ready";
 
 /** Define the conformance suite for one engine. */
 export function defineEngineConformance(name: string, start: () => EngineLaunch | Promise<EngineLaunch>): void {
