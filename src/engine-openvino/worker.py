@@ -176,6 +176,15 @@ def is_hybrid(model_path: str) -> bool:
 # ---------------------------------------------------------------------------------------------------------------
 # Engine settings from the EngineConfig.
 
+def prefix_caching_for(cfg: dict, load_path: str) -> tuple[bool, Optional[str]]:
+    """Prefix caching as asked, except for hybrid models (then off, and why)."""
+    asked = bool(cfg.get("prefixCaching"))
+    if asked and is_hybrid(load_path):
+        return False, ("prefix caching is off for this hybrid (linear-attention) model: OpenVINO GenAI can assert when it "
+                       "partially preempts recurrent state with prefix caching on (the seed's crash, root-cause.md); "
+                       "with it off a preempted sequence is recomputed whole")
+    return asked, None
+
 #: KV block size of OpenVINO's paged cache (tokens): 32 on CPU, 16 on GPU (research §1).
 def block_size(device: str) -> int:
     return 16 if device == "GPU" else 32
@@ -352,10 +361,9 @@ class Engine:
         sc.max_num_batched_tokens = int(cfg["maxNumBatchedTokens"])
         # Split-fuse off when the gateway caps prompts at one step (maxPromptLen), as OVMS's --dynamic_split_fuse false.
         sc.dynamic_split_fuse = cfg.get("maxPromptLen") is None
-        prefix = bool(cfg.get("prefixCaching"))
-        if prefix and is_hybrid(load_path):
-            prefix = False
-            log("warn", "prefix caching is off for this hybrid (linear-attention) model: OpenVINO GenAI can assert when it partially preempts recurrent state with prefix caching on (the seed's crash)", event="hybrid_model")
+        prefix, why = prefix_caching_for(cfg, load_path)
+        if why:
+            log("warn", why, event="hybrid_model")
         sc.enable_prefix_caching = prefix
         tok_props = {"enable_save_ov_model": True} if props.get("enable_save_ov_model") else {}
         try:
