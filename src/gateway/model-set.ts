@@ -30,6 +30,10 @@ export interface ModelSpec {
   agents: AgentFlags;
   /** Largest number of this model's requests waiting for a sequence before new ones get 429. */
   maxQueuedRequests: number;
+  /** How to run this model's engine (`--engine`'s choice per model); absent = the set's shared command. */
+  engineCommand?: EngineCommand;
+  /** Which engine that is (for the start log); absent = not said. */
+  engineName?: "llama.cpp" | "openvino";
 }
 
 /** What every unit shares: the server's settings, metrics and log. */
@@ -86,7 +90,7 @@ export class ModelUnit {
     this.supervisor = new EngineSupervisor(
       {
         engine: spec.engine,
-        ...(shared.engineCommand ? { engineCommand: shared.engineCommand } : {}),
+        ...(spec.engineCommand ?? shared.engineCommand ? { engineCommand: spec.engineCommand ?? shared.engineCommand } : {}),
         stallMs: shared.stallMs,
         pingIntervalMs: shared.pingIntervalMs,
         readyStalenessMs: shared.readyStalenessMs,
