@@ -80,7 +80,7 @@ export class ModelUnit {
     // `model_name`, not `model`: engine log lines already carry `model` (the file path).
     const log = shared.labelLogs ? shared.log.child({ model_name: spec.name }) : shared.log;
     this.agents = resolveAgentSettings(spec.agents, null, pickToolParser);
-    this.steps = new StepObserver(metrics);
+    this.steps = new StepObserver(metrics, spec.name);
     const registry: RequestRegistry = new RequestRegistry(
       (msg) => this.supervisor.engine.send(msg),
       registryObserver(metrics, log, () => registry.counts().waiting, spec.name),
