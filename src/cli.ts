@@ -535,8 +535,10 @@ async function serve(argv: string[]): Promise<void> {
   }
   let maxModelLen: number;
   let capacityNote: string;
+  /** The OpenVINO engine's shared KV pool in tokens, when fixed (--num_kv_blocks or --cache_size). */
+  let poolTokens: number | undefined;
   try {
-    ({ maxModelLen, note: capacityNote } = kvCapacity(meta, { maxModelLen: flags["max_model_len"] as number | undefined, cacheGb: flags["cache_size"] as number, maxNumSeqs, u8, engine: choice.engine, kvBlocks: flags["num_kv_blocks"] as number | undefined, blockTokens: kvBlockTokens(base.device) }));
+    ({ maxModelLen, note: capacityNote, poolTokens } = kvCapacity(meta, { maxModelLen: flags["max_model_len"] as number | undefined, cacheGb: flags["cache_size"] as number, maxNumSeqs, u8, engine: choice.engine, kvBlocks: flags["num_kv_blocks"] as number | undefined, blockTokens: kvBlockTokens(base.device) }));
   } catch (err) {
     process.stderr.write(`keel serve: --${(err as Error).message}\n`);
     process.exit(2);
@@ -573,10 +575,13 @@ async function serve(argv: string[]): Promise<void> {
     process.stderr.write(`keel serve: cannot listen: ${what}\n`);
     process.exit(1);
   }
-  const kvBytes = meta.kvElementsPerToken === null ? null : Math.round(meta.kvElementsPerToken * (u8 ? 34 / 32 : 2) * maxModelLen * maxNumSeqs);
+  // llama.cpp: a partition per sequence; OpenVINO: one pool shared by all (its own size when fixed, else it grows).
+  const kvBytes = meta.kvElementsPerToken === null || choice.engine === "openvino" ? null : Math.round(meta.kvElementsPerToken * (u8 ? 34 / 32 : 2) * maxModelLen * maxNumSeqs);
   gw.log.info(
-    { event: "capacity", tokensPerSequence: maxModelLen, sequences: maxNumSeqs, kvBytes, limitedBy: capacityNote, kvCachePrecision: flags["kv_cache_precision"], prefixCaching: base.prefixCaching },
-    `KV capacity: ${maxModelLen} tokens per sequence x ${maxNumSeqs} sequences${kvBytes !== null ? ` = ${(kvBytes / 1e9).toFixed(2)} GB` : ""}, limited by ${capacityNote}`,
+    { event: "capacity", tokensPerSequence: maxModelLen, sequences: maxNumSeqs, kvBytes, limitedBy: capacityNote, kvCachePrecision: flags["kv_cache_precision"], prefixCaching: base.prefixCaching, ...(choice.engine === "openvino" ? { poolTokens: poolTokens ?? null } : {}) },
+    choice.engine === "openvino"
+      ? `KV capacity: up to ${maxModelLen} tokens per sequence, ${maxNumSeqs} sequences sharing ${poolTokens !== undefined ? `a pool of ${poolTokens} tokens` : "a pool that grows as needed"}, limited by ${capacityNote}`
+      : `KV capacity: ${maxModelLen} tokens per sequence x ${maxNumSeqs} sequences${kvBytes !== null ? ` = ${(kvBytes / 1e9).toFixed(2)} GB` : ""}, limited by ${capacityNote}`,
   );
   gw.log.info({ event: "engine", engine: choice.engine, why: choice.why, command: engineCommand.command }, `engine ${choice.engine}: ${choice.why}`);
   gw.log.info({ event: "device", targetDevice: base.device, backend: meta.backend ?? null }, `target device ${base.device}: ${choice.engine} runs on ${meta.backend ? (meta.backend.gpu === false ? "cpu" : `${meta.backend.gpu} (${meta.backend.devices.join(", ")})`) : "unknown"}`);

@@ -11,7 +11,7 @@ import path from "node:path";
 import { afterAll, describe, expect, it } from "vitest";
 import { parseServeFlags } from "../../src/cli.js";
 import { resolveConfigModels } from "../../src/serve-config.js";
-import { ROOT, startServer, type ServerHandle } from "../support/server.js";
+import { metrics, ROOT, startServer, type ServerHandle } from "../support/server.js";
 
 const FAKE = { command: process.execPath, args: [path.join(ROOT, "test", "support", "fake-engine.mjs")] };
 const fakeEnv = { KEEL_ENGINE_COMMAND: JSON.stringify(FAKE) };
@@ -85,6 +85,9 @@ describe("--engine openvino", () => {
       // 16 blocks x 32 tokens (CPU) = 512 tokens: one sequence may fill the pool, never outgrow it.
       expect(config["maxModelLen"]).toBe(512);
       expect(logEvent(server, "engine")).toMatchObject({ engine: "openvino", why: "--engine openvino (OpenVINO GenAI loads the GGUF)" });
+      expect(logEvent(server, "capacity")).toMatchObject({ tokensPerSequence: 512, sequences: 8, poolTokens: 512, kvBytes: null });
+      // The gateway gauges divide by the shared pool the engine reports (ready.limits.kvPoolTokens), not 8 x 512.
+      expect((await metrics(server.baseUrl)).get('vllm:cache_config_info{model_name="keel-tiny",block_size="1",num_gpu_blocks="512",cache_dtype="f16",enable_prefix_caching="false"}')).toBe(1);
       expect(logEvent(server, "deterministic")).toMatchObject({ inferencePrecision: "f32", kvCachePrecision: "f32" });
       // Every plugin key is OpenVINO's to apply: llama.cpp's "not applied" warnings are not printed.
       expect(server.logs.some((l) => l.includes("not applied"))).toBe(false);

@@ -36,7 +36,8 @@ send({
   type: "ready",
   pid: process.pid,
   model,
-  limits: { maxNumSeqs: config.maxNumSeqs, maxNumBatchedTokens: config.maxNumBatchedTokens, maxModelLen: config.maxModelLen },
+  // A fixed pool (kvBlocks, 32 tokens per block as on a CPU) is reported as the shared pool, as the OpenVINO engine does.
+  limits: { maxNumSeqs: config.maxNumSeqs, maxNumBatchedTokens: config.maxNumBatchedTokens, maxModelLen: config.maxModelLen, ...(config.kvBlocks ? { kvPoolTokens: config.kvBlocks * 32 } : {}) },
   engine: "fake",
   capabilities: { exactSeededResume: true, maxTopLogprobs: 0, extendedSampling: false, grammars: false, sharedPrefill: false },
 });
