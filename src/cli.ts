@@ -21,7 +21,7 @@ import { REASONING_PARSERS, TOOL_PARSERS, type ReasoningParserName, type ToolPar
 import { kvCapacity } from "./cli/kv-capacity.js";
 import { defaultEngineThreads, ENGINE_THREADS_RULE, hostCpus, type HostCpus } from "./cli/engine-threads.js";
 import { parsePluginConfig } from "./cli/plugin-config.js";
-import { chooseEngine, ENGINE_FLAG_VALUES, engineCommandFor, engineFlagProblems, kvBlockTokens, openvinoConfigFields, type EngineFlag, type EngineName } from "./cli/engine-choice.js";
+import { chooseEngine, ENGINE_FLAG_VALUES, engineCommandFor, engineFlagProblems, kvBlockTokens, openvinoConfigFields, openvinoKvElementBytes, type EngineFlag, type EngineName } from "./cli/engine-choice.js";
 
 /** One `keel serve` flag. */
 interface FlagSpec {
@@ -538,7 +538,7 @@ async function serve(argv: string[]): Promise<void> {
   /** The OpenVINO engine's shared KV pool in tokens, when fixed (--num_kv_blocks or --cache_size). */
   let poolTokens: number | undefined;
   try {
-    ({ maxModelLen, note: capacityNote, poolTokens } = kvCapacity(meta, { maxModelLen: flags["max_model_len"] as number | undefined, cacheGb: flags["cache_size"] as number, maxNumSeqs, u8, engine: choice.engine, kvBlocks: flags["num_kv_blocks"] as number | undefined, blockTokens: kvBlockTokens(base.device) }));
+    ({ maxModelLen, note: capacityNote, poolTokens } = kvCapacity(meta, { maxModelLen: flags["max_model_len"] as number | undefined, cacheGb: flags["cache_size"] as number, maxNumSeqs, u8, engine: choice.engine, kvBlocks: flags["num_kv_blocks"] as number | undefined, blockTokens: kvBlockTokens(base.device), kvElementBytes: openvinoKvElementBytes(base.device, base.kvCacheType, base.pluginConfig) }));
   } catch (err) {
     process.stderr.write(`keel serve: --${(err as Error).message}\n`);
     process.exit(2);
@@ -580,14 +580,14 @@ async function serve(argv: string[]): Promise<void> {
   gw.log.info(
     { event: "capacity", tokensPerSequence: maxModelLen, sequences: maxNumSeqs, kvBytes, limitedBy: capacityNote, kvCachePrecision: flags["kv_cache_precision"], prefixCaching: base.prefixCaching, ...(choice.engine === "openvino" ? { poolTokens: poolTokens ?? null } : {}) },
     choice.engine === "openvino"
-      ? `KV capacity: up to ${maxModelLen} tokens per sequence, ${maxNumSeqs} sequences sharing ${poolTokens !== undefined ? `a pool of ${poolTokens} tokens` : "a pool that grows as needed"}, limited by ${capacityNote}`
+      ? `KV capacity: up to ${maxModelLen} tokens per sequence, ${maxNumSeqs} sequences sharing ${poolTokens !== undefined ? `a pool of ${poolTokens} tokens` : `a pool of ${maxModelLen * maxNumSeqs} tokens (max_model_len x max_num_seqs)`}, limited by ${capacityNote}`
       : `KV capacity: ${maxModelLen} tokens per sequence x ${maxNumSeqs} sequences${kvBytes !== null ? ` = ${(kvBytes / 1e9).toFixed(2)} GB` : ""}, limited by ${capacityNote}`,
   );
   gw.log.info({ event: "engine", engine: choice.engine, why: choice.why, command: engineCommand.command }, `engine ${choice.engine}: ${choice.why}`);
   gw.log.info({ event: "device", targetDevice: base.device, backend: meta.backend ?? null }, `target device ${base.device}: ${choice.engine} runs on ${meta.backend ? (meta.backend.gpu === false ? "cpu" : `${meta.backend.gpu} (${meta.backend.devices.join(", ")})`) : "unknown"}`);
   for (const note of flags["notes"] as FlagNote[]) if (note.engine === undefined || note.engine === choice.engine) gw.log[note.level]({ event: "flag" }, note.msg);
   if (flags["deterministic"]) {
-    if (choice.engine === "openvino") gw.log.info({ event: "deterministic", prefixCaching: false, inferencePrecision: "f32", kvCachePrecision: "f32", dynamicQuantization: false }, "deterministic mode: the same request and seed give the same text on every run, alone or batched (prefix reuse off; f32 inference and KV, no dynamic quantisation)");
+    if (choice.engine === "openvino") gw.log.info({ event: "deterministic", prefixCaching: false }, "deterministic mode: prefix reuse off; the OpenVINO engine's numerics are exact by default on CPU (f32 inference and KV, no dynamic quantisation) unless --plugin_config overrides them");
     else gw.log.info({ event: "deterministic", prefixCaching: false, flashAttention: false, kvCachePrecision: "f16" }, "deterministic mode: the same request and seed give the same text on every run (prefix reuse off)");
   }
   gw.log.info({ event: "security", apiKeyRequired: apiKey !== null, corsOrigins: cors.origins, allowCredentials: cors.credentials }, apiKey !== null ? "API key required on /v1/ and /v3/ routes" : "no API key: every route is open");

@@ -15,7 +15,7 @@ import type { ReasoningParserName, ToolParserName } from "./gateway/tools.js";
 import { isTinyModelName } from "./model/default-model.js";
 import { isCatalogueName } from "./model/model-cache.js";
 import { openvinoIrDirectory, resolveServeModel } from "./model/serve-model.js";
-import { chooseEngine, engineCommandFor, engineFlagProblems, kvBlockTokens, openvinoConfigFields, type EngineFlag, type ModelToServe } from "./cli/engine-choice.js";
+import { chooseEngine, engineCommandFor, engineFlagProblems, kvBlockTokens, openvinoConfigFields, openvinoKvElementBytes, type EngineFlag, type ModelToServe } from "./cli/engine-choice.js";
 import type { EngineCommand, EngineConfig } from "./protocol/engine-config.js";
 import type { ModelMetadata } from "./protocol/messages.js";
 
@@ -137,7 +137,7 @@ export async function resolveConfigModels(file: string, flags: Record<string, un
     // The same capacity rule as a single model from flags (cli/kv-capacity.ts).
     let maxModelLen: number;
     try {
-      ({ maxModelLen } = kvCapacity(meta, { maxModelLen: f["max_model_len"] as number | undefined, cacheGb: f["cache_size"] as number, maxNumSeqs, u8, engine: choice.engine, kvBlocks: f["num_kv_blocks"] as number | undefined, blockTokens: kvBlockTokens(base.device) }));
+      ({ maxModelLen } = kvCapacity(meta, { maxModelLen: f["max_model_len"] as number | undefined, cacheGb: f["cache_size"] as number, maxNumSeqs, u8, engine: choice.engine, kvBlocks: f["num_kv_blocks"] as number | undefined, blockTokens: kvBlockTokens(base.device), kvElementBytes: openvinoKvElementBytes(base.device, base.kvCacheType, base.pluginConfig) }));
     } catch (err) {
       throw new Error(`model "${entry.name}": ${(err as Error).message}`);
     }

@@ -47,6 +47,8 @@ describe("kvCapacity on the OpenVINO engine: one pool shared by every sequence",
     // 0.01 GB / 24576 bytes per token = 406 tokens.
     expect(kvCapacity(model, { ...ov, cacheGb: 0.01 })).toMatchObject({ maxModelLen: 406, poolTokens: 406 });
     expect(kvCapacity(model, { ...ov, cacheGb: 0.01, kvBlocks: 16 }).poolTokens).toBe(512);
+    // The engine's KV element size (f32 on CPU: 4 bytes) halves the tokens of the same budget.
+    expect(kvCapacity(model, { ...ov, cacheGb: 0.01, kvElementBytes: 4 }).poolTokens).toBe(Math.floor(1e7 / (12288 * 4)));
     expect(kvCapacity(model, ov)).toEqual({ maxModelLen: 4096, note: expect.stringContaining("min(trained context 32768, 4096)") });
     expect(() => kvCapacity(model, { ...ov, cacheGb: 0.0001 })).toThrow(/the KV pool of 4 tokens (.*) is too small/);
   });

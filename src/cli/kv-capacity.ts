@@ -4,7 +4,7 @@
  * budget (`cache_size`, GB over all sequences, as OVMS's).
  *
  * llama.cpp splits the budget evenly (one KV partition per sequence). The OpenVINO engine has one pool shared by all
- * sequences (`num_kv_blocks` blocks, else `cache_size` GB, else a pool that grows): one sequence may use all of it,
+ * sequences (`num_kv_blocks` blocks, else `cache_size` GB, else max_model_len × max_num_seqs): one sequence may use all of it,
  * never more, so max_model_len defaults to min(trained context, 4096, pool) and a longer explicit one is refused —
  * a sequence outgrowing the pool would turn every request in flight IGNORED (openvino-engine.md §7).
  */
@@ -30,6 +30,8 @@ export function kvCapacity(
     kvBlocks?: number | undefined;
     /** OpenVINO: tokens per KV block (32 on CPU, 16 on GPU). */
     blockTokens?: number;
+    /** OpenVINO: bytes per KV element for `cacheGb` (default: u8 1, else 2). */
+    kvElementBytes?: number;
   },
 ): { maxModelLen: number; note: string; poolTokens?: number } {
   const explicit = opts.maxModelLen;
@@ -62,10 +64,10 @@ export function kvCapacity(
 function sharedPoolCapacity(
   meta: CapacityModel,
   explicit: number | undefined,
-  opts: { cacheGb: number; u8: boolean; kvBlocks?: number | undefined; blockTokens?: number },
+  opts: { cacheGb: number; u8: boolean; kvBlocks?: number | undefined; blockTokens?: number; kvElementBytes?: number },
 ): { maxModelLen: number; note: string; poolTokens?: number } {
-  // 1. The pool in tokens: blocks × block size, else the GB budget over the model's KV bytes per token, else none
-  //    (OpenVINO grows its cache as needed).
+  // 1. The pool in tokens: blocks × block size, else the GB budget over the model's KV bytes per token, else not
+  //    fixed by a flag (the engine then sizes it max_model_len × max_num_seqs, which always holds one sequence).
   let pool: number | null = null;
   let what = "";
   if (opts.kvBlocks !== undefined) {
@@ -74,7 +76,7 @@ function sharedPoolCapacity(
     what = `--num_kv_blocks ${opts.kvBlocks} x ${blockTokens} tokens`;
   } else if (opts.cacheGb > 0) {
     if (meta.kvElementsPerToken === null) throw new Error("cache_size needs the model's KV shape, which its metadata does not give; use num_kv_blocks");
-    const bytesPerToken = meta.kvElementsPerToken * (opts.u8 ? 1 : 2);
+    const bytesPerToken = meta.kvElementsPerToken * (opts.kvElementBytes ?? (opts.u8 ? 1 : 2));
     pool = Math.floor((opts.cacheGb * 1e9) / bytesPerToken);
     what = `--cache_size ${opts.cacheGb} GB / ${bytesPerToken.toFixed(0)} bytes per token`;
   }

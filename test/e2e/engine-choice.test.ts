@@ -88,7 +88,7 @@ describe("--engine openvino", () => {
       expect(logEvent(server, "capacity")).toMatchObject({ tokensPerSequence: 512, sequences: 8, poolTokens: 512, kvBytes: null });
       // The gateway gauges divide by the shared pool the engine reports (ready.limits.kvPoolTokens), not 8 x 512.
       expect((await metrics(server.baseUrl)).get('vllm:cache_config_info{model_name="keel-tiny",block_size="1",num_gpu_blocks="512",cache_dtype="f16",enable_prefix_caching="false"}')).toBe(1);
-      expect(logEvent(server, "deterministic")).toMatchObject({ inferencePrecision: "f32", kvCachePrecision: "f32" });
+      expect(logEvent(server, "deterministic")).toMatchObject({ prefixCaching: false });
       // Every plugin key is OpenVINO's to apply: llama.cpp's "not applied" warnings are not printed.
       expect(server.logs.some((l) => l.includes("not applied"))).toBe(false);
       expect(server.logs.some((l) => l.includes("--plugin_config: every key is passed to OpenVINO as given (PERFORMANCE_HINT, NUM_STREAMS)"))).toBe(true);
