@@ -82,7 +82,6 @@ export const SERVE_FLAGS: FlagSpec[] = [
   { name: "rest_port", help: "HTTP port", default: "8000", parse: int("rest_port", 0, 65535) },
   { name: "rest_bind_address", help: "HTTP bind address", default: "0.0.0.0" },
   { name: "model_path", help: "GGUF model file, a model directory holding one (--gguf_filename picks among several), a model name from `keel fetch --list` (fetched and cached on first use), or keel-tiny / keel-tiny-qwen3 / keel-tiny-qwen3coder (generated random-weight models) (default: smollm2-135m-instruct; keel-tiny if it cannot be fetched)", default: undefined },
-  { name: "engine", help: "auto (an OpenVINO IR directory → openvino, a GGUF → llama.cpp), llama.cpp, or openvino (OpenVINO GenAI continuous batching in a Python worker; serves GGUF files and IR directories; its venv is built in Keel's cache on first use)", default: "auto", parse: oneOf("engine", [...ENGINE_FLAG_VALUES]) },
   { name: "model_name", help: "served model name (default: the model's own name, e.g. SmolLM2-135M-Instruct or keel-tiny, or the model file's base name)", default: undefined },
   { name: "max_num_seqs", help: "sequences decoded together (KV slots)", default: "8", parse: int("max_num_seqs", 1, 256) },
   { name: "max_num_batched_tokens", help: "token budget of one engine step (>= max_num_seqs)", default: "256", parse: int("max_num_batched_tokens", 1, 65536) },
@@ -93,6 +92,7 @@ export const SERVE_FLAGS: FlagSpec[] = [
   { name: "enable_prefix_caching", help: "keep finished requests' KV and reuse the longest common prefix", default: "true", parse: bool("enable_prefix_caching") },
   { name: "kv_cache_precision", help: "KV cache precision: f16 (default), or u8 (q8_0 K and V, with flash attention)", default: undefined, parse: oneOf("kv_cache_precision", ["f16", "u8"]) },
   { name: "cache_size", help: "KV cache budget in GB (10^9 bytes) over all sequences (fractions allowed); 0 = max_model_len per sequence", default: "0", parse: gb("cache_size") },
+  { name: "engine", help: "auto (an OpenVINO IR directory → openvino, a GGUF → llama.cpp), llama.cpp, or openvino (OpenVINO GenAI continuous batching in a Python worker; serves GGUF files and IR directories; its venv is built in Keel's cache on first use)", default: "auto", parse: oneOf("engine", [...ENGINE_FLAG_VALUES]) },
   { name: "num_kv_blocks", help: "OpenVINO engine: a fixed KV pool of N blocks shared by all sequences (32 tokens per block on CPU, 16 on GPU); refused with the llama.cpp engine", default: undefined, parse: int("num_kv_blocks", 1, 1 << 24) },
   { name: "engine_stall_timeout", help: "seconds without engine progress while there is work before the engine is restarted", default: "30", parse: int("engine_stall_timeout", 1, 86_400) },
   { name: "shutdown_timeout", help: "seconds in-flight requests may take to finish after SIGTERM/SIGINT", default: "30", parse: int("shutdown_timeout", 0, 86_400) },
@@ -575,7 +575,7 @@ async function serve(argv: string[]): Promise<void> {
     process.stderr.write(`keel serve: cannot listen: ${what}\n`);
     process.exit(1);
   }
-  // llama.cpp: a partition per sequence; OpenVINO: one pool shared by all (its own size when fixed, else it grows).
+  // llama.cpp: a partition per sequence; OpenVINO: one pool shared by all, in the engine's own KV precision.
   const kvBytes = meta.kvElementsPerToken === null || choice.engine === "openvino" ? null : Math.round(meta.kvElementsPerToken * (u8 ? 34 / 32 : 2) * maxModelLen * maxNumSeqs);
   gw.log.info(
     { event: "capacity", tokensPerSequence: maxModelLen, sequences: maxNumSeqs, kvBytes, limitedBy: capacityNote, kvCachePrecision: flags["kv_cache_precision"], prefixCaching: base.prefixCaching, ...(choice.engine === "openvino" ? { poolTokens: poolTokens ?? null } : {}) },
