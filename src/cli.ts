@@ -117,7 +117,7 @@ export const SERVE_FLAGS: FlagSpec[] = [
     if (v === "VLM" || v === "VLM_CB") throw new Error(`--pipeline_type ${v} is not supported: Keel serves text-only models (LM, LM_CB or AUTO)`);
     throw new Error(`--pipeline_type must be one of LM, LM_CB, AUTO, got "${v}"`);
   } },
-  { name: "plugin_config", help: "JSON: KV_CACHE_PRECISION (u8|f16), INFERENCE_NUM_THREADS (engine threads), ENABLE_CPU_PINNING (threads are not pinned: false is Keel's behaviour, true is warned), CACHE_DIR; other keys warned", default: undefined },
+  { name: "plugin_config", help: "JSON: KV_CACHE_PRECISION (u8|f16), INFERENCE_NUM_THREADS (engine threads), ENABLE_CPU_PINNING (threads are not pinned: false is Keel's behaviour, true is warned), CACHE_DIR; other keys warned (llama.cpp); the OpenVINO engine passes every key to OpenVINO", default: undefined },
   { name: "cache_interval_multiplier", help: "OVMS: state-block interval of linear-attention models; accepted and logged: a no-op here (llama.cpp keeps full per-token KV for attention models)", default: undefined, parse: int("cache_interval_multiplier", 1) },
   { name: "dynamic_split_fuse", help: "true: long prompts are prefilled in chunks of max_num_batched_tokens; false (as OVMS): a prompt longer than max_num_batched_tokens is refused with 400", default: "true", parse: bool("dynamic_split_fuse") },
   { name: "rest_workers", help: "OVMS HTTP worker threads (2..10000); accepted and logged: Keel's one event loop has no worker pool (concurrency is bounded by --max_num_seqs and --max_queued_requests)", default: undefined, parse: int("rest_workers", 2, 10000) },
