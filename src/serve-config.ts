@@ -125,7 +125,8 @@ export async function resolveConfigModels(file: string, flags: Record<string, un
       flashAttention: u8 ? true : (f["flash_attention"] as boolean),
       kvCacheType: u8 ? ("q8_0" as const) : ("f16" as const),
       prefixCaching: f["deterministic"] === true ? false : (f["enable_prefix_caching"] as boolean),
-      device: (f["target_device"] === "CPU" ? "cpu" : "auto") as "cpu" | "auto",
+      // Parsed by the flag's own parser (parseTargetDevice: CPU → "cpu", GPU → "gpu", AUTO → "auto"), as from flags.
+      device: f["target_device"] as "cpu" | "gpu" | "auto",
       ...openvinoConfigFields(choice.engine, f),
     };
     let meta;

@@ -142,11 +142,14 @@ describe("--config_path", () => {
     const flags = parseServeFlags([]);
     const [ov, tiny] = await resolveConfigModels(write([{ name: "ov", base_path: "ir", num_kv_blocks: 8 }, { name: "tiny", base_path: "keel-tiny" }]), flags, FAKE);
     expect(ov).toMatchObject({ name: "ov", engineName: "openvino", engine: { modelPath: path.join(dir, "ir"), kvBlocks: 8, maxModelLen: 256 } });
-    expect(tiny).toMatchObject({ name: "tiny", engineName: "llama.cpp" });
+    expect(tiny).toMatchObject({ name: "tiny", engineName: "llama.cpp", engine: { device: "cpu" } });
     expect(tiny!.engine).not.toHaveProperty("kvBlocks");
     await expect(resolveConfigModels(write([{ name: "tiny", base_path: "keel-tiny", num_kv_blocks: 8 }]), flags, FAKE)).rejects.toThrow(/model "tiny": --num_kv_blocks sets the OpenVINO engine's shared KV block pool/);
     // A top-level --engine applies to every model.
     const [forced] = await resolveConfigModels(write([{ name: "tiny", base_path: "keel-tiny" }]), parseServeFlags(["--engine", "openvino"]), FAKE);
     expect(forced).toMatchObject({ engineName: "openvino", engine: { deterministic: false } });
+    // target_device per entry as the flag means it (GPU is never turned into AUTO, which may fall back to the CPU).
+    const [gpu] = await resolveConfigModels(write([{ name: "tiny", base_path: "keel-tiny", target_device: "GPU" }]), parseServeFlags(["--engine", "openvino"]), FAKE);
+    expect(gpu!.engine.device).toBe("gpu");
   });
 });
