@@ -803,7 +803,7 @@ def main() -> None:
         "type": "ready",
         "pid": os.getpid(),
         "model": engine.meta,
-        "limits": {"maxNumSeqs": int(cfg["maxNumSeqs"]), "maxNumBatchedTokens": int(cfg["maxNumBatchedTokens"]), "maxModelLen": engine.max_len},
+        "limits": {"maxNumSeqs": int(cfg["maxNumSeqs"]), "maxNumBatchedTokens": int(cfg["maxNumBatchedTokens"]), "maxModelLen": engine.max_len, "kvPoolTokens": engine.pool_tokens},
         "engine": f"{ENGINE_NAME}@{engine.ov.__version__.split('-')[0]}",
         "capabilities": engine.capabilities(),
         "backend": engine.backend(),
