@@ -81,7 +81,7 @@ export const METRIC_FAMILIES: readonly string[] = metricFamilies();
 export const SERVE_FLAGS: FlagSpec[] = [
   { name: "rest_port", help: "HTTP port", default: "8000", parse: int("rest_port", 0, 65535) },
   { name: "rest_bind_address", help: "HTTP bind address", default: "0.0.0.0" },
-  { name: "model_path", help: "GGUF model file, a model directory holding one (--gguf_filename picks among several), a model name from `keel fetch --list` (fetched and cached on first use), or keel-tiny / keel-tiny-qwen3 / keel-tiny-qwen3coder (generated random-weight models) (default: smollm2-135m-instruct; keel-tiny if it cannot be fetched)", default: undefined },
+  { name: "model_path", help: "GGUF model file, a model directory holding one (--gguf_filename picks among several), a model name from `keel fetch --list` (fetched and cached on first use), or keel-tiny / keel-tiny-f16 / keel-tiny-qwen3 / keel-tiny-qwen3coder (generated random-weight models; keel-tiny-f16 loads in both engines) (default: smollm2-135m-instruct; keel-tiny if it cannot be fetched)", default: undefined },
   { name: "model_name", help: "served model name (default: the model's own name, e.g. SmolLM2-135M-Instruct or keel-tiny, or the model file's base name)", default: undefined },
   { name: "max_num_seqs", help: "sequences decoded together (KV slots)", default: "8", parse: int("max_num_seqs", 1, 256) },
   { name: "max_num_batched_tokens", help: "token budget of one engine step (>= max_num_seqs)", default: "256", parse: int("max_num_batched_tokens", 1, 65536) },

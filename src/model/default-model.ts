@@ -62,12 +62,15 @@ export function describeDefaultModel(): DefaultModelDescription {
 }
 
 /**
- * The generated tiny models a `--model_path` may name: the plain ChatML model, and two agent variants (same
- * weights' shapes and seed, the agent tags as extra USER_DEFINED tokens, a Qwen3- or Qwen3-Coder-style template;
- * see agent-templates.ts) so that tool calls and reasoning run end to end, fast and deterministically.
+ * The generated tiny models a `--model_path` may name: the plain ChatML model, its F16 twin (same seed and shapes,
+ * matrices stored as F16: OpenVINO GenAI refuses F32 matrices, so this is the one model both engines load), and
+ * two agent variants (same weights' shapes and seed, the agent tags as extra USER_DEFINED tokens, a Qwen3- or
+ * Qwen3-Coder-style template; see agent-templates.ts) so that tool calls and reasoning run end to end, fast and
+ * deterministically.
  */
 export const TINY_MODELS = Object.freeze({
     "keel-tiny": DEFAULT_MODEL_OPTIONS,
+    "keel-tiny-f16": Object.freeze({...TINY_MODEL_DEFAULTS, f16: true}),
     "keel-tiny-qwen3": Object.freeze({...TINY_MODEL_DEFAULTS, chatTemplate: QWEN3_STYLE_TEMPLATE, userTokens: AGENT_TAGS}),
     "keel-tiny-qwen3coder": Object.freeze({...TINY_MODEL_DEFAULTS, chatTemplate: QWEN3CODER_STYLE_TEMPLATE, userTokens: AGENT_TAGS})
 } satisfies Record<string, Readonly<TinyModelOptions>>);
@@ -82,7 +85,7 @@ export function isTinyModelName(name: string): name is TinyModelName {
 
 /** True if `modelPath` is a file name produced by {@link ensureDefaultModel} / {@link ensureTinyModel} (random weights). */
 export function isDefaultModelPath(modelPath: string): boolean {
-    return /^keel-tiny(-qwen3|-qwen3coder)?-[0-9a-f]{16}\.gguf$/.test(path.basename(modelPath));
+    return /^keel-tiny(-f16|-qwen3|-qwen3coder)?-[0-9a-f]{16}\.gguf$/.test(path.basename(modelPath));
 }
 
 /** Cache key (16 hex chars) of a tiny model: hash of the resolved options and the generator version. */
