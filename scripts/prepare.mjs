@@ -39,7 +39,12 @@ if (process.env.npm_lifecycle_event !== "serve") ensureTestVenv();
 //    `npm run serve` skips this: the server fetches its own default model on first start.
 if (process.env.npm_lifecycle_event !== "serve") await fetchTestModels();
 
-// 6. A headless browser for the CORS test (test/e2e/security.test.ts drives a page on another origin): Debian's
+// 6. The OpenVINO engine's venv (pinned in src/engine-openvino/requirements.txt) for the suites that run on both
+//    engines, in Keel's cache outside the repository. Quick when built (a stamp check). `npm run serve` skips it:
+//    `keel serve --engine openvino` builds it on first use.
+if (process.env.npm_lifecycle_event !== "serve") await ensureOpenvinoTestVenv();
+
+// 7. A headless browser for the CORS test (test/e2e/security.test.ts drives a page on another origin): Debian's
 //    chromium, installed with apt-get when missing (as root, the way CI and the developers' machines run).
 if (process.env.npm_lifecycle_event !== "serve") ensureChromium();
 
@@ -63,6 +68,17 @@ function ensureChromium() {
     execFileSync("apt-get", ["install", "-y", "-qq", "--no-install-recommends", "chromium"], { stdio: "inherit", env: { ...process.env, DEBIAN_FRONTEND: "noninteractive" } });
   } catch {
     console.error("keel: apt-get could not install chromium; install it by hand (apt-get install chromium) and run again.");
+    process.exit(1);
+  }
+}
+
+async function ensureOpenvinoTestVenv() {
+  const { ensureOpenvinoVenv } = await import(path.join(root, "dist", "engine-openvino", "venv.js"));
+  try {
+    const python = await ensureOpenvinoVenv({ log: (line) => console.error(`keel: ${line}`) });
+    console.error(`keel: OpenVINO engine python: ${python}`);
+  } catch (err) {
+    console.error(`keel: cannot build the OpenVINO engine's venv: ${err.message}`);
     process.exit(1);
   }
 }

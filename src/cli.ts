@@ -21,6 +21,7 @@ import { REASONING_PARSERS, TOOL_PARSERS, type ReasoningParserName, type ToolPar
 import { kvCapacity } from "./cli/kv-capacity.js";
 import { defaultEngineThreads, ENGINE_THREADS_RULE, hostCpus, type HostCpus } from "./cli/engine-threads.js";
 import { parsePluginConfig } from "./cli/plugin-config.js";
+import { chooseEngine, ENGINE_FLAG_VALUES, engineCommandFor, engineFlagProblems, kvBlockTokens, openvinoConfigFields, openvinoKvElementBytes, type EngineFlag, type EngineName } from "./cli/engine-choice.js";
 
 /** One `keel serve` flag. */
 interface FlagSpec {
@@ -91,6 +92,8 @@ export const SERVE_FLAGS: FlagSpec[] = [
   { name: "enable_prefix_caching", help: "keep finished requests' KV and reuse the longest common prefix", default: "true", parse: bool("enable_prefix_caching") },
   { name: "kv_cache_precision", help: "KV cache precision: f16 (default), or u8 (q8_0 K and V, with flash attention)", default: undefined, parse: oneOf("kv_cache_precision", ["f16", "u8"]) },
   { name: "cache_size", help: "KV cache budget in GB (10^9 bytes) over all sequences (fractions allowed); 0 = max_model_len per sequence", default: "0", parse: gb("cache_size") },
+  { name: "engine", help: "auto (an OpenVINO IR directory → openvino, a GGUF → llama.cpp), llama.cpp, or openvino (OpenVINO GenAI continuous batching in a Python worker; serves GGUF files and IR directories; its venv is built in Keel's cache on first use)", default: "auto", parse: oneOf("engine", [...ENGINE_FLAG_VALUES]) },
+  { name: "num_kv_blocks", help: "OpenVINO engine: a fixed KV pool of N blocks shared by all sequences (32 tokens per block on CPU, 16 on GPU); refused with the llama.cpp engine", default: undefined, parse: int("num_kv_blocks", 1, 1 << 24) },
   { name: "engine_stall_timeout", help: "seconds without engine progress while there is work before the engine is restarted", default: "30", parse: int("engine_stall_timeout", 1, 86_400) },
   { name: "shutdown_timeout", help: "seconds in-flight requests may take to finish after SIGTERM/SIGINT", default: "30", parse: int("shutdown_timeout", 0, 86_400) },
   { name: "log_level", help: "DEBUG, INFO, WARNING or ERROR (TRACE = DEBUG)", default: "INFO", parse: (v) => oneOf("log_level", ["TRACE", "DEBUG", "INFO", "WARNING", "ERROR"])(v) === "TRACE" ? "DEBUG" : v },
@@ -114,7 +117,7 @@ export const SERVE_FLAGS: FlagSpec[] = [
     if (v === "VLM" || v === "VLM_CB") throw new Error(`--pipeline_type ${v} is not supported: Keel serves text-only models (LM, LM_CB or AUTO)`);
     throw new Error(`--pipeline_type must be one of LM, LM_CB, AUTO, got "${v}"`);
   } },
-  { name: "plugin_config", help: "JSON: KV_CACHE_PRECISION (u8|f16), INFERENCE_NUM_THREADS (engine threads), ENABLE_CPU_PINNING (threads are not pinned: false is Keel's behaviour, true is warned), CACHE_DIR; other keys warned", default: undefined },
+  { name: "plugin_config", help: "JSON: KV_CACHE_PRECISION (u8|f16), INFERENCE_NUM_THREADS (engine threads), ENABLE_CPU_PINNING (threads are not pinned: false is Keel's behaviour, true is warned), CACHE_DIR; other keys warned (llama.cpp); the OpenVINO engine passes every key to OpenVINO", default: undefined },
   { name: "cache_interval_multiplier", help: "OVMS: state-block interval of linear-attention models; accepted and logged: a no-op here (llama.cpp keeps full per-token KV for attention models)", default: undefined, parse: int("cache_interval_multiplier", 1) },
   { name: "dynamic_split_fuse", help: "true: long prompts are prefilled in chunks of max_num_batched_tokens; false (as OVMS): a prompt longer than max_num_batched_tokens is refused with 400", default: "true", parse: bool("dynamic_split_fuse") },
   { name: "rest_workers", help: "OVMS HTTP worker threads (2..10000); accepted and logged: Keel's one event loop has no worker pool (concurrency is bounded by --max_num_seqs and --max_queued_requests)", default: undefined, parse: int("rest_workers", 2, 10000) },
@@ -169,6 +172,8 @@ function usage(): string {
 export interface FlagNote {
   level: "info" | "warn";
   msg: string;
+  /** Logged only when this engine serves (absent: always); the engine is known once the model is. */
+  engine?: EngineName;
 }
 
 /**
@@ -239,6 +244,8 @@ export function parseServeFlags(argv: string[], host: HostCpus = hostCpus()): Re
     if (plugin.kvCachePrecision !== undefined) out["kv_cache_precision"] = plugin.kvCachePrecision;
     if (plugin.threads !== undefined) out["engine_threads"] = plugin.threads;
     if (plugin.cacheDir !== undefined) out["cache_dir"] = plugin.cacheDir;
+    // The object as given: the OpenVINO engine applies every key (cli/engine-choice.ts).
+    if (plugin.raw !== undefined) out["pluginConfig"] = plugin.raw;
   }
   if (problems.length > 0) throw new Error(problems.join("; "));
   out["kv_cache_precision"] ??= "f16";
@@ -253,7 +260,8 @@ export function parseServeFlags(argv: string[], host: HostCpus = hostCpus()): Re
     notes.push({ level: "info", msg: `engine threads: ${threads} (set; ${host.physicalCores} physical cores, ${host.logicalCpus} CPUs)` });
   }
   if (given.has("cache_interval_multiplier")) {
-    notes.push({ level: "info", msg: `--cache_interval_multiplier ${out["cache_interval_multiplier"]} is a no-op here: it sets the state-block interval of linear-attention models in OpenVINO GenAI; llama.cpp keeps every token's KV for attention models and one state per sequence for recurrent ones` });
+    notes.push({ engine: "llama.cpp", level: "info", msg: `--cache_interval_multiplier ${out["cache_interval_multiplier"]} is a no-op here: it sets the state-block interval of linear-attention models in OpenVINO GenAI; llama.cpp keeps every token's KV for attention models and one state per sequence for recurrent ones` });
+    notes.push({ engine: "openvino", level: "info", msg: `--cache_interval_multiplier ${out["cache_interval_multiplier"]} is a no-op here: OpenVINO GenAI uses it only for linear-attention (hybrid) models with prefix caching, and Keel runs hybrid models without prefix caching (the seed's preemption assert)` });
   }
   if (given.has("rest_workers")) {
     notes.push({ level: "info", msg: `--rest_workers ${out["rest_workers"]} is a no-op here: Keel's gateway is one event loop without a worker pool; concurrency is bounded by --max_num_seqs and --max_queued_requests` });
@@ -432,7 +440,7 @@ async function serve(argv: string[]): Promise<void> {
   }
   const cors = { origins: flags["allowedOrigins"] as string[], methods: flags["allowedMethods"] as string[], headers: flags["allowedHeaders"] as string[], credentials: (flags["allowCredentials"] as boolean | undefined) ?? false };
   // Several models from an OVMS config file: each gets its own engine (serve-config.ts).
-  if (flags["configPath"] !== undefined) return (await import("./serve-config.js")).serveFromConfig(flags, engineCommandFromEnv(), { logDestination: logSink, apiKey, cors, ...(flags["metricsList"] !== undefined ? { metricsList: flags["metricsList"] as string[] } : {}) });
+  if (flags["configPath"] !== undefined) return (await import("./serve-config.js")).serveFromConfig(flags, engineCommandOverride(), { logDestination: logSink, apiKey, cors, ...(flags["metricsList"] !== undefined ? { metricsList: flags["metricsList"] as string[] } : {}) });
   const sourceFlags = {
     modelPath: flags["model_path"] as string | undefined,
     sourceModel: flags["sourceModel"] as string | undefined,
@@ -472,9 +480,24 @@ async function serve(argv: string[]): Promise<void> {
     return;
   }
   if (model.kind === "fallback") process.stderr.write(`keel serve: ${model.reason}\nkeel serve: serving the random-weight keel-tiny instead; ${HOW_TO_PASS_A_MODEL}\n`);
-  const modelPath = model.path;
+  // The engine that serves the model (--engine; cli/engine-choice.ts), and the flags that engine cannot honour.
+  let choice: ReturnType<typeof chooseEngine>;
+  try {
+    choice = chooseEngine(flags["engine"] as EngineFlag, model);
+  } catch (err) {
+    say((err as Error).message);
+    process.exit(2);
+  }
+  const engineProblems = engineFlagProblems(choice.engine, flags, flags["given"] as Set<string>);
+  if (engineProblems.length > 0) {
+    say(engineProblems.join("; "));
+    process.exit(2);
+  }
+  const modelPath = choice.modelPath;
   const demo = model.kind === "tiny" || model.kind === "fallback";
-  const notAModel = model.kind === "file" || model.kind === "directory" || model.kind === "hub" ? checkModelFile(modelPath) : null;
+  // A GGUF named by the operator gets the cheap magic check; an IR directory is the OpenVINO engine's to check.
+  const namedGguf = model.kind === "file" || model.kind === "directory" || model.kind === "hub" || (model.kind === "openvino-ir" && choice.engine === "llama.cpp");
+  const notAModel = namedGguf ? checkModelFile(modelPath) : null;
   if (notAModel) {
     process.stderr.write(`keel serve: ${notAModel}\n`);
     process.exit(1);
@@ -494,8 +517,15 @@ async function serve(argv: string[]): Promise<void> {
     // Split-fuse off (OVMS): a prompt must fit one step.
     ...(flags["dynamic_split_fuse"] === false ? { maxPromptLen: flags["max_num_batched_tokens"] as number } : {}),
     device: flags["target_device"] as "cpu" | "gpu" | "auto",
+    ...openvinoConfigFields(choice.engine, flags),
   };
-  const engineCommand = engineCommandFromEnv();
+  let engineCommand: EngineCommand;
+  try {
+    engineCommand = await engineCommandFor(choice.engine, engineCommandOverride(), say);
+  } catch (err) {
+    say((err as Error).message);
+    process.exit(1);
+  }
   let meta: ModelMetadata & { backend?: EngineBackend };
   try {
     meta = await validateModel({ ...base, maxModelLen: 256 }, engineCommand);
@@ -505,8 +535,10 @@ async function serve(argv: string[]): Promise<void> {
   }
   let maxModelLen: number;
   let capacityNote: string;
+  /** The OpenVINO engine's shared KV pool in tokens, when fixed (--num_kv_blocks or --cache_size). */
+  let poolTokens: number | undefined;
   try {
-    ({ maxModelLen, note: capacityNote } = kvCapacity(meta, { maxModelLen: flags["max_model_len"] as number | undefined, cacheGb: flags["cache_size"] as number, maxNumSeqs, u8 }));
+    ({ maxModelLen, note: capacityNote, poolTokens } = kvCapacity(meta, { maxModelLen: flags["max_model_len"] as number | undefined, cacheGb: flags["cache_size"] as number, maxNumSeqs, u8, engine: choice.engine, kvBlocks: flags["num_kv_blocks"] as number | undefined, blockTokens: kvBlockTokens(base.device), kvElementBytes: openvinoKvElementBytes(base.device, base.kvCacheType, base.pluginConfig) }));
   } catch (err) {
     process.stderr.write(`keel serve: --${(err as Error).message}\n`);
     process.exit(2);
@@ -543,15 +575,20 @@ async function serve(argv: string[]): Promise<void> {
     process.stderr.write(`keel serve: cannot listen: ${what}\n`);
     process.exit(1);
   }
-  const kvBytes = meta.kvElementsPerToken === null ? null : Math.round(meta.kvElementsPerToken * (u8 ? 34 / 32 : 2) * maxModelLen * maxNumSeqs);
+  // llama.cpp: a partition per sequence; OpenVINO: one pool shared by all, in the engine's own KV precision.
+  const kvBytes = meta.kvElementsPerToken === null || choice.engine === "openvino" ? null : Math.round(meta.kvElementsPerToken * (u8 ? 34 / 32 : 2) * maxModelLen * maxNumSeqs);
   gw.log.info(
-    { event: "capacity", tokensPerSequence: maxModelLen, sequences: maxNumSeqs, kvBytes, limitedBy: capacityNote, kvCachePrecision: flags["kv_cache_precision"], prefixCaching: base.prefixCaching },
-    `KV capacity: ${maxModelLen} tokens per sequence x ${maxNumSeqs} sequences${kvBytes !== null ? ` = ${(kvBytes / 1e9).toFixed(2)} GB` : ""}, limited by ${capacityNote}`,
+    { event: "capacity", tokensPerSequence: maxModelLen, sequences: maxNumSeqs, kvBytes, limitedBy: capacityNote, kvCachePrecision: flags["kv_cache_precision"], prefixCaching: base.prefixCaching, ...(choice.engine === "openvino" ? { poolTokens: poolTokens ?? null } : {}) },
+    choice.engine === "openvino"
+      ? `KV capacity: up to ${maxModelLen} tokens per sequence, ${maxNumSeqs} sequences sharing ${poolTokens !== undefined ? `a pool of ${poolTokens} tokens` : `a pool of ${maxModelLen * maxNumSeqs} tokens (max_model_len x max_num_seqs)`}, limited by ${capacityNote}`
+      : `KV capacity: ${maxModelLen} tokens per sequence x ${maxNumSeqs} sequences${kvBytes !== null ? ` = ${(kvBytes / 1e9).toFixed(2)} GB` : ""}, limited by ${capacityNote}`,
   );
-  gw.log.info({ event: "device", targetDevice: base.device, backend: meta.backend ?? null }, `target device ${base.device}: llama.cpp runs on ${meta.backend ? (meta.backend.gpu === false ? "cpu" : `${meta.backend.gpu} (${meta.backend.devices.join(", ")})`) : "unknown"}`);
-  for (const note of flags["notes"] as FlagNote[]) gw.log[note.level]({ event: "flag" }, note.msg);
+  gw.log.info({ event: "engine", engine: choice.engine, why: choice.why, command: engineCommand.command }, `engine ${choice.engine}: ${choice.why}`);
+  gw.log.info({ event: "device", targetDevice: base.device, backend: meta.backend ?? null }, `target device ${base.device}: ${choice.engine} runs on ${meta.backend ? (meta.backend.gpu === false ? "cpu" : `${meta.backend.gpu} (${meta.backend.devices.join(", ")})`) : "unknown"}`);
+  for (const note of flags["notes"] as FlagNote[]) if (note.engine === undefined || note.engine === choice.engine) gw.log[note.level]({ event: "flag" }, note.msg);
   if (flags["deterministic"]) {
-    gw.log.info({ event: "deterministic", prefixCaching: false, flashAttention: false, kvCachePrecision: "f16" }, "deterministic mode: the same request and seed give the same text on every run (prefix reuse off)");
+    if (choice.engine === "openvino") gw.log.info({ event: "deterministic", prefixCaching: false }, "deterministic mode: prefix reuse off; the OpenVINO engine's numerics are exact by default on CPU (f32 inference and KV, no dynamic quantisation) unless --plugin_config overrides them");
+    else gw.log.info({ event: "deterministic", prefixCaching: false, flashAttention: false, kvCachePrecision: "f16" }, "deterministic mode: the same request and seed give the same text on every run (prefix reuse off)");
   }
   gw.log.info({ event: "security", apiKeyRequired: apiKey !== null, corsOrigins: cors.origins, allowCredentials: cors.credentials }, apiKey !== null ? "API key required on /v1/ and /v3/ routes" : "no API key: every route is open");
   gw.log.info({ event: "model", name: modelName, kind: model.kind, path: modelPath, source: model.source }, `serving ${modelName} (${model.source}) from ${modelPath}`);
@@ -580,12 +617,12 @@ async function serve(argv: string[]): Promise<void> {
 }
 
 /**
- * The engine command: KEEL_ENGINE_COMMAND (a JSON {@link EngineCommand}, e.g. `{"command":"python3","args":["worker.py"]}`)
- * or this package's llama.cpp engine.
+ * KEEL_ENGINE_COMMAND (a JSON {@link EngineCommand}, e.g. `{"command":"python3","args":["worker.py"]}`): it overrides
+ * whichever engine `--engine` chose (tests run fakes this way); null when unset.
  */
-function engineCommandFromEnv(): EngineCommand {
+function engineCommandOverride(): EngineCommand | null {
   const raw = process.env["KEEL_ENGINE_COMMAND"];
-  if (!raw) return DEFAULT_ENGINE_COMMAND;
+  if (!raw) return null;
   try {
     const c = JSON.parse(raw) as EngineCommand;
     if (typeof c.command === "string" && Array.isArray(c.args) && c.args.every((a) => typeof a === "string")) return c;

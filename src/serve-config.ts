@@ -14,16 +14,21 @@ import { startGateway, type Gateway, type GatewayOptions } from "./gateway/serve
 import type { ReasoningParserName, ToolParserName } from "./gateway/tools.js";
 import { isTinyModelName } from "./model/default-model.js";
 import { isCatalogueName } from "./model/model-cache.js";
-import { resolveServeModel } from "./model/serve-model.js";
+import { openvinoIrDirectory, resolveServeModel } from "./model/serve-model.js";
+import { chooseEngine, engineCommandFor, engineFlagProblems, kvBlockTokens, openvinoConfigFields, openvinoKvElementBytes, type EngineFlag, type ModelToServe } from "./cli/engine-choice.js";
 import type { EngineCommand, EngineConfig } from "./protocol/engine-config.js";
 import type { ModelMetadata } from "./protocol/messages.js";
 
-/** The model file an entry's base_path names: keel-tiny*, a catalogue name, a GGUF file, or a folder with one `.gguf`. */
-async function entryModelPath(entry: ConfigEntry, configDir: string): Promise<string> {
-  if (isTinyModelName(entry.basePath) || isCatalogueName(entry.basePath)) return (await resolveServeModel(entry.basePath)).path;
+/**
+ * The model an entry's base_path names: keel-tiny*, a catalogue name, a GGUF file, a folder with one `.gguf`, or an
+ * OpenVINO IR folder (served by the OpenVINO engine under `--engine auto`, as a model from flags).
+ */
+async function entryModel(entry: ConfigEntry, configDir: string): Promise<ModelToServe> {
+  if (isTinyModelName(entry.basePath) || isCatalogueName(entry.basePath)) return await resolveServeModel(entry.basePath);
   // OVMS resolves a relative base_path against the config file's folder.
   const p = path.resolve(configDir, entry.basePath);
   let file = p;
+  if (fs.existsSync(p) && fs.statSync(p).isDirectory() && openvinoIrDirectory(p) !== null) return await resolveServeModel(p);
   if (fs.existsSync(p) && fs.statSync(p).isDirectory()) {
     const ggufs = fs.readdirSync(p).filter((f) => f.toLowerCase().endsWith(".gguf"));
     if (ggufs.length !== 1) throw new Error(`model "${entry.name}": ${p} is a folder with ${ggufs.length} .gguf files; base_path needs a GGUF file or a folder with exactly one`);
@@ -31,7 +36,7 @@ async function entryModelPath(entry: ConfigEntry, configDir: string): Promise<st
   }
   const bad = checkModelFile(file);
   if (bad) throw new Error(`model "${entry.name}": ${bad}`);
-  return file;
+  return { kind: "file", path: file };
 }
 
 /** One entry's settings: the server's flags, overridden by the entry's (checked by the same parsers as the flags). */
@@ -77,7 +82,7 @@ export const MAX_CONFIG_BYTES = 1 << 20;
  * Read `file` and resolve every model to what its engine starts with (each model checked in a throwaway engine).
  * @throws Error with the reason (the file, an entry's setting, a model that does not load).
  */
-export async function resolveConfigModels(file: string, flags: Record<string, unknown>, engineCommand: EngineCommand): Promise<ModelSpec[]> {
+export async function resolveConfigModels(file: string, flags: Record<string, unknown>, engineOverride: EngineCommand | null): Promise<ModelSpec[]> {
   let text: string;
   try {
     // A regular file of bounded size only: opening a FIFO blocks until a writer comes and /dev/zero never ends, and
@@ -93,7 +98,23 @@ export async function resolveConfigModels(file: string, flags: Record<string, un
   const specs: ModelSpec[] = [];
   for (const entry of entries) {
     const f = entryFlags(entry, flags);
-    const modelPath = await entryModelPath(entry, path.dirname(path.resolve(file)));
+    const model = await entryModel(entry, path.dirname(path.resolve(file)));
+    // 1. The engine: the top-level --engine for every model, `auto` deciding per model (an IR folder → openvino).
+    let choice: ReturnType<typeof chooseEngine>;
+    try {
+      choice = chooseEngine(((f["engine"] as EngineFlag | undefined) ?? "auto"), model);
+    } catch (err) {
+      throw new Error(`model "${entry.name}": ${(err as Error).message}`);
+    }
+    const given = new Set([...((flags["given"] as Set<string> | undefined) ?? []), ...Object.keys(entry.settings)]);
+    const engineProblems = engineFlagProblems(choice.engine, f, given);
+    if (engineProblems.length > 0) throw new Error(`model "${entry.name}": ${engineProblems.join("; ")}`);
+    if (model.kind === "openvino-ir" && choice.engine === "llama.cpp") {
+      const bad = checkModelFile(choice.modelPath);
+      if (bad) throw new Error(`model "${entry.name}": ${bad}`);
+    }
+    const modelPath = choice.modelPath;
+    const engineCommand = await engineCommandFor(choice.engine, engineOverride, (l) => void process.stderr.write(`keel serve: ${l}\n`));
     const u8 = f["kv_cache_precision"] === "u8";
     const maxNumSeqs = f["max_num_seqs"] as number;
     const base = {
@@ -104,7 +125,9 @@ export async function resolveConfigModels(file: string, flags: Record<string, un
       flashAttention: u8 ? true : (f["flash_attention"] as boolean),
       kvCacheType: u8 ? ("q8_0" as const) : ("f16" as const),
       prefixCaching: f["deterministic"] === true ? false : (f["enable_prefix_caching"] as boolean),
-      device: (f["target_device"] === "CPU" ? "cpu" : "auto") as "cpu" | "auto",
+      // Parsed by the flag's own parser (parseTargetDevice: CPU → "cpu", GPU → "gpu", AUTO → "auto"), as from flags.
+      device: f["target_device"] as "cpu" | "gpu" | "auto",
+      ...openvinoConfigFields(choice.engine, f),
     };
     let meta;
     try {
@@ -115,7 +138,7 @@ export async function resolveConfigModels(file: string, flags: Record<string, un
     // The same capacity rule as a single model from flags (cli/kv-capacity.ts).
     let maxModelLen: number;
     try {
-      ({ maxModelLen } = kvCapacity(meta, { maxModelLen: f["max_model_len"] as number | undefined, cacheGb: f["cache_size"] as number, maxNumSeqs, u8 }));
+      ({ maxModelLen } = kvCapacity(meta, { maxModelLen: f["max_model_len"] as number | undefined, cacheGb: f["cache_size"] as number, maxNumSeqs, u8, engine: choice.engine, kvBlocks: f["num_kv_blocks"] as number | undefined, blockTokens: kvBlockTokens(base.device), kvElementBytes: openvinoKvElementBytes(base.device, base.kvCacheType, base.pluginConfig) }));
     } catch (err) {
       throw new Error(`model "${entry.name}": ${(err as Error).message}`);
     }
@@ -128,6 +151,8 @@ export async function resolveConfigModels(file: string, flags: Record<string, un
         guideAuto: f["enable_tool_guided_generation"] as boolean,
       },
       maxQueuedRequests: f["max_queued_requests"] as number,
+      engineCommand,
+      engineName: choice.engine,
     });
   }
   return specs;
@@ -136,7 +161,7 @@ export async function resolveConfigModels(file: string, flags: Record<string, un
 /** Serve the models of `flags.config_path` until SIGTERM/SIGINT (the same drain as a single model). */
 export async function serveFromConfig(
   flags: Record<string, unknown>,
-  engineCommand: EngineCommand,
+  engineOverride: EngineCommand | null,
   server: Pick<GatewayOptions, "logDestination" | "apiKey" | "cors" | "metricsList"> = {},
 ): Promise<void> {
   const file = flags["configPath"] as string;
@@ -146,7 +171,7 @@ export async function serveFromConfig(
   }
   let specs: ModelSpec[];
   try {
-    specs = await resolveConfigModels(file, flags, engineCommand);
+    specs = await resolveConfigModels(file, flags, engineOverride);
   } catch (err) {
     process.stderr.write(`keel serve: ${(err as Error).message}\n`);
     process.exit(1);
@@ -160,8 +185,7 @@ export async function serveFromConfig(
       modelName: specs[0]!.name,
       engine: specs[0]!.engine,
       models: specs,
-      reloadModels: () => resolveConfigModels(file, flags, engineCommand),
-      engineCommand,
+      reloadModels: () => resolveConfigModels(file, flags, engineOverride),
       bodyLimit: flags["max_request_body"] as number,
       maxQueuedRequests: flags["max_queued_requests"] as number,
       requestTimeoutMs: (flags["request_timeout"] as number) * 1000,
@@ -177,6 +201,7 @@ export async function serveFromConfig(
     process.exit(1);
   }
   for (const s of specs) {
+    gw.log.info({ event: "engine", name: s.name, engine: s.engineName ?? null, command: s.engineCommand?.command ?? null }, `${s.name}: engine ${s.engineName ?? "(not said)"}`);
     gw.log.info({ event: "model", name: s.name, path: s.engine.modelPath, tokensPerSequence: s.engine.maxModelLen, sequences: s.engine.maxNumSeqs }, `serving ${s.name} from ${s.engine.modelPath}`);
   }
   // 1. First signal: drain every model; 2. a later distinct one: stop waiting for in-flight requests.

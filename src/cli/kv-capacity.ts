@@ -2,6 +2,11 @@
  * The capacity rule of one model's engine, shared by `keel serve` flags (cli.ts) and `--config_path` entries
  * (serve-config.ts): tokens per sequence from an explicit max_model_len, the model's trained context and the KV
  * budget (`cache_size`, GB over all sequences, as OVMS's).
+ *
+ * llama.cpp splits the budget evenly (one KV partition per sequence). The OpenVINO engine has one pool shared by all
+ * sequences (`num_kv_blocks` blocks, else `cache_size` GB, else max_model_len × max_num_seqs): one sequence may use all of it,
+ * never more, so max_model_len defaults to min(trained context, 4096, pool) and a longer explicit one is refused —
+ * a sequence outgrowing the pool would turn every request in flight IGNORED (openvino-engine.md §7).
  */
 
 /** What the rule reads from the model (the startup model check). */
@@ -14,11 +19,25 @@ export interface CapacityModel {
 /** Tokens per sequence and why (for the start log). @throws Error with a flag-neutral reason (callers prefix it). */
 export function kvCapacity(
   meta: CapacityModel,
-  opts: { maxModelLen?: number | undefined; cacheGb: number; maxNumSeqs: number; u8: boolean },
-): { maxModelLen: number; note: string } {
+  opts: {
+    maxModelLen?: number | undefined;
+    cacheGb: number;
+    maxNumSeqs: number;
+    u8: boolean;
+    /** Default llama.cpp (a partition per sequence). */
+    engine?: "llama.cpp" | "openvino";
+    /** OpenVINO: `--num_kv_blocks` (wins over cacheGb, as in OpenVINO GenAI). */
+    kvBlocks?: number | undefined;
+    /** OpenVINO: tokens per KV block (32 on CPU, 16 on GPU). */
+    blockTokens?: number;
+    /** OpenVINO: bytes per KV element for `cacheGb` (default: u8 1, else 2). */
+    kvElementBytes?: number;
+  },
+): { maxModelLen: number; note: string; poolTokens?: number } {
   const explicit = opts.maxModelLen;
   // As vLLM: a context longer than the model was trained for gives garbage and costs memory.
   if (explicit !== undefined && explicit > meta.trainContextSize) throw new Error(`max_model_len ${explicit} exceeds the model's trained context of ${meta.trainContextSize} tokens`);
+  if (opts.engine === "openvino") return sharedPoolCapacity(meta, explicit, opts);
   if (opts.cacheGb <= 0) {
     return explicit !== undefined
       ? { maxModelLen: explicit, note: "--max_model_len" }
@@ -39,4 +58,38 @@ export function kvCapacity(
   }
   const by = explicit !== undefined ? "--max_model_len" : `the model's trained context ${meta.trainContextSize}`;
   return { maxModelLen: bound, note: `${by} (--cache_size ${opts.cacheGb} GB would hold ${perSequence} tokens per sequence; the unused budget is not allocated)` };
+}
+
+/** The OpenVINO engine's rule: one pool shared by every sequence; a sequence may fill it but never outgrow it. */
+function sharedPoolCapacity(
+  meta: CapacityModel,
+  explicit: number | undefined,
+  opts: { cacheGb: number; u8: boolean; kvBlocks?: number | undefined; blockTokens?: number; kvElementBytes?: number },
+): { maxModelLen: number; note: string; poolTokens?: number } {
+  // 1. The pool in tokens: blocks × block size, else the GB budget over the model's KV bytes per token, else not
+  //    fixed by a flag (the engine then sizes it max_model_len × max_num_seqs, which always holds one sequence).
+  let pool: number | null = null;
+  let what = "";
+  if (opts.kvBlocks !== undefined) {
+    const blockTokens = opts.blockTokens ?? 32;
+    pool = opts.kvBlocks * blockTokens;
+    what = `--num_kv_blocks ${opts.kvBlocks} x ${blockTokens} tokens`;
+  } else if (opts.cacheGb > 0) {
+    if (meta.kvElementsPerToken === null) throw new Error("cache_size needs the model's KV shape, which its metadata does not give; use num_kv_blocks");
+    const bytesPerToken = meta.kvElementsPerToken * (opts.kvElementBytes ?? (opts.u8 ? 1 : 2));
+    pool = Math.floor((opts.cacheGb * 1e9) / bytesPerToken);
+    what = `--cache_size ${opts.cacheGb} GB / ${bytesPerToken.toFixed(0)} bytes per token`;
+  }
+  const byDefault = `the default max_model_len min(trained context ${meta.trainContextSize}, 4096)`;
+  if (pool === null) return explicit !== undefined ? { maxModelLen: explicit, note: "--max_model_len" } : { maxModelLen: Math.min(meta.trainContextSize, 4096), note: byDefault };
+  if (pool < 16) throw new Error(`the KV pool of ${pool} tokens (${what}) is too small; raise it`);
+  // 2. One sequence must fit the pool: a longer one would turn every request in flight IGNORED.
+  if (explicit !== undefined) {
+    if (explicit > pool) throw new Error(`max_model_len ${explicit} exceeds the KV pool of ${pool} tokens (${what}): one sequence must fit the pool; lower it or enlarge the pool`);
+    return { maxModelLen: explicit, note: `--max_model_len (KV pool ${pool} tokens shared by all sequences: ${what})`, poolTokens: pool };
+  }
+  const fallback = Math.min(meta.trainContextSize, 4096);
+  return pool < fallback
+    ? { maxModelLen: pool, note: `the KV pool of ${pool} tokens shared by all sequences (${what})`, poolTokens: pool }
+    : { maxModelLen: fallback, note: `${byDefault}; KV pool ${pool} tokens shared by all sequences (${what})`, poolTokens: pool };
 }

@@ -12,8 +12,13 @@ export interface PluginSettings {
   threads?: number;
   /** CACHE_DIR → the cache directory (as --cache_dir). */
   cacheDir?: string;
-  /** Lines to log at start (warn: a key not applied; info: what a key does here). */
-  notes: { level: "info" | "warn"; msg: string }[];
+  /**
+   * Lines to log at start (warn: a key not applied; info: what a key does here). `engine`: the line holds only when
+   * that engine serves (the OpenVINO engine applies every key, so llama.cpp's "not applied" lines are not its).
+   */
+  notes: { level: "info" | "warn"; msg: string; engine?: "llama.cpp" | "openvino" }[];
+  /** The object as given: the OpenVINO engine passes every key to OpenVINO (EngineConfig.pluginConfig). */
+  raw?: Record<string, unknown>;
   /** Reasons to refuse the command line. */
   problems: string[];
 }
@@ -50,6 +55,8 @@ export function parsePluginConfig(raw: string, flagsGiven: ReadonlySet<string>):
     out.problems.push(`--plugin_config must be a JSON object, got ${kind}`);
     return out;
   }
+  out.raw = obj as Record<string, unknown>;
+  out.notes.push({ level: "info", msg: `--plugin_config: every key is passed to OpenVINO as given (${Object.keys(out.raw).join(", ") || "none"})`, engine: "openvino" });
   // 1. Each key in turn: doubled, mapped, or warned.
   for (const [key, value] of Object.entries(obj as Record<string, unknown>)) {
     const flag = FLAG_OF_KEY[key];
@@ -70,8 +77,8 @@ export function parsePluginConfig(raw: string, flagsGiven: ReadonlySet<string>):
       case "ENABLE_CPU_PINNING": {
         const pin = asBool(value);
         if (pin === null) out.problems.push(`--plugin_config ENABLE_CPU_PINNING must be true or false, got ${JSON.stringify(value)}`);
-        else if (pin) out.notes.push({ level: "warn", msg: "--plugin_config ENABLE_CPU_PINNING true is not applied: Keel does not pin llama.cpp's threads to cores (the OS schedules them; start Keel under taskset/numactl to pin)" });
-        else out.notes.push({ level: "info", msg: "--plugin_config ENABLE_CPU_PINNING false: as Keel always runs, llama.cpp's threads are not pinned to cores (the OS schedules them)" });
+        else if (pin) out.notes.push({ level: "warn", msg: "--plugin_config ENABLE_CPU_PINNING true is not applied: Keel does not pin llama.cpp's threads to cores (the OS schedules them; start Keel under taskset/numactl to pin)", engine: "llama.cpp" });
+        else out.notes.push({ level: "info", msg: "--plugin_config ENABLE_CPU_PINNING false: as Keel always runs, llama.cpp's threads are not pinned to cores (the OS schedules them)", engine: "llama.cpp" });
         break;
       }
       case "CACHE_DIR":
@@ -84,6 +91,7 @@ export function parsePluginConfig(raw: string, flagsGiven: ReadonlySet<string>):
         break;
       default:
         out.notes.push({
+          engine: "llama.cpp",
           level: "warn",
           msg: OPENVINO_ONLY.has(key)
             ? `--plugin_config ${key} is an OpenVINO runtime property with no llama.cpp equivalent; not applied`

@@ -233,8 +233,9 @@ class GgufLayout:
         return None if entry is None else entry.value
 
 
-def read_gguf_layout(buf) -> GgufLayout:
-    """Parses the header of a GGUF (v2 or v3, little-endian) held in `buf` (bytes or a memory map).
+def read_gguf_layout(buf, arrays: frozenset = frozenset()) -> GgufLayout:
+    """Parses the header of a GGUF (v2 or v3, little-endian) held in `buf` (bytes or a memory map). Array values are
+    skipped (value None) except for the keys named in `arrays`, decoded as lists (the worker reads the vocabulary).
     :raises PrepError: not a GGUF this code reads"""
     if bytes(buf[0:4]) != b"GGUF":
         raise PrepError("not a GGUF file")
@@ -262,6 +263,22 @@ def read_gguf_layout(buf) -> GgufLayout:
             return at
         return at + struct.calcsize(_GGUF_SCALARS[vtype])
 
+    def read_array(at: int) -> tuple[list, int]:
+        item_type, count = struct.unpack_from("<IQ", buf, at)
+        at += 12
+        if item_type in _GGUF_SCALARS:
+            fmt = _GGUF_SCALARS[item_type]
+            size = struct.calcsize(fmt)
+            return list(struct.unpack_from(f"<{count}{fmt[1:]}", buf, at)), at + count * size
+        if item_type == _GGUF_STRING:
+            items = []
+            for _ in range(count):
+                n, = struct.unpack_from("<Q", buf, at)
+                items.append(bytes(buf[at + 8:at + 8 + n]))
+                at += 8 + n
+            return items, at
+        return [], skip_value(_GGUF_ARRAY, at - 12)
+
     # 1. Keys: decode scalars and strings, remember every entry's byte span (copied as is when rewriting).
     keys: dict[str, GgufKey] = {}
     for _ in range(n_keys):
@@ -274,6 +291,8 @@ def read_gguf_layout(buf) -> GgufLayout:
         elif vtype in _GGUF_SCALARS:
             value, = struct.unpack_from(_GGUF_SCALARS[vtype], buf, pos)
             end = pos + struct.calcsize(_GGUF_SCALARS[vtype])
+        elif vtype == _GGUF_ARRAY and name in arrays:
+            value, end = read_array(pos)
         elif vtype == _GGUF_ARRAY:
             value, end = None, skip_value(vtype, pos)
         else:

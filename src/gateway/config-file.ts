@@ -16,6 +16,7 @@ export const MODEL_SETTINGS = [
   "max_num_batched_tokens",
   "max_model_len",
   "cache_size",
+  "num_kv_blocks",
   "enable_prefix_caching",
   "kv_cache_precision",
   "target_device",

@@ -57,4 +57,10 @@ describe("engine ready line", () => {
     expect(q8.fields["kvBytes"]).toBe((1000 * 34 * 512 * 4) / 32);
     expect(q8.text).toMatch(/^engine ready backend cpu; KV capacity/);
   });
+
+  it("an engine with one shared KV pool (limits.kvPoolTokens) is described by its pool", () => {
+    const r = describeReady(ready({ limits: { maxNumSeqs: 4, maxNumBatchedTokens: 64, maxModelLen: 512, kvPoolTokens: 2048 }, backend: { gpu: false, devices: [] } }), "f16");
+    expect(r.text).toBe("engine ready backend cpu; KV pool 2048 tokens shared by 4 sequences (up to 512 per sequence)");
+    expect(r.fields).toMatchObject({ kvPoolTokens: 2048, kvBytes: null });
+  });
 });

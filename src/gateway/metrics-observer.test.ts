@@ -75,3 +75,34 @@ describe("StepObserver: metrics from step outputs in one place", () => {
     expect(await t.value("keel_prefix_cache_hit_tokens_total")).toBe(14);
   });
 });
+
+describe("StepObserver: preemptions from the engine's cumulative count", () => {
+  const withPreemptions = (step: number, preemptions: number | undefined): StepMessage => {
+    const m = stepMsg(step, 0);
+    return preemptions === undefined ? m : { ...m, stats: { ...m.stats, preemptions } };
+  };
+
+  it("counts increments per model under Keel's and vLLM's names, starts over with a new engine, and stays 0 for an engine that never reports them", async () => {
+    const t = setup();
+    const coder = new StepObserver(t.metrics, "coder");
+    const tiny = new StepObserver(t.metrics, "tiny");
+    t.metrics.registerModel("coder");
+    t.metrics.registerModel("tiny");
+    coder.observe(withPreemptions(1, 0));
+    coder.observe(withPreemptions(2, 3));
+    coder.observe(withPreemptions(3, 3)); // no new preemption
+    coder.observe(withPreemptions(4, 5));
+    coder.engineStarted(); // the restarted engine reports from 0 again
+    coder.observe(withPreemptions(1, 2));
+    tiny.observe(withPreemptions(1, undefined)); // llama.cpp: no preemption field
+    expect(await t.value("keel_engine_preemptions_total", '{model="coder"}')).toBe(7);
+    expect(await t.value("vllm:num_preemptions_total", '{model_name="coder"}')).toBe(7);
+    expect(await t.value("keel_engine_preemptions_total", '{model="tiny"}')).toBe(0);
+    expect(await t.value("vllm:num_preemptions_total", '{model_name="tiny"}')).toBe(0);
+  });
+
+  it("both names are metric families --metrics_list may name", async () => {
+    const { metricFamilies } = await import("./metrics.js");
+    expect(metricFamilies()).toEqual(expect.arrayContaining(["keel_engine_preemptions_total", "vllm:num_preemptions_total"]));
+  });
+});

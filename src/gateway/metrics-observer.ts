@@ -22,13 +22,20 @@ export class StepObserver {
   cachedSequences = 0;
   /** KV cells held by live requests, as last reported (0 when the engine does not report it). */
   kvTokensInUse = 0;
+  /** Cumulative preemptions of the current engine as last reported (0 before its first report). */
+  private lastPreemptions = 0;
 
-  constructor(private readonly metrics: Metrics) {}
+  /** @param modelName the served model whose engine this observes (labels the per-model counters) */
+  constructor(
+    private readonly metrics: Metrics,
+    private readonly modelName = "",
+  ) {}
 
   /** A new engine process: its counters start from 0. */
   engineStarted(): void {
     this.lastStep = 0;
     this.lastPrefixHits = 0;
+    this.lastPreemptions = 0;
     this.engineGone();
   }
 
@@ -52,6 +59,13 @@ export class StepObserver {
     if (msg.stats.prefixCacheHitTokens > this.lastPrefixHits) {
       this.metrics.prefixCacheHitTokens.inc(msg.stats.prefixCacheHitTokens - this.lastPrefixHits);
       this.lastPrefixHits = msg.stats.prefixCacheHitTokens;
+    }
+    // Preemptions: cumulative per engine process (absent: an engine without preemption).
+    const preemptions = msg.stats.preemptions ?? 0;
+    if (preemptions > this.lastPreemptions) {
+      this.metrics.preemptions.inc({ model: this.modelName }, preemptions - this.lastPreemptions);
+      this.metrics.vllmPreemptions.inc({ model_name: this.modelName }, preemptions - this.lastPreemptions);
+      this.lastPreemptions = preemptions;
     }
   }
 }

@@ -71,6 +71,10 @@ export class Metrics {
   readonly ovmsSuccess: client.Counter<"name">;
   readonly ovmsFail: client.Counter<"name">;
   readonly ovmsProcessingTime: client.Histogram<"name">;
+  /** Preemptions reported by each model's engine (a running request lost its KV and waits to be recomputed). */
+  readonly preemptions: client.Counter<"model">;
+  /** The same count under vLLM's name. */
+  readonly vllmPreemptions: client.Counter<"model_name">;
 
   constructor(src: GaugeSources) {
     const registers = [this.registry];
@@ -174,11 +178,17 @@ export class Metrics {
       buckets: [1e3, 5e3, 1e4, 5e4, 1e5, 2.5e5, 5e5, 1e6, 2.5e6, 5e6, 1e7, 2e7, 4e7, 8e7, 1.6e8],
       registers,
     });
+    // From the engine's cumulative step stats (metrics-observer.ts StepObserver); an engine without preemption
+    // (llama.cpp: a KV partition per sequence) keeps them at 0.
+    this.preemptions = new client.Counter({ name: "keel_engine_preemptions_total", help: "Running requests preempted by the engine (their KV freed for others; recomputed later), per model", labelNames: ["model"], registers });
+    this.vllmPreemptions = new client.Counter({ name: "vllm:num_preemptions_total", help: "Cumulative number of preemptions from the engine, per model (vLLM name)", labelNames: ["model_name"], registers });
   }
 
-  /** Create the OVMS per-model series at 0, so a fresh server shows each name for `modelName`. */
+  /** Create the per-model series at 0 (OVMS families, preemptions), so a fresh server shows each name for `modelName`. */
   registerModel(modelName: string): void {
     for (const c of [this.ovmsAccepted, this.ovmsRejected, this.ovmsSuccess, this.ovmsFail]) c.inc({ name: modelName }, 0);
+    this.preemptions.inc({ model: modelName }, 0);
+    this.vllmPreemptions.inc({ model_name: modelName }, 0);
   }
 }
 

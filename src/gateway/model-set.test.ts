@@ -1,3 +1,4 @@
+import { readFileSync } from "node:fs";
 import { fileURLToPath } from "node:url";
 import pino from "pino";
 import { afterEach, describe, expect, it } from "vitest";
@@ -53,6 +54,18 @@ describe("ModelSet: one engine per model, reloads", () => {
     expect(set.contextFor(undefined).modelName).toBe("a");
     expect(set.contextFor({ model: "b" }).servedModels()).toEqual(["a", "b"]);
     expect(set.get("a")!.supervisor.engine.pid).not.toBe(set.get("b")!.supervisor.engine.pid);
+  });
+
+  it("a model with its own engine command (--engine per model) runs it; the others run the set's command", async () => {
+    const { set } = makeSet();
+    const own = { command: process.execPath, args: [FAKE], env: { KEEL_ENGINE_MARK: "own-engine" } };
+    set.startAll([{ ...spec("ov"), engineCommand: own, engineName: "openvino" }, spec("ll")]);
+    await Promise.all(set.servingUnits().map((u) => u.supervisor.firstReady));
+    const environ = (name: string): string[] => readFileSync(`/proc/${set.get(name)!.supervisor.engine.pid}/environ`, "utf8").split("\0");
+    expect(environ("ov")).toContain("KEEL_ENGINE_MARK=own-engine");
+    expect(environ("ll")).not.toContain("KEEL_ENGINE_MARK=own-engine");
+    // The command is part of the spec: a reload that changes it replaces the engine.
+    expect(sameSpec({ ...spec("ov"), engineCommand: own }, spec("ov"))).toBe(false);
   });
 
   it("a reload: unchanged kept, changed replaced once its engine is ready (the old one keeps its request), added started, removed retired", async () => {

@@ -30,6 +30,10 @@ export interface ModelSpec {
   agents: AgentFlags;
   /** Largest number of this model's requests waiting for a sequence before new ones get 429. */
   maxQueuedRequests: number;
+  /** How to run this model's engine (`--engine`'s choice per model); absent = the set's shared command. */
+  engineCommand?: EngineCommand;
+  /** Which engine that is (for the start log); absent = not said. */
+  engineName?: "llama.cpp" | "openvino";
 }
 
 /** What every unit shares: the server's settings, metrics and log. */
@@ -76,7 +80,7 @@ export class ModelUnit {
     // `model_name`, not `model`: engine log lines already carry `model` (the file path).
     const log = shared.labelLogs ? shared.log.child({ model_name: spec.name }) : shared.log;
     this.agents = resolveAgentSettings(spec.agents, null, pickToolParser);
-    this.steps = new StepObserver(metrics);
+    this.steps = new StepObserver(metrics, spec.name);
     const registry: RequestRegistry = new RequestRegistry(
       (msg) => this.supervisor.engine.send(msg),
       registryObserver(metrics, log, () => registry.counts().waiting, spec.name),
@@ -86,7 +90,7 @@ export class ModelUnit {
     this.supervisor = new EngineSupervisor(
       {
         engine: spec.engine,
-        ...(shared.engineCommand ? { engineCommand: shared.engineCommand } : {}),
+        ...(spec.engineCommand ?? shared.engineCommand ? { engineCommand: spec.engineCommand ?? shared.engineCommand } : {}),
         stallMs: shared.stallMs,
         pingIntervalMs: shared.pingIntervalMs,
         readyStalenessMs: shared.readyStalenessMs,

@@ -127,7 +127,8 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
           modelName: u.spec.name,
           ...u.registry.counts(),
           kvTokensInUse: u.steps.kvTokensInUse,
-          kvTokenCapacity: limits ? limits.maxNumSeqs * limits.maxModelLen : 0,
+          // One shared pool (OpenVINO) when the engine reports it, else a partition per sequence (llama.cpp).
+          kvTokenCapacity: limits ? (limits.kvPoolTokens ?? limits.maxNumSeqs * limits.maxModelLen) : 0,
           cacheDtype: u.spec.engine.kvCacheType,
           prefixCaching: u.spec.engine.prefixCaching,
         };

@@ -293,15 +293,18 @@ const KV_BYTES_PER_ELEMENT = { f16: 2, f32: 4, q8_0: 34 / 32, q4_0: 18 / 32 } as
  * bytes when the model gives its KV shape).
  */
 export function describeReady(msg: ReadyMessage, kvCacheType: keyof typeof KV_BYTES_PER_ELEMENT): { text: string; fields: Record<string, unknown> } {
-  const { maxModelLen, maxNumSeqs } = msg.limits;
+  const { maxModelLen, maxNumSeqs, kvPoolTokens } = msg.limits;
   const perToken = msg.model.kvElementsPerToken;
-  const kvBytes = perToken === null ? null : Math.round(perToken * KV_BYTES_PER_ELEMENT[kvCacheType] * maxModelLen * maxNumSeqs);
+  // A shared pool (the OpenVINO engine) is sized by the engine itself, whose element type the gateway does not know.
+  const kvBytes = perToken === null || kvPoolTokens !== undefined ? null : Math.round(perToken * KV_BYTES_PER_ELEMENT[kvCacheType] * maxModelLen * maxNumSeqs);
   const backend = msg.backend ? (msg.backend.gpu === false ? "cpu" : msg.backend.gpu) : "unknown";
   const devices = msg.backend?.devices ?? [];
   const parts = [
     msg.loadMs !== undefined ? `in ${(msg.loadMs / 1000).toFixed(1)} s` : null,
     `backend ${backend}${devices.length > 0 ? ` (${devices.join(", ")})` : ""}`,
-    `KV capacity ${maxModelLen} tokens per sequence x ${maxNumSeqs} sequences${kvBytes !== null ? ` (${(kvBytes / 1e6).toFixed(1)} MB ${kvCacheType})` : ""}`,
+    kvPoolTokens !== undefined
+      ? `KV pool ${kvPoolTokens} tokens shared by ${maxNumSeqs} sequences (up to ${maxModelLen} per sequence)`
+      : `KV capacity ${maxModelLen} tokens per sequence x ${maxNumSeqs} sequences${kvBytes !== null ? ` (${(kvBytes / 1e6).toFixed(1)} MB ${kvCacheType})` : ""}`,
   ].filter((p) => p !== null);
-  return { text: `engine ready ${parts.join("; ")}`, fields: { loadMs: msg.loadMs ?? null, backend, devices, kvBytes } };
+  return { text: `engine ready ${parts.join("; ")}`, fields: { loadMs: msg.loadMs ?? null, backend, devices, kvBytes, ...(kvPoolTokens !== undefined ? { kvPoolTokens } : {}) } };
 }

@@ -8,7 +8,7 @@ import path from "node:path";
 import {afterAll, beforeAll, describe, expect, it} from "vitest";
 import {type FakeHub, startFakeHub} from "../../test/support/fake-hub.js";
 import {parseServeFlags} from "../cli.js";
-import {modelSourceFlagProblem, ModelSourceError, resolveHubModel, resolveModelDirectory, resolveServeModel} from "./serve-model.js";
+import {modelSourceFlagProblem, ModelSourceError, openvinoIrDirectory, resolveHubModel, resolveModelDirectory, resolveServeModel} from "./serve-model.js";
 
 const tmp = mkdtempSync(path.join(tmpdir(), "keel-model-sources-test-"));
 let hub: FakeHub;
@@ -53,10 +53,19 @@ describe("a model directory as --model_path", () => {
         expect(() => resolveModelDirectory(two)).toThrow(/has 2 \.gguf files; pick one with --gguf_filename/);
     });
 
-    it("an OpenVINO IR directory says its engine is not available yet", () => {
+    it("an OpenVINO IR directory is served as one (the engine choice decides who serves it); llama.cpp alone cannot resolve it", async () => {
         const dir = dirWith("ov", {"openvino_model.xml": "<xml/>", "openvino_model.bin": ""});
+        expect(await resolveServeModel(dir)).toEqual({kind: "openvino-ir", path: dir, gguf: null, servedName: "ov", source: `OpenVINO IR directory ${dir}`});
         expect(() => resolveModelDirectory(dir)).toThrow(ModelSourceError);
-        expect(() => resolveModelDirectory(dir)).toThrow(/is an OpenVINO IR model directory \(openvino_model\.xml\); Keel's OpenVINO engine is not available yet \(issue #11\)/);
+        expect(() => resolveModelDirectory(dir)).toThrow(`${dir} is an OpenVINO IR model directory (openvino_model.xml) without a .gguf file; the llama.cpp engine serves GGUF files: serve it with --engine openvino (or --engine auto)`);
+        // The IR saved next to its GGUF: an IR directory that names its GGUF; --gguf_filename picks the GGUF itself.
+        const both = dirWith("ov-and-gguf", {"openvino_model.xml": "<xml/>", "model.gguf": "GGUF"});
+        expect(await resolveServeModel(both)).toMatchObject({kind: "openvino-ir", path: both, gguf: path.join(both, "model.gguf")});
+        expect(await resolveServeModel(both, {ggufFilename: "model.gguf"})).toMatchObject({kind: "directory", path: path.join(both, "model.gguf")});
+        // OVMS's versioned layout: the highest version's IR.
+        const versioned = dirWith("ov-versioned", {"1/openvino_model.xml": "<xml/>", "2/openvino_model.xml": "<xml/>"});
+        expect(await resolveServeModel(versioned)).toMatchObject({kind: "openvino-ir", path: path.join(versioned, "2"), servedName: "ov-versioned"});
+        expect(openvinoIrDirectory(dirWith("plain", {"a.gguf": "GGUF"}))).toBeNull();
     });
 
     it("a directory without a model says what --model_path takes", () => {

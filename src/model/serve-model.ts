@@ -24,6 +24,12 @@ export type ServeModel =
     | {kind: "file"; path: string; servedName: string; source: string}
     /** The GGUF of a model directory named on the command line (its only one, or the one `--gguf_filename` names). */
     | {kind: "directory"; path: string; servedName: string; source: string}
+    /**
+     * An OpenVINO IR directory (`openvino_model.xml`; OVMS's versioned layout resolved to its highest version): only
+     * the OpenVINO engine serves it. `gguf` is a GGUF file in the same directory (a model prepared next to its IR),
+     * or null; the caller decides by engine (cli/engine-choice.ts).
+     */
+    | {kind: "openvino-ir"; path: string; gguf: string | null; servedName: string; source: string}
     /** A GGUF pulled from the hub into the model repository (`downloaded` false: it was already there). */
     | {kind: "hub"; path: string; servedName: string; source: string; downloaded: boolean}
     /** No model named and the default could not be fetched: the tiny model, with the reason. */
@@ -47,6 +53,9 @@ export async function resolveServeModel(requested: string | undefined, opts: {fe
         throw new ModelSourceError(`--gguf_filename picks a file inside a model directory or a hub repository; ${requested === undefined ? "no --model_path or --source_model names one" : `--model_path ${requested} is not a directory`}`);
     }
     if (isDirectory) {
+        // An IR directory (unless --gguf_filename picks a GGUF in it): the engine choice decides who serves it.
+        const ir = opts.ggufFilename === undefined ? openvinoIrDirectory(requested) : null;
+        if (ir !== null) return {kind: "openvino-ir", path: ir, gguf: onlyGguf(ir), servedName: path.basename(path.resolve(requested)), source: `OpenVINO IR directory ${ir}`};
         const file = resolveModelDirectory(requested, opts.ggufFilename);
         return {kind: "directory", path: file, servedName: path.basename(path.resolve(requested)), source: `directory ${path.resolve(requested)}`};
     }
@@ -75,6 +84,30 @@ export async function resolveServeModel(requested: string | undefined, opts: {fe
     return {kind: "file", path: file, servedName: path.basename(file).replace(/\.gguf$/i, ""), source: "file"};
 }
 
+/** The IR's model file: a directory holding it is an OpenVINO IR directory. */
+export const OPENVINO_IR_MODEL = "openvino_model.xml";
+
+/**
+ * The OpenVINO IR directory `dir` names: itself when it holds {@link OPENVINO_IR_MODEL}, else (OVMS's versioned
+ * layout, no GGUF at the top) its highest numbered version when that one is an IR directory; null otherwise.
+ */
+export function openvinoIrDirectory(dir: string): string | null {
+    const abs = path.resolve(dir);
+    const entries = readdirSync(abs);
+    if (entries.includes(OPENVINO_IR_MODEL)) return abs;
+    if (entries.some((f) => /\.gguf$/i.test(f))) return null;
+    const versions = entries.filter((f) => /^[1-9][0-9]{0,8}$/.test(f) && statSync(path.join(abs, f), {throwIfNoEntry: false})?.isDirectory());
+    if (versions.length === 0) return null;
+    const latest = path.join(abs, versions.sort((a, b) => Number(b) - Number(a))[0]!);
+    return readdirSync(latest).includes(OPENVINO_IR_MODEL) ? latest : null;
+}
+
+/** The only `.gguf` file of `dir`, or null (none, or several). */
+function onlyGguf(dir: string): string | null {
+    const ggufs = readdirSync(dir).filter((f) => /\.gguf$/i.test(f) && statSync(path.join(dir, f), {throwIfNoEntry: false})?.isFile());
+    return ggufs.length === 1 ? path.join(dir, ggufs[0]!) : null;
+}
+
 /** A model source that cannot be used (a directory without a usable GGUF, a contradictory set of flags). */
 export class ModelSourceError extends Error {
     constructor(message: string) {
@@ -85,7 +118,7 @@ export class ModelSourceError extends Error {
 
 /**
  * The GGUF file of model directory `dir`: `ggufFilename` (relative to it) if given, else its only `.gguf`.
- * @throws ModelSourceError for several GGUFs (listed), an OpenVINO IR directory (its engine is issue #11), or none
+ * @throws ModelSourceError for several GGUFs (listed), an OpenVINO IR directory without a GGUF (llama.cpp cannot serve it), or none
  */
 export function resolveModelDirectory(dir: string, ggufFilename?: string): string {
     const abs = path.resolve(dir);
@@ -113,8 +146,8 @@ export function resolveModelDirectory(dir: string, ggufFilename?: string): strin
     if (ggufs.length === 1) return path.join(abs, ggufs[0]!);
     if (ggufs.length > 1) throw new ModelSourceError(`the model directory ${abs} has ${ggufs.length} .gguf files; pick one with --gguf_filename: ${ggufs.join(", ")}`);
     // 3. No GGUF: say what the directory is instead.
-    if (entries.includes("openvino_model.xml")) {
-        throw new ModelSourceError(`${abs} is an OpenVINO IR model directory (openvino_model.xml); Keel's OpenVINO engine is not available yet (issue #11): pass a GGUF file or a directory holding one`);
+    if (entries.includes(OPENVINO_IR_MODEL)) {
+        throw new ModelSourceError(`${abs} is an OpenVINO IR model directory (${OPENVINO_IR_MODEL}) without a .gguf file; the llama.cpp engine serves GGUF files: serve it with --engine openvino (or --engine auto)`);
     }
     throw new ModelSourceError(`the model directory ${abs} has no .gguf file; --model_path needs a GGUF file, a directory holding one, or a model name (keel fetch --list)`);
 }

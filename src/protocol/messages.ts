@@ -215,6 +215,11 @@ export interface EngineLimits {
   maxNumBatchedTokens: number;
   /** Capacity of one sequence: prompt + generated tokens (tokens). */
   maxModelLen: number;
+  /**
+   * KV cells (tokens) of one pool shared by all sequences, when the engine has one of fixed size (the OpenVINO
+   * engine with a fixed pool). Optional: absent, the KV budget is maxNumSeqs × maxModelLen (llama.cpp's partitions).
+   */
+  kvPoolTokens?: number;
 }
 
 /** engine → gateway: the model is loaded and the step loop runs. */

@@ -7,7 +7,7 @@
 import { afterEach, describe, expect, it } from "vitest";
 import { PROMPTS as ALL_PROMPTS } from "../support/prompts.js";
 import { chat, type ChatResult } from "../support/chat-client.js";
-import { get, metrics, startServer, waitForMetrics, waitForReady, type ServerHandle } from "../support/server.js";
+import { ENGINES_UNDER_TEST, get, metrics, startServer, waitForMetrics, waitForReady, type EngineUnderTest, type ServerHandle } from "../support/server.js";
 
 const PROMPTS = ALL_PROMPTS;
 
@@ -27,6 +27,10 @@ afterEach(async () => {
   server = null;
 });
 
+/** Start a server on `engine` (OpenVINO serves the embedded model's F16 twin under the same name). */
+const serve = (engine: EngineUnderTest, flags: string[], env: Record<string, string> = {}): Promise<ServerHandle> =>
+  startServer([...flags, ...(engine === "openvino" ? ["--model_name", "keel-tiny"] : [])], env, { engine });
+
 async function controls(s: ServerHandle, prompts: string[], extra: Record<string, unknown> = {}): Promise<string[]> {
   const out: string[] = [];
   for (const p of prompts) out.push((await chat(s.baseUrl, body(p, extra))).text);
@@ -42,9 +46,9 @@ function expectIdentical(results: ChatResult[], expected: string[]): void {
   });
 }
 
-describe("engine death: in-flight generations resume", () => {
+for (const engine of ENGINES_UNDER_TEST) describe(`engine death on ${engine}: in-flight generations resume`, () => {
   it("SIGKILL of the engine under 8 concurrent greedy streams: all finish, no error, each identical to control, one restart", async () => {
-    server = await startServer(["--max_num_seqs", "8"]);
+    server = await serve(engine, ["--max_num_seqs", "8"]);
     const s = server;
     const expected = await controls(s, PROMPTS);
     const before = await metrics(s.baseUrl);
@@ -76,8 +80,10 @@ describe("engine death: in-flight generations resume", () => {
     expect((await get(s.baseUrl, "/v2/health/ready")).status).toBe(200);
   });
 
-  it("a seeded sampling stream interrupted by SIGKILL equals its undisturbed run", async () => {
-    server = await startServer(["--max_num_seqs", "2"]);
+  // OpenVINO seeds a request's randomness once (capabilities.exactSeededResume false): its resumed sampled stream
+  // continues, but not with the undisturbed run's tokens.
+  if (engine === "llama.cpp") it("a seeded sampling stream interrupted by SIGKILL equals its undisturbed run", async () => {
+    server = await serve(engine, ["--max_num_seqs", "2"]);
     const s = server;
     const sampled = { temperature: 1.2, seed: 7, max_tokens: 96, ignore_eos: true };
     const undisturbed = await chat(s.baseUrl, body(PROMPTS[2]!, sampled));
@@ -88,6 +94,19 @@ describe("engine death: in-flight generations resume", () => {
     expect(r.done).toBe(true);
     expect(r.text).toBe(undisturbed.text);
     expect(s.enginePid()).not.toBe(enginePid);
+  });
+  if (engine === "openvino") it("a seeded sampling stream interrupted by SIGKILL continues on the new engine and ends normally", async () => {
+    server = await serve(engine, ["--max_num_seqs", "2"]);
+    const s = server;
+    const sampled = { temperature: 1.2, seed: 7, max_tokens: 96, ignore_eos: true };
+    const enginePid = s.enginePid();
+    const r = await chat(s.baseUrl, body(PROMPTS[2]!, sampled), { onEvent: (_e, k) => k === 10 && process.kill(enginePid, "SIGKILL") });
+    expect(r.events.some((e) => "error" in e)).toBe(false);
+    expect(r.done).toBe(true);
+    expect(r.finishReason).toBe("length");
+    expect(s.enginePid()).not.toBe(enginePid);
+    const m = await metrics(s.baseUrl);
+    expect(m.get("keel_requests_resumed_total")).toBeGreaterThanOrEqual(1);
   });
 });
 
@@ -174,9 +193,9 @@ describe("503 while the engine restarts", () => {
   });
 });
 
-describe("culprit isolation", () => {
+for (const engine of ENGINES_UNDER_TEST) describe(`culprit isolation on ${engine}`, () => {
   it("a request that crashes the engine whenever it is scheduled fails alone with engine_fault; the other 7 are identical", async () => {
-    server = await startServer(["--max_num_seqs", "8"], { KEEL_FAULT_INJECTION: JSON.stringify({ crashOnPrompt: "POISON" }) });
+    server = await serve(engine, ["--max_num_seqs", "8"], { KEEL_FAULT_INJECTION: JSON.stringify({ crashOnPrompt: "POISON" }) });
     const s = server;
     const innocents = PROMPTS.slice(0, 7);
     const expected = await controls(s, innocents);
@@ -210,7 +229,7 @@ describe("culprit isolation", () => {
     expect(m2.get('keel_engine_restarts_total{reason="signal"}')).toBe(m.get('keel_engine_restarts_total{reason="signal"}'));
   });
 
-  it("two requests that crash the engine fail alone with engine_fault; the 6 others beside them are identical (no innocent is framed)", async () => {
+  if (engine === "llama.cpp") it("two requests that crash the engine fail alone with engine_fault; the 6 others beside them are identical (no innocent is framed)", async () => {
     server = await startServer(["--max_num_seqs", "8"], { KEEL_FAULT_INJECTION: JSON.stringify({ crashOnPrompt: "POISON" }) });
     const s = server;
     const innocents = PROMPTS.slice(0, 6);
@@ -295,8 +314,8 @@ describe("watchdog", () => {
     expect(ok.done).toBe(true);
   });
 
-  it("a hung step is detected, the engine restarted, and every stream finishes identical to control", async () => {
-    server = await startServer(["--max_num_seqs", "4", "--engine_stall_timeout", "2"], { KEEL_FAULT_INJECTION: JSON.stringify({ hangAtStep: 60 }) });
+  for (const engine of ENGINES_UNDER_TEST) it(`a hung step on ${engine} is detected, the engine restarted, and every stream finishes identical to control`, async () => {
+    server = await serve(engine, ["--max_num_seqs", "4", "--engine_stall_timeout", "2"], { KEEL_FAULT_INJECTION: JSON.stringify({ hangAtStep: 60 }) });
     const s = server;
     // The controls run on the first engine too: make them reach step 60 only inside the concurrent phase.
     const results = await Promise.all(PROMPTS.slice(0, 4).map((p) => chat(s.baseUrl, body(p))));

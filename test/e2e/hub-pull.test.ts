@@ -2,7 +2,7 @@
  * `keel serve --source_model ORG/NAME --model_repository_path DIR [--pull]` end to end against a local fake hub
  * (HF_ENDPOINT) serving the generated tiny GGUF: the pull survives a connection dropped mid-file, and the pulled
  * model is then served (found in the repository, without the hub) under its ORG/NAME. Also a model directory as
- * `--model_path`: served, and an OpenVINO IR directory refused clearly.
+ * `--model_path`: served, and an OpenVINO IR directory refused clearly by the llama.cpp engine.
  */
 import { spawn } from "node:child_process";
 import { readFileSync, mkdirSync, mkdtempSync, rmSync, writeFileSync, copyFileSync } from "node:fs";
@@ -142,12 +142,12 @@ describe("keel serve --model_path DIRECTORY", () => {
     }
   });
 
-  it("an OpenVINO IR directory exits 1 naming issue #11", async () => {
+  it("an OpenVINO IR directory is refused by the llama.cpp engine (exit 2, naming --engine openvino); auto gives it to OpenVINO (test/e2e/engine-choice.test.ts)", async () => {
     const dir = path.join(tmp, "ov");
     mkdirSync(dir, { recursive: true });
     writeFileSync(path.join(dir, "openvino_model.xml"), "<xml/>");
-    const r = await keelRun(["--model_path", dir], {});
-    expect(r.code).toBe(1);
-    expect(r.stderr).toContain(`keel serve: ${dir} is an OpenVINO IR model directory (openvino_model.xml); Keel's OpenVINO engine is not available yet (issue #11)`);
+    const r = await keelRun(["--model_path", dir, "--engine", "llama.cpp"], {});
+    expect(r.code).toBe(2);
+    expect(r.stderr).toContain(`keel serve: --engine llama.cpp cannot serve ${dir}: it is an OpenVINO IR directory (openvino_model.xml) and llama.cpp serves GGUF files only; use --engine openvino (or auto)`);
   });
 });

@@ -3,6 +3,7 @@
  */
 import { spawn } from "node:child_process";
 import path from "node:path";
+import { ensureOpenvinoVenv } from "../../src/engine-openvino/venv.js";
 import { ROOT } from "./server.js";
 
 /** src/engine-openvino/prep.py: model preparation (CLI: `prep.py MODEL_PATH CACHE_DIR` prints the path to load). */
@@ -12,21 +13,9 @@ export const CHECK_SCRIPT = path.join(ROOT, "test", "support", "openvino_check.p
 /** test/support/synthetic_gguf.py: writes small random GGUFs with matrices in a chosen tensor type. */
 export const SYNTHETIC_GGUF_SCRIPT = path.join(ROOT, "test", "support", "synthetic_gguf.py");
 
-/**
- * The Python of a venv holding src/engine-openvino/requirements.txt: `$KEEL_OPENVINO_PYTHON`.
- * (To be switched to venv.ts's ensureOpenvinoVenv() once it lands.)
- * @throws Error saying how to provide one when the variable is unset
- */
-export function openvinoPython(): string {
-  const python = process.env["KEEL_OPENVINO_PYTHON"];
-  if (!python) {
-    throw new Error(
-      "the OpenVINO tests need KEEL_OPENVINO_PYTHON: the python of a venv with src/engine-openvino/requirements.txt " +
-        "(python3 -m venv /path/ov && /path/ov/bin/pip install -r src/engine-openvino/requirements.txt; " +
-        "then KEEL_OPENVINO_PYTHON=/path/ov/bin/python)",
-    );
-  }
-  return python;
+/** The Python of the OpenVINO engine's venv: `$KEEL_OPENVINO_PYTHON`, else the venv ensureOpenvinoVenv builds. */
+export async function openvinoPython(): Promise<string> {
+  return process.env["KEEL_OPENVINO_PYTHON"] || (await ensureOpenvinoVenv());
 }
 
 /** What a finished Python process said. */
@@ -37,9 +26,10 @@ export interface PythonRun {
 }
 
 /** Runs `python args…` with the OpenVINO venv's Python; resolves when it exits (never rejects on a non-zero status). */
-export function runPython(args: string[], env: Record<string, string> = {}): Promise<PythonRun> {
+export async function runPython(args: string[], env: Record<string, string> = {}): Promise<PythonRun> {
+  const python = await openvinoPython();
   return new Promise((resolve, reject) => {
-    const proc = spawn(openvinoPython(), args, { cwd: ROOT, stdio: ["ignore", "pipe", "pipe"], env: { ...process.env, ...env } });
+    const proc = spawn(python, args, { cwd: ROOT, stdio: ["ignore", "pipe", "pipe"], env: { ...process.env, ...env } });
     let stdout = "";
     let stderr = "";
     proc.stdout.on("data", (d: Buffer) => (stdout += d.toString("utf8")));

@@ -5,6 +5,7 @@ import { spawn, type ChildProcess } from "node:child_process";
 import http from "node:http";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
+import { ensureOpenvinoVenv } from "../../src/engine-openvino/venv.js";
 
 export const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../..");
 const BIN = path.join(ROOT, "bin", "keel.mjs");
@@ -21,6 +22,17 @@ export interface ServerHandle {
   stop(): Promise<void>;
 }
 
+/** The engines an e2e suite runs on: `describe.each(ENGINES_UNDER_TEST)` and pass the engine to {@link startServer}. */
+export const ENGINES_UNDER_TEST = ["llama.cpp", "openvino"] as const;
+/** One engine under test. */
+export type EngineUnderTest = (typeof ENGINES_UNDER_TEST)[number];
+
+/**
+ * The generated tiny model each engine serves by default: `keel-tiny` on llama.cpp; on OpenVINO its F16 twin
+ * `keel-tiny-f16` (OpenVINO GenAI cannot load F32 matrices; the F16 variant loads in both engines).
+ */
+export const TINY_MODEL_FOR: Record<EngineUnderTest, string> = { "llama.cpp": "keel-tiny", openvino: "keel-tiny-f16" };
+
 /** Server processes still running; killed if the test process exits without stopping them (e.g. a crash). */
 const running = new Set<ChildProcess>();
 process.on("exit", () => {
@@ -35,17 +47,22 @@ process.on("exit", () => {
 
 /**
  * Start `keel serve` with extra flags; resolves once it listens and its engine is ready. The served model is the
- * generated `keel-tiny` (deterministic, fast) unless `flags` name another `--model_path`, or `options.noModelFlag`
- * leaves the flag out so that the server picks its own default (a real model).
+ * generated `keel-tiny` (deterministic, fast; `keel-tiny-f16` on OpenVINO) unless `flags` name another
+ * `--model_path`, or `options.noModelFlag` leaves the flag out so that the server picks its own default (a real model).
+ * `options.engine` (default llama.cpp) serves with `--engine <engine>`; for openvino the venv is built (or found)
+ * here first and handed to the server as KEEL_OPENVINO_PYTHON, so the server's start is not a venv build.
  */
-export async function startServer(flags: string[] = [], env: Record<string, string> = {}, options: { noModelFlag?: boolean } = {}): Promise<ServerHandle> {
-  const model = flags.includes("--model_path") || options.noModelFlag ? [] : ["--model_path", "keel-tiny"];
-  const proc = spawn(process.execPath, ["--unhandled-rejections=strict", BIN, "serve", "--rest_port", "0", "--rest_bind_address", "127.0.0.1", ...model, ...flags], {
+export async function startServer(flags: string[] = [], env: Record<string, string> = {}, options: { noModelFlag?: boolean; engine?: EngineUnderTest } = {}): Promise<ServerHandle> {
+  const engine = options.engine ?? "llama.cpp";
+  const model = flags.includes("--model_path") || options.noModelFlag ? [] : ["--model_path", TINY_MODEL_FOR[engine]];
+  const engineFlag = engine === "openvino" && !flags.includes("--engine") ? ["--engine", "openvino"] : [];
+  const engineEnv = engine === "openvino" && env["KEEL_OPENVINO_PYTHON"] === undefined ? { KEEL_OPENVINO_PYTHON: await ensureOpenvinoVenv() } : {};
+  const proc = spawn(process.execPath, ["--unhandled-rejections=strict", BIN, "serve", "--rest_port", "0", "--rest_bind_address", "127.0.0.1", ...engineFlag, ...model, ...flags], {
     cwd: ROOT,
     stdio: ["ignore", "pipe", "pipe"],
     // Its own process group, like a job started from a terminal (tests send Ctrl-C to the group).
     detached: true,
-    env: { ...process.env, ...env },
+    env: { ...process.env, ...engineEnv, ...env },
   });
   running.add(proc);
   proc.once("exit", () => running.delete(proc));

@@ -2,7 +2,8 @@
  * The request fields of the whole sampling set shared by chat and completions (vLLM/OpenAI names), their
  * validation, and their mapping to the protocol's {@link SamplingParams}. A field at its no-op value (penalty 0,
  * repetition 1, min_p 0, empty bias / stop ids, min_tokens 0) is not sent, so a request that uses none of them
- * runs on any engine; any other value needs the engine's `extendedSampling` capability or is refused (400).
+ * runs on any engine; any other value needs the engine's `extendedSampling` capability (or the field in its
+ * `samplingFields` list) or is refused (400).
  */
 import { z } from "zod";
 import type { EngineCapabilities, SamplingParams } from "../../protocol/messages.js";
@@ -116,8 +117,11 @@ export function checkCapabilities(
   caps: EngineCapabilities,
   vocabSize: number,
 ): KeelHttpError | null {
+  // Every extended field with extendedSampling; else only those the engine lists in samplingFields (the OpenVINO
+  // engine applies penalties, min_p, min_tokens and stop ids but has no logit_bias).
   if (!caps.extendedSampling) {
-    const first = (Object.keys(ext) as (keyof ExtendedSampling)[])[0];
+    const applied = new Set(caps.samplingFields ?? []);
+    const first = (Object.keys(ext) as (keyof ExtendedSampling)[]).find((k) => !applied.has(k));
     if (first) return unsupportedField(EXTENDED_FIELD_NAMES[first], "The current engine does not apply this sampling parameter.");
   }
   if (logprobs && logprobs.n > caps.maxTopLogprobs) {

@@ -1,0 +1,109 @@
+import path from "node:path";
+import { afterEach, describe, expect, it, vi } from "vitest";
+import { parseServeFlags } from "../cli.js";
+import { DEFAULT_ENGINE_COMMAND } from "../gateway/engine-client.js";
+import { OPENVINO_WORKER } from "../engine-openvino/venv.js";
+import { chooseEngine, engineCommandFor, engineFlagProblems, kvBlockTokens, openvinoConfigFields, openvinoKvElementBytes } from "./engine-choice.js";
+
+const HOST = { logicalCpus: 16, physicalCores: 16 };
+const parse = (...argv: string[]): Record<string, unknown> => parseServeFlags(argv, HOST);
+const problems = (engine: "llama.cpp" | "openvino", ...argv: string[]): string[] => {
+  const f = parse(...argv);
+  return engineFlagProblems(engine, f, f["given"] as Set<string>);
+};
+
+describe("chooseEngine: --engine auto | llama.cpp | openvino", () => {
+  const gguf = { kind: "file", path: "/m/model.gguf" };
+  const ir = { kind: "openvino-ir", path: "/m/ir", gguf: null };
+  const irWithGguf = { kind: "openvino-ir", path: "/m/ir", gguf: "/m/ir/model.gguf" };
+
+  it("auto: an IR directory → openvino, a GGUF → llama.cpp", () => {
+    expect(chooseEngine("auto", ir)).toEqual({ engine: "openvino", modelPath: "/m/ir", why: "an OpenVINO IR directory (--engine auto)" });
+    expect(chooseEngine("auto", gguf)).toMatchObject({ engine: "llama.cpp", modelPath: "/m/model.gguf" });
+    expect(chooseEngine("auto", { kind: "tiny", path: "/models/keel-tiny.gguf" }).engine).toBe("llama.cpp");
+    // The IR saved next to a GGUF: the IR serves (it loads faster).
+    expect(chooseEngine("auto", irWithGguf)).toMatchObject({ engine: "openvino", modelPath: "/m/ir" });
+  });
+
+  it("--engine openvino serves a GGUF or an IR directory", () => {
+    expect(chooseEngine("openvino", gguf)).toMatchObject({ engine: "openvino", modelPath: "/m/model.gguf" });
+    expect(chooseEngine("openvino", ir)).toMatchObject({ engine: "openvino", modelPath: "/m/ir", why: "--engine openvino" });
+  });
+
+  it("--engine llama.cpp refuses an IR directory clearly, unless a GGUF sits next to the IR", () => {
+    expect(() => chooseEngine("llama.cpp", ir)).toThrow("--engine llama.cpp cannot serve /m/ir: it is an OpenVINO IR directory (openvino_model.xml) and llama.cpp serves GGUF files only; use --engine openvino (or auto), or pass a GGUF file");
+    expect(chooseEngine("llama.cpp", irWithGguf)).toMatchObject({ engine: "llama.cpp", modelPath: "/m/ir/model.gguf" });
+    expect(chooseEngine("llama.cpp", gguf)).toMatchObject({ engine: "llama.cpp", why: "--engine llama.cpp" });
+  });
+});
+
+describe("flags per engine", () => {
+  it("--engine and --num_kv_blocks parse; bad values are refused", () => {
+    expect(parse()["engine"]).toBe("auto");
+    expect(parse("--engine", "openvino", "--num_kv_blocks", "64")).toMatchObject({ engine: "openvino", num_kv_blocks: 64 });
+    expect(() => parse("--engine", "vllm")).toThrow('--engine must be one of auto, llama.cpp, openvino, got "vllm"');
+    expect(() => parse("--num_kv_blocks", "0")).toThrow(/--num_kv_blocks must be an integer between 1 and/);
+  });
+
+  it("--num_kv_blocks with the llama.cpp engine is refused (it has no shared pool); fine with openvino", () => {
+    expect(problems("llama.cpp", "--num_kv_blocks", "16")).toEqual([expect.stringContaining("--num_kv_blocks sets the OpenVINO engine's shared KV block pool; the llama.cpp engine has none")]);
+    expect(problems("openvino", "--num_kv_blocks", "16")).toEqual([]);
+    expect(problems("llama.cpp")).toEqual([]);
+  });
+
+  it("--flash_attention true (a llama.cpp setting) is refused with openvino; a plugin value OpenVINO cannot take is named", () => {
+    expect(problems("openvino", "--flash_attention", "true")).toEqual([expect.stringContaining("--flash_attention is a llama.cpp setting")]);
+    expect(problems("openvino", "--flash_attention", "false")).toEqual([]);
+    expect(problems("llama.cpp", "--flash_attention", "true")).toEqual([]);
+    expect(problems("openvino", "--plugin_config", '{"NUM_STREAMS":2,"X":{"a":1}}')).toEqual(["--plugin_config X: the OpenVINO engine passes each key to OpenVINO as a string, number or boolean, got an object"]);
+  });
+
+  it("the OpenVINO fields of the engine configuration: kvBlocks, cacheGb (> 0 only), the raw plugin config, deterministic, cacheDir", () => {
+    const env = { KEEL_CACHE_DIR: "/var/cache/keel" };
+    const f = parse("--num_kv_blocks", "16", "--cache_size", "2", "--plugin_config", '{"INFERENCE_PRECISION_HINT":"f32","PERFORMANCE_HINT":"LATENCY","NUM_STREAMS":1}', "--deterministic", "true");
+    expect(openvinoConfigFields("openvino", f, env)).toEqual({
+      kvBlocks: 16,
+      cacheGb: 2,
+      pluginConfig: { INFERENCE_PRECISION_HINT: "f32", PERFORMANCE_HINT: "LATENCY", NUM_STREAMS: 1 },
+      deterministic: true,
+      cacheDir: path.resolve("/var/cache/keel"),
+    });
+    expect(openvinoConfigFields("openvino", parse(), env)).toEqual({ deterministic: false, cacheDir: path.resolve("/var/cache/keel") });
+    // llama.cpp gets none of them (it refuses kvBlocks and the raw plugin config).
+    expect(openvinoConfigFields("llama.cpp", f, env)).toEqual({});
+  });
+
+  it("--plugin_config: llama.cpp's 'not applied' lines are for llama.cpp only; on openvino every key is said to be passed to OpenVINO", () => {
+    const notes = parse("--plugin_config", '{"PERFORMANCE_HINT":"LATENCY","ENABLE_CPU_PINNING":true}')["notes"] as { level: string; msg: string; engine?: string }[];
+    const forEngine = (e: string) => notes.filter((n) => n.engine === undefined || n.engine === e).map((n) => n.msg);
+    expect(forEngine("openvino").filter((m) => m.startsWith("--plugin_config"))).toEqual(["--plugin_config: every key is passed to OpenVINO as given (PERFORMANCE_HINT, ENABLE_CPU_PINNING)"]);
+    expect(forEngine("llama.cpp").filter((m) => m.startsWith("--plugin_config"))).toEqual([
+      expect.stringContaining("PERFORMANCE_HINT is an OpenVINO runtime property with no llama.cpp equivalent; not applied"),
+      expect.stringContaining("ENABLE_CPU_PINNING true is not applied"),
+    ]);
+  });
+
+  it("KV bytes per element as the OpenVINO engine sizes --cache_size: f32 on CPU, the KV type elsewhere, KV_CACHE_PRECISION of --plugin_config first", () => {
+    expect(openvinoKvElementBytes("cpu", "f16")).toBe(4);
+    expect(openvinoKvElementBytes("gpu", "f16")).toBe(2);
+    expect(openvinoKvElementBytes("gpu", "q8_0")).toBe(1);
+    expect(openvinoKvElementBytes("cpu", "f16", { KV_CACHE_PRECISION: "u8" })).toBe(1);
+    expect(openvinoKvElementBytes("auto", "q8_0", { KV_CACHE_PRECISION: "F16" })).toBe(2);
+  });
+
+  it("KV blocks are 32 tokens on CPU, 16 on GPU", () => {
+    expect([kvBlockTokens("cpu"), kvBlockTokens("auto"), kvBlockTokens("gpu")]).toEqual([32, 32, 16]);
+  });
+});
+
+describe("engineCommandFor", () => {
+  afterEach(() => void vi.unstubAllEnvs());
+
+  it("KEEL_ENGINE_COMMAND (the override) wins; llama.cpp is this package's engine; openvino runs worker.py with the venv's python", async () => {
+    const fake = { command: "node", args: ["fake-engine.mjs"] };
+    expect(await engineCommandFor("openvino", fake, () => undefined)).toBe(fake);
+    expect(await engineCommandFor("llama.cpp", null, () => undefined)).toBe(DEFAULT_ENGINE_COMMAND);
+    vi.stubEnv("KEEL_OPENVINO_PYTHON", "/opt/ov/bin/python");
+    expect(await engineCommandFor("openvino", null, () => undefined)).toEqual({ command: "/opt/ov/bin/python", args: [OPENVINO_WORKER] });
+  });
+});

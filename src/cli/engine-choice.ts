@@ -1,0 +1,123 @@
+/**
+ * Which engine serves a model (`--engine auto | llama.cpp | openvino`), what its start configuration gets from the
+ * OpenVINO-only flags, which flags an engine refuses, and the command that runs it. One rule for `keel serve` flags
+ * (cli.ts) and `--config_path` entries (serve-config.ts).
+ *
+ * auto: an OpenVINO IR directory (`openvino_model.xml`) → openvino; a GGUF → llama.cpp. `--engine openvino` serves a
+ * GGUF too (OpenVINO GenAI loads llama/qwen2/qwen3 GGUFs); `--engine llama.cpp` cannot serve an IR directory.
+ *
+ * @module
+ */
+import path from "node:path";
+import { DEFAULT_ENGINE_COMMAND } from "../gateway/engine-client.js";
+import { ensureOpenvinoVenv, openvinoEngineCommand } from "../engine-openvino/venv.js";
+import { modelCacheDir } from "../model/model-cache.js";
+import type { EngineCommand, EngineConfig } from "../protocol/engine-config.js";
+
+/** The engines Keel runs. */
+export const ENGINES = ["llama.cpp", "openvino"] as const;
+/** One engine. */
+export type EngineName = (typeof ENGINES)[number];
+/** `--engine`'s values. */
+export const ENGINE_FLAG_VALUES = ["auto", ...ENGINES] as const;
+export type EngineFlag = (typeof ENGINE_FLAG_VALUES)[number];
+
+/** The model as the choice sees it (a ServeModel): a GGUF file, or an IR directory (kind "openvino-ir", and a GGUF next to it or null). */
+export interface ModelToServe {
+  kind: string;
+  path: string;
+  gguf?: string | null;
+}
+
+/** The engine that serves a model, the path it loads, and why (for the start log). */
+export interface EngineChoice {
+  engine: EngineName;
+  /** What the engine loads: a GGUF file or an IR directory. */
+  modelPath: string;
+  why: string;
+}
+
+/**
+ * Pick the engine for `model` under `--engine flag`.
+ * @throws Error (a bad flag combination, exit 2) when llama.cpp is asked to serve an IR directory without a GGUF
+ */
+export function chooseEngine(flag: EngineFlag, model: ModelToServe): EngineChoice {
+  if (model.kind === "openvino-ir") {
+    const ir = { path: model.path, gguf: model.gguf ?? null };
+    if (flag !== "llama.cpp") return { engine: "openvino", modelPath: ir.path, why: flag === "auto" ? "an OpenVINO IR directory (--engine auto)" : "--engine openvino" };
+    if (ir.gguf !== null) return { engine: "llama.cpp", modelPath: ir.gguf, why: `--engine llama.cpp: the GGUF next to the IR (${path.basename(ir.gguf)})` };
+    throw new Error(`--engine llama.cpp cannot serve ${ir.path}: it is an OpenVINO IR directory (openvino_model.xml) and llama.cpp serves GGUF files only; use --engine openvino (or auto), or pass a GGUF file`);
+  }
+  if (flag === "openvino") return { engine: "openvino", modelPath: model.path, why: "--engine openvino (OpenVINO GenAI loads the GGUF)" };
+  return { engine: "llama.cpp", modelPath: model.path, why: flag === "auto" ? "a GGUF file (--engine auto)" : "--engine llama.cpp" };
+}
+
+/**
+ * Flags the chosen engine cannot honour (refused, exit 2; never accepted and ignored).
+ * @param f parsed flags (or a config entry's merged settings); `given` the flag names set explicitly
+ */
+export function engineFlagProblems(engine: EngineName, f: Record<string, unknown>, given: ReadonlySet<string>): string[] {
+  const problems: string[] = [];
+  if (engine === "llama.cpp") {
+    if (f["num_kv_blocks"] !== undefined) {
+      problems.push("--num_kv_blocks sets the OpenVINO engine's shared KV block pool; the llama.cpp engine has none (its KV is one partition per sequence: size it with --cache_size or --max_model_len), so it is refused with the llama.cpp engine (use --engine openvino)");
+    }
+    return problems;
+  }
+  if (f["flash_attention"] === true && given.has("flash_attention")) {
+    problems.push("--flash_attention is a llama.cpp setting; the OpenVINO engine chooses its attention kernels itself, so it is refused with --engine openvino");
+  }
+  const plugin = f["pluginConfig"] as Record<string, unknown> | undefined;
+  for (const [key, value] of Object.entries(plugin ?? {})) {
+    if (typeof value !== "string" && typeof value !== "number" && typeof value !== "boolean") {
+      problems.push(`--plugin_config ${key}: the OpenVINO engine passes each key to OpenVINO as a string, number or boolean, got ${Array.isArray(value) ? "an array" : value === null ? "null" : "an object"}`);
+    }
+  }
+  return problems;
+}
+
+/**
+ * The OpenVINO-only fields of the engine configuration (protocol/engine-config.ts) from the flags: `--num_kv_blocks`
+ * → kvBlocks, `--cache_size` > 0 → cacheGb, `--plugin_config` as given → pluginConfig, `--deterministic` →
+ * deterministic, and the engine-side cache directory. None of them for llama.cpp (it refuses kvBlocks and never
+ * receives the raw plugin config: the CLI maps the keys it understands).
+ */
+export function openvinoConfigFields(engine: EngineName, f: Record<string, unknown>, env: NodeJS.ProcessEnv = process.env): Partial<EngineConfig> {
+  if (engine !== "openvino") return {};
+  const out: Partial<EngineConfig> = { deterministic: f["deterministic"] === true, cacheDir: path.dirname(modelCacheDir(env)) };
+  if (f["num_kv_blocks"] !== undefined) out.kvBlocks = f["num_kv_blocks"] as number;
+  if ((f["cache_size"] as number | undefined) !== undefined && (f["cache_size"] as number) > 0) out.cacheGb = f["cache_size"] as number;
+  if (f["pluginConfig"] !== undefined) out.pluginConfig = f["pluginConfig"] as Record<string, string | number | boolean>;
+  return out;
+}
+
+/** Bytes per KV element of OpenVINO's KV precisions. */
+const OPENVINO_KV_BYTES: Record<string, number> = { f32: 4, f16: 2, bf16: 2, u8: 1, u4: 0.5 };
+
+/**
+ * Bytes per KV element the OpenVINO engine will use, to turn `--cache_size` GB into pool tokens the way the engine
+ * does (src/engine-openvino/worker.py compile_properties): on CPU f32 (its exact numerics), elsewhere the KV cache
+ * type; a `KV_CACHE_PRECISION` in `--plugin_config` wins.
+ */
+export function openvinoKvElementBytes(device: EngineConfig["device"], kvCacheType: EngineConfig["kvCacheType"], pluginConfig?: Record<string, unknown>): number {
+  const fromType = { f16: "f16", f32: "f32", q8_0: "u8", q4_0: "u4" }[kvCacheType];
+  const fromPlugin = pluginConfig?.["KV_CACHE_PRECISION"];
+  const kv = typeof fromPlugin === "string" ? fromPlugin.toLowerCase() : device === "cpu" ? "f32" : fromType;
+  return OPENVINO_KV_BYTES[kv] ?? 2;
+}
+
+/** Tokens in one KV block of OpenVINO GenAI: 32 on CPU, 16 on GPU (openvino-engine.md §1). */
+export function kvBlockTokens(device: EngineConfig["device"]): number {
+  return device === "gpu" ? 16 : 32;
+}
+
+/**
+ * The command that runs `engine`: `override` (KEEL_ENGINE_COMMAND, parsed by the caller) wins over everything; the
+ * OpenVINO engine's venv is built first when missing (logged through `log`).
+ * @throws OpenvinoVenvError when the venv cannot be built
+ */
+export async function engineCommandFor(engine: EngineName, override: EngineCommand | null, log: (line: string) => void): Promise<EngineCommand> {
+  if (override !== null) return override;
+  if (engine === "llama.cpp") return DEFAULT_ENGINE_COMMAND;
+  return openvinoEngineCommand(await ensureOpenvinoVenv({ log }));
+}

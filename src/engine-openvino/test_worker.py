@@ -1,0 +1,104 @@
+"""Unit tests of the OpenVINO worker's pure parts (run by worker.unit.test.ts with the engine's venv python)."""
+import json
+import os
+import struct
+import sys
+import tempfile
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from channel import FrameDecoder, encode_frame  # noqa: E402
+from messages import parse_message, sampling_error  # noqa: E402
+from worker import ByteDetokenizer, Detokenizer, compile_properties, is_hybrid, prefix_caching_for  # noqa: E402
+
+BASE = {"maxTokens": 4, "temperature": 0, "topP": 1, "topK": -1, "seed": 1, "ignoreEos": False}
+
+
+class Framing(unittest.TestCase):
+    def test_round_trip_split_anywhere(self):
+        data = encode_frame({"v": 1, "type": "ping", "nonce": 3}) + encode_frame({"a": "é"})
+        for cut in range(len(data) + 1):
+            d = FrameDecoder()
+            frames = d.push(data[:cut]) + d.push(data[cut:])
+            self.assertEqual(frames, [{"v": 1, "type": "ping", "nonce": 3}, {"a": "é"}])
+
+    def test_oversized_and_junk_frames_are_reported_and_skipped(self):
+        d = FrameDecoder(max_frame_bytes=8)
+        big = struct.pack(">I", 20) + b"x" * 20
+        junk = struct.pack(">I", 3) + b"{no"
+        frames = d.push(big + junk + encode_frame({"k": 1}))
+        self.assertEqual(len(frames), 3)
+        self.assertIn("exceeds", frames[0])
+        self.assertIn("not JSON", frames[1])
+        self.assertEqual(frames[2], {"k": 1})
+
+
+class Validation(unittest.TestCase):
+    def test_ranges(self):
+        self.assertIsNone(sampling_error(BASE))
+        for bad in ({"temperature": 3}, {"topP": 0}, {"topK": -2}, {"seed": -1}, {"repetitionPenalty": 0},
+                    {"presencePenalty": 2.5}, {"minP": 1.5}, {"maxTokens": 0}, {"minTokens": 5},
+                    {"logitBias": [[1, 2], [1, 3]]}, {"logprobs": -1}, {"bogus": 1}, {"ignoreEos": 1}):
+            self.assertIsNotNone(sampling_error({**BASE, **bad}), bad)
+
+    def test_messages(self):
+        self.assertEqual(parse_message({"v": 2, "type": "ping", "nonce": 1})[0], "protocol_error")
+        self.assertEqual(parse_message({"v": 1, "type": "reboot"})[0], "protocol_error")
+        self.assertEqual(parse_message({"v": 1, "type": "add", "prompt": {"text": "x"}, "params": BASE})[0], "protocol_error")
+        refused = parse_message({"v": 1, "type": "add", "id": "a", "prompt": {"text": "x"}, "params": {**BASE, "temperature": 9}})
+        self.assertEqual(refused[:2], ("refuse", "a"))
+        self.assertEqual(parse_message({"v": 1, "type": "add", "id": "a", "prompt": {"tokens": [1]}, "params": BASE})[0], "ok")
+
+
+class Text(unittest.TestCase):
+    TABLE = [b"a", b"\xc3", b"\xa9", b"\x80", b"<|x|>"]
+
+    def test_bytes_split_character_held_back_then_completed(self):
+        d = ByteDetokenizer(self.TABLE, [])
+        self.assertEqual(d.push([0, 1]), "a")
+        self.assertEqual(d.push([2]), "é")
+
+    def test_invalid_byte_becomes_replacement_and_final_flushes(self):
+        d = ByteDetokenizer(self.TABLE, [])
+        self.assertEqual(d.push([3, 0]), "\ufffda")
+        self.assertEqual(d.push([1]), "")
+        self.assertEqual(d.push([], final=True), "\ufffd")
+
+    def test_resume_priming_completes_a_split_character_without_repeating(self):
+        d = ByteDetokenizer(self.TABLE, [0, 1])
+        self.assertEqual(d.push([2, 4]), "é<|x|>")
+
+    def test_window_detokenizer_concatenates_to_the_whole(self):
+        pieces = {1: "he", 2: "llo", 3: " wor", 4: "ld"}
+        decode = lambda ids: "".join(pieces[i] for i in ids)  # noqa: E731
+        d = Detokenizer(decode, [])
+        out = "".join(d.push([t]) for t in [1, 2, 3, 4]) + d.push([], final=True)
+        self.assertEqual(out, "hello world")
+
+
+class Settings(unittest.TestCase):
+    CFG = {"threads": 2, "kvCacheType": "f16", "device": "cpu", "prefixCaching": True}
+
+    def test_exact_numerics_by_default_on_cpu_and_plugin_config_overrides_with_a_note(self):
+        props, notes = compile_properties(self.CFG)
+        self.assertEqual((props["INFERENCE_PRECISION_HINT"], props["KV_CACHE_PRECISION"], props["DYNAMIC_QUANTIZATION_GROUP_SIZE"]), ("f32", "f32", "0"))
+        self.assertEqual(notes, [])
+        props, notes = compile_properties({**self.CFG, "pluginConfig": {"INFERENCE_PRECISION_HINT": "bf16"}})
+        self.assertEqual(props["INFERENCE_PRECISION_HINT"], "bf16")
+        self.assertEqual(len(notes), 1)
+
+    def test_hybrid_models_run_without_prefix_caching(self):
+        with tempfile.TemporaryDirectory() as d:
+            with open(os.path.join(d, "config.json"), "w") as f:
+                json.dump({"model_type": "qwen3_next", "layer_types": ["linear_attention", "full_attention"]}, f)
+            self.assertTrue(is_hybrid(d))
+            on, why = prefix_caching_for(self.CFG, d)
+            self.assertFalse(on)
+            self.assertIn("hybrid", why)
+            with open(os.path.join(d, "config.json"), "w") as f:
+                json.dump({"model_type": "qwen2", "layer_types": ["full_attention"] * 2}, f)
+            self.assertEqual(prefix_caching_for(self.CFG, d), (True, None))
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,88 @@
+/**
+ * The OpenVINO engine's guards (issue #11), driven over the protocol like the conformance suite: a KV pool far
+ * smaller than the load makes OpenVINO preempt, and every greedy stream still equals its solo run; a request that
+ * could outgrow the whole pool is refused at add while its neighbours finish; a step() exception is fatal (the
+ * worker exits non-zero after a `fatal`, so the gateway's restart-and-resume takes over).
+ */
+import path from "node:path";
+import { afterEach, describe, expect, it } from "vitest";
+import { DEFAULT_MODEL_OPTIONS, ensureDefaultModel } from "../../src/model/default-model.js";
+import { PROTOCOL_VERSION, type RequestOutput, type SamplingParams, type StepMessage } from "../../src/protocol/messages.js";
+import type { EngineConfig } from "../../src/protocol/engine-config.js";
+import { ROOT } from "../support/server.js";
+import { openvinoPython } from "../support/openvino.js";
+import { isReady, launch, type EngineProcess } from "./engine-conformance.js";
+
+const BLOCK = 32;
+let engine: EngineProcess | null = null;
+
+afterEach(async () => {
+  if (engine && engine.child.exitCode === null && engine.child.signalCode === null) engine.child.kill("SIGKILL");
+  await engine?.exited;
+  engine = null;
+});
+
+async function start(config: Partial<EngineConfig>, env: Record<string, string> = {}): Promise<EngineProcess> {
+  const modelPath = await ensureDefaultModel({ model: { ...DEFAULT_MODEL_OPTIONS, f16: true } });
+  engine = launch({
+    command: await openvinoPython(),
+    args: [path.join(ROOT, "src", "engine-openvino", "worker.py")],
+    config: { mode: "serve", modelPath, maxNumSeqs: 4, maxNumBatchedTokens: 16, maxModelLen: 512, prefixCaching: false, threads: 1, flashAttention: false, kvCacheType: "f16", device: "cpu", ...config },
+    env,
+  });
+  await engine.waitFor(isReady);
+  return engine;
+}
+
+const params = (p: Partial<SamplingParams> = {}): SamplingParams => ({ maxTokens: 8, temperature: 0, topP: 1, topK: -1, seed: 1, ignoreEos: true, ...p });
+const add = (e: EngineProcess, id: string, text: string, p: Partial<SamplingParams> = {}): void =>
+  e.send({ v: PROTOCOL_VERSION, type: "add", id, prompt: { text }, params: params(p) });
+const tokensOf = (outs: RequestOutput[]): number[] => outs.flatMap((o) => o.tokens);
+const PROMPTS = ["the mill by the river", "queues and servers", "a long walk at dawn", "four streams at once"];
+
+describe("OpenVINO engine guards", () => {
+  it("a pool of 8 blocks under 4 streams of 200 tokens: OpenVINO preempts (stats.preemptions > 0) and every stream equals its solo run", { timeout: 120_000 }, async () => {
+    const e = await start({ kvBlocks: 8 });
+    const solo: number[][] = [];
+    for (const [i, p] of PROMPTS.entries()) {
+      add(e, `solo-${i}`, p, { maxTokens: 180 });
+      solo.push(tokensOf(await e.finished(`solo-${i}`)));
+    }
+    const before = e.steps().at(-1)!.stats.preemptions ?? 0;
+    PROMPTS.forEach((p, i) => add(e, `together-${i}`, p, { maxTokens: 180 }));
+    for (const [i] of PROMPTS.entries()) {
+      const outs = await e.finished(`together-${i}`);
+      expect(outs.at(-1)!.finish!.reason).toBe("length");
+      expect(tokensOf(outs), `stream ${i}`).toEqual(solo[i]);
+    }
+    const after = e.steps().at(-1)!.stats.preemptions ?? 0;
+    expect(after).toBeGreaterThan(before);
+    // The pool was full at some point while they ran together.
+    const peak = Math.max(...e.steps().map((s: StepMessage) => s.stats.kvTokensInUse ?? 0));
+    expect(peak).toBeGreaterThan(0.75 * 8 * BLOCK);
+  });
+
+  it("a request whose prompt + max_tokens exceeds the whole pool is refused at add; its neighbours finish", async () => {
+    const e = await start({ kvBlocks: 8 });
+    add(e, "neighbour", PROMPTS[0]!, { maxTokens: 40 });
+    add(e, "too-big", PROMPTS[1]!, { maxTokens: 8 * BLOCK });
+    const err = await e.refused("too-big");
+    expect(err.code).toBe("context_length_exceeded");
+    expect(err.message).toMatch(/pool/);
+    expect((await e.finished("neighbour")).at(-1)!.finish!.reason).toBe("length");
+    // Without max_tokens the request runs until the pool's capacity instead of being refused.
+    add(e, "open-ended", PROMPTS[2]!, { maxTokens: null });
+    const outs = await e.finished("open-ended");
+    expect(outs.at(-1)!.finish!.reason).toBe("length");
+    expect(outs.at(-1)!.finish!.promptTokens + outs.at(-1)!.finish!.completionTokens).toBeLessThanOrEqual(8 * BLOCK);
+  });
+
+  it("a step() exception is fatal: `fatal`, then exit 1 (the gateway restarts and resumes)", async () => {
+    const e = await start({}, { KEEL_FAULT_INJECTION: JSON.stringify({ throwAtStep: 3 }) });
+    add(e, "victim", PROMPTS[0]!, { maxTokens: 20 });
+    const fatal = await e.waitFor((m) => m.type === "fatal");
+    expect(fatal.type === "fatal" && fatal.message).toMatch(/step\(\) failed/);
+    expect(await e.exited).toEqual({ code: 1, signal: null });
+    expect(e.outputsOf("victim").some((o) => o.finish)).toBe(false);
+  });
+});
