@@ -549,6 +549,25 @@ def _publish(tmp: str, final: str, fingerprint: dict, log: Log) -> str:
     raise PrepError(f"could not move the prepared model into {final}")
 
 
+def _drop_older_versions(final: str, source: str, log: Log) -> None:
+    """Removes the other prepared folders of the same source path (made before the file changed: another size or
+    mtime gives another key), so that updating a model in place does not pile up IRs in the cache."""
+    parent, real = os.path.dirname(final), os.path.realpath(source)
+    stem = os.path.basename(final)[:-13]  # "<stem>-<key12>"
+    for name in os.listdir(parent):
+        folder = os.path.join(parent, name)
+        if name == os.path.basename(final) or not re.fullmatch(re.escape(stem) + r"-[0-9a-f]{12}", name):
+            continue
+        try:
+            with open(os.path.join(folder, MANIFEST_FILE), encoding="utf-8") as f:
+                if json.load(f)["source"]["path"] != real:
+                    continue
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # not a folder this code completed: left alone
+        log(f"prep: removing {folder}, prepared from an earlier version of {real}")
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Entry point
 
@@ -617,6 +636,7 @@ def prepare(model_path: str, cache_dir: str, log: Log = _no_log) -> str:
         # 4. Manifest last, then the atomic rename.
         _write_manifest(tmp, model_path, fingerprint, plan, timings)
         published = _publish(tmp, final, fingerprint, log)
+        _drop_older_versions(published, model_path, log)
         log(f"prep: ready: {published} (this run: {time.monotonic() - started:.1f} s; "
             f"re-encode {timings['reencode']} s, conversion {timings['convert']} s)")
         return published

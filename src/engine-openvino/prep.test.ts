@@ -209,7 +209,7 @@ describe("prep.py: the cache under concurrency and damage", () => {
     expect(fs.readdirSync(path.join(cache, "openvino")).sort()).toEqual([path.basename(source), "race-target"]);
   }, 120_000);
 
-  it("a damaged prepared folder is rebuilt in place, sweeping a temp folder its dead preparer left; a changed source gets a new folder", async () => {
+  it("a damaged prepared folder is rebuilt in place, sweeping a temp folder its dead preparer left; a changed source gets a new folder and its old one goes", async () => {
     const cache = freshCache("damage");
     const model = path.join(tmp, "damage-model.gguf");
     fs.copyFileSync(tinyF16, model);
@@ -228,6 +228,14 @@ describe("prep.py: the cache under concurrency and damage", () => {
     expect(isComplete(dir)).toBe(true);
     expect(fs.readdirSync(path.join(cache, "openvino"))).toEqual([path.basename(dir)]);
 
+    // Another source file whose stem is the same (same file name in another folder): a separate folder, kept.
+    const elsewhere = path.join(tmp, "elsewhere");
+    fs.mkdirSync(elsewhere, { recursive: true });
+    fs.copyFileSync(tinyF16, path.join(elsewhere, "damage-model.gguf"));
+    const other = (await prepCli(path.join(elsewhere, "damage-model.gguf"), cache)).path!;
+    expect(path.basename(other)).toMatch(/^damage-model-[0-9a-f]{12}$/);
+    expect(other).not.toBe(dir);
+
     const later = new Date(fs.statSync(model).mtimeMs + 5_000);
     fs.utimesSync(model, later, later);
     const changed = await prepCli(model, cache);
@@ -235,6 +243,9 @@ describe("prep.py: the cache under concurrency and damage", () => {
     expect(changed.path).not.toBe(dir);
     expect(path.basename(changed.path!)).toMatch(/^damage-model-[0-9a-f]{12}$/);
     expect(isComplete(changed.path!)).toBe(true);
+    // The earlier version's folder is gone; another model's folder with a similar name is not touched.
+    expect(changed.stderr).toContain(`removing ${dir}, prepared from an earlier version of ${fs.realpathSync(model)}`);
+    expect(fs.readdirSync(path.join(cache, "openvino")).sort()).toEqual([path.basename(changed.path!), path.basename(other)].sort());
   }, 180_000);
 });
 
