@@ -462,7 +462,11 @@ def reencode_gguf(source: str, target: str, plan: list[Reencoding], log: Log = _
             if r is None:
                 out.write(stored(t))
             else:
-                encoded = reencode_rows(stored(t), r.source_type, r.target_type)
+                try:
+                    encoded = reencode_rows(stored(t), r.source_type, r.target_type)
+                except NotImplementedError:
+                    raise PrepError(f"{source}: tensor {t.name} is {r.source_type.name}, which neither OpenVINO GenAI "
+                                    f"nor the gguf package's decoder reads; use a GGUF with other quantization") from None
                 expected = GgufTensor(t.name, t.dims, r.target_type, 0).nbytes
                 if encoded.nbytes != expected:
                     raise PrepError(f"re-encoding {t.name} gave {encoded.nbytes} bytes, expected {expected}")
