@@ -554,6 +554,14 @@ class Engine:
             outputs[rid] = {"id": rid, "tokens": [], "text": ""}
         return outputs[rid]
 
+    def blocks_for(self, tokens: int) -> int:
+        return -(-(tokens + 1) // self.block)
+
+    def fits(self, req: Request) -> bool:
+        """Whether the pool holds every admitted request's current tokens and `req`'s prompt (admission rule)."""
+        held = sum(self.blocks_for(r.input_len + len(r.produced)) for r in self.running.values())
+        return held + self.blocks_for(req.input_len) <= self.kv_blocks
+
     def stop_cut(self, req: Request, got: list[int]) -> Optional[int]:
         """Length of `got` up to and including the first stop token allowed to end `req`, or None."""
         stops = req.params.get("stopTokenIds")
@@ -622,8 +630,12 @@ class Engine:
                     req.handle.stop()
                     self.running = {k: r for k, r in self.running.items() if r is not req}
                 self.finish(req, "abort", self.output_for(outputs, rid))
-            # 3. Admit while fewer than maxNumSeqs run (OpenVINO then schedules and preempts among them).
-            while self.waiting and len(self.running) < int(self.cfg["maxNumSeqs"]):
+            # 3. Admit while fewer than maxNumSeqs run and the pool holds what every admitted request has now plus the
+            #    new prompt (a block of headroom each). OpenVINO prefills several prompts chunk by chunk without
+            #    reserving their blocks: prompts that do not fit together fill the pool half-prefilled, nothing can be
+            #    scheduled, and OpenVINO turns requests IGNORED (seen with 4 prompts of 13 blocks in a 16-block pool).
+            #    Growth while decoding may still overrun the pool: that is what OpenVINO's preemption handles.
+            while self.waiting and len(self.running) < int(self.cfg["maxNumSeqs"]) and self.fits(self.waiting[0]):
                 req = self.waiting.pop(0)
                 import numpy as np
                 import openvino as ov

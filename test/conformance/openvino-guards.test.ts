@@ -77,6 +77,22 @@ describe("OpenVINO engine guards", () => {
     expect(outs.at(-1)!.finish!.promptTokens + outs.at(-1)!.finish!.completionTokens).toBeLessThanOrEqual(8 * BLOCK);
   });
 
+  it("40 prompts of ~13 blocks through a 16-block pool all finish: admission keeps OpenVINO from half-prefilling them into an IGNORED deadlock", { timeout: 120_000 }, async () => {
+    // Prompts sharing a long prefix with prefix caching on (OVMS's default) are one way into the deadlock (aborts are
+    // another; the storm e2e covers them). Without the admission rule OpenVINO turns requests IGNORED and the worker exits.
+    const e = await start({ kvBlocks: 16, maxNumBatchedTokens: 32, prefixCaching: true });
+    const long = (i: number): string => "the river carries queues and servers past the old mill; ".repeat(21 + (i % 3)) + `question ${i}`;
+    const ids = Array.from({ length: 40 }, (_, i) => `long-${i}`);
+    ids.forEach((id, i) => add(e, id, long(i), { maxTokens: [1, 2, 8, 24][i % 4]! }));
+    for (const id of ids) {
+      const outs = await e.finished(id);
+      expect(outs.at(-1)!.finish!.reason, id).toBe("length");
+      expect(outs.find((o) => o.admitted)!.admitted!.promptTokens.length).toBeGreaterThan(11 * BLOCK);
+    }
+    expect(e.messages.some((m) => m.type === "fatal")).toBe(false);
+    expect(e.child.exitCode).toBeNull();
+  });
+
   it("a step() exception is fatal: `fatal`, then exit 1 (the gateway restarts and resumes)", async () => {
     const e = await start({}, { KEEL_FAULT_INJECTION: JSON.stringify({ throwAtStep: 3 }) });
     add(e, "victim", PROMPTS[0]!, { maxTokens: 20 });
