@@ -76,6 +76,23 @@ describe("StepObserver: metrics from step outputs in one place", () => {
   });
 });
 
+describe("StepObserver: requests scheduled per step", () => {
+  it("observes how many requests got a token in each step that decoded; a repeated step number (aborts only) adds nothing", async () => {
+    const t = setup();
+    const steps = new StepObserver(t.metrics);
+    const out = (id: string, tokens: number[]) => ({ id, tokens, text: "" });
+    steps.observe({ ...stepMsg(1, 0), outputs: [out("a", [5]), out("b", [6]), out("c", [])] });
+    steps.observe({ ...stepMsg(2, 0), outputs: [out("a", [7])] });
+    steps.observe({ ...stepMsg(2, 0), outputs: [out("b", [])] });
+    steps.observe({ ...stepMsg(3, 0), outputs: [out("c", [])] }); // a prefill-only step: nothing sampled
+    const text = await t.metrics.registry.getSingleMetricAsString("keel_engine_step_requests");
+    const line = (prefix: string): number => Number(text.split("\n").find((l) => l.startsWith(prefix))?.split(" ")[1]);
+    expect(line("keel_engine_step_requests_count ")).toBe(2);
+    expect(line("keel_engine_step_requests_sum ")).toBe(3);
+    expect(line('keel_engine_step_requests_bucket{le="1"} ')).toBe(1);
+  });
+});
+
 describe("StepObserver: preemptions from the engine's cumulative count", () => {
   const withPreemptions = (step: number, preemptions: number | undefined): StepMessage => {
     const m = stepMsg(step, 0);

@@ -52,6 +52,8 @@ export class StepObserver {
     if (msg.step > this.lastStep) {
       this.metrics.engineSteps.inc(msg.step - this.lastStep);
       this.lastStep = msg.step;
+      const scheduled = msg.outputs.filter((o) => o.tokens.length > 0).length;
+      if (scheduled > 0) this.metrics.stepRequests.observe(scheduled);
     }
     this.activeSequences = msg.stats.activeSequences;
     this.cachedSequences = msg.stats.cachedSequences;

@@ -51,6 +51,8 @@ export class Metrics {
   readonly requestsFinished: client.Counter<"finish_reason">;
   readonly engineRestarts: client.Counter<"reason">;
   readonly prefixCacheHitTokens: client.Counter;
+  /** Requests that got a token per decoding step: how many sequences the engine actually scheduled together. */
+  readonly stepRequests: client.Histogram;
   readonly requestsResumed: client.Counter;
   /** Guided requests whose constraint the engine dropped (they went on unconstrained). */
   readonly guidedDropped: client.Counter;
@@ -106,6 +108,12 @@ export class Metrics {
     });
     this.requestsRejected = labelled("keel_requests_rejected_total", "Requests refused, by reason (queue_full: 429; not_ready: 503; invalid_request: refused by the engine, e.g. context length)", "reason", ["queue_full", "not_ready", "invalid_request"]);
     this.engineSteps = new client.Counter({ name: "keel_engine_steps_total", help: "Engine steps that decoded a batch", registers });
+    this.stepRequests = new client.Histogram({
+      name: "keel_engine_step_requests",
+      help: "Requests that got a token in one engine step (the decode batch the engine scheduled), per step that decoded",
+      buckets: [1, 2, 4, 8, 16, 32, 64, 128, 256],
+      registers,
+    });
     this.clientDisconnects = labelled("keel_client_disconnects_total", "Clients that closed their connection before their response ended, by request phase", "phase", PHASES);
     this.requestsFinished = labelled("keel_requests_finished_total", "Requests that ended, by finish_reason (stop, length, abort, error)", "finish_reason", FINISH_REASONS);
     this.engineRestarts = labelled("keel_engine_restarts_total", "Engine processes restarted after an exit, by reason", "reason", ["exit", "signal", "watchdog"]);
