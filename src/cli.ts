@@ -361,8 +361,14 @@ export async function validateModel(config: Omit<EngineConfig, "mode">, command:
     return result.backend ? { ...result.metadata, backend: result.backend } : result.metadata;
   }
   if (stderr.includes(`"event":"${NO_GPU_EVENT}"`)) {
-    // Asked for a GPU, none loads: say so plainly (no model verdict, no silent CPU fallback).
-    throw new NoGpuError(`--target_device GPU: no GPU backend loads on this machine (node-llama-cpp's prebuilt CUDA, Vulkan and Metal backends were tried); run on the CPU with --target_device CPU, or use --target_device AUTO to take a GPU only when one loads`);
+    // Asked for a GPU, none loads: say so plainly (no model verdict, no silent CPU fallback). The OpenVINO engine
+    // names its own cause (its GPU plugin needs an Intel GPU and its OpenCL runtime).
+    const line = stderr.split("\n").find((l) => l.includes(`"event":"${NO_GPU_EVENT}"`)) ?? "";
+    const openvino = line.includes("OpenVINO");
+    const why = openvino
+      ? `OpenVINO's GPU plugin cannot run here (it needs an Intel GPU and its OpenCL driver: ${/lib[\w.]*\.so[.\d]*: cannot open shared object file/.exec(line)?.[0] ?? "see the engine log"})`
+      : "no GPU backend loads on this machine (node-llama-cpp's prebuilt CUDA, Vulkan and Metal backends were tried)";
+    throw new NoGpuError(`--target_device GPU: ${why}; run on the CPU with --target_device CPU, or use --target_device AUTO to take a GPU only when one loads`);
   }
   if (signal && KILL_SIGNALS.has(signal)) {
     throw new Error(`the model check was killed (${signal}) twice while loading ${config.modelPath}; this is not a verdict on the model (out of memory? see the system log)`);

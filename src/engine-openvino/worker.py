@@ -51,7 +51,7 @@ def log(level: str, msg: str, **extra: Any) -> None:
     """One JSON log line on stderr (the gateway relays engine stderr into its own log)."""
     line = {"level": level, "time": int(time.time() * 1000), "component": "engine", "pid": os.getpid(), "msg": msg, **extra}
     try:
-        os.write(2, (json.dumps(line) + "\n").encode("utf-8"))
+        os.write(2, (json.dumps(line, separators=(",", ":")) + "\n").encode("utf-8"))
     except OSError:
         pass
 
@@ -185,13 +185,23 @@ def ov_device(cfg: dict) -> str:
     return {"cpu": "CPU", "gpu": "GPU", "auto": "AUTO"}[cfg.get("device", "cpu")]
 
 
-def compile_properties(cfg: dict) -> tuple[dict, list[str]]:
+def resolve_device(cfg: dict) -> str:
+    """CPU or GPU: AUTO takes an Intel GPU when OpenVINO sees one, else the CPU (said in `ready.backend`)."""
+    device = ov_device(cfg)
+    if device != "AUTO":
+        return device
+    import openvino as ov
+
+    return "GPU" if any(d.startswith("GPU") for d in ov.Core().available_devices) else "CPU"
+
+
+def compile_properties(cfg: dict, device: str = "CPU") -> tuple[dict, list[str]]:
     """Properties for compile_model and the notes to log about them."""
     notes: list[str] = []
     props: dict = {"INFERENCE_NUM_THREADS": int(cfg["threads"]), "sampler_num_threads": max(1, int(cfg["threads"]))}
     kv = {"f16": "f16", "f32": "f32", "q8_0": "u8", "q4_0": "u4"}[cfg.get("kvCacheType", "f16")]
     props["KV_CACHE_PRECISION"] = kv
-    if ov_device(cfg) == "CPU":
+    if device == "CPU":
         # Exact by default: bf16 inference and dynamic quantisation make a sequence's logits depend on its batch
         # neighbours (research §7), so a resumed stream or a bystander would drift. f32 KV for the same reason.
         props.update({"INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": "0"})
@@ -323,7 +333,7 @@ class Engine:
         self.ov = ov_genai
         self.cfg = cfg
         self.channel = channel
-        self.device = ov_device(cfg)
+        self.device = resolve_device(cfg)
         self.meta = model_metadata(cfg["modelPath"])
         load_path = cfg["modelPath"]
         try:
@@ -333,7 +343,7 @@ class Engine:
             load_path = prep.prepare(cfg["modelPath"], cache_dir, lambda m: log("info", m, event="model_prep"))
         except ImportError:
             pass
-        props, notes = compile_properties(cfg)
+        props, notes = compile_properties(cfg, self.device)
         for note in notes:
             log("warn", note, event="plugin_config")
         self.block = block_size(self.device)
@@ -360,7 +370,7 @@ class Engine:
         try:
             self.pipe = ov_genai.ContinuousBatchingPipeline(load_path, sc, self.device, props, tok_props)
         except RuntimeError as err:
-            if self.device in ("GPU", "AUTO") and "GPU" in str(err) or self.device == "GPU":
+            if self.device == "GPU":
                 log("fatal", f"a GPU was asked for (device \"gpu\") but OpenVINO cannot use one: {err}", event=NO_GPU_EVENT)
                 sys.exit(3)
             raise

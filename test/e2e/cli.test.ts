@@ -169,6 +169,13 @@ describe("the seed's command line", () => {
     expect(r.stdout).toBe("");
   }, 60_000);
 
+  it("on the OpenVINO engine, --target_device GPU without an Intel GPU: exit 1 with one message naming OpenVINO's cause", () => {
+    const r = keel("serve", "--engine", "openvino", "--model_path", "keel-tiny-f16", "--target_device", "GPU");
+    expect(r.status).toBe(1);
+    const lines = r.stderr.trim().split("\n").filter((l) => !l.includes("OpenVINO engine python"));
+    expect(lines.at(-1)).toMatch(/^keel serve: --target_device GPU: OpenVINO's GPU plugin cannot run here \(it needs an Intel GPU and its OpenCL driver: .+\); run on the CPU with --target_device CPU/);
+  }, 120_000);
+
   it("with --target_device CPU appended it serves: load progress, backend, KV capacity set by --cache_size, every flag's note", async () => {
     const server = await startServer([...SEED_LINE, "--target_device", "CPU"], {}, { noModelFlag: true });
     try {
