@@ -534,6 +534,11 @@ class Engine:
                 max_new = pool_cap - n  # "until the sequence capacity": the pool is that capacity here
             else:
                 return self.refuse(rid, "context_length_exceeded", f"This request needs {n + max_new} tokens of KV cache but the engine's whole pool holds {pool_cap} ({self.kv_blocks} blocks of {self.block}); lower max_tokens or raise --cache_size / --num_kv_blocks.")
+        mbt = int(self.cfg["maxNumBatchedTokens"])
+        if self.device == "GPU" and self.cfg.get("maxPromptLen") is not None and n + max_new > mbt:
+            # Split-fuse off on GPU: OpenVINO recomputes a fully preempted sequence (prompt + generated) in one step and
+            # asserts inside step() when that exceeds the step budget (research §5), which would take every request down.
+            return self.refuse(rid, "context_length_exceeded", f"With --dynamic_split_fuse false on GPU a request must fit one step: prompt + max_tokens = {n + max_new} > --max_num_batched_tokens {mbt}.")
         req = Request(id=rid, prompt=prompt, resumed=resumed, params=p, arrived=time.monotonic())
         # Validate the configuration now: OpenVINO raises at add_request on bad values, before queueing anything.
         try:
