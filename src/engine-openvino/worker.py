@@ -515,7 +515,7 @@ class Engine:
             return self.refuse(rid, "invalid_prompt", "the prompt is empty after tokenization")
         n = len(prompt) + len(resumed)
         cap = self.max_len
-        # One request must never outgrow the whole pool (OpenVINO would turn every in-flight request IGNORED); a
+        # One request must never outgrow the whole pool (OpenVINO ends it IGNORED: a silently truncated answer); a
         # block of slack covers the block holding the next token.
         pool_cap = self.pool_tokens - self.block
         if self.cfg.get("maxPromptLen") is not None and len(prompt) > int(self.cfg["maxPromptLen"]):
