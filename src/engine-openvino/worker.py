@@ -43,6 +43,8 @@ V = PROTOCOL_VERSION
 ENGINE_NAME = "openvino-genai"
 #: Extended sampling fields OpenVINO GenAI applies (it has no logit bias).
 SAMPLING_FIELDS = ["presencePenalty", "frequencyPenalty", "repetitionPenalty", "minP", "minTokens", "stopTokenIds"]
+#: Times a request OpenVINO drops (IGNORED) is re-added before the worker treats it as an engine fault.
+MAX_REQUEUES = 3
 #: The event a gateway recognises as "the GPU asked for is not there" (cli.ts validateModel).
 NO_GPU_EVENT = "no_gpu_backend"
 
@@ -297,6 +299,10 @@ class Request:
     prefill_left: int = 0
     #: OpenVINO's GenerationConfig, built and validated at add.
     gen_config: Any = None
+    #: Tokens this engine may generate for the request (max_tokens less resumed ones, or up to the capacity).
+    max_new: int = 0
+    #: Times OpenVINO dropped the request (IGNORED) and the loop re-added it with what it had generated.
+    requeues: int = 0
 
     @property
     def input_len(self) -> int:
@@ -410,6 +416,8 @@ class Engine:
         self.steps = 0
         #: Preemptions observed (a decoding request that stopped getting tokens), cumulative.
         self.preemptions = 0
+        #: Requests stopped in OpenVINO whose blocks it frees only at the end of its next step().
+        self.releasing: list[Request] = []
         #: Step number at which each pending abort arrived.
         self.abort_arrived: dict[str, int] = {}
         self.stopping = False
@@ -481,7 +489,7 @@ class Engine:
         if "repetitionPenalty" in p:
             c.repetition_penalty = float(p["repetitionPenalty"])
         if p.get("minTokens"):
-            c.min_new_tokens = max(0, int(p["minTokens"]) - len(req.resumed))
+            c.min_new_tokens = max(0, int(p["minTokens"]) - len(req.resumed) - len(req.produced))
         if p.get("stopTokenIds"):
             c.stop_token_ids = set(int(t) for t in p["stopTokenIds"]) | self.eog
         if p.get("logprobs") is not None:
@@ -544,6 +552,7 @@ class Engine:
         try:
             req.gen_config = self.generation_config(req, max_new)
             req.gen_config.validate()
+            req.max_new = max_new
         except Exception as err:  # noqa: BLE001
             return self.refuse(rid, "invalid_params", f"OpenVINO GenAI refuses these sampling parameters: {err}")
         silent = lambda t: t in self.eog  # noqa: E731
@@ -574,7 +583,7 @@ class Engine:
 
     def fits(self, req: Request) -> bool:
         """Whether the pool holds every admitted request's current tokens and `req`'s prompt (admission rule)."""
-        held = sum(self.blocks_for(r.input_len + len(r.produced)) for r in self.running.values())
+        held = sum(self.blocks_for(r.input_len + len(r.produced)) for r in [*self.running.values(), *self.releasing])
         return held + self.blocks_for(req.input_len) <= self.kv_blocks
 
     def stop_cut(self, req: Request, got: list[int]) -> Optional[int]:
@@ -593,7 +602,7 @@ class Engine:
         f = self.faults
         if not f:
             return False
-        key = {"crash": "crashAtStep", "throw": "throwAtStep", "hang": "hangAtStep"}[kind]
+        key = {"crash": "crashAtStep", "throw": "throwAtStep", "hang": "hangAtStep", "ignore": "ignoreAtStep"}[kind]
         if self.first_generation and f.get(key) == step and kind not in self.fired:
             self.fired.add(kind)
             log("warn", "fault injected", fault=kind, step=step)
@@ -608,7 +617,7 @@ class Engine:
     def run(self) -> None:
         while True:
             # 1. Take what arrived; block only while there is nothing to do.
-            idle = not self.requests
+            idle = not self.requests and not self.releasing
             for item in self.inbox.take(block=idle):
                 kind = item[0]
                 if kind == "eof":
@@ -644,6 +653,9 @@ class Engine:
                 else:
                     req.handle.stop()
                     self.running = {k: r for k, r in self.running.items() if r is not req}
+                    # OpenVINO frees a stopped request's blocks only at the end of its next step(): until then they
+                    # count as held (admitting into them can leave nothing schedulable: requests IGNORED).
+                    self.releasing.append(req)
                 self.finish(req, "abort", self.output_for(outputs, rid))
             # 3. Admit while fewer than maxNumSeqs run and the pool holds what every admitted request has now plus the
             #    new prompt (a block of headroom each). OpenVINO prefills several prompts chunk by chunk without
@@ -655,19 +667,27 @@ class Engine:
                 import numpy as np
                 import openvino as ov
 
-                ids = req.prompt + req.resumed
+                # A re-added request (after IGNORED) continues from what it generated: its tokens are prefilled.
+                ids = req.prompt + req.resumed + req.produced
                 tensor = ov.Tensor(np.array([ids], dtype=np.int64))
                 ov_id = self.next_ov_id
                 self.next_ov_id += 1
                 try:
+                    if req.requeues:
+                        req.gen_config = self.generation_config(req, req.max_new - len(req.produced))
                     req.handle = self.pipe.add_request(ov_id, tensor, req.gen_config)
                 except Exception as err:  # noqa: BLE001 - raised before anything is queued (research §1)
-                    self.requests.pop(req.id, None)
-                    self.refuse(req.id, "invalid_params", f"OpenVINO GenAI refused the request: {err}")
+                    if req.requeues:
+                        self.finish(req, "error", self.output_for(outputs, req.id), {"code": "engine_error", "message": f"OpenVINO GenAI refused to continue the request: {err}"})
+                    else:
+                        self.requests.pop(req.id, None)
+                        self.refuse(req.id, "invalid_params", f"OpenVINO GenAI refused the request: {err}")
                     continue
                 req.phase = "running"
                 req.prefill_left = len(ids)
                 self.running[ov_id] = req
+                if req.requeues:
+                    continue  # admitted once, when it first entered OpenVINO
                 self.output_for(outputs, req.id)["admitted"] = {
                     "promptTokens": req.prompt,
                     "cachedTokens": 0,
@@ -675,7 +695,7 @@ class Engine:
                 }
             # 4. One OpenVINO step. Any exception is fatal: the pipeline's state is unknown after it (research §5).
             batch_tokens = 0
-            if self.running and self.pipe.has_non_finished_requests():
+            if (self.running or self.releasing) and self.pipe.has_non_finished_requests():
                 step = self.steps + 1
                 if self.fault("crash", step) or (self.faults and self.prompt_has(self.faults.get("crashOnPrompt"))):
                     log("warn", "fault injected", fault="crash", step=step)
@@ -691,6 +711,8 @@ class Engine:
                     log("fatal", f"OpenVINO step() failed; exiting so the gateway resumes every request on a fresh engine: {err}", event="step_failed")
                     os._exit(1)
                 metrics = self.pipe.get_metrics()
+                # That step freed the requests stopped before it.
+                self.releasing.clear()
                 # 5. Read every running handle (read() blocks when empty: can_read first).
                 decoded = 0
                 for ov_id, req in list(self.running.items()):
@@ -704,6 +726,11 @@ class Engine:
                             if str(seq.finish_reason).endswith(("STOP", "LENGTH")):
                                 req.last_reason = str(seq.finish_reason).rsplit(".", 1)[-1]
                     status = str(h.get_status()).rsplit(".", 1)[-1]
+                    if status == "RUNNING" and self.fault("ignore", self.steps + 1):
+                        # Test-only: handle this request as OpenVINO's out-of-memory path would (docs/fault-injection.md).
+                        h.stop()
+                        self.releasing.append(req)
+                        status = "IGNORED"
                     cut = self.stop_cut(req, got)
                     if cut is not None:
                         # A stop token ends the request also under ignoreEos, which OpenVINO applies to every stop
@@ -711,6 +738,7 @@ class Engine:
                         # token here is past minTokens) and drops what OpenVINO generated after it.
                         got, logprobs = got[:cut], logprobs[:cut]
                         h.stop()
+                        self.releasing.append(req)
                         status, req.last_reason = "FINISHED", "STOP"
                     if got:
                         decoded += len(got)
@@ -734,11 +762,21 @@ class Engine:
                         out["text"] += req.detok.push([], final=True)
                         del self.running[ov_id]
                         self.finish(req, reason, out)
+                    elif status == "IGNORED" and req.requeues < MAX_REQUEUES:
+                        # OpenVINO dropped it (its out-of-memory path; it freed its blocks). The pipeline itself is
+                        # fine: re-add it first in line with what it generated, like a preemption, so the stream goes
+                        # on (greedy: token-identical) and nobody else is disturbed. Never a silent empty answer.
+                        del self.running[ov_id]
+                        req.handle, req.phase, req.decoding = None, "waiting", False
+                        req.requeues += 1
+                        self.waiting.insert(0, req)
+                        self.preemptions += 1
+                        log("warn", "OpenVINO dropped a request (IGNORED: out of KV cache); re-added with its generated tokens", event="ignored_requeued", request=req.id, generated=len(req.produced), requeues=req.requeues)
                     elif status == "IGNORED":
-                        # Out of memory although prompt + max tokens fit the pool: an engine fault. Exit so that the
-                        # gateway resumes every request on a fresh engine (never a silent empty answer).
-                        self.emit({"type": "fatal", "message": f"OpenVINO dropped request {req.id} (IGNORED: out of KV cache)"})
-                        log("fatal", "OpenVINO turned a request IGNORED (out of KV cache); exiting so that the gateway resumes every request", event="ignored", request=req.id)
+                        # Dropped again and again: treat it as an engine fault. Exit so that the gateway resumes every
+                        # request on a fresh engine (its bisection isolates a request that keeps doing this).
+                        self.emit({"type": "fatal", "message": f"OpenVINO dropped request {req.id} {MAX_REQUEUES + 1} times (IGNORED: out of KV cache)"})
+                        log("fatal", "OpenVINO keeps turning a request IGNORED (out of KV cache); exiting so that the gateway resumes every request", event="ignored", request=req.id)
                         os._exit(1)
                 # Prefill estimate: the step's budget after decodes goes to prefilling requests in admission order.
                 budget = max(0, int(self.cfg["maxNumBatchedTokens"]) - decoded)
@@ -767,7 +805,9 @@ class Engine:
                     "activeSequences": len(self.running),
                     "cachedSequences": 0,
                     "prefixCacheHitTokens": 0,
-                    "kvTokensInUse": int(round(usage / 100 * self.pool_tokens)),
+                    # OpenVINO reads its usage at schedule time, before the step frees finished requests: with
+                    # nothing left in flight nothing is held (prefix-cache blocks count as free).
+                    "kvTokensInUse": int(round(usage / 100 * self.pool_tokens)) if self.running or self.releasing else 0,
                     "preemptions": self.preemptions,
                 },
             })

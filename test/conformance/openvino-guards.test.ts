@@ -89,7 +89,49 @@ describe("OpenVINO engine guards", () => {
       expect(outs.at(-1)!.finish!.reason, id).toBe("length");
       expect(outs.find((o) => o.admitted)!.admitted!.promptTokens.length).toBeGreaterThan(11 * BLOCK);
     }
+    // OpenVINO never dropped one (a dropped request would be re-added, so this is what shows the admission rule).
+    expect(e.stderr.some((l) => l.includes('"event":"ignored_requeued"'))).toBe(false);
     expect(e.messages.some((m) => m.type === "fatal")).toBe(false);
+    expect(e.child.exitCode).toBeNull();
+  });
+
+  it("aborting the requests that fill the pool while others wait: the waiting ones finish, and with nothing in flight no KV is reported held", { timeout: 120_000 }, async () => {
+    const e = await start({ kvBlocks: 8 });
+    const prompt = (i: number): string => `${i} ` + "queues and servers by the river; ".repeat(8);
+    for (let round = 0; round < 5; round++) {
+      const [a, b, c, d] = ["a", "b", "c", "d"].map((x) => `r${round}-${x}`);
+      add(e, a!, prompt(0), { maxTokens: 100 });
+      add(e, b!, prompt(1), { maxTokens: 100 });
+      for (const id of [a!, b!]) await e.waitFor((m) => m.type === "step" && m.outputs.some((o) => o.id === id && o.tokens.length > 0));
+      add(e, c!, prompt(2), { maxTokens: 100 });
+      add(e, d!, prompt(3), { maxTokens: 100 });
+      await e.waitFor((m) => m.type === "step" && m.stats.waiting >= 1);
+      e.send({ v: PROTOCOL_VERSION, type: "abort", ids: [a, b] });
+      for (const id of [c!, d!]) expect((await e.finished(id)).at(-1)!.finish!.reason, id).toBe("length");
+    }
+    expect(e.messages.some((m) => m.type === "fatal")).toBe(false);
+    expect(e.stderr.some((l) => l.includes('"event":"ignored_requeued"'))).toBe(false);
+    expect(e.child.exitCode).toBeNull();
+    // Nothing in flight: nothing held (the gauge does not keep the aborted requests' blocks).
+    const idle = e.steps().at(-1)!;
+    expect(idle.stats.running).toBe(0);
+    expect(idle.stats.kvTokensInUse).toBe(0);
+  });
+
+  it("a request OpenVINO drops (IGNORED) is re-added with what it generated: one stream, token-identical to its solo run, no exit", { timeout: 60_000 }, async () => {
+    const solo = await start({});
+    add(solo, "solo", PROMPTS[3]!, { maxTokens: 60 });
+    const expected = tokensOf(await solo.finished("solo"));
+    solo.send({ v: PROTOCOL_VERSION, type: "shutdown" });
+    await solo.exited;
+    const e = await start({}, { KEEL_FAULT_INJECTION: JSON.stringify({ ignoreAtStep: 20 }) });
+    add(e, "dropped", PROMPTS[3]!, { maxTokens: 60 });
+    const outs = await e.finished("dropped");
+    expect(tokensOf(outs)).toEqual(expected);
+    expect(outs.filter((o) => o.admitted)).toHaveLength(1);
+    expect(outs.at(-1)!.finish).toMatchObject({ reason: "length", completionTokens: 60 });
+    expect(e.stderr.some((l) => l.includes('"event":"ignored_requeued"'))).toBe(true);
+    expect(e.steps().at(-1)!.stats.preemptions).toBeGreaterThanOrEqual(1);
     expect(e.child.exitCode).toBeNull();
   });
 
