@@ -70,26 +70,33 @@ function sharedPoolCapacity(
   //    fixed by a flag (the engine then sizes it max_model_len × max_num_seqs, which always holds one sequence).
   let pool: number | null = null;
   let what = "";
+  /** The flag that sized the pool (error messages start with it; the CLI adds the dashes). */
+  let flag = "";
+  const blockTokens = opts.blockTokens ?? 32;
   if (opts.kvBlocks !== undefined) {
-    const blockTokens = opts.blockTokens ?? 32;
     pool = opts.kvBlocks * blockTokens;
     what = `--num_kv_blocks ${opts.kvBlocks} x ${blockTokens} tokens`;
+    flag = `num_kv_blocks ${opts.kvBlocks}`;
   } else if (opts.cacheGb > 0) {
     if (meta.kvElementsPerToken === null) throw new Error("cache_size needs the model's KV shape, which its metadata does not give; use num_kv_blocks");
     const bytesPerToken = meta.kvElementsPerToken * (opts.kvElementBytes ?? (opts.u8 ? 1 : 2));
-    pool = Math.floor((opts.cacheGb * 1e9) / bytesPerToken);
+    // Whole blocks (the engine allocates blocks, never more than the budget).
+    pool = Math.floor((opts.cacheGb * 1e9) / bytesPerToken / blockTokens) * blockTokens;
     what = `--cache_size ${opts.cacheGb} GB / ${bytesPerToken.toFixed(0)} bytes per token`;
+    flag = `cache_size ${opts.cacheGb}`;
   }
   const byDefault = `the default max_model_len min(trained context ${meta.trainContextSize}, 4096)`;
   if (pool === null) return explicit !== undefined ? { maxModelLen: explicit, note: "--max_model_len" } : { maxModelLen: Math.min(meta.trainContextSize, 4096), note: byDefault };
-  if (pool < 16) throw new Error(`the KV pool of ${pool} tokens (${what}) is too small; raise it`);
-  // 2. One sequence must fit the pool: a longer one would turn every request in flight IGNORED.
+  // 2. One sequence must fit the pool less one block (the engine keeps a block of headroom for the next token: a
+  //    sequence outgrowing the pool ends IGNORED in OpenVINO GenAI).
+  const usable = pool - blockTokens;
+  if (usable < 16) throw new Error(`${flag} gives a KV pool of ${pool} tokens (${what}), too small for one sequence of 16 tokens plus a block of headroom; raise it`);
   if (explicit !== undefined) {
-    if (explicit > pool) throw new Error(`max_model_len ${explicit} exceeds the KV pool of ${pool} tokens (${what}): one sequence must fit the pool; lower it or enlarge the pool`);
+    if (explicit > usable) throw new Error(`max_model_len ${explicit} exceeds what one sequence may hold in the KV pool of ${pool} tokens (${what}) less one block of headroom: ${usable}; lower it or enlarge the pool`);
     return { maxModelLen: explicit, note: `--max_model_len (KV pool ${pool} tokens shared by all sequences: ${what})`, poolTokens: pool };
   }
   const fallback = Math.min(meta.trainContextSize, 4096);
-  return pool < fallback
-    ? { maxModelLen: pool, note: `the KV pool of ${pool} tokens shared by all sequences (${what})`, poolTokens: pool }
+  return usable < fallback
+    ? { maxModelLen: usable, note: `the KV pool of ${pool} tokens shared by all sequences, less one block of headroom (${what})`, poolTokens: pool }
     : { maxModelLen: fallback, note: `${byDefault}; KV pool ${pool} tokens shared by all sequences (${what})`, poolTokens: pool };
 }

@@ -82,10 +82,10 @@ describe("--engine openvino", () => {
       const config = engineConfig(server);
       expect(config).toMatchObject({ kvBlocks: 16, cacheGb: 0.5, pluginConfig: plugin, deterministic: true, prefixCaching: false });
       expect(path.basename(config["modelPath"] as string)).toMatch(/\.gguf$/);
-      // 16 blocks x 32 tokens (CPU) = 512 tokens: one sequence may fill the pool, never outgrow it.
-      expect(config["maxModelLen"]).toBe(512);
+      // 16 blocks x 32 tokens (CPU) = 512 tokens: one sequence may fill the pool less the engine's block of headroom.
+      expect(config["maxModelLen"]).toBe(480);
       expect(logEvent(server, "engine")).toMatchObject({ engine: "openvino", why: "--engine openvino (OpenVINO GenAI loads the GGUF)" });
-      expect(logEvent(server, "capacity")).toMatchObject({ tokensPerSequence: 512, sequences: 8, poolTokens: 512, kvBytes: null });
+      expect(logEvent(server, "capacity")).toMatchObject({ tokensPerSequence: 480, sequences: 8, poolTokens: 512, kvBytes: null });
       // The gateway gauges divide by the shared pool the engine reports (ready.limits.kvPoolTokens), not 8 x 512.
       expect((await metrics(server.baseUrl)).get('vllm:cache_config_info{model_name="keel-tiny",block_size="1",num_gpu_blocks="512",cache_dtype="f16",enable_prefix_caching="false"}')).toBe(1);
       expect(logEvent(server, "deterministic")).toMatchObject({ prefixCaching: false });
@@ -100,7 +100,7 @@ describe("--engine openvino", () => {
   it("an explicit --max_model_len longer than the --num_kv_blocks pool exits 2 naming both", () => {
     const r = keel(["--model_path", "keel-tiny", "--engine", "openvino", "--num_kv_blocks", "4", "--max_model_len", "1024"], fakeEnv);
     expect(r.status).toBe(2);
-    expect(r.stderr).toContain("max_model_len 1024 exceeds the KV pool of 128 tokens (--num_kv_blocks 4 x 32 tokens)");
+    expect(r.stderr).toContain("max_model_len 1024 exceeds what one sequence may hold in the KV pool of 128 tokens (--num_kv_blocks 4 x 32 tokens) less one block of headroom: 96");
   });
 });
 
@@ -141,7 +141,7 @@ describe("--config_path", () => {
     };
     const flags = parseServeFlags([]);
     const [ov, tiny] = await resolveConfigModels(write([{ name: "ov", base_path: "ir", num_kv_blocks: 8 }, { name: "tiny", base_path: "keel-tiny" }]), flags, FAKE);
-    expect(ov).toMatchObject({ name: "ov", engineName: "openvino", engine: { modelPath: path.join(dir, "ir"), kvBlocks: 8, maxModelLen: 256 } });
+    expect(ov).toMatchObject({ name: "ov", engineName: "openvino", engine: { modelPath: path.join(dir, "ir"), kvBlocks: 8, maxModelLen: 224 } });
     expect(tiny).toMatchObject({ name: "tiny", engineName: "llama.cpp", engine: { device: "cpu" } });
     expect(tiny!.engine).not.toHaveProperty("kvBlocks");
     await expect(resolveConfigModels(write([{ name: "tiny", base_path: "keel-tiny", num_kv_blocks: 8 }]), flags, FAKE)).rejects.toThrow(/model "tiny": --num_kv_blocks sets the OpenVINO engine's shared KV block pool/);
