@@ -6,9 +6,8 @@ channel is fd 3 (docs/protocol.md); stdout is not private (OpenVINO logs to std:
 stderr at start and the validate result goes to a private duplicate of the original stdout.
 
 One thread owns every call into OpenVINO: add_request, step, the handles and the tokenizer
-(research/openvino-engine.md §6: step() holds the GIL for the whole step; nothing may race it). A reader thread
-decodes frames and answers pings; everything else reaches the loop through a queue and is applied at the next step
-boundary. The loop, per iteration:
+(research/openvino-engine.md §6: step() holds the GIL for the whole step; nothing may race it). The loop reads
+the channel itself between steps (pings answered at once, everything else applied at that step boundary). The loop, per iteration:
   1. take what arrived (block while idle);
   2. apply aborts (waiting → finish at once; running → handle.stop(), finish reported now);
   3. admit waiting requests while fewer than maxNumSeqs run (add_request);
@@ -28,7 +27,6 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import sys
 import threading
 import time
@@ -310,23 +308,48 @@ class Request:
 
 
 class Inbox:
-    """What the reader thread hands to the loop, in arrival order."""
+    """What the gateway sent, read by the loop itself between steps (no reader thread: a thread would get the GIL only
+    between steps anyway, and on a loaded host it could lag many steps behind, delaying aborts). Pings are answered
+    as soon as they are read; everything else is returned in arrival order."""
 
-    def __init__(self) -> None:
-        self.q: "queue.Queue[tuple]" = queue.Queue()
-
-    def put(self, item: tuple) -> None:
-        self.q.put(item)
+    def __init__(self, fd: int, engine: "Engine") -> None:
+        self.fd = fd
+        self.engine = engine
+        self.decoder = FrameDecoder()
 
     def take(self, block: bool) -> list[tuple]:
+        import select
+
         items: list[tuple] = []
-        if block:
-            items.append(self.q.get())
+        timeout = None if block else 0
         while True:
-            try:
-                items.append(self.q.get_nowait())
-            except queue.Empty:
+            ready, _, _ = select.select([self.fd], [], [], timeout)
+            if not ready:
                 return items
+            try:
+                chunk = os.read(self.fd, 1 << 16)
+            except OSError:
+                chunk = b""
+            if not chunk:
+                return items + [("eof",)]
+            self.decode(chunk, items)
+            timeout = 0  # drain what else is there, without waiting
+
+    def decode(self, chunk: bytes, items: list[tuple]) -> None:
+        e = self.engine
+        for frame in self.decoder.push(chunk):
+            if isinstance(frame, str):
+                e.emit({"type": "protocol_error", "message": frame})
+                continue
+            res = parse_message(frame)
+            if res[0] == "protocol_error":
+                e.emit({"type": "protocol_error", "message": res[1]})
+            elif res[0] == "refuse":
+                items.append(("refuse", res[1], res[2]))
+            elif res[1]["type"] == "ping":
+                e.emit({"type": "pong", "nonce": res[1]["nonce"], "step": e.steps})
+            else:
+                items.append((res[1]["type"], res[1]))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -814,34 +837,6 @@ class Engine:
             })
 
 
-def reader(engine: Engine, fd: int) -> None:
-    """Decode frames from the gateway; answer pings at once; queue the rest for the loop."""
-    decoder = FrameDecoder()
-    while True:
-        try:
-            chunk = os.read(fd, 1 << 16)
-        except OSError:
-            chunk = b""
-        if not chunk:
-            engine.inbox.put(("eof",))
-            return
-        for frame in decoder.push(chunk):
-            if isinstance(frame, str):
-                engine.emit({"type": "protocol_error", "message": frame})
-                continue
-            res = parse_message(frame)
-            if res[0] == "protocol_error":
-                engine.emit({"type": "protocol_error", "message": res[1]})
-            elif res[0] == "refuse":
-                engine.inbox.put(("refuse", res[1], res[2]))
-            else:
-                m = res[1]
-                if m["type"] == "ping":
-                    engine.emit({"type": "pong", "nonce": m["nonce"], "step": engine.steps})
-                else:
-                    engine.inbox.put((m["type"], m))
-
-
 def main() -> None:
     started = time.monotonic()
     cfg = json.loads(sys.argv[-1])
@@ -856,8 +851,7 @@ def main() -> None:
     if not serve:
         os.write(result_fd, (json.dumps({"ok": True, "metadata": engine.meta, "backend": engine.backend()}) + "\n").encode("utf-8"))
         os._exit(0)
-    engine.inbox = Inbox()
-    threading.Thread(target=reader, args=(engine, 3), daemon=True).start()
+    engine.inbox = Inbox(3, engine)
     engine.emit({
         "type": "ready",
         "pid": os.getpid(),
