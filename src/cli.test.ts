@@ -4,6 +4,7 @@ import path from "node:path";
 import { afterAll, describe, expect, it } from "vitest";
 import { defaultEngineThreads, physicalCoresFromCpuinfo } from "./cli/engine-threads.js";
 import { parsePluginConfig } from "./cli/plugin-config.js";
+import { engineFlagProblems } from "./cli/engine-choice.js";
 import { checkModelFile, METRIC_FAMILIES, parseServeFlags, parseTargetDevice, ShutdownSignals, type FlagNote } from "./cli.js";
 
 /** A 16-core host without hyper-threads, so that defaults do not depend on the machine running the tests. */
@@ -138,7 +139,16 @@ describe("--plugin_config", () => {
     expect(() => parse("--plugin_config", "[1]")).toThrow(/--plugin_config must be a JSON object, got an array/);
     expect(() => parse("--plugin_config", "[".repeat(5000) + "]".repeat(5000))).toThrow(/--plugin_config must be a JSON object, got an array/);
     expect(() => parse("--plugin_config", "7")).toThrow(/--plugin_config must be a JSON object, got a number/);
-    expect(() => parse("--plugin_config", '{"KV_CACHE_PRECISION":"u4"}')).toThrow(/KV_CACHE_PRECISION must be "u8" or "f16"/);
+    expect(() => parse("--plugin_config", '{"KV_CACHE_PRECISION":5}')).toThrow(/KV_CACHE_PRECISION must be a precision name/);
+    // An OpenVINO-only precision passes the flags; the llama.cpp engine refuses it once the engine is known.
+    const bf16 = parse("--plugin_config", '{"KV_CACHE_PRECISION":"bf16"}');
+    expect(bf16["pluginOpenvinoOnlyKv"]).toBe("bf16");
+    expect(engineFlagProblems("llama.cpp", bf16, new Set(["plugin_config"]))).toEqual([expect.stringContaining('KV_CACHE_PRECISION "bf16" is an OpenVINO precision')]);
+    expect(engineFlagProblems("openvino", bf16, new Set(["plugin_config"]))).toEqual([]);
+    // Tool-guided generation needs grammars, which the OpenVINO engine lacks: refused at start, not per request.
+    const guided = parse("--enable_tool_guided_generation", "true", "--tool_parser", "hermes3");
+    expect(engineFlagProblems("openvino", guided, new Set(["enable_tool_guided_generation"]))).toEqual([expect.stringContaining("--enable_tool_guided_generation true needs grammar-constrained sampling")]);
+    expect(engineFlagProblems("llama.cpp", guided, new Set(["enable_tool_guided_generation"]))).toEqual([]);
     expect(() => parse("--plugin_config", '{"INFERENCE_NUM_THREADS":-1}')).toThrow(/INFERENCE_NUM_THREADS must be an integer/);
   });
 });

@@ -246,6 +246,7 @@ export function parseServeFlags(argv: string[], host: HostCpus = hostCpus()): Re
     if (plugin.cacheDir !== undefined) out["cache_dir"] = plugin.cacheDir;
     // The object as given: the OpenVINO engine applies every key (cli/engine-choice.ts).
     if (plugin.raw !== undefined) out["pluginConfig"] = plugin.raw;
+    if (plugin.openvinoOnlyKv !== undefined) out["pluginOpenvinoOnlyKv"] = plugin.openvinoOnlyKv;
   }
   if (problems.length > 0) throw new Error(problems.join("; "));
   out["kv_cache_precision"] ??= "f16";

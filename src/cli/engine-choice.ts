@@ -62,7 +62,14 @@ export function engineFlagProblems(engine: EngineName, f: Record<string, unknown
     if (f["num_kv_blocks"] !== undefined) {
       problems.push("--num_kv_blocks sets the OpenVINO engine's shared KV block pool; the llama.cpp engine has none (its KV is one partition per sequence: size it with --cache_size or --max_model_len), so it is refused with the llama.cpp engine (use --engine openvino)");
     }
+    if (f["pluginOpenvinoOnlyKv"] !== undefined) {
+      problems.push(`--plugin_config KV_CACHE_PRECISION ${JSON.stringify(f["pluginOpenvinoOnlyKv"])} is an OpenVINO precision; the llama.cpp engine takes "u8" or "f16" (q8_0 or f16 KV cache)`);
+    }
     return problems;
+  }
+  if (f["enable_tool_guided_generation"] === true) {
+    // Accepting it would make every request with tools fail (the engine cannot apply the grammar): refuse at start.
+    problems.push("--enable_tool_guided_generation true needs grammar-constrained sampling, which the OpenVINO engine does not apply yet (capability 'grammars'); without it tool calls are parsed from free text (tool_choice auto), or serve with --engine llama.cpp");
   }
   if (f["flash_attention"] === true && given.has("flash_attention")) {
     problems.push("--flash_attention is a llama.cpp setting; the OpenVINO engine chooses its attention kernels itself, so it is refused with --engine openvino");
@@ -102,7 +109,8 @@ const OPENVINO_KV_BYTES: Record<string, number> = { f32: 4, f16: 2, bf16: 2, u8:
 export function openvinoKvElementBytes(device: EngineConfig["device"], kvCacheType: EngineConfig["kvCacheType"], pluginConfig?: Record<string, unknown>): number {
   const fromType = { f16: "f16", f32: "f32", q8_0: "u8", q4_0: "u4" }[kvCacheType];
   const fromPlugin = pluginConfig?.["KV_CACHE_PRECISION"];
-  const kv = typeof fromPlugin === "string" ? fromPlugin.toLowerCase() : device === "cpu" ? "f32" : fromType;
+  // CPU: f32 unless --kv_cache_precision u8 (the worker's exact default; compile_properties in worker.py).
+  const kv = typeof fromPlugin === "string" ? fromPlugin.toLowerCase() : device === "cpu" && fromType !== "u8" ? "f32" : fromType;
   return OPENVINO_KV_BYTES[kv] ?? 2;
 }
 

@@ -6,6 +6,8 @@
 
 /** What a plugin config sets, plus what the operator must be told. */
 export interface PluginSettings {
+  /** A KV_CACHE_PRECISION only the OpenVINO engine applies (e.g. bf16); the llama.cpp engine refuses it. */
+  openvinoOnlyKv?: string;
   /** KV_CACHE_PRECISION → the KV cache precision flag's values. */
   kvCachePrecision?: "f16" | "u8";
   /** INFERENCE_NUM_THREADS → engine threads. */
@@ -67,7 +69,10 @@ export function parsePluginConfig(raw: string, flagsGiven: ReadonlySet<string>):
     switch (key) {
       case "KV_CACHE_PRECISION":
         if (value === "u8" || value === "f16") out.kvCachePrecision = value;
-        else out.problems.push(`--plugin_config KV_CACHE_PRECISION must be "u8" or "f16" in Keel (llama.cpp q8_0 or f16 KV cache), got ${JSON.stringify(value)}`);
+        // Another precision (bf16, f32, u4…) is OpenVINO's to apply: passed as is on that engine, refused with
+        // llama.cpp once the engine is known (engine-choice.ts engineFlagProblems).
+        else if (typeof value === "string" && value !== "") out.openvinoOnlyKv = value;
+        else out.problems.push(`--plugin_config KV_CACHE_PRECISION must be a precision name such as "u8", "f16" or "bf16", got ${JSON.stringify(value)}`);
         break;
       case "INFERENCE_NUM_THREADS":
         if (Number.isSafeInteger(value) && (value as number) >= 1 && (value as number) <= 512) out.threads = value as number;

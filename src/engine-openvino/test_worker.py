@@ -85,6 +85,15 @@ class Settings(unittest.TestCase):
         self.assertEqual(notes, [])
         props, notes = compile_properties({**self.CFG, "pluginConfig": {"INFERENCE_PRECISION_HINT": "bf16"}})
         self.assertEqual(props["INFERENCE_PRECISION_HINT"], "bf16")
+        # bf16 inference needs OpenVINO's matching KV type: the exact KV is not forced then.
+        self.assertNotIn("KV_CACHE_PRECISION", props)
+        self.assertNotIn("DYNAMIC_QUANTIZATION_GROUP_SIZE", props)
+        self.assertEqual(len(notes), 1)
+
+    def test_u8_kv_is_applied_with_a_note(self):
+        props, notes = compile_properties({**self.CFG, "kvCacheType": "q8_0"})
+        self.assertEqual(props["KV_CACHE_PRECISION"], "u8")
+        self.assertEqual(props["INFERENCE_PRECISION_HINT"], "f32")
         self.assertEqual(len(notes), 1)
 
     def test_hybrid_models_run_without_prefix_caching(self):

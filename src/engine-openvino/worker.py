@@ -76,6 +76,13 @@ def _gguf_fields(path: str) -> dict:
 def model_metadata(model_path: str) -> dict:
     """ModelMetadata (src/protocol/messages.ts) of a GGUF file or an OpenVINO IR directory."""
     if os.path.isdir(model_path):
+        # A folder prepared from a GGUF (prep.py's manifest): the GGUF's own metadata, vocabulary bytes included.
+        manifest = os.path.join(model_path, "manifest.json")
+        source = json.load(open(manifest)).get("source", {}).get("path") if os.path.exists(manifest) else None
+        if source and os.path.isfile(source):
+            meta = model_metadata(source)
+            _TOKEN_TABLES[model_path] = _TOKEN_TABLES[source]
+            return {**meta, "path": model_path}
         cfg_path = os.path.join(model_path, "config.json")
         cfg = json.load(open(cfg_path)) if os.path.exists(cfg_path) else {}
         layers = cfg.get("num_hidden_layers")
@@ -87,7 +94,7 @@ def model_metadata(model_path: str) -> dict:
             "name": cfg.get("_name_or_path") or os.path.basename(os.path.normpath(model_path)),
             "architecture": cfg.get("model_type", "unknown"),
             "trainContextSize": cfg.get("max_position_embeddings", 4096),
-            "vocabSize": cfg.get("vocab_size", 0),
+            "vocabSize": cfg.get("vocab_size") or _ir_vocab_size(model_path),
             "chatTemplate": None,  # filled from the tokenizer
             "kvElementsPerToken": 2 * layers * kv_heads * head_dim if layers and kv_heads and head_dim else None,
             "bosToken": "",
@@ -114,6 +121,17 @@ def model_metadata(model_path: str) -> dict:
         "bosToken": tok("tokenizer.ggml.bos_token_id"),
         "eosToken": tok("tokenizer.ggml.eos_token_id"),
     }
+
+
+def _ir_vocab_size(model_dir: str) -> int:
+    """The logits width of an IR model (its vocabulary size) when config.json does not say."""
+    import openvino as ov
+
+    model = ov.Core().read_model(os.path.join(model_dir, "openvino_model.xml"))
+    for out in model.outputs:
+        if "logits" in out.get_names() or len(model.outputs) == 1:
+            return int(out.get_partial_shape()[-1].get_length())
+    return int(model.outputs[0].get_partial_shape()[-1].get_length())
 
 
 #: Vocabulary of each GGUF read by model_metadata: (tokenizer model, token strings, token types).
@@ -196,21 +214,30 @@ def resolve_device(cfg: dict) -> str:
 
 
 def compile_properties(cfg: dict, device: str = "CPU") -> tuple[dict, list[str]]:
-    """Properties for compile_model and the notes to log about them."""
+    """Properties for compile_model and the notes to log about them.
+
+    On CPU the engine is exact by default: f32 inference and KV, no dynamic quantisation (bf16 and dynamic
+    quantisation make a sequence's logits depend on its batch neighbours, research §7, so a resumed stream or a
+    bystander next to a preemption would drift). `--kv_cache_precision u8` keeps a u8 KV, and a `--plugin_config` that
+    sets any of the three keys takes over all three (OpenVINO then picks the others: bf16 inference needs a matching
+    KV type) — both trade exactness for speed or memory, with a note saying so.
+    """
     notes: list[str] = []
     props: dict = {"INFERENCE_NUM_THREADS": int(cfg["threads"]), "sampler_num_threads": max(1, int(cfg["threads"]))}
     kv = {"f16": "f16", "f32": "f32", "q8_0": "u8", "q4_0": "u4"}[cfg.get("kvCacheType", "f16")]
-    props["KV_CACHE_PRECISION"] = kv
-    if device == "CPU":
-        # Exact by default: bf16 inference and dynamic quantisation make a sequence's logits depend on its batch
-        # neighbours (research §7), so a resumed stream or a bystander would drift. f32 KV for the same reason.
-        props.update({"INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": "0"})
     plugin = cfg.get("pluginConfig") or {}
-    for key, value in plugin.items():
-        props[key] = value
-    overridden = [k for k in ("INFERENCE_PRECISION_HINT", "KV_CACHE_PRECISION", "DYNAMIC_QUANTIZATION_GROUP_SIZE") if k in plugin]
+    exact_keys = ("INFERENCE_PRECISION_HINT", "KV_CACHE_PRECISION", "DYNAMIC_QUANTIZATION_GROUP_SIZE")
+    overridden = [k for k in exact_keys if k in plugin]
+    if device == "CPU" and not overridden:
+        props.update({"INFERENCE_PRECISION_HINT": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": "0"})
+        props["KV_CACHE_PRECISION"] = "u8" if kv == "u8" else "f32"
+        if kv == "u8":
+            notes.append("--kv_cache_precision u8: a u8 KV cache makes batched and resumed streams differ slightly from an uninterrupted solo run")
+    elif not overridden:
+        props["KV_CACHE_PRECISION"] = kv
+    props.update(plugin)
     if overridden:
-        notes.append(f"--plugin_config sets {', '.join(overridden)}: resumed and batched streams may then differ from an uninterrupted solo run")
+        notes.append(f"--plugin_config sets {', '.join(overridden)}: OpenVINO's own defaults apply to the rest of {', '.join(exact_keys)}; resumed and batched streams may then differ from an uninterrupted solo run")
     return props, notes
 
 
@@ -420,8 +447,6 @@ class Engine:
         probe_special = list(self.tok.encode("a", add_special_tokens=True).input_ids.data[0])
         #: The BOS id the tokenizer prepends, or None.
         self.bos = bos if bos >= 0 and len(probe_special) > len(probe_plain) and probe_special[0] == bos else None
-        if not self.meta["vocabSize"]:
-            self.meta["vocabSize"] = int(self.pipe.get_metrics().requests) or 0
         self.vocab = int(self.meta["vocabSize"])
         #: Bytes of every token (byte-level GGUF vocabularies), else None: text then comes from OpenVINO's detokenizer.
         self.token_bytes = token_bytes_table(cfg["modelPath"])
@@ -610,6 +635,13 @@ class Engine:
         held = sum(self.blocks_for(r.input_len + len(r.produced)) for r in [*self.running.values(), *self.releasing])
         return held + self.blocks_for(req.input_len) <= self.kv_blocks
 
+    def position_logprob(self, token: int, logprob: float) -> dict:
+        """The sampled token's log-probability (OpenVINO reports no alternatives), with its bytes where known."""
+        entry: dict = {"token": token, "logprob": logprob, "top": []}
+        if self.token_bytes:
+            entry["bytes"] = list(self.token_bytes[token])
+        return entry
+
     def stop_cut(self, req: Request, got: list[int]) -> Optional[int]:
         """Length of `got` up to and including the first stop token allowed to end `req`, or None."""
         stops = req.params.get("stopTokenIds")
@@ -775,7 +807,7 @@ class Engine:
                         speaking = got[:-1] if cut is not None else got
                         out["text"] += req.detok.push([t for t in speaking if t not in self.eog])
                         if req.params.get("logprobs") is not None:
-                            out["logprobs"] = [{"token": t, "logprob": lp, "top": []} for t, lp in zip(got, logprobs)]
+                            out["logprobs"] = [self.position_logprob(t, lp) for t, lp in zip(got, logprobs)]
                     elif req.decoding and status == "RUNNING":
                         # A request that was decoding got no token: OpenVINO preempted it (its KV went to others).
                         req.decoding = False

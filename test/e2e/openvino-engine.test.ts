@@ -55,12 +55,16 @@ describe("OpenVINO engine: serving", () => {
     expect(penalised.status).toBe(200);
     expect(penalised.text).not.toBe(plain.text);
     const lp = await chat(ov.baseUrl, body(PROMPTS[1]!, { logprobs: true, max_tokens: 4 }));
-    const content = (lp.body as { choices: { logprobs: { content: { logprob: number; top_logprobs: unknown[] }[] } }[] }).choices[0]!.logprobs.content;
+    const content = (lp.body as { choices: { logprobs: { content: { token: string; bytes: number[] | null; logprob: number; top_logprobs: unknown[] }[] } }[] }).choices[0]!.logprobs.content;
     expect(content).toHaveLength(4);
     for (const c of content) {
       expect(c.logprob).toBeLessThanOrEqual(0);
       expect(c.top_logprobs).toEqual([]);
+      // The token's own bytes (from the GGUF vocabulary), not a token_id placeholder.
+      expect(c.token).not.toMatch(/^token_id:/);
+      expect(c.bytes!.length).toBeGreaterThan(0);
     }
+    expect(Buffer.from(content.flatMap((c) => c.bytes!)).toString("utf8")).toBe(lp.text);
   });
 
   it("what the engine cannot do is a 400 naming the field; the worker is untouched (same pid, no restart)", async () => {
