@@ -127,6 +127,7 @@ export function parseMakeModelArgs(argv: readonly string[]): MakeModelArgs {
     }
     if (Object.keys(recurrentOnly).length > 0) throw new Error("--state-size, --conv-kernel, --dt-rank and --attention-layers need --arch mamba|jamba");
     resolveTinyModelOptions(options); // validate early, with the same messages as the builder
+    if (options.vocab !== undefined) tinyModelSpecialIds(options); // a vocabulary below what the corpus gives is a usage error (memoized for the build)
     return {out, options};
 }
 
