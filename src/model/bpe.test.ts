@@ -1,5 +1,5 @@
 import {describe, expect, it} from "vitest";
-import {bpeEncode, bytesToUnicode, preTokenize, trainBpe, unicodeToBytes} from "./bpe.js";
+import {bpeEncode, bytesToUnicode, extendBpeVocab, preTokenize, trainBpe, unicodeToBytes} from "./bpe.js";
 import {TRAINING_CORPUS} from "./corpus.js";
 
 describe("bytesToUnicode", () => {
@@ -56,5 +56,43 @@ describe("trainBpe", () => {
         expect(toks.length).toBeLessThan(Buffer.byteLength(text) / 2);
         const bytes = Buffer.from(toks.join("").split("").map((c) => u2b.get(c)!));
         expect(bytes.toString("utf8")).toBe(text);
+    });
+});
+
+describe("extendBpeVocab", () => {
+    it("adds exactly `count` new word-like tokens, each the merge of two tokens that exist before it", () => {
+        const base = trainBpe(TRAINING_CORPUS, {maxMerges: 100});
+        const count = 20_000;
+        const v = extendBpeVocab(base, count);
+        expect(v.merges.slice(0, 100)).toEqual(base.merges);
+        expect(v.mergedTokens.slice(0, 100)).toEqual(base.mergedTokens);
+        expect(v.merges).toHaveLength(base.merges.length + count);
+        expect(v.mergedTokens).toHaveLength(base.merges.length + count);
+        const all = [...v.byteTokens, ...v.mergedTokens];
+        expect(new Set(all).size).toBe(all.length);
+        const seen = new Set([...v.byteTokens, ...base.mergedTokens]);
+        const bad: string[] = []; // plain checks in the loop: 20k expect() calls would dominate the test's time
+        for (let i = base.merges.length; i < v.merges.length; i++) {
+            const [l, r, ...rest] = v.merges[i]!.split(" ");
+            const t = v.mergedTokens[i]!;
+            const ok = rest.length === 0 && seen.has(l!) && seen.has(r!) && l! + r! === t && /^Ġ?[a-zA-Z]+$/.test(t) && [...t].length <= 10;
+            if (!ok) bad.push(`${i}: ${v.merges[i]} -> ${t}`);
+            seen.add(t);
+        }
+        expect(bad).toEqual([]);
+        // a spread of lengths like a real vocabulary's, not all at the limit
+        const lengths = v.mergedTokens.slice(100).map((t) => [...t].length);
+        const mean = lengths.reduce((a, b) => a + b, 0) / lengths.length;
+        expect(mean).toBeGreaterThan(4);
+        expect(mean).toBeLessThan(9);
+        expect(lengths.filter((n) => n <= 5).length).toBeGreaterThan(count / 10);
+    });
+
+    it("is deterministic and refuses a bad count", () => {
+        const base = trainBpe(TRAINING_CORPUS, {maxMerges: 50});
+        expect(extendBpeVocab(base, 3000)).toEqual(extendBpeVocab(base, 3000));
+        expect(extendBpeVocab(base, 0).merges).toEqual(base.merges);
+        expect(() => extendBpeVocab(base, -1)).toThrow(/non-negative/);
+        expect(() => extendBpeVocab(base, 1.5)).toThrow(/non-negative/);
     });
 });

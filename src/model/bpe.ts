@@ -137,3 +137,54 @@ export function bpeEncode(text: string, merges: readonly string[]): string[] {
     }
     return out;
 }
+
+/** Longest generated token, in symbols (a leading "Ġ" included): real vocabularies rarely go beyond. */
+const GENERATED_TOKEN_MAX_SYMBOLS = 10;
+
+/**
+ * Extends a trained vocabulary with `count` generated merges, so that a model can have a realistic vocabulary size
+ * (150 k tokens, like Qwen's) without training BPE on a corpus that large.
+ *
+ * Each generated merge joins two existing word-like tokens: a left one of ASCII letters with an optional leading
+ * space ("Ġ"), a right one of ASCII letters only; the result (at most {@link GENERATED_TOKEN_MAX_SYMBOLS} symbols,
+ * not yet in the vocabulary) becomes a new token and joins the pools. Picks favour earlier, shorter tokens (index
+ * = floor(u^3 * pool size)), which gives a length spread like a real vocabulary's instead of piling up at the
+ * limit. Every merge refers to two tokens that exist before it (a well-formed rank order; whether the tokenizer
+ * reaches a generated token on the text it spells depends on the merges ranked before, as in any BPE vocabulary).
+ * Deterministic: the result depends only on the arguments (a fixed-seed xorshift PRNG).
+ * @throws Error if `count` is negative or not an integer, or if no new token can be formed
+ */
+export function extendBpeVocab(base: BpeVocab, count: number): BpeVocab {
+    if (!Number.isInteger(count) || count < 0) throw new Error(`count must be a non-negative integer, got ${count}`);
+    const merges = [...base.merges];
+    const mergedTokens = [...base.mergedTokens];
+    const known = new Set<string>([...base.byteTokens, ...base.mergedTokens]);
+    const isLeft = (t: string): boolean => /^Ġ?[a-zA-Z]+$/.test(t);
+    const isRight = (t: string): boolean => /^[a-zA-Z]+$/.test(t);
+    const all = [...base.byteTokens, ...base.mergedTokens];
+    const lefts = all.filter(isLeft);
+    const rights = all.filter(isRight);
+    let x = 0x2545f491; // xorshift32 state; fixed so that the vocabulary depends on `count` only
+    const uniform = (): number => {
+        x ^= x << 13; x >>>= 0;
+        x ^= x >>> 17;
+        x ^= x << 5; x >>>= 0;
+        return x / 4294967296;
+    };
+    const pick = (pool: readonly string[]): string => { const u = uniform(); return pool[Math.floor(u * u * u * pool.length)]!; };
+    const maxAttempts = 1000 + 100 * count;
+    for (let made = 0, attempts = 0; made < count; attempts++) {
+        if (attempts > maxAttempts) throw new Error(`could not generate ${count} distinct tokens (made ${made})`);
+        // 1. two existing tokens; 2. skip if too long or already known; 3. record the merge and grow the pools
+        const left = pick(lefts), right = pick(rights);
+        const joined = left + right;
+        if ([...joined].length > GENERATED_TOKEN_MAX_SYMBOLS || known.has(joined)) continue;
+        merges.push(`${left} ${right}`);
+        mergedTokens.push(joined);
+        known.add(joined);
+        lefts.push(joined);
+        if (isRight(joined)) rights.push(joined);
+        made++;
+    }
+    return {byteTokens: base.byteTokens, merges, mergedTokens};
+}

@@ -1,7 +1,14 @@
-import {describe, expect, it} from "vitest";
+import {existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync, writeSync} from "node:fs";
+import {tmpdir} from "node:os";
+import path from "node:path";
+import {afterAll, describe, expect, it} from "vitest";
 import {
-    alignUp, floatToHalfBits, GgmlTensorType, GgufValueType, GgufWriter, halfBitsToFloat, readGgufHeader
+    alignUp, encodeTensorData, floatToHalfBits, GgmlTensorType, GgufValueType, GgufWriter, halfBitsToFloat, readGgufHeader,
+    writeGgufFile
 } from "./gguf-writer.js";
+
+const tmp = mkdtempSync(path.join(tmpdir(), "keel-gguf-writer-"));
+afterAll(() => rmSync(tmp, {recursive: true, force: true}));
 
 function sampleWriter(alignment?: number): GgufWriter {
     const w = new GgufWriter(alignment === undefined ? {} : {alignment});
@@ -108,5 +115,70 @@ describe("GgufWriter", () => {
         expect(floatToHalfBits(NaN) & 0x7c00).toBe(0x7c00);
         expect(floatToHalfBits(NaN) & 0x3ff).not.toBe(0);
         for (let b = 0; b < 0x7c00; b += 37) expect(floatToHalfBits(halfBitsToFloat(b))).toBe(b);
+    });
+
+    /** A writer with a lazy tensor whose producer counts its calls, and an eager one after it (padding in between). */
+    function lazyWriter(): {w: GgufWriter; values: Float32Array; calls: () => number} {
+        const values = Float32Array.from({length: 1000}, (_, i) => Math.sin(i));
+        let calls = 0;
+        const w = new GgufWriter();
+        w.kv("k", GgufValueType.STRING, "v".repeat(300)) // a header longer than the chunk bound below
+            .lazyTensor("lazy", [250, 4], GgmlTensorType.F16, () => { calls++; return encodeTensorData(values, GgmlTensorType.F16); })
+            .tensor("eager", [3], Float32Array.of(7, 8, 9));
+        return {w, values, calls: () => calls};
+    }
+
+    it("streams a file in chunks no larger than the bound; lazy tensors are produced only while writing", () => {
+        const {w, values, calls} = lazyWriter();
+        expect(calls()).toBe(0); // adding a lazy tensor and computing the layout need no data
+        expect(w.layout().tensors[0]!.size).toBe(2000);
+        const whole = w.toBuffer();
+        expect(calls()).toBe(1);
+
+        const file = path.join(tmp, "streamed.gguf");
+        const writes: number[] = [];
+        const bytes = writeGgufFile(file, w, {maxChunkBytes: 128, write: (fd, chunk) => { writes.push(chunk.length); writeSync(fd, chunk); }});
+        expect(calls()).toBe(2);
+        expect(Math.max(...writes)).toBeLessThanOrEqual(128);
+        expect(writes.length).toBeGreaterThanOrEqual(Math.ceil(whole.length / 128));
+        expect(bytes).toBe(whole.length);
+        const back = readFileSync(file);
+        expect(back.equals(whole)).toBe(true);
+        const h = readGgufHeader(back);
+        const lazyAt = h.dataStart + h.tensors[0]!.offset;
+        expect(halfBitsToFloat(back.readUInt16LE(lazyAt + 2 * 999))).toBeCloseTo(values[999]!, 3);
+        expect(back.readFloatLE(h.dataStart + h.tensors[1]!.offset + 8)).toBe(9);
+        expect(readdirSync(tmp).filter((f) => f.endsWith(".tmp"))).toEqual([]);
+    });
+
+    it("a failed write leaves neither a partial file under the final name nor a temporary file", () => {
+        const {w} = lazyWriter();
+        const file = path.join(tmp, "failed.gguf");
+        let n = 0;
+        const failThird = (fd: number, chunk: Buffer): void => {
+            if (++n === 3) throw new Error("disk full (injected)");
+            writeSync(fd, chunk);
+        };
+        expect(() => writeGgufFile(file, w, {maxChunkBytes: 128, write: failThird})).toThrow(/disk full/);
+        expect(existsSync(file)).toBe(false);
+        // an existing file is replaced only by a complete one
+        writeFileSync(file, "previous");
+        n = 0;
+        expect(() => writeGgufFile(file, w, {maxChunkBytes: 128, write: failThird})).toThrow(/disk full/);
+        expect(readFileSync(file, "utf8")).toBe("previous");
+        expect(readdirSync(tmp).filter((f) => f.endsWith(".tmp"))).toEqual([]);
+        writeGgufFile(file, w, {maxChunkBytes: 128});
+        expect(readFileSync(file).equals(w.toBuffer())).toBe(true);
+    });
+
+    it("checks a lazy tensor's produced size, and refuses toBuffer() beyond one Buffer without producing data", () => {
+        const bad = new GgufWriter().lazyTensor("t", [4], GgmlTensorType.F32, () => Buffer.alloc(12));
+        expect(() => bad.toBuffer()).toThrow(/produced 12 bytes.*need 16/);
+        let produced = false;
+        // 2^31 F32 values = 8 GiB: larger than any Buffer; only the layout is computed
+        const huge = new GgufWriter().lazyTensor("t", [1 << 16, 1 << 15], GgmlTensorType.F32, () => { produced = true; return Buffer.alloc(0); });
+        expect(huge.layout().totalBytes).toBeGreaterThan(2 ** 33);
+        expect(() => huge.toBuffer()).toThrow(/writeGgufFile/);
+        expect(produced).toBe(false);
     });
 });

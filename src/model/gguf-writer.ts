@@ -28,6 +28,11 @@
  * A PyTorch-style weight `W[out][in]` of a Linear(in -> out) layer is therefore written with `ne = [in, out]`.
  */
 
+import {constants as bufferConstants} from "node:buffer";
+import {randomBytes} from "node:crypto";
+import {closeSync, openSync, renameSync, rmSync, writeSync} from "node:fs";
+import path from "node:path";
+
 /** GGUF metadata value types (`enum gguf_type`). */
 export enum GgufValueType {
     UINT8 = 0,
@@ -62,14 +67,28 @@ export type GgufKv =
     | {key: string; type: GgufScalarType; value: GgufScalarValue}
     | {key: string; type: GgufValueType.ARRAY; elemType: GgufScalarType; values: readonly GgufScalarValue[]};
 
-/** One tensor as stored in the writer (`bytes` already encoded in `type`). */
+/** One tensor as stored in the writer: its shape, and how to get its bytes (already encoded in `type`). */
 export interface GgufTensor {
+    /** Tensor name (at most 63 UTF-8 bytes). */
     name: string;
     /** Dimensions, innermost first (ggml `ne`). */
     ne: number[];
+    /** Element type of the encoded bytes. */
     type: GgmlTensorType;
-    bytes: Buffer;
+    /** Encoded byte length (element count x type size): known up front so the layout needs no data. */
+    size: number;
+    /**
+     * Produces the encoded bytes when the file is written. Eager tensors return a stored copy; lazy ones
+     * ({@link GgufWriter.lazyTensor}) generate them on demand, so a multi-GiB model never sits in memory whole.
+     */
+    bytes: () => Buffer;
 }
+
+/**
+ * Default size of one write when streaming a file ({@link GgufWriter.chunks}): far below the 2 GiB that a single
+ * `fs.writeSync` / `Buffer` accepts, large enough that the syscall count is negligible.
+ */
+export const GGUF_WRITE_CHUNK_BYTES = 64 * 1024 * 1024;
 
 /** Default data alignment of GGUF files (`GGUF_DEFAULT_ALIGNMENT`). */
 export const GGUF_DEFAULT_ALIGNMENT = 32;
@@ -206,11 +225,12 @@ export interface GgufLayout {
 }
 
 /**
- * Builds a GGUF v3 file in memory.
+ * Builds a GGUF v3 file.
  *
- * Usage: add metadata with {@link kv} / {@link kvArray} (insertion order is kept), tensors with {@link tensor},
- * then call {@link toBuffer}. Errors (thrown as `Error`): duplicate keys or tensor names, names longer than 63
- * bytes, integer values out of range for their type, data length not matching the dimensions.
+ * Usage: add metadata with {@link kv} / {@link kvArray} (insertion order is kept), tensors with {@link tensor} or
+ * {@link lazyTensor}, then call {@link toBuffer} (small files) or stream it with {@link chunks} /
+ * {@link writeGgufFile} (any size). Errors (thrown as `Error`): duplicate keys or tensor names, names longer than
+ * 63 bytes, integer values out of range for their type, data length not matching the dimensions.
  */
 export class GgufWriter {
     readonly alignment: number;
@@ -258,27 +278,39 @@ export class GgufWriter {
      * @param type F32 (default) or F16 (values rounded to nearest-even)
      */
     tensor(name: string, ne: readonly number[], data: ArrayLike<number>, type: GgmlTensorType = GgmlTensorType.F32): this {
+        const count = this.checkTensor(name, ne);
+        if (data.length !== count) throw new Error(`tensor ${name}: ${data.length} values for dims [${ne.join(", ")}]`);
+        const bytes = encodeTensorData(data, type, name);
+        this.tensors.push({name, ne: [...ne], type, size: bytes.length, bytes: () => bytes});
+        return this;
+    }
+
+    /**
+     * Adds a tensor whose bytes are produced only when the file is serialized (once per {@link chunks} pass), so
+     * that a model far larger than memory allows as one Buffer can be written tensor by tensor.
+     * @param produce returns the tensor's values already encoded in `type` (checked against the dims on write);
+     *   use {@link encodeTensorData} to encode numbers
+     */
+    lazyTensor(name: string, ne: readonly number[], type: GgmlTensorType, produce: () => Buffer): this {
+        const count = this.checkTensor(name, ne);
+        const size = count * ggmlTypeSize(type);
+        const bytes = (): Buffer => {
+            const b = produce();
+            if (b.length !== size) throw new Error(`tensor ${name}: produced ${b.length} bytes, dims [${ne.join(", ")}] need ${size}`);
+            return b;
+        };
+        this.tensors.push({name, ne: [...ne], type, size, bytes});
+        return this;
+    }
+
+    /** Validates a new tensor's name and dims. @returns its element count */
+    private checkTensor(name: string, ne: readonly number[]): number {
         if (Buffer.byteLength(name, "utf8") > MAX_TENSOR_NAME_BYTES) throw new Error(`tensor name too long: ${name}`);
         if (this.tensors.some((t) => t.name === name)) throw new Error(`duplicate tensor "${name}"`);
         if (ne.length === 0 || ne.length > 4 || ne.some((d) => !Number.isInteger(d) || d <= 0)) {
             throw new Error(`tensor ${name}: bad dims [${ne.join(", ")}]`);
         }
-        const count = ne.reduce((a, b) => a * b, 1);
-        if (data.length !== count) throw new Error(`tensor ${name}: ${data.length} values for dims [${ne.join(", ")}]`);
-        let bytes: Buffer;
-        if (type === GgmlTensorType.F32) {
-            const f = data instanceof Float32Array ? data : Float32Array.from(data);
-            bytes = Buffer.from(f.buffer, f.byteOffset, f.byteLength);
-            bytes = Buffer.from(bytes); // own copy: later edits of `data` must not change the file
-        } else if (type === GgmlTensorType.F16) {
-            const h = new Uint16Array(count);
-            for (let i = 0; i < count; i++) h[i] = floatToHalfBits(data[i]!);
-            bytes = Buffer.from(h.buffer);
-        } else {
-            throw new Error(`tensor ${name}: unsupported type ${String(type)}`);
-        }
-        this.tensors.push({name, ne: [...ne], type, bytes});
-        return this;
+        return ne.reduce((a, b) => a * b, 1);
     }
 
     /** Computes the file layout (offsets and sizes) without serializing. */
@@ -295,17 +327,19 @@ export class GgufWriter {
         let offset = 0;
         for (const t of this.tensors) {
             header += 8 + Buffer.byteLength(t.name, "utf8") + 4 + 8 * t.ne.length + 4 + 8;
-            tensors.push({name: t.name, offset, size: t.bytes.length});
-            offset += alignUp(t.bytes.length, this.alignment);
+            tensors.push({name: t.name, offset, size: t.size});
+            offset += alignUp(t.size, this.alignment);
         }
         const dataStart = alignUp(header, this.alignment);
         return {headerBytes: header, dataStart, tensors, totalBytes: dataStart + offset};
     }
 
-    /** Serializes the file. @throws Error if a value does not fit its declared type. */
-    toBuffer(): Buffer {
-        const lay = this.layout();
-        const c = new Cursor(Buffer.alloc(lay.totalBytes)); // zero filled: padding is implicit
+    /**
+     * Serializes the header: magic, counts, KVs and tensor infos, zero padded up to the data section.
+     * @throws Error if a value does not fit its declared type
+     */
+    headerBuffer(lay: GgufLayout = this.layout()): Buffer {
+        const c = new Cursor(Buffer.alloc(lay.dataStart)); // zero filled: the padding is implicit
         c.bytes(Buffer.from(GGUF_MAGIC, "ascii"));
         c.u32(GGUF_VERSION);
         c.i64(BigInt(this.tensors.length));
@@ -327,9 +361,110 @@ export class GgufWriter {
             c.u64(BigInt(lay.tensors[i]!.offset));
         });
         if (c.pos !== lay.headerBytes) throw new Error(`gguf header size mismatch: ${c.pos} != ${lay.headerBytes}`);
-        this.tensors.forEach((t, i) => t.bytes.copy(c.buf, lay.dataStart + lay.tensors[i]!.offset));
         return c.buf;
     }
+
+    /**
+     * The file as a sequence of buffers, none longer than `maxChunkBytes`: the padded header (split if needed), then
+     * each tensor's bytes in slices, then its zero padding. Lazy tensors are produced one at a time, as the
+     * iteration reaches them, so memory holds at most one tensor.
+     * @param maxChunkBytes upper bound of one yielded buffer (default {@link GGUF_WRITE_CHUNK_BYTES})
+     */
+    *chunks(maxChunkBytes: number = GGUF_WRITE_CHUNK_BYTES): Generator<Buffer> {
+        if (!Number.isInteger(maxChunkBytes) || maxChunkBytes <= 0) throw new Error(`maxChunkBytes must be a positive integer, got ${maxChunkBytes}`);
+        const lay = this.layout();
+        const slices = function* (b: Buffer): Generator<Buffer> {
+            for (let at = 0; at < b.length; at += maxChunkBytes) yield b.subarray(at, Math.min(b.length, at + maxChunkBytes));
+        };
+        yield* slices(this.headerBuffer(lay));
+        for (const t of this.tensors) {
+            yield* slices(t.bytes());
+            const pad = alignUp(t.size, this.alignment) - t.size;
+            if (pad > 0) yield Buffer.alloc(pad);
+        }
+    }
+
+    /**
+     * Serializes the whole file into one Buffer (small models, tests). Large models go through {@link chunks} /
+     * {@link writeGgufFile}: one Buffer cannot hold more than `buffer.constants.MAX_LENGTH` bytes.
+     * @throws Error if a value does not fit its declared type, or the file is larger than one Buffer can be
+     */
+    toBuffer(): Buffer {
+        const total = this.layout().totalBytes;
+        if (total > bufferConstants.MAX_LENGTH) throw new Error(`gguf file of ${total} bytes does not fit one Buffer; write it with writeGgufFile()`);
+        const out = Buffer.allocUnsafe(total);
+        let at = 0;
+        for (const c of this.chunks()) at += c.copy(out, at);
+        if (at !== total) throw new Error(`gguf size mismatch: wrote ${at} of ${total} bytes`);
+        return out;
+    }
+}
+
+/**
+ * Encodes numbers as tensor bytes of `type`: F32 as-is (an own copy, so later edits of `data` do not change the
+ * file), F16 rounded to nearest-even.
+ */
+export function encodeTensorData(data: ArrayLike<number>, type: GgmlTensorType, name = "tensor"): Buffer {
+    if (type === GgmlTensorType.F32) {
+        const f = data instanceof Float32Array ? data : Float32Array.from(data);
+        return Buffer.from(Buffer.from(f.buffer, f.byteOffset, f.byteLength));
+    }
+    if (type === GgmlTensorType.F16) {
+        const h = new Uint16Array(data.length);
+        for (let i = 0; i < data.length; i++) h[i] = floatToHalfBits(data[i]!);
+        return Buffer.from(h.buffer);
+    }
+    throw new Error(`tensor ${name}: unsupported type ${String(type)}`);
+}
+
+/** How {@link writeGgufFile} writes: the chunk bound, and the write call (injectable so tests can count and fail writes). */
+export interface GgufFileWriteOptions {
+    /** Upper bound of one write (default {@link GGUF_WRITE_CHUNK_BYTES}). */
+    maxChunkBytes?: number;
+    /** Writes `chunk` at the current end of `fd`; default `fs.writeSync` until the whole chunk is written. */
+    write?: (fd: number, chunk: Buffer) => void;
+}
+
+/**
+ * Writes a GGUF file (a writer's streamed {@link GgufWriter.chunks}, or a ready Buffer) to `file` atomically: into a
+ * temporary file next to it, in writes of at most `maxChunkBytes` (never one call over 2 GiB, the limit of a
+ * single `fs.writeSync`), then renamed over `file`. On any failure the temporary file is removed and `file` is left
+ * as it was, so a partial model never appears under the final name.
+ * @returns the number of bytes written
+ * @throws the write / rename error (after cleaning up)
+ */
+export function writeGgufFile(file: string, source: GgufWriter | Buffer, options: GgufFileWriteOptions = {}): number {
+    const maxChunk = options.maxChunkBytes ?? GGUF_WRITE_CHUNK_BYTES;
+    const write = options.write ?? writeFully;
+    const tmp = path.join(path.dirname(file), `.${path.basename(file)}.${process.pid}.${randomBytes(6).toString("hex")}.tmp`);
+    const fd = openSync(tmp, "wx");
+    let bytes = 0;
+    try {
+        try {
+            const chunks = Buffer.isBuffer(source) ? bufferSlices(source, maxChunk) : source.chunks(maxChunk);
+            for (const chunk of chunks) {
+                write(fd, chunk);
+                bytes += chunk.length;
+            }
+        } finally {
+            closeSync(fd);
+        }
+        renameSync(tmp, file);
+    } catch (err) {
+        rmSync(tmp, {force: true});
+        throw err;
+    }
+    return bytes;
+}
+
+/** `fs.writeSync` until all of `chunk` is written (a write may be short). */
+function writeFully(fd: number, chunk: Buffer): void {
+    for (let at = 0; at < chunk.length;) at += writeSync(fd, chunk, at, chunk.length - at);
+}
+
+function* bufferSlices(b: Buffer, max: number): Generator<Buffer> {
+    if (!Number.isInteger(max) || max <= 0) throw new Error(`maxChunkBytes must be a positive integer, got ${max}`);
+    for (let at = 0; at < b.length; at += max) yield b.subarray(at, Math.min(b.length, at + max));
 }
 
 /** Parsed header of a GGUF file (see {@link readGgufHeader}). */

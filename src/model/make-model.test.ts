@@ -1,10 +1,10 @@
-import {mkdtempSync, readFileSync, rmSync} from "node:fs";
+import {existsSync, mkdtempSync, readdirSync, readFileSync, rmSync} from "node:fs";
 import {tmpdir} from "node:os";
 import path from "node:path";
 import {afterAll, describe, expect, it, vi} from "vitest";
 import {readGgufHeader} from "./gguf-writer.js";
 import {main, parseMakeModelArgs} from "./make-model.js";
-import {buildTinyModel} from "./tiny-model.js";
+import {buildTinyModel, MODEL_SHAPES} from "./tiny-model.js";
 import {TINY_MODELS} from "./default-model.js";
 import {buildTinyRecurrentModel} from "./tiny-recurrent-model.js";
 
@@ -70,5 +70,38 @@ describe("make-model CLI", () => {
         const buf = readFileSync(out);
         expect(buf.equals(buildTinyRecurrentModel({arch: "mamba", layers: 2, merges: 50}))).toBe(true);
         expect(readGgufHeader(buf).kv.get("general.architecture")?.value).toBe("mamba");
+    });
+
+    it("--shape and --vocab: a named model's sizes (single flags override), a generated vocabulary", () => {
+        expect(parseMakeModelArgs(["--out", "x", "--shape", "qwen2.5-0.5b", "--layers", "2", "--f16"]).options)
+            .toEqual({...MODEL_SHAPES["qwen2.5-0.5b"], layers: 2, f16: true});
+        expect(parseMakeModelArgs(["--out", "x", "--vocab", "151936"]).options).toEqual({vocab: 151936});
+        expect(() => parseMakeModelArgs(["--out", "x", "--shape", "gpt5"])).toThrow(/unknown shape/);
+        expect(() => parseMakeModelArgs(["--out", "x", "--vocab", "lots"])).toThrow(/integer/);
+        expect(() => parseMakeModelArgs(["--out", "x", "--vocab", "100"])).toThrow(/vocab too small/);
+        expect(() => parseMakeModelArgs(["--out", "x", "--arch", "mamba", "--vocab", "5000"])).toThrow(/not supported/);
+        const out = path.join(tmp, "v.gguf");
+        const stdout = vi.spyOn(process.stdout, "write").mockImplementation(() => true);
+        try {
+            expect(main(["--out", out, "--layers", "1", "--hidden", "32", "--ff", "64", "--heads", "4", "--kv-heads", "2", "--merges", "50", "--vocab", "3000"])).toBe(0);
+        } finally {
+            stdout.mockRestore();
+        }
+        const buf = readFileSync(out);
+        expect(buf.equals(buildTinyModel({layers: 1, hidden: 32, ff: 64, heads: 4, kvHeads: 2, merges: 50, vocab: 3000}))).toBe(true);
+        expect((readGgufHeader(buf).kv.get("tokenizer.ggml.tokens")?.value as string[]).length).toBe(3000);
+    });
+
+    it("a write that fails exits 1 and leaves no file behind", () => {
+        const out = path.join(tmp, "no-such-dir", "m.gguf");
+        const stderr = vi.spyOn(process.stderr, "write").mockImplementation(() => true);
+        try {
+            expect(main(["--out", out, "--layers", "1", "--hidden", "32", "--ff", "64", "--heads", "4", "--kv-heads", "2", "--merges", "50"])).toBe(1);
+            expect(String(stderr.mock.calls[0]?.[0])).toMatch(/ENOENT/);
+        } finally {
+            stderr.mockRestore();
+        }
+        expect(existsSync(out)).toBe(false);
+        expect(readdirSync(tmp).filter((f) => f.endsWith(".tmp"))).toEqual([]);
     });
 });

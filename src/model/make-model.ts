@@ -3,18 +3,23 @@
  * effects; the CLI entry point calls {@link main}.
  *
  * ```
- * keel make-model --out x.gguf [--layers N] [--hidden N] [--ff N] [--heads N] [--kv-heads N] [--ctx N]
- *                 [--merges N] [--seed N] [--logit-scale X] [--f16] [--chat-template-file t.jinja]
+ * keel make-model --out x.gguf [--shape qwen2.5-0.5b|llama3-8b] [--layers N] [--hidden N] [--ff N] [--heads N]
+ *                 [--kv-heads N] [--ctx N] [--merges N] [--vocab N] [--seed N] [--logit-scale X] [--f16] [--chat-template-file t.jinja]
  *                 [--broken zero-layers|kv-heads-3|expert-used] [--agent qwen3|qwen3coder] [--user-token T]...
  * keel make-model --out x.gguf --arch mamba|jamba [--layers N] [--hidden N] [--state-size N] [--conv-kernel N]
  *                 [--dt-rank N] [--heads N] [--kv-heads N] [--ff N] [--attention-layers 1,3] [--ctx N] [--merges N]
  *                 [--seed N] [--logit-scale X] [--chat-template-file t.jinja]
  * ```
  * `--arch mamba|jamba` writes a model with recurrent state (tiny-recurrent-model.ts, docs/recurrent-model.md).
+ * The file is streamed to a temporary name and renamed into place (`writeGgufFile`): any size, never a partial file.
  */
-import {readFileSync, writeFileSync} from "node:fs";
+import {readFileSync} from "node:fs";
+import {writeGgufFile} from "./gguf-writer.js";
 import {AGENT_TAGS, QWEN3_STYLE_TEMPLATE, QWEN3CODER_STYLE_TEMPLATE} from "./agent-templates.js";
-import {buildTinyModel, tinyModelSpecialIds, resolveTinyModelOptions, type BrokenModelKind, type TinyModelOptions} from "./tiny-model.js";
+import {
+    MODEL_SHAPES, tinyModelSpecialIds, tinyModelWriter, resolveTinyModelOptions, type BrokenModelKind, type ModelShapeName,
+    type TinyModelOptions
+} from "./tiny-model.js";
 import {
     buildTinyRecurrentModel, resolveTinyRecurrentModelOptions, tinyRecurrentModelSpecialIds, type TinyRecurrentArch,
     type TinyRecurrentModelOptions
@@ -23,6 +28,9 @@ import {
 /** Usage text of the `make-model` command. */
 export const MAKE_MODEL_USAGE = `usage: keel make-model --out FILE.gguf [options]
   --layers N  --hidden N  --ff N  --heads N  --kv-heads N  --ctx N  --merges N  --seed N
+  --vocab N                total vocabulary size: corpus merges plus generated word-like ones (e.g. 151936)
+  --shape NAME             ${Object.keys(MODEL_SHAPES).join(" | ")}: that model's sizes and vocabulary
+                           (flags after it override single sizes)
   --logit-scale X          std of the output logits (default from TINY_MODEL_DEFAULTS)
   --f16                    store matrices as F16
   --chat-template-file F   Jinja chat template (default ChatML)
@@ -45,7 +53,7 @@ export interface MakeModelArgs {
 
 const INT_FLAGS = {
     "--layers": "layers", "--hidden": "hidden", "--ff": "ff", "--heads": "heads", "--kv-heads": "kvHeads",
-    "--ctx": "ctx", "--merges": "merges", "--seed": "seed"
+    "--ctx": "ctx", "--merges": "merges", "--seed": "seed", "--vocab": "vocab"
 } as const;
 
 const RECURRENT_INT_FLAGS = {"--state-size": "stateSize", "--conv-kernel": "convKernel", "--dt-rank": "dtRank"} as const;
@@ -68,6 +76,11 @@ export function parseMakeModelArgs(argv: readonly string[]): MakeModelArgs {
         };
         if (flag === "--out" || flag === "-o") out = value();
         else if (flag === "--f16") options.f16 = true;
+        else if (flag === "--shape") {
+            const name = value();
+            if (!Object.hasOwn(MODEL_SHAPES, name)) throw new Error(`--shape: unknown shape "${name}" (${Object.keys(MODEL_SHAPES).join(" | ")})`);
+            Object.assign(options, MODEL_SHAPES[name as ModelShapeName]);
+        }
         else if (flag === "--arch") {
             const a = value();
             if (a !== "llama" && a !== "mamba" && a !== "jamba") throw new Error(`--arch: unknown architecture "${a}" (llama | mamba | jamba)`);
@@ -104,16 +117,17 @@ export function parseMakeModelArgs(argv: readonly string[]): MakeModelArgs {
     }
     if (out === undefined) throw new Error("--out is required");
     if (arch !== "llama") {
-        if (options.f16 || options.broken !== undefined || options.userTokens !== undefined) {
-            throw new Error(`--f16, --broken, --agent and --user-token are not supported with --arch ${arch}`);
+        if (options.f16 || options.broken !== undefined || options.userTokens !== undefined || options.vocab !== undefined) {
+            throw new Error(`--f16, --broken, --agent, --user-token, --vocab and --shape are not supported with --arch ${arch}`);
         }
-        const {f16: _f16, broken: _broken, userTokens: _userTokens, ...shared} = options;
+        const {f16: _f16, broken: _broken, userTokens: _userTokens, vocab: _vocab, ...shared} = options;
         const recurrent: TinyRecurrentModelOptions = {arch, ...shared, ...recurrentOnly};
         resolveTinyRecurrentModelOptions(recurrent);
         return {out, options, recurrent};
     }
     if (Object.keys(recurrentOnly).length > 0) throw new Error("--state-size, --conv-kernel, --dt-rank and --attention-layers need --arch mamba|jamba");
     resolveTinyModelOptions(options); // validate early, with the same messages as the builder
+    if (options.vocab !== undefined) tinyModelSpecialIds(options); // a vocabulary below what the corpus gives is a usage error (memoized for the build)
     return {out, options};
 }
 
@@ -136,17 +150,15 @@ export function main(argv: readonly string[]): number {
     }
     try {
         if (args.recurrent) {
-            const buf = buildTinyRecurrentModel(args.recurrent);
-            writeFileSync(args.out, buf);
+            const bytes = writeGgufFile(args.out, buildTinyRecurrentModel(args.recurrent));
             const ids = tinyRecurrentModelSpecialIds(args.recurrent);
-            process.stdout.write(JSON.stringify({out: args.out, bytes: buf.length, ...ids, options: resolveTinyRecurrentModelOptions(args.recurrent)},
+            process.stdout.write(JSON.stringify({out: args.out, bytes, ...ids, options: resolveTinyRecurrentModelOptions(args.recurrent)},
                 (k, v: unknown) => (k === "chatTemplate" ? undefined : v)) + "\n");
             return 0;
         }
-        const buf = buildTinyModel(args.options);
-        writeFileSync(args.out, buf);
+        const bytes = writeGgufFile(args.out, tinyModelWriter(args.options));
         const ids = tinyModelSpecialIds(args.options);
-        process.stdout.write(JSON.stringify({out: args.out, bytes: buf.length, ...ids, options: resolveTinyModelOptions(args.options)},
+        process.stdout.write(JSON.stringify({out: args.out, bytes, ...ids, options: resolveTinyModelOptions(args.options)},
             (k, v: unknown) => (k === "chatTemplate" ? undefined : v)) + "\n");
         return 0;
     } catch (err) {

@@ -1,6 +1,9 @@
 import {describe, expect, it} from "vitest";
-import {GgufValueType, readGgufHeader} from "./gguf-writer.js";
-import {buildTinyModel, CHATML_TEMPLATE, isBatchInvariantShape, resolveTinyModelOptions, TINY_MODEL_DEFAULTS, tinyModelSpecialIds} from "./tiny-model.js";
+import {floatToHalfBits, GgufValueType, readGgufHeader} from "./gguf-writer.js";
+import {
+    buildTinyModel, CHATML_TEMPLATE, FAST_FILL_MIN_ELEMENTS, isBatchInvariantShape, MODEL_SHAPES, NormalRng, resolveTinyModelOptions,
+    TINY_MODEL_DEFAULTS, tinyModelSpecialIds, vocabFor
+} from "./tiny-model.js";
 
 const small = {layers: 2, hidden: 64, ff: 128, heads: 4, kvHeads: 2, merges: 100} as const;
 
@@ -82,5 +85,77 @@ describe("buildTinyModel", () => {
         expect(() => resolveTinyModelOptions({hidden: 256, heads: 4, kvHeads: 3})).toThrow(/kvHeads/);
         expect(() => resolveTinyModelOptions({layers: 0})).toThrow(/layers/);
         expect(() => resolveTinyModelOptions({broken: "nope" as never})).toThrow(/broken/);
+    });
+});
+
+describe("buildTinyModel with a generated vocabulary (--vocab)", () => {
+    it("has exactly `vocab` tokens: corpus merges, generated merges, control tokens, user tokens", () => {
+        const opts = {...small, vocab: 5000, userTokens: ["<think>"]};
+        const ids = tinyModelSpecialIds(opts);
+        expect(ids.vocabSize).toBe(5000);
+        expect(ids.userTokens["<think>"]).toBe(4999);
+        expect([ids.bos, ids.imStart, ids.eos]).toEqual([4996, 4997, 4998]);
+        const h = readGgufHeader(buildTinyModel(opts));
+        const tokens = h.kv.get("tokenizer.ggml.tokens")?.value as string[];
+        expect(tokens).toHaveLength(5000);
+        expect(tokens.slice(ids.bos)).toEqual(["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>"]);
+        expect(tokens.slice(256, 356)).toEqual(vocabFor(100).mergedTokens); // the corpus merges come first
+        expect((h.kv.get("tokenizer.ggml.merges")?.value as string[]).length).toBe(5000 - 256 - 4);
+        expect(h.kv.get("llama.vocab_size")?.value).toBe(5000);
+        expect(h.tensors.find((t) => t.name === "token_embd.weight")?.ne).toEqual([64, 5000]);
+        expect(h.tensors.find((t) => t.name === "output.weight")?.ne).toEqual([64, 5000]);
+    });
+
+    it("refuses a vocabulary smaller than the corpus gives; models without --vocab resolve as before", () => {
+        expect(() => tinyModelSpecialIds({merges: 100, vocab: 300})).toThrow(/vocab too small/);
+        expect(() => resolveTinyModelOptions({vocab: 0})).toThrow(/vocab/);
+        expect(Object.keys(resolveTinyModelOptions())).not.toContain("vocab");
+        expect(MODEL_SHAPES["qwen2.5-0.5b"].vocab).toBeGreaterThanOrEqual(150_000);
+    });
+});
+
+describe("weight generators", () => {
+    const std = (a: ArrayLike<number>): {mean: number; sd: number} => {
+        let s = 0, s2 = 0;
+        for (let i = 0; i < a.length; i++) { s += a[i]!; s2 += a[i]! * a[i]!; }
+        const mean = s / a.length;
+        return {mean, sd: Math.sqrt(s2 / a.length - mean * mean)};
+    };
+
+    it("small tensors keep the exact Box-Muller stream (the tiny models' bytes do not change)", () => {
+        const buf = buildTinyModel(small);
+        const h = readGgufHeader(buf);
+        const t = h.tensors.find((x) => x.name === "blk.1.ffn_down.weight")!;
+        const rng = new NormalRng(TINY_MODEL_DEFAULTS.seed, "blk.1.ffn_down.weight");
+        for (let i = 0; i < 128 * 64; i++) {
+            const want = Math.fround(rng.normal() / Math.sqrt(128));
+            if (buf.readFloatLE(h.dataStart + t.offset + 4 * i) !== want) throw new Error(`element ${i} differs`);
+        }
+        // every tensor of the default model is below the fast-fill size
+        for (const x of readGgufHeader(buildTinyModel()).tensors) expect(x.ne.reduce((a, b) => a * b, 1)).toBeLessThan(FAST_FILL_MIN_ELEMENTS);
+    });
+
+    it("large tensors (fast fill) have the requested mean and std, zeroed control rows, and F16 = rounded F32", () => {
+        const opts = {...small, vocab: 20_000}; // token_embd / output: 64 x 20000 = 1.28 M elements >= 2^20
+        expect(64 * 20_000).toBeGreaterThanOrEqual(FAST_FILL_MIN_ELEMENTS);
+        const f32 = buildTinyModel(opts), f16 = buildTinyModel({...opts, f16: true});
+        const h32 = readGgufHeader(f32), h16 = readGgufHeader(f16);
+        const ids = tinyModelSpecialIds(opts);
+        for (const [name, wantSd] of [["token_embd.weight", 1], ["output.weight", TINY_MODEL_DEFAULTS.logitScale / 8]] as const) {
+            const t32 = h32.tensors.find((x) => x.name === name)!, t16 = h16.tensors.find((x) => x.name === name)!;
+            const n = 64 * 20_000;
+            const v = new Float32Array(n);
+            for (let i = 0; i < n; i++) v[i] = f32.readFloatLE(h32.dataStart + t32.offset + 4 * i);
+            const textRows = name === "output.weight" ? v.subarray(0, 64 * ids.bos) : v;
+            const {mean, sd} = std(textRows);
+            expect(Math.abs(mean)).toBeLessThan(0.01 * wantSd);
+            expect(sd / wantSd).toBeGreaterThan(0.99);
+            expect(sd / wantSd).toBeLessThan(1.01);
+            expect(new Set(textRows.subarray(0, 100_000)).size).toBeGreaterThan(500); // many levels, not a handful
+            if (name === "output.weight") expect(v.subarray(64 * ids.bos, 64 * (ids.eos + 1)).every((x) => x === 0)).toBe(true);
+            for (let i = 0; i < n; i += 97) {
+                if (f16.readUInt16LE(h16.dataStart + t16.offset + 2 * i) !== floatToHalfBits(v[i]!)) throw new Error(`${name}[${i}]: F16 differs`);
+            }
+        }
     });
 });

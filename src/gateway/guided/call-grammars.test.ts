@@ -169,3 +169,25 @@ it("a bad parameters schema is a 400 naming the tool's index", () => {
     expect((err as KeelHttpError).message).toMatch(/#\/properties\/p\/pattern/);
   }
 });
+
+describe("one call of any tool", () => {
+  // llama.cpp keeps one parse stack per live alternative: a head repeated per tool costs (tools x vocabulary) per
+  // masked token, so the shared head is spelled once and only the tool-specific parts alternate.
+  it.each(["hermes3", "hermes3-bare", "llama3", "qwen3coder"] as const)("%s: the shared head appears once in the call rule, every tool still parses", (format) => {
+    const many: ToolSpec[] = Array.from({ length: 50 }, (_, i) => ({ ...WEATHER, name: `tool_${i}` }));
+    const b = new GbnfBuilder();
+    const rules = addCallRules(b, format, many, (t) => many.indexOf(t));
+    const text = b.text();
+    const callLine = text.split("\n").find((l) => l.startsWith(`${rules.call} ::= `))!;
+    const head = format === "qwen3coder" || format === "hermes3" ? "<tool_call>" : '\\"name\\"';
+    expect(callLine.split(head).length - 1).toBe(1);
+    expect(callLine.split(" | ").length).toBe(50);
+    const g = new GbnfGrammar(text);
+    const call = (name: string): string =>
+      format === "qwen3coder" ? qwen(name, [["city", "Paris"]])
+        : format === "llama3" ? `{"name": "${name}", "parameters": {"city": "Paris"}}`
+          : format === "hermes3" ? hermes(name, '{"city": "Paris"}') : `{"name": "${name}", "arguments": {"city": "Paris"}}`;
+    for (const i of [0, 7, 49]) expect(g.accepts(rules.call, call(`tool_${i}`)), `tool_${i}`).toBe(true);
+    expect(g.accepts(rules.call, call("tool_50"))).toBe(false);
+  });
+});

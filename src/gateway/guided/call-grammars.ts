@@ -45,19 +45,26 @@ export const toolParam = (index: number) => `tools[${index}].function.parameters
 export function addCallRules(b: GbnfBuilder, format: CallFormat, tools: readonly ToolSpec[], indexOf: (t: ToolSpec) => number): CallRules {
   const byTool = new Map<string, string>();
   const functions = new Map<string, string>();
+  /** Per tool, the part of its call after the text every call shares (the tool's own alternative in `call`). */
+  const own: string[] = [];
+  const head = format === "qwen3coder" ? '"<tool_call>\\n"' : jsonCallHead(b, format);
+  const tail = format === "qwen3coder" ? '"\\n</tool_call>"' : jsonCallTail(b, format);
   for (const tool of tools) {
     const i = indexOf(tool);
     checkParametersShape(tool, toolParam(i));
     const prefix = `t${i}-${format === "hermes3-bare" ? "hb" : format === "qwen3coder" ? "qc" : format === "llama3" ? "l3" : "h"}`;
-    let body: string;
+    let middle: string;
     if (format === "qwen3coder") {
-      const fn = b.define(b.fresh(prefix, "function"), qwenFunction(b, tool, prefix, toolParam(i)));
-      functions.set(tool.name, fn);
-      body = `"<tool_call>\\n" ${fn} "\\n</tool_call>"`;
-    } else body = jsonCallBody(b, format, tool, prefix, toolParam(i));
-    byTool.set(tool.name, b.define(b.fresh(prefix, "call"), body));
+      middle = b.define(b.fresh(prefix, "function"), qwenFunction(b, tool, prefix, toolParam(i)));
+      functions.set(tool.name, middle);
+    } else middle = b.define(b.fresh(prefix, "named"), jsonCallMiddle(b, format, tool, prefix, toolParam(i)));
+    own.push(middle);
+    byTool.set(tool.name, b.define(b.fresh(prefix, "call"), `${head} ${middle} ${tail}`));
   }
-  const call = b.define(b.fresh(`calls-${format}`, "any"), [...byTool.values()].join(" | "));
+  // The shared head and tail once, the tools as alternatives in between: llama.cpp's grammar keeps one parse stack
+  // per live alternative, and masking the vocabulary costs (vocabulary x stacks) per token, so `call_0 | call_1 | …`
+  // with the head repeated made every token of the head N times as expensive (bench/vocab.mjs, docs/real-vocab.md).
+  const call = b.define(b.fresh(`calls-${format}`, "any"), `${head} (${own.join(" | ")}) ${tail}`);
   return { call, byTool, functions };
 }
 
@@ -92,12 +99,25 @@ function argsRule(b: GbnfBuilder, tool: ToolSpec, prefix: string, param: string)
   return rule;
 }
 
-function jsonCallBody(b: GbnfBuilder, format: "hermes3" | "hermes3-bare" | "llama3", tool: ToolSpec, prefix: string, param: string): string {
+/** What every JSON call of `format` starts with, up to the name's value: `<tool_call>\n{"name": `. */
+function jsonCallHead(b: GbnfBuilder, format: "hermes3" | "hermes3-bare" | "llama3"): string {
+  const sp = b.primitive("space");
+  const obj = `"{" ${sp} "\\"name\\"" ${sp} ":" ${sp}`;
+  return format === "hermes3" ? `"<tool_call>\\n" ${obj}` : obj;
+}
+
+/** One tool's part of a JSON call: its name's value, then the arguments key and object. */
+function jsonCallMiddle(b: GbnfBuilder, format: "hermes3" | "hermes3-bare" | "llama3", tool: ToolSpec, prefix: string, param: string): string {
   const sp = b.primitive("space");
   const nameLit = literal(JSON.stringify(tool.name));
   const argsKey = format === "llama3" ? '"\\"parameters\\""' : '"\\"arguments\\""';
-  const obj = `"{" ${sp} "\\"name\\"" ${sp} ":" ${sp} ${nameLit} ${sp} "," ${sp} ${argsKey} ${sp} ":" ${sp} ${argsRule(b, tool, prefix, param)} ${sp} "}"`;
-  return format === "hermes3" ? `"<tool_call>\\n" ${obj} "\\n</tool_call>"` : obj;
+  return `${nameLit} ${sp} "," ${sp} ${argsKey} ${sp} ":" ${sp} ${argsRule(b, tool, prefix, param)}`;
+}
+
+/** What every JSON call of `format` ends with after the arguments: `}` (and `\n</tool_call>`). */
+function jsonCallTail(b: GbnfBuilder, format: "hermes3" | "hermes3-bare" | "llama3"): string {
+  const obj = `${b.primitive("space")} "}"`;
+  return format === "hermes3" ? `${obj} "\\n</tool_call>"` : obj;
 }
 
 /** `<function=N>\n` + parameters + `</function>` for one tool. */
