@@ -24,7 +24,7 @@ if [ ! -f "$C/nm.tar.xz" ]; then
   for p in "$LLAMA"/patches/*.diff; do git -C "$TMP/llama.cpp" apply --ignore-whitespace "$p"; done
   (cd "$TMP/llama.cpp" && rm -rf .git docs examples tests models media gguf-py pocs benches conversion app skills requirements ./*.py)
   (cd "$ROOT" && npm ls --omit=dev --parseable --all 2>/dev/null | sed "s#^$ROOT/##" | grep -E '^node_modules/(@[^/]+/)?[^/@][^/]*$' \
-    | grep -v '^node_modules/@node-llama-cpp' | sort -u) > "$TMP/top.txt"
+    | grep -v -E '^node_modules/(@node-llama-cpp/|@typescript/|typescript$)' | sort -u) > "$TMP/top.txt"
   tar -C "$ROOT" -cf "$TMP/nm.tar" --exclude=node_modules/node-llama-cpp/llama/gitRelease.bundle \
     --exclude=node_modules/node-llama-cpp/llama/localBuilds -T "$TMP/top.txt"
   tar -C "$TMP" -rf "$TMP/nm.tar" --transform 's#^llama.cpp#node_modules/node-llama-cpp/llama/llama.cpp#' llama.cpp

@@ -23,7 +23,7 @@
 #   5. compare.mjs --gpu mixed storm (Keel vs llama-server).
 set -uo pipefail
 MODE="${1:-start}"
-W=/tmp/k                 # work folder on the device (survives between calls while the machine is warm)
+W="${KEEL_GPU_WORK:-/tmp/k}"   # work folder on the device (survives between calls while the machine is warm)
 R=$W/results             # logs, copied to $OUT by every call
 BUDGET="${BUDGET:-575}"  # seconds a call waits before it returns (its limit is 600)
 T0=$(date +%s)
@@ -61,7 +61,7 @@ if [ "$MODE" = start ]; then
     mkdir -p "$W/node_modules/@node-llama-cpp" && tar -C "$W/node_modules/@node-llama-cpp" -xJf "$C/vulkan.tar.xz"
     mkdir -p "$W/node_modules/node-llama-cpp/llama/llama.cpp/.git"   # node-llama-cpp checks that the source is a checkout
     # Vulkan loader: only if the machine has none (README of the device tool).
-    if ! ldconfig -p | grep -q libvulkan.so.1; then for f in "$C"/gl/*.deb; do dpkg -x "$f" /; done; ldconfig; echo "installed the Vulkan loader from gl/"; fi
+    if command -v nvidia-smi > /dev/null && ! ldconfig -p | grep -q libvulkan.so.1; then for f in "$C"/gl/*.deb; do dpkg -x "$f" /; done; ldconfig; echo "installed the Vulkan loader from gl/"; fi
     echo "node $("$W/nodebin/node" -v); $(nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv,noheader)"
     echo "nvcc: $(nvcc --version | tail -1); cmake $(cmake --version | head -1); cores $(nproc)"
     echo "vulkan: $(ldconfig -p | grep -c libvulkan) loader libs; icd files: $(ls /usr/local/nvidia/share/vulkan/icd.d/ /usr/share/vulkan/icd.d/ /etc/vulkan/icd.d 2>/dev/null | tr '\n' ' ')"
@@ -82,6 +82,8 @@ fi
 
 [ "$MODE" = pipeline ] || { echo "unknown mode $MODE (start | wait)"; exit 2; }
 # ---------------- the pipeline (runs detached) ----------------
+# KEEL_GPU_DRY=1: stop here (a local check of the unpack and the stand-ins, without a build).
+if [ -n "${KEEL_GPU_DRY:-}" ]; then echo "dry run: pipeline not started"; date -u > "$R/DONE"; exit 0; fi
 export PATH="$W/nodebin:$W/shim:$PATH"
 export npm_config_nodedir="$W/hdr"   # cmake-js reads the Node headers here instead of downloading them
 log() { echo "== $(date -u +%T) $*"; }
