@@ -23,6 +23,9 @@
 #   5. compare.mjs --gpu mixed storm (Keel vs llama-server).
 set -uo pipefail
 MODE="${1:-start}"
+# PLAN (second argument of start): main = the measurements below; probe = after a main run: why Vulkan did not load,
+# a V8 profile of Keel at 32 streams, engine threads 2 vs 15, and Keel vs llama-server with 2 threads each.
+export PLAN="${PLAN:-${2:-main}}"
 W="${KEEL_GPU_WORK:-/tmp/k}"   # work folder on the device (survives between calls while the machine is warm)
 R=$W/results             # logs, copied to $OUT by every call
 BUDGET="${BUDGET:-575}"  # seconds a call waits before it returns (its limit is 600)
@@ -30,7 +33,7 @@ T0=$(date +%s)
 
 copy_out() {
   [ -n "${OUT:-}" ] || return 0
-  for f in run.log compare-cuda.log compare-vulkan.log mixed-storm.log dmon.log bandwidth.log; do
+  for f in run.log compare-cuda.log compare-vulkan.log mixed-storm.log dmon.log bandwidth.log vulkan-probe.log profile-c32.log threads-ab.log compare-cuda-t2.log; do
     [ -f "$R/$f" ] && cp "$R/$f" "$OUT/$f"
   done
   [ -f "$R/build.log" ] && tail -n 400 "$R/build.log" > "$OUT/build-tail.log"
@@ -106,6 +109,12 @@ BUILD_PID=$!
 mkdir -p "$W/models"
 log "model: write-model.mjs"
 "$NODE" bench/gpu/write-model.mjs --out "$MODEL" --vocab 32000 --layers 24 --hidden 2048 --ff 5632 --heads 16 --kv-heads 8 --ctx 4096 --f16 || log "model write FAILED"
+if [ "$PLAN" = probe ]; then
+  log "vulkan probe (prebuilt binary)"
+  ( for f in /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json; do [ -f "$f" ] && export VK_DRIVER_FILES="$f"; done
+    NODE_LLAMA_CPP_DEBUG=true timeout 120 "$NODE" bench/gpu/vulkan-probe.mjs ) > "$R/vulkan-probe.log" 2>&1
+  tail -n 15 "$R/vulkan-probe.log"
+fi
 log "bandwidth (torch, 4 GiB, 20 reps after 3 warm-ups)"
 python3 - > "$R/bandwidth.log" 2>&1 <<'EOF'
 import torch
@@ -136,6 +145,38 @@ log "build done: llama-server=$LS llama-bench=$BENCH; folders: $(ls "$LB" | tr '
 if [ -n "$BENCH" ]; then
   log "llama-bench batch-1 decode"
   "$BENCH" -m "$MODEL" -ngl 999 -fa 0 -p 0 -n 256 -r 3 -o md 2>&1 | grep -v "^ggml_\|^load" | tail -n 8
+fi
+
+if [ "$PLAN" = probe ]; then
+  # P1. V8 CPU profile of Keel's gateway and engine at 32 streams (per-token busy time, top functions).
+  log "profile Keel at 32 streams"
+  env "${CUDA_ENV[@]}" MODEL="$MODEL" REQS=64 TOKENS=256 CONCURRENCY=32 PROF_DIR=/tmp/keel-prof TOP=25 \
+    KEEL_ARGS="--target_device GPU --engine_threads 15 --flash_attention false --max_num_batched_tokens 256" \
+    timeout 240 "$NODE" bench/gpu/profile-keel-gpu.mjs > "$R/profile-c32.log" 2>&1
+  head -n 60 "$R/profile-c32.log"
+  # P2. Keel with 2 engine threads against Keel with 15 (what compare.mjs gave both servers on 16 cores).
+  log "threads A/B: keel --engine_threads 2 vs 15"
+  OTHER="env ${CUDA_ENV[*]} $NODE bin/keel.mjs serve --model_path {model} --model_name bench --rest_port {port} --rest_bind_address 127.0.0.1 --log_format json --max_num_seqs {slots} --max_model_len {ctx} --max_num_batched_tokens {batch} --engine_threads 15 --flash_attention false --max_queued_requests 4096 --target_device GPU"
+  env "${CUDA_ENV[@]}" "$NODE" bench/compare.mjs --gpu --model "$MODEL" --tokens 256 --rounds 2 --concurrency 8,32 --threads 2 --other-cmd "$OTHER" \
+    --other-name keel-t15 --max-seconds 300 throughput 2>&1 | while IFS= read -r l; do echo "$(date -u +%T) $l"; done > "$R/threads-ab.log"
+  cat "$R/threads-ab.log"
+  # P3. Keel vs llama-server with 2 threads each.
+  log "compare CUDA throughput, 2 threads each"
+  env "${CUDA_ENV[@]}" "$NODE" bench/compare.mjs --gpu --model "$MODEL" --tokens 256 --rounds 2 --threads 2 --llama-server "$LS" \
+    --other-args "--cache-ram 0" --max-seconds 400 throughput 2>&1 | while IFS= read -r l; do echo "$(date -u +%T) $l"; done > "$R/compare-cuda-t2.log"
+  cat "$R/compare-cuda-t2.log"
+  # P4. Keel on Vulkan, only if the probe loaded the Vulkan backend.
+  if grep -q "^2. getLlama: vulkan" "$R/vulkan-probe.log"; then
+    for f in /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json; do [ -f "$f" ] && export VK_DRIVER_FILES="$f"; done
+    log "compare Vulkan (Keel vulkan vs Keel cuda)"
+    OTHER="env ${CUDA_ENV[*]} $NODE bin/keel.mjs serve --model_path {model} --model_name bench --rest_port {port} --rest_bind_address 127.0.0.1 --log_format json --max_num_seqs {slots} --max_model_len {ctx} --max_num_batched_tokens {batch} --engine_threads {threads} --flash_attention false --max_queued_requests 4096 --target_device GPU"
+    "$NODE" bench/compare.mjs --gpu --model "$MODEL" --tokens 256 --rounds 1 --concurrency 1,8,32 --threads 2 --other-cmd "$OTHER" --other-name keel-cuda \
+      --max-seconds 300 throughput 2>&1 | while IFS= read -r l; do echo "$(date -u +%T) $l"; done > "$R/compare-vulkan.log"
+    cat "$R/compare-vulkan.log"
+  fi
+  log "pipeline done"
+  date -u > "$R/DONE"
+  exit 0
 fi
 
 # 3. Keel vs llama-server, CUDA, throughput.
