@@ -72,7 +72,12 @@ let tokens = 0;
 const t0 = performance.now();
 await Promise.all(
   Array.from({ length: CONCURRENCY }, async () => {
-    while (next < REQS) tokens += await chat(next++);
+    // Not `tokens += await chat(...)`: that reads `tokens` before the await, so concurrent clients overwrite each
+    // other's counts (bench/profile-keel.mjs undercounts that way at concurrency > 1).
+    while (next < REQS) {
+      const n = await chat(next++);
+      tokens += n;
+    }
   }),
 );
 const sec = (performance.now() - t0) / 1000;

@@ -102,6 +102,28 @@ CUDA_ENV=(
   NODE_LLAMA_CPP_CMAKE_OPTION_GGML_CUDA_FA=OFF
 )
 
+if [ "$PLAN" = vulkan ]; then
+  # Vulkan only (no CUDA build): why Keel's getLlama({gpu: "auto"}) rejected the prebuilt Vulkan binary that
+  # getLlama({gpu: "vulkan"}) loads, then Keel on Vulkan at 1/8/32 streams (both columns Keel on Vulkan).
+  mkdir -p "$W/models"
+  "$NODE" bench/gpu/write-model.mjs --out "$MODEL" --vocab 32000 --layers 24 --hidden 2048 --ff 5632 --heads 16 --kv-heads 8 --ctx 4096 --f16 || log "model write FAILED"
+  for gpu in auto vulkan; do
+    log "getLlama({gpu: \"$gpu\"}) with debug logs"
+    NODE_LLAMA_CPP_DEBUG=true timeout 120 "$NODE" --input-type=module -e "
+      const { getLlama } = await import('$W/node_modules/node-llama-cpp/dist/index.js');
+      try { const l = await getLlama({ gpu: '$gpu', build: 'never', progressLogs: 'stderr', debug: true }); console.log('RESULT $gpu:', l.gpu, await l.getGpuDeviceNames()); }
+      catch (e) { console.log('RESULT $gpu: failed', e.message); }" 2>&1 | grep -v "^ggml_vulkan: \|^llama_\|^load_tensors" | tail -n 40
+  done
+  OTHER="$NODE bin/keel.mjs serve --model_path {model} --model_name bench --rest_port {port} --rest_bind_address 127.0.0.1 --log_format json --max_num_seqs {slots} --max_model_len {ctx} --max_num_batched_tokens {batch} --engine_threads {threads} --flash_attention false --max_queued_requests 4096 --target_device GPU"
+  log "Keel on Vulkan, 1/8/32 streams"
+  NODE_LLAMA_CPP_DEBUG=true "$NODE" bench/compare.mjs --gpu --model "$MODEL" --tokens 256 --rounds 1 --concurrency 1,8,32 --threads 2 --other-cmd "$OTHER" --other-name keel-vulkan-2 \
+    --max-seconds 200 throughput 2>&1 | grep -v "^ggml_vulkan: \|^llama_" | while IFS= read -r l; do echo "$(date -u +%T) $l"; done > "$R/compare-vulkan.log"
+  tail -n 40 "$R/compare-vulkan.log"
+  log "pipeline done"
+  date -u > "$R/DONE"
+  exit 0
+fi
+
 # 1. Build (16 cores) while the model is written and the bandwidth measured.
 log "build: source build --gpu cuda (tools + server on, FA kernels off)"
 ( env "${CUDA_ENV[@]}" "$NODE" node_modules/node-llama-cpp/dist/cli/cli.js source build --gpu cuda > "$R/build.log" 2>&1; echo "build exit $?" >> "$R/build.log" ) &
