@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Makes the carry folder for bench/gpu/run-h200.sh (the GPU machine has no package registry and a 64 MiB limit on
+# what travels). Reuses finished pieces; rebuild one by deleting it. Run `node scripts/prepare.mjs` first (dist/).
+#
+#   bash bench/gpu/make-carry.sh [CARRY_DIR]     # default: .gpucarry in the repository root (must be git-ignored,
+#                                                # e.g. listed in .git/info/exclude)
+# Then a device call: carry [".gpucarry"], command "bash .gpucarry/run-h200.sh start".
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+C="${1:-$ROOT/.gpucarry}"
+TMP="${TMPDIR:-/tmp}/keel-gpucarry"
+LLAMA="$ROOT/node_modules/node-llama-cpp/llama"
+mkdir -p "$C" "$TMP"
+
+# 1. The node binary (≈ 24 MB with xz -9).
+[ -f "$C/node.xz" ] || xz -T0 -9 -c "$(command -v node)" > "$C/node.xz"
+
+# 2. Production node_modules without the prebuilt GPU packages and the 34 MB git bundle, plus the llama.cpp source
+#    checked out from that bundle (patches applied as node-llama-cpp does after a download; docs, examples, tests and
+#    models removed), plus the Node headers as hdr/include/node (cmake-js's nodedir).
+if [ ! -f "$C/nm.tar.xz" ]; then
+  rm -rf "$TMP/llama.cpp" "$TMP/hdr"
+  git -c advice.detachedHead=false clone -q "$LLAMA/gitRelease.bundle" "$TMP/llama.cpp"
+  for p in "$LLAMA"/patches/*.diff; do git -C "$TMP/llama.cpp" apply --ignore-whitespace "$p"; done
+  (cd "$TMP/llama.cpp" && rm -rf .git docs examples tests models media gguf-py pocs benches conversion app skills requirements ./*.py)
+  (cd "$ROOT" && npm ls --omit=dev --parseable --all 2>/dev/null | sed "s#^$ROOT/##" | grep -E '^node_modules/(@[^/]+/)?[^/@][^/]*$' \
+    | grep -v -E '^node_modules/(@node-llama-cpp/|@typescript/|typescript$)' | sort -u) > "$TMP/top.txt"
+  tar -C "$ROOT" -cf "$TMP/nm.tar" --exclude=node_modules/node-llama-cpp/llama/gitRelease.bundle \
+    --exclude=node_modules/node-llama-cpp/llama/localBuilds -T "$TMP/top.txt"
+  tar -C "$TMP" -rf "$TMP/nm.tar" --transform 's#^llama.cpp#node_modules/node-llama-cpp/llama/llama.cpp#' llama.cpp
+  mkdir -p "$TMP/hdr/include" && cp -r /usr/include/node "$TMP/hdr/include/"
+  tar -C "$TMP" -rf "$TMP/nm.tar" hdr
+  xz -T0 -9 -c "$TMP/nm.tar" > "$C/nm.tar.xz"
+fi
+
+# 3. The prebuilt Vulkan binary of node-llama-cpp (Keel's Vulkan path, the one an Intel Arc user takes).
+[ -f "$C/vulkan.tar.xz" ] || tar -C "$ROOT/node_modules/@node-llama-cpp" -cf - linux-x64-vulkan | xz -T0 -6 > "$C/vulkan.tar.xz"
+
+# 4. The Vulkan loader and GL libraries as .deb files (unpacked on the device only if it has no loader).
+if [ ! -d "$C/gl" ]; then
+  mkdir -p "$C/gl" "$TMP/apt/partial"
+  o="-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=$TMP/apt"
+  apt-get $o update > /dev/null
+  (cd "$C/gl" && apt-get $o download libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2 > /dev/null)
+fi
+
+# 5. This checkout's Keel (always refreshed) and the script itself.
+tar -C "$ROOT" -cJf "$C/keel.tar.xz" bin dist bench package.json
+cp "$ROOT/bench/gpu/run-h200.sh" "$C/run-h200.sh"
+du -sh "$C"/*

@@ -1,0 +1,228 @@
+#!/usr/bin/env bash
+# Keel on the lent H200: build, model, bandwidth, Keel vs llama-server (CUDA), Keel on Vulkan — in the background of
+# one warm machine, so the work can outlast one 10-minute device command (docs/gpu-h200.md has the results).
+#
+#   bash bench/gpu/run-h200.sh start   # device call 1: unpack the carry, start the pipeline (setsid), wait, copy logs
+#   bash /tmp/k/run-h200.sh wait       # device call 2..n (within 30 s of the last, while the machine is warm)
+#
+# The carry folder (bench/gpu/make-carry.sh makes it; it must be named in `carry`): node.xz (the local node binary),
+# nm.tar.xz (production node_modules without @node-llama-cpp/* prebuilt GPU packages and without gitRelease.bundle,
+# plus node-llama-cpp/llama/llama.cpp checked out from that bundle with llama/patches applied, plus Node headers
+# under hdr/include/node), vulkan.tar.xz (@node-llama-cpp/linux-x64-vulkan, the prebuilt Vulkan binary), keel.tar.xz
+# (bin/ dist/ bench/ package.json of this checkout) and gl/*.deb (the Vulkan loader, for machines without one).
+#
+# Pipeline (each step logs to $R/run.log with a timestamp; a failed step is logged and the next steps still run):
+#   1. node-llama-cpp `source build --gpu cuda` with llama.cpp's tools and server on (one build: Keel's addon and a
+#      llama-server/llama-bench linked to the same libllama/libggml-cuda), flash-attention kernels compiled out;
+#      meanwhile the model is written (bench/gpu/write-model.mjs: 1.26 B parameters, F16, vocab 32,000, 2.53 GB) and
+#      the memory bandwidth is measured (torch: read-only sum and device-to-device copy of 4 GiB).
+#   2. llama-bench batch-1 decode (no server): the engine's own ceiling for the roofline.
+#   3. compare.mjs --gpu throughput: Keel vs llama-server at 1/8/32/64 streams, 256 tokens, 3 interleaved rounds;
+#      nvidia-smi dmon samples GPU utilisation meanwhile.
+#   4. Keel on Vulkan (prebuilt binary) vs Keel on CUDA at 1/8/32 streams.
+#   5. compare.mjs --gpu mixed storm (Keel vs llama-server).
+set -uo pipefail
+MODE="${1:-start}"
+# PLAN (second argument of start): main = the measurements below; probe = after a main run: why Vulkan did not load,
+# a V8 profile of Keel at 32 streams, engine threads 2 vs 15, and Keel vs llama-server with 2 threads each.
+export PLAN="${PLAN:-${2:-main}}"
+W="${KEEL_GPU_WORK:-/tmp/k}"   # work folder on the device (survives between calls while the machine is warm)
+R=$W/results             # logs, copied to $OUT by every call
+BUDGET="${BUDGET:-575}"  # seconds a call waits before it returns (its limit is 600)
+T0=$(date +%s)
+
+copy_out() {
+  [ -n "${OUT:-}" ] || return 0
+  for f in run.log compare-cuda.log compare-vulkan.log mixed-storm.log dmon.log bandwidth.log vulkan-probe.log profile-c32.log threads-ab.log compare-cuda-t2.log; do
+    [ -f "$R/$f" ] && cp "$R/$f" "$OUT/$f"
+  done
+  [ -f "$R/build.log" ] && tail -n 400 "$R/build.log" > "$OUT/build-tail.log"
+  [ -f "$R/DONE" ] && cp "$R/DONE" "$OUT/DONE"
+  return 0
+}
+wait_and_copy() {
+  while [ ! -f "$R/DONE" ] && [ $(( $(date +%s) - T0 )) -lt "$BUDGET" ]; do sleep 5; done
+  echo "== $( [ -f "$R/DONE" ] && echo finished || echo still running ) after $(( $(date +%s) - T0 )) s of this call"
+  tail -n 60 "$R/run.log"
+  copy_out
+}
+
+if [ "$MODE" = wait ]; then
+  wait_and_copy
+  exit 0
+fi
+
+if [ "$MODE" = start ]; then
+  C="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"   # the carry folder (this script is copied into it)
+  mkdir -p "$W/nodebin" "$W/shim" "$R"
+  cp "$C/run-h200.sh" "$W/run-h200.sh"
+  {
+    echo "== $(date -u +%T) unpack from $C"
+    xz -dc "$C/node.xz" > "$W/nodebin/node" && chmod +x "$W/nodebin/node"
+    tar -C "$W" -xJf "$C/nm.tar.xz"
+    tar -C "$W" -xJf "$C/keel.tar.xz"
+    mkdir -p "$W/node_modules/@node-llama-cpp" && tar -C "$W/node_modules/@node-llama-cpp" -xJf "$C/vulkan.tar.xz"
+    mkdir -p "$W/node_modules/node-llama-cpp/llama/llama.cpp/.git"   # node-llama-cpp checks that the source is a checkout
+    # Vulkan loader: only if the machine has none (README of the device tool).
+    if command -v nvidia-smi > /dev/null && ! ldconfig -p | grep -q libvulkan.so.1; then for f in "$C"/gl/*.deb; do dpkg -x "$f" /; done; ldconfig; echo "installed the Vulkan loader from gl/"; fi
+    echo "node $("$W/nodebin/node" -v); $(nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv,noheader)"
+    echo "nvcc: $(nvcc --version | tail -1); cmake $(cmake --version | head -1); cores $(nproc)"
+    echo "vulkan: $(ldconfig -p | grep -c libvulkan) loader libs; icd files: $(ls /usr/local/nvidia/share/vulkan/icd.d/ /usr/share/vulkan/icd.d/ /etc/vulkan/icd.d 2>/dev/null | tr '\n' ' ')"
+    echo "glslc: $(command -v glslc || echo none); vulkan headers: $(ls /usr/include/vulkan/vulkan.h 2>/dev/null || echo none)"
+  } > "$R/run.log" 2>&1
+  # npm stand-in: node-llama-cpp's build runs `npm run -s cmake-js-llama -- ARGS` (= cd llama && cmake-js ARGS).
+  cat > "$W/shim/npm" <<EOF
+#!/bin/sh
+[ "\$1 \$2 \$3 \$4" = "run -s cmake-js-llama --" ] || { echo "npm stand-in: unexpected \$*" >&2; exit 1; }
+shift 4
+cd "$W/node_modules/node-llama-cpp/llama" && exec "$W/nodebin/node" "$W/node_modules/cmake-js/bin/cmake-js" "\$@"
+EOF
+  chmod +x "$W/shim/npm"
+  setsid nohup bash "$W/run-h200.sh" pipeline >> "$R/run.log" 2>&1 < /dev/null &
+  wait_and_copy
+  exit 0
+fi
+
+[ "$MODE" = pipeline ] || { echo "unknown mode $MODE (start | wait)"; exit 2; }
+# ---------------- the pipeline (runs detached) ----------------
+# KEEL_GPU_DRY=1: stop here (a local check of the unpack and the stand-ins, without a build).
+if [ -n "${KEEL_GPU_DRY:-}" ]; then echo "dry run: pipeline not started"; date -u > "$R/DONE"; exit 0; fi
+export PATH="$W/nodebin:$W/shim:$PATH"
+export npm_config_nodedir="$W/hdr"   # cmake-js reads the Node headers here instead of downloading them
+log() { echo "== $(date -u +%T) $*"; }
+cd "$W"
+NODE="$W/nodebin/node"
+MODEL="$W/models/keel-tiny-gpu-1b.gguf"
+# These options name the build folder too: the serving processes need the same environment to find the build.
+CUDA_ENV=(
+  NODE_LLAMA_CPP_CMAKE_OPTION_CMAKE_CUDA_ARCHITECTURES=90
+  NODE_LLAMA_CPP_CMAKE_OPTION_LLAMA_BUILD_TOOLS=ON
+  NODE_LLAMA_CPP_CMAKE_OPTION_LLAMA_BUILD_SERVER=ON
+  NODE_LLAMA_CPP_CMAKE_OPTION_LLAMA_USE_PREBUILT_UI=OFF
+  NODE_LLAMA_CPP_CMAKE_OPTION_GGML_CUDA_FA=OFF
+)
+
+if [ "$PLAN" = vulkan ]; then
+  # Vulkan only (no CUDA build): why Keel's getLlama({gpu: "auto"}) rejected the prebuilt Vulkan binary that
+  # getLlama({gpu: "vulkan"}) loads, then Keel on Vulkan at 1/8/32 streams (both columns Keel on Vulkan).
+  mkdir -p "$W/models"
+  "$NODE" bench/gpu/write-model.mjs --out "$MODEL" --vocab 32000 --layers 24 --hidden 2048 --ff 5632 --heads 16 --kv-heads 8 --ctx 4096 --f16 || log "model write FAILED"
+  for gpu in auto vulkan; do
+    log "getLlama({gpu: \"$gpu\"}) with debug logs"
+    NODE_LLAMA_CPP_DEBUG=true timeout 120 "$NODE" --input-type=module -e "
+      const { getLlama } = await import('$W/node_modules/node-llama-cpp/dist/index.js');
+      try { const l = await getLlama({ gpu: '$gpu', build: 'never', progressLogs: 'stderr', debug: true }); console.log('RESULT $gpu:', l.gpu, await l.getGpuDeviceNames()); }
+      catch (e) { console.log('RESULT $gpu: failed', e.message); }" 2>&1 | grep -v "^ggml_vulkan: \|^llama_\|^load_tensors" | tail -n 40
+  done
+  OTHER="$NODE bin/keel.mjs serve --model_path {model} --model_name bench --rest_port {port} --rest_bind_address 127.0.0.1 --log_format json --max_num_seqs {slots} --max_model_len {ctx} --max_num_batched_tokens {batch} --engine_threads {threads} --flash_attention false --max_queued_requests 4096 --target_device GPU"
+  log "Keel on Vulkan, 1/8/32 streams"
+  NODE_LLAMA_CPP_DEBUG=true "$NODE" bench/compare.mjs --gpu --model "$MODEL" --tokens 256 --rounds 1 --concurrency 1,8,32 --threads 2 --other-cmd "$OTHER" --other-name keel-vulkan-2 \
+    --max-seconds 200 throughput 2>&1 | grep -v "^ggml_vulkan: \|^llama_" | while IFS= read -r l; do echo "$(date -u +%T) $l"; done > "$R/compare-vulkan.log"
+  tail -n 40 "$R/compare-vulkan.log"
+  log "pipeline done"
+  date -u > "$R/DONE"
+  exit 0
+fi
+
+# 1. Build (16 cores) while the model is written and the bandwidth measured.
+log "build: source build --gpu cuda (tools + server on, FA kernels off)"
+( env "${CUDA_ENV[@]}" "$NODE" node_modules/node-llama-cpp/dist/cli/cli.js source build --gpu cuda > "$R/build.log" 2>&1; echo "build exit $?" >> "$R/build.log" ) &
+BUILD_PID=$!
+mkdir -p "$W/models"
+log "model: write-model.mjs"
+"$NODE" bench/gpu/write-model.mjs --out "$MODEL" --vocab 32000 --layers 24 --hidden 2048 --ff 5632 --heads 16 --kv-heads 8 --ctx 4096 --f16 || log "model write FAILED"
+if [ "$PLAN" = probe ]; then
+  log "vulkan probe (prebuilt binary)"
+  ( for f in /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json; do [ -f "$f" ] && export VK_DRIVER_FILES="$f"; done
+    NODE_LLAMA_CPP_DEBUG=true timeout 120 "$NODE" bench/gpu/vulkan-probe.mjs ) > "$R/vulkan-probe.log" 2>&1
+  tail -n 15 "$R/vulkan-probe.log"
+fi
+log "bandwidth (torch, 4 GiB, 20 reps after 3 warm-ups)"
+python3 - > "$R/bandwidth.log" 2>&1 <<'EOF'
+import torch
+n = 1 << 31                                   # 2^31 fp16 values = 4 GiB
+a = torch.ones(n, dtype=torch.float16, device="cuda"); b = torch.empty_like(a)
+def t(fn, reps=20):
+    for _ in range(3): fn()
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize(); s.record()
+    for _ in range(reps): fn()
+    e.record(); torch.cuda.synchronize()
+    return s.elapsed_time(e) / 1000 / reps
+read = t(lambda: a.sum(dtype=torch.float32))
+copy = t(lambda: b.copy_(a))
+print(f"read-only (sum of 4 GiB): {2*n/read/1e12:.3f} TB/s; copy 4 GiB (read+write counted): {4*n/copy/1e12:.3f} TB/s")
+print(torch.cuda.get_device_name(), torch.__version__)
+EOF
+cat "$R/bandwidth.log"
+wait "$BUILD_PID"
+tail -n 3 "$R/build.log"
+LB="$W/node_modules/node-llama-cpp/llama/localBuilds"
+LS="$(find "$LB" -name llama-server -type f -perm -u+x | head -1)"
+BENCH="$(find "$LB" -name llama-bench -type f -perm -u+x | head -1)"
+export LD_LIBRARY_PATH="$(find "$LB" -name '*.so*' -printf '%h\n' | sort -u | tr '\n' ':')${LD_LIBRARY_PATH:-}"
+log "build done: llama-server=$LS llama-bench=$BENCH; folders: $(ls "$LB" | tr '\n' ' ')"
+
+# 2. The engine alone at batch 1 (no server): tg = decode of 256 tokens after an empty prompt.
+if [ -n "$BENCH" ]; then
+  log "llama-bench batch-1 decode"
+  "$BENCH" -m "$MODEL" -ngl 999 -fa 0 -p 0 -n 256 -r 3 -o md 2>&1 | grep -v "^ggml_\|^load" | tail -n 8
+fi
+
+if [ "$PLAN" = probe ]; then
+  # P1. V8 CPU profile of Keel's gateway and engine at 32 streams (per-token busy time, top functions).
+  log "profile Keel at 32 streams"
+  env "${CUDA_ENV[@]}" MODEL="$MODEL" REQS=64 TOKENS=256 CONCURRENCY=32 PROF_DIR=/tmp/keel-prof TOP=25 \
+    KEEL_ARGS="--target_device GPU --engine_threads 15 --flash_attention false --max_num_batched_tokens 256" \
+    timeout 240 "$NODE" bench/gpu/profile-keel-gpu.mjs > "$R/profile-c32.log" 2>&1
+  head -n 60 "$R/profile-c32.log"
+  # P2. Keel with 2 engine threads against Keel with 15 (what compare.mjs gave both servers on 16 cores).
+  log "threads A/B: keel --engine_threads 2 vs 15"
+  OTHER="env ${CUDA_ENV[*]} $NODE bin/keel.mjs serve --model_path {model} --model_name bench --rest_port {port} --rest_bind_address 127.0.0.1 --log_format json --max_num_seqs {slots} --max_model_len {ctx} --max_num_batched_tokens {batch} --engine_threads 15 --flash_attention false --max_queued_requests 4096 --target_device GPU"
+  env "${CUDA_ENV[@]}" "$NODE" bench/compare.mjs --gpu --model "$MODEL" --tokens 256 --rounds 2 --concurrency 8,32 --threads 2 --other-cmd "$OTHER" \
+    --other-name keel-t15 --max-seconds 300 throughput 2>&1 | while IFS= read -r l; do echo "$(date -u +%T) $l"; done > "$R/threads-ab.log"
+  cat "$R/threads-ab.log"
+  # P3. Keel vs llama-server with 2 threads each.
+  log "compare CUDA throughput, 2 threads each"
+  env "${CUDA_ENV[@]}" "$NODE" bench/compare.mjs --gpu --model "$MODEL" --tokens 256 --rounds 2 --threads 2 --llama-server "$LS" \
+    --other-args "--cache-ram 0" --max-seconds 400 throughput 2>&1 | while IFS= read -r l; do echo "$(date -u +%T) $l"; done > "$R/compare-cuda-t2.log"
+  cat "$R/compare-cuda-t2.log"
+  # P4. Keel on Vulkan, only if the probe loaded the Vulkan backend.
+  if grep -q "^2. getLlama: vulkan" "$R/vulkan-probe.log"; then
+    for f in /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json; do [ -f "$f" ] && export VK_DRIVER_FILES="$f"; done
+    log "compare Vulkan (Keel vulkan vs Keel cuda)"
+    OTHER="env ${CUDA_ENV[*]} $NODE bin/keel.mjs serve --model_path {model} --model_name bench --rest_port {port} --rest_bind_address 127.0.0.1 --log_format json --max_num_seqs {slots} --max_model_len {ctx} --max_num_batched_tokens {batch} --engine_threads {threads} --flash_attention false --max_queued_requests 4096 --target_device GPU"
+    "$NODE" bench/compare.mjs --gpu --model "$MODEL" --tokens 256 --rounds 1 --concurrency 1,8,32 --threads 2 --other-cmd "$OTHER" --other-name keel-cuda \
+      --max-seconds 300 throughput 2>&1 | while IFS= read -r l; do echo "$(date -u +%T) $l"; done > "$R/compare-vulkan.log"
+    cat "$R/compare-vulkan.log"
+  fi
+  log "pipeline done"
+  date -u > "$R/DONE"
+  exit 0
+fi
+
+# 3. Keel vs llama-server, CUDA, throughput.
+nvidia-smi dmon -s u -o T -d 1 > "$R/dmon.log" 2>&1 &
+DMON=$!
+log "compare CUDA throughput (Keel vs llama-server --cache-ram 0)"
+env "${CUDA_ENV[@]}" "$NODE" bench/compare.mjs --gpu --model "$MODEL" --tokens 256 --rounds 3 --llama-server "$LS" \
+  --other-args "--cache-ram 0" --max-seconds 900 throughput 2>&1 | while IFS= read -r l; do echo "$(date -u +%T) $l"; done > "$R/compare-cuda.log"
+cat "$R/compare-cuda.log"
+
+# 4. Keel on Vulkan (the prebuilt binary; without the CUDA build options getLlama finds no CUDA build and falls back
+#    to Vulkan) against Keel on CUDA (the other server, started with the CUDA options).
+for f in /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json; do [ -f "$f" ] && export VK_DRIVER_FILES="$f"; done
+log "compare Vulkan (Keel vulkan vs Keel cuda), VK_DRIVER_FILES=${VK_DRIVER_FILES:-unset}"
+OTHER="env ${CUDA_ENV[*]} $NODE bin/keel.mjs serve --model_path {model} --model_name bench --rest_port {port} --rest_bind_address 127.0.0.1 --log_format json --max_num_seqs {slots} --max_model_len {ctx} --max_num_batched_tokens {batch} --engine_threads {threads} --flash_attention false --max_queued_requests 4096 --target_device GPU"
+"$NODE" bench/compare.mjs --gpu --model "$MODEL" --tokens 256 --rounds 2 --concurrency 1,8,32 --other-cmd "$OTHER" --other-name keel-cuda \
+  --max-seconds 600 throughput 2>&1 | while IFS= read -r l; do echo "$(date -u +%T) $l"; done > "$R/compare-vulkan.log"
+cat "$R/compare-vulkan.log"
+
+# 5. Mixed load and disconnect storm on CUDA (Keel vs llama-server).
+log "compare CUDA mixed + storm"
+env "${CUDA_ENV[@]}" "$NODE" bench/compare.mjs --gpu --model "$MODEL" --tokens 256 --rounds 2 --llama-server "$LS" \
+  --other-args "--cache-ram 0" --max-seconds 600 mixed storm 2>&1 | while IFS= read -r l; do echo "$(date -u +%T) $l"; done > "$R/mixed-storm.log"
+cat "$R/mixed-storm.log"
+kill "$DMON" 2>/dev/null
+log "pipeline done"
+date -u > "$R/DONE"
