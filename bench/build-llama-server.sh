@@ -54,7 +54,7 @@ fi
 mkdir -p "$OUT"
 if [ ! -d "$SRC/.git" ] || [ "$(git -C "$SRC" rev-parse HEAD)" != "$COMMIT" ]; then
   rm -rf "$SRC" "$BUILD"
-  git clone -q "$BUNDLE" "$SRC"
+  git -c advice.detachedHead=false clone -q "$BUNDLE" "$SRC"
   git -C "$SRC" -c advice.detachedHead=false checkout -q "$COMMIT"
 fi
 

@@ -164,6 +164,26 @@ async function resolveModel(name) {
   fail(`unknown model ${name}: a .gguf path, a keel-tiny name or a catalogue name`);
 }
 
+/**
+ * A logit_bias banning every token whose bytes are not ASCII, for the random-weight keel-tiny models: their greedy
+ * text is random bytes, and llama-server's chat output parser rejects invalid UTF-8 at the end of a stream (a 500
+ * "does not match the expected ... format"), where Keel sends U+FFFD. Both servers get the same bias.
+ */
+async function asciiOnlyBias(file) {
+  const { readFileSync } = await import("node:fs");
+  const { readGgufHeader } = await import("../dist/model/gguf-writer.js");
+  const { unicodeToBytes } = await import("../dist/model/bpe.js");
+  const tokens = readGgufHeader(readFileSync(file)).kv.get("tokenizer.ggml.tokens")?.value ?? [];
+  const toByte = unicodeToBytes();
+  const bias = {};
+  tokens.forEach((t, id) => {
+    if ([...t].some((ch) => (toByte.get(ch) ?? 0) >= 0x80)) bias[id] = -100;
+  });
+  return bias;
+}
+/** Extra body fields of every request (the ASCII bias for keel-tiny models). */
+let extraBody = {};
+
 // ---------- processes (own process groups; killed on exit whatever happens) ----------
 const live = new Set();
 process.on("exit", () => {
@@ -299,7 +319,7 @@ async function stopProc(proc) {
 function chat(port, { content, maxTokens, closeAfterChunks = null, timeoutMs = 600_000 }) {
   return new Promise((resolve) => {
     const r = { status: 0, sent: NaN, chunks: [], end: NaN, usage: null, closed: false, done: false, error: null };
-    const payload = JSON.stringify({ model: "bench", messages: [{ role: "user", content }], stream: true, stream_options: { include_usage: true }, max_tokens: maxTokens, temperature: 0, ignore_eos: true });
+    const payload = JSON.stringify({ model: "bench", messages: [{ role: "user", content }], stream: true, stream_options: { include_usage: true }, max_tokens: maxTokens, temperature: 0, ignore_eos: true, ...extraBody });
     let socket = null;
     let settled = false;
     const settle = () => {
@@ -384,7 +404,10 @@ async function withServers(model, slots, fn) {
     other = await startOther(model, slots);
     // Warm-up (not measured): one request each, so first-use costs (allocation, graph build) are out of the rounds.
     for (const s of [keel, other]) {
-      const w = await chat(s.port, { content: "warm up", maxTokens: 16 });
+      // A server may answer its models route before its engine is up (503 meanwhile): retry those.
+      let w = await chat(s.port, { content: "warm up", maxTokens: 16 });
+      for (const end = Date.now() + 300_000; w.status === 503 && Date.now() < end; await sleep(200)) w = await chat(s.port, { content: "warm up", maxTokens: 16 });
+      if (s.name === "keel" && w.status === 200) await calibrate(s.port);
       if (!okOf(w)) throw new Error(`${s.name} warm-up failed: ${w.error ?? (w.usage ? "no [DONE]" : "no usage in the stream (stream_options.include_usage)")}`);
     }
     return await fn([keel, other]);
@@ -392,6 +415,16 @@ async function withServers(model, slots, fn) {
     await keel.stop();
     await other?.stop();
   }
+}
+
+/** Prompt tokens per word of {@link words} text on this model, measured from usage.prompt_tokens (for the long prompts). */
+let tokensPerWord = 0;
+async function calibrate(port) {
+  if (tokensPerWord) return;
+  const n = 300;
+  const long = await chat(port, { content: words(n), maxTokens: 1 });
+  const short = await chat(port, { content: words(1), maxTokens: 1 });
+  if (long.usage && short.usage) tokensPerWord = (long.usage.prompt_tokens - short.usage.prompt_tokens) / (n - 1);
 }
 
 // ---------- 1. throughput ----------
@@ -462,7 +495,7 @@ async function mixedRound(port) {
   const longClients = Array.from({ length: CFG.mixedLong }, async () => {
     while (longsLeft-- > 0) {
       await sleep(rand() * 300);
-      longs.push(await chat(port, { content: words(Math.round(CFG.longPrompt / 1.2)), maxTokens: 8 }));
+      longs.push(await chat(port, { content: words(Math.round(CFG.longPrompt / (tokensPerWord || 1.5))), maxTokens: 8 }));
     }
   });
   await Promise.all(longClients);
@@ -512,14 +545,17 @@ async function mixed(model) {
 }
 
 // ---------- 3. disconnect storm ----------
-async function stormRound(port, killShare) {
+/** Which requests a storm round kills and after how many chunks (null = none): drawn once, used for both servers. */
+function stormPlan(killShare) {
+  return Array.from({ length: CFG.stormConc }, () => Array.from({ length: CFG.stormReqs }, () => (rand() < killShare ? 1 + Math.floor(rand() * (CFG.tokens - 1)) : null)));
+}
+async function stormRound(port, plan) {
   const done = [];
   await Promise.all(
-    Array.from({ length: CFG.stormConc }, async (_, ci) => {
-      for (let k = 0; k < CFG.stormReqs; k++) {
-        const kill = rand() < killShare;
-        const r = await chat(port, { content: `storm client ${ci} request ${k}: ${words(12)}`, maxTokens: CFG.tokens, closeAfterChunks: kill ? 1 + Math.floor(rand() * (CFG.tokens - 1)) : null });
-        r.killed = kill;
+    plan.map(async (perClient, ci) => {
+      for (let k = 0; k < perClient.length; k++) {
+        const r = await chat(port, { content: `storm client ${ci} request ${k}: ${words(12)}`, maxTokens: CFG.tokens, closeAfterChunks: perClient[k] });
+        r.killed = perClient[k] !== null;
         done.push(r);
       }
     }),
@@ -537,7 +573,8 @@ async function storm(model) {
   await withServers(model, CFG.stormConc, async (servers) => {
     for (let round = 0; round < CFG.rounds; round++) {
       for (const [mode, share] of round % 2 === 0 ? [["calm", 0], ["storm", 0.25]] : [["storm", 0.25], ["calm", 0]]) {
-        const res = await interleaved(servers, round, (s) => stormRound(s.port, share));
+        const plan = stormPlan(share);
+        const res = await interleaved(servers, round, (s) => stormRound(s.port, plan));
         acc.keel[mode].push(res.keel);
         acc.other[mode].push(res.other);
       }
@@ -562,6 +599,10 @@ async function storm(model) {
 
 // ---------- main ----------
 const model = await resolveModel(CFG.model);
+if (path.basename(model).startsWith("keel-tiny")) {
+  extraBody = { logit_bias: await asciiOnlyBias(model) };
+  console.log(`keel-tiny: ${Object.keys(extraBody.logit_bias).length} non-ASCII tokens banned by logit_bias on both servers (llama-server's chat parser refuses invalid UTF-8)`);
+}
 console.log(`model ${model}; ${GPU ? "GPU" : "CPU"}; threads ${CFG.threads}; ctx/slot ${CFG.ctx}; step budget ${CFG.batch}; other: ${CFG.otherCmd || defaultOtherCmd().join(" ")}`);
 for (const s of SECTIONS) {
   if (s === "throughput") await throughput(model);
