@@ -720,3 +720,88 @@ describe("StepLoop: the extended sampling set", () => {
     expect(bare.messages).toEqual([expect.objectContaining({ type: "request_error", id: "lp0", code: "invalid_params" })]);
   });
 });
+
+describe("run(): a step's message is written while the next decode computes", () => {
+  /** A loop driven by run(), with the fake backend's second decode held pending until the test releases it. */
+  function running(cfg: Partial<SchedulerConfig> = {}) {
+    const backend = new FakeBackend();
+    const messages: EngineMessage[] = [];
+    const finished = deferred<void>();
+    const loop = new StepLoop(backend, { maxNumSeqs: 2, maxNumBatchedTokens: 16, maxModelLen: 32, ...cfg }, (m) => {
+      messages.push(structuredClone(m));
+      if (m.type === "step" && m.outputs.some((o) => o.finish)) finished.resolve();
+    });
+    const secondDecode = deferred<void>();
+    let decodes = 0;
+    /** Step messages already written when each decode was called. */
+    const stepsAtDecodeCall: number[] = [];
+    const decode = backend.decode.bind(backend);
+    backend.decode = (items) => {
+      decodes += 1;
+      stepsAtDecodeCall.push(messages.filter((m) => m.type === "step").length);
+      if (decodes === 2) backend.holdNext = true;
+      const p = decode(items);
+      if (decodes === 2) secondDecode.resolve();
+      return p;
+    };
+    const steps = (): StepMessage[] => messages.filter((m): m is StepMessage => m.type === "step");
+    return { backend, messages, loop, steps, stepsAtDecodeCall, finished: finished.promise, secondDecode: secondDecode.promise };
+  }
+
+  it("sends step 1's message once decode 2 is under way, and the rest before idling: the same messages as stepping by hand", async () => {
+    const r = running();
+    r.loop.submit(add("a", "hi", { maxTokens: 3 }));
+    const done = r.loop.run();
+    await r.secondDecode;
+    // Step 1's message was still held when decode 2 was called, and went out once it was queued: it is out while
+    // decode 2 is in flight (admission + first token), nothing else.
+    expect(r.stepsAtDecodeCall).toEqual([0, 0]);
+    expect(r.backend.decodeInFlight).toBe(true);
+    expect(r.steps()).toHaveLength(1);
+    expect(r.steps()[0]!.outputs[0]).toMatchObject({ id: "a", tokens: [expect.any(Number)] });
+    r.backend.pending!.resolve();
+    await r.finished;
+    expect(r.stepsAtDecodeCall).toEqual([0, 0, 1]);
+    // The loop went idle after the finishing step: every message is out, and they equal a hand-stepped run's.
+    const ref = setup();
+    ref.loop.submit(add("a", "hi", { maxTokens: 3 }));
+    await ref.drain();
+    // (queueMs is wall time, the one field that may differ.)
+    const timeless = (ms: EngineMessage[]) => ms.map((m) => (m.type === "step" ? { ...m, outputs: m.outputs.map((o) => (o.admitted ? { ...o, admitted: { ...o.admitted, queueMs: 0 } } : o)) } : m));
+    expect(timeless(r.messages)).toEqual(timeless(ref.messages));
+    expect(r.steps().map((m) => m.outputs[0]!.tokens.length)).toEqual([1, 1, 1]);
+    r.loop.stop();
+    await done;
+  });
+
+  it("a held message goes out when the loop stops mid-request, and before a request_error of the next step", async () => {
+    const r = running();
+    r.loop.submit(add("a", "hi", { maxTokens: 8 }));
+    const done = r.loop.run();
+    await r.secondDecode;
+    // A duplicate add arrives during decode 2; then the loop is asked to stop.
+    r.loop.submit(add("a", "again", { maxTokens: 8 }));
+    r.loop.stop();
+    r.backend.pending!.resolve();
+    await done;
+    // Step 2's message was held when the loop exited: it still went out. Steps 1 and 2, each with one token.
+    expect(r.steps().map((m) => m.outputs[0]!.tokens.length)).toEqual([1, 1]);
+    expect(r.steps().map((m) => m.step)).toEqual([1, 2]);
+    // The duplicate was applied at no step boundary (the loop stopped first): no request_error either.
+    expect(r.messages.filter((m) => m.type === "request_error")).toEqual([]);
+  });
+
+  it("a refused add in the next step is reported after the held step message (production order)", async () => {
+    const r = running();
+    r.loop.submit(add("a", "hi", { maxTokens: 3 }));
+    const done = r.loop.run();
+    await r.secondDecode;
+    r.loop.submit(add("a", "again", { maxTokens: 3 }));
+    r.backend.pending!.resolve();
+    await r.finished;
+    const kinds = r.messages.map((m) => (m.type === "step" ? `step${m.step}` : m.type));
+    expect(kinds).toEqual(["step1", "step2", "request_error", "step3"]);
+    r.loop.stop();
+    await done;
+  });
+});
