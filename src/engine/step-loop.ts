@@ -140,15 +140,6 @@ export class StepLoop {
   private wake: (() => void) | null = null;
   /** Set by stop(); the loop exits at the next boundary. */
   private stopping = false;
-  /**
-   * Inside run(): the last step message, held until the next step's decode is under way (or the loop goes idle,
-   * takes commands, emits anything else, or exits), so that writing it — which wakes the gateway — overlaps that
-   * decode instead of delaying it (bench/profile-keel.mjs: the write cost ~160 µs per token at concurrency 1 on the
-   * 2-core dev VM). Null when nothing is held. Messages still leave in the order they were produced.
-   */
-  private heldStep: EngineMessage | null = null;
-  /** True while run() drives the loop: step messages are held (see {@link heldStep}); step() by hand emits at once. */
-  private holdSteps = false;
   /** Steps that decoded a batch. */
   steps = 0;
   /**
@@ -194,38 +185,14 @@ export class StepLoop {
    * itself rejects, and the engine process then exits so that the gateway restarts it (never a stuck loop).
    */
   async run(): Promise<void> {
-    this.holdSteps = true;
-    try {
-      while (!this.stopping) {
-        if (this.inbox.length === 0 && !this.scheduler.hasWork) {
-          // 1. Idle: nothing will overlap the held message; send it before waiting.
-          this.flushHeldStep();
-          await new Promise<void>((resolve) => (this.wake = resolve));
-          this.wake = null;
-          continue;
-        }
-        // 2. One step; its message is held until the next decode is under way.
-        await this.step();
+    while (!this.stopping) {
+      if (this.inbox.length === 0 && !this.scheduler.hasWork) {
+        await new Promise<void>((resolve) => (this.wake = resolve));
+        this.wake = null;
+        continue;
       }
-    } finally {
-      // 3. Stopping or failing: a held message reports a complete step, so it still goes out.
-      this.holdSteps = false;
-      this.flushHeldStep();
+      await this.step();
     }
-  }
-
-  /** Emit the held step message, if any (idempotent). */
-  private flushHeldStep(): void {
-    const held = this.heldStep;
-    if (held === null) return;
-    this.heldStep = null;
-    this.emit(held);
-  }
-
-  /** Emit a message other than a step's: any held step message goes first (messages leave in production order). */
-  private send(msg: EngineMessage): void {
-    this.flushHeldStep();
-    this.emit(msg);
   }
 
   /** One step: snapshot, apply, plan, decode, sample, commit, emit. Exposed for tests that step by hand. */
@@ -239,12 +206,10 @@ export class StepLoop {
     // 1. One snapshot of the commands; adds before aborts so an abort that raced its own add is never lost.
     const snapshot = this.inbox;
     this.inbox = [];
-    // Commands may tokenize a long prompt: let the held message go first rather than wait for that.
-    if (snapshot.length > 0) this.flushHeldStep();
     const abortIds: string[] = [];
     for (const cmd of snapshot) {
       if (cmd.type === "add") this.applyAdd(cmd);
-      else if (cmd.type === "tokenize") this.send(this.tokenize(cmd));
+      else if (cmd.type === "tokenize") this.emit(this.tokenize(cmd));
       else abortIds.push(...cmd.ids);
     }
     // 2. Aborts free their slots at once (no decode is in flight here).
@@ -309,8 +274,7 @@ export class StepLoop {
     }
     // 6. Exactly one output message for the step.
     if (outputs.size > 0 || batchTokens > 0) {
-      this.flushHeldStep();
-      const msg: EngineMessage = {
+      this.emit({
         v: PROTOCOL_VERSION,
         type: "step",
         step: this.steps,
@@ -324,9 +288,7 @@ export class StepLoop {
           prefixCacheHitTokens: this.scheduler.prefixHitTokens,
           kvTokensInUse: this.scheduler.kvTokensInUse,
         },
-      };
-      if (this.holdSteps) this.heldStep = msg;
-      else this.emit(msg);
+      });
     }
   }
 
@@ -345,16 +307,8 @@ export class StepLoop {
     let lastError: unknown = null;
     for (let attempt = 0; attempt < 2 && logitIdx === null; attempt++) {
       try {
-        if (this.beforeDecode) {
-          // Fault injection may hang here: the previous step's message must not hang with it.
-          this.flushHeldStep();
-          await this.beforeDecode(items, step);
-        }
-        // The native decode is queued by the time decode() returns its promise: the held message of the previous
-        // step goes out now, while the batch computes.
-        const decoding = this.backend.decode(items);
-        this.flushHeldStep();
-        logitIdx = await decoding;
+        if (this.beforeDecode) await this.beforeDecode(items, step);
+        logitIdx = await this.backend.decode(items);
       } catch (err) {
         lastError = err;
         if (this.backend.canRollBack === false) throw err;
@@ -443,7 +397,7 @@ export class StepLoop {
     const refuse = (code: EngineErrorCode, message: string): void => {
       this.abortArrivedAtStep.delete(cmd.id);
       if (!this.requests.has(cmd.id)) this.addArrivedAt.delete(cmd.id);
-      this.send({ v: PROTOCOL_VERSION, type: "request_error", id: cmd.id, code, message });
+      this.emit({ v: PROTOCOL_VERSION, type: "request_error", id: cmd.id, code, message });
     };
     if (this.requests.has(cmd.id)) return refuse("duplicate_id", `request id ${cmd.id} is already live`);
     let prompt: number[];
