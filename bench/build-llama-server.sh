@@ -9,10 +9,14 @@
 # Output: ${KEEL_CACHE_DIR:-~/.cache/keel}/llama-server/<release>/ with src/ (the checkout), build/ and a stamp file
 # naming the commit and the cmake options; a build whose stamp differs is redone.
 #
-# CPU switches: GGML_NATIVE=OFF with the x86 extensions named one by one (AVX, AVX2, FMA, F16C, AVX-512 F/BW/DQ/VL
-# with VBMI, VNNI and BF16, AVX-VNNI) and AMX off. Why not native: the dev VM's cpuid advertises AMX, which faults
-# when executed there, and -march=native would emit it; why these: they are what the VM runs (probe them with
-# CPU_FEATURES=... to override, e.g. CPU_FEATURES="AVX AVX2 FMA F16C" on a machine without AVX-512).
+# CPU switches: GGML_NATIVE=OFF with the x86 extensions named one by one. Default: those of the ggml CPU variant
+# node-llama-cpp's prebuilt binary loads on the dev VM (libggml-cpu-sapphirerapids.so: SSE4.2, AVX, F16C, FMA, AVX2,
+# BMI2, AVX-512 F/CD/VL/DQ/BW with VBMI, VNNI and BF16) WITHOUT its AMX-TILE/AMX-INT8: a llama-server built with them
+# dies with SIGILL at `tilezero` in ggml's tinygemm_kernel_amx as soon as it loads a Q4_1 model (SmolLM2), although
+# Keel's prebuilt variant repacks Q4_0/Q4_1/Q8_0 weights into ggml's AMX buffer type and runs them (and a tile dot
+# product in C works after arch_prctl(ARCH_REQ_XCOMP_PERM)). So on quantized models Keel has AMX and llama-server
+# AVX-512 VNNI; on F16/F32 models (keel-tiny, the GPU writer's models) AMX plays no part. On another machine pick
+# its set, e.g. CPU_FEATURES="AVX AVX2 FMA F16C"; CPU_FEATURES="... AMX_TILE AMX_INT8" to try AMX.
 # OpenMP is off, as in node-llama-cpp's prebuilt binaries (CI mode sets GGML_OPENMP=OFF), so both servers use ggml's
 # own thread pool.
 set -euo pipefail
@@ -22,7 +26,7 @@ LLAMA_DIR="$ROOT/node_modules/node-llama-cpp/llama"
 BUNDLE="$LLAMA_DIR/gitRelease.bundle"
 JOBS="${JOBS:-2}"
 NICE="${NICE:-19}"
-CPU_FEATURES="${CPU_FEATURES:-AVX AVX2 FMA F16C AVX512 AVX512_VBMI AVX512_VNNI AVX512_BF16 AVX_VNNI}"
+CPU_FEATURES="${CPU_FEATURES:-SSE42 AVX F16C FMA AVX2 BMI2 AVX512 AVX512_VBMI AVX512_VNNI AVX512_BF16}"
 
 [ -f "$BUNDLE" ] || { echo "no $BUNDLE: run npm ci first" >&2; exit 1; }
 # 1. The release tag comes from node-llama-cpp's own record; the commit from the bundle's HEAD.
@@ -36,7 +40,7 @@ BIN="$BUILD/bin/llama-server"
 CMAKE_OPTS=(
   -G Ninja -DCMAKE_BUILD_TYPE=Release
   -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=OFF -DGGML_OPENMP=OFF -DGGML_BACKEND_DL=OFF -DGGML_CPU_ALL_VARIANTS=OFF
-  -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
+  -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF -DGGML_AVX_VNNI=OFF
   -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
   -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_APP=OFF
 )
