@@ -21,7 +21,7 @@ import { REASONING_PARSERS, TOOL_PARSERS, type ReasoningParserName, type ToolPar
 import { kvCapacity } from "./cli/kv-capacity.js";
 import { defaultEngineThreads, ENGINE_THREADS_RULE, hostCpus, type HostCpus } from "./cli/engine-threads.js";
 import { parsePluginConfig } from "./cli/plugin-config.js";
-import { chooseEngine, ENGINE_FLAG_VALUES, engineCommandFor, engineFlagProblems, kvBlockTokens, openvinoConfigFields, openvinoKvElementBytes, type EngineFlag, type EngineName } from "./cli/engine-choice.js";
+import { chooseEngine, ENGINE_FLAG_VALUES, engineCommandFor, engineFlagProblems, kvBlockTokens, engineBaseConfig, openvinoKvElementBytes, type EngineFlag, type EngineName } from "./cli/engine-choice.js";
 
 /** One `keel serve` flag. */
 interface FlagSpec {
@@ -511,21 +511,8 @@ async function serve(argv: string[]): Promise<void> {
   }
   const maxNumSeqs = flags["max_num_seqs"] as number;
   const u8 = flags["kv_cache_precision"] === "u8";
-  // The engine-neutral start configuration (protocol/engine-config.ts); maxModelLen is settled below.
-  const base = {
-    modelPath,
-    maxNumSeqs,
-    maxNumBatchedTokens: flags["max_num_batched_tokens"] as number,
-    threads: flags["engine_threads"] as number,
-    // A quantized V cache needs flash attention in llama.cpp (docs/upstream.md).
-    flashAttention: u8 ? true : (flags["flash_attention"] as boolean),
-    kvCacheType: u8 ? ("q8_0" as const) : ("f16" as const),
-    prefixCaching: flags["enable_prefix_caching"] as boolean,
-    // Split-fuse off (OVMS): a prompt must fit one step.
-    ...(flags["dynamic_split_fuse"] === false ? { maxPromptLen: flags["max_num_batched_tokens"] as number } : {}),
-    device: flags["target_device"] as "cpu" | "gpu" | "auto",
-    ...openvinoConfigFields(choice.engine, flags),
-  };
+  // The engine-neutral start configuration; maxModelLen is settled below.
+  const base = engineBaseConfig(flags, modelPath, choice.engine);
   let engineCommand: EngineCommand;
   try {
     engineCommand = await engineCommandFor(choice.engine, engineCommandOverride(), say);

@@ -15,7 +15,7 @@ import type { ReasoningParserName, ToolParserName } from "./gateway/tools.js";
 import { isTinyModelName } from "./model/default-model.js";
 import { isCatalogueName } from "./model/model-cache.js";
 import { openvinoIrDirectory, resolveServeModel } from "./model/serve-model.js";
-import { chooseEngine, engineCommandFor, engineFlagProblems, kvBlockTokens, openvinoConfigFields, openvinoKvElementBytes, type EngineFlag, type ModelToServe } from "./cli/engine-choice.js";
+import { chooseEngine, engineCommandFor, engineFlagProblems, kvBlockTokens, engineBaseConfig, openvinoKvElementBytes, type EngineFlag, type ModelToServe } from "./cli/engine-choice.js";
 import type { EngineCommand, EngineConfig } from "./protocol/engine-config.js";
 import type { ModelMetadata } from "./protocol/messages.js";
 
@@ -117,18 +117,7 @@ export async function resolveConfigModels(file: string, flags: Record<string, un
     const engineCommand = await engineCommandFor(choice.engine, engineOverride, (l) => void process.stderr.write(`keel serve: ${l}\n`));
     const u8 = f["kv_cache_precision"] === "u8";
     const maxNumSeqs = f["max_num_seqs"] as number;
-    const base = {
-      modelPath,
-      maxNumSeqs,
-      maxNumBatchedTokens: f["max_num_batched_tokens"] as number,
-      threads: f["engine_threads"] as number,
-      flashAttention: u8 ? true : (f["flash_attention"] as boolean),
-      kvCacheType: u8 ? ("q8_0" as const) : ("f16" as const),
-      prefixCaching: f["deterministic"] === true ? false : (f["enable_prefix_caching"] as boolean),
-      // Parsed by the flag's own parser (parseTargetDevice: CPU → "cpu", GPU → "gpu", AUTO → "auto"), as from flags.
-      device: f["target_device"] as "cpu" | "gpu" | "auto",
-      ...openvinoConfigFields(choice.engine, f),
-    };
+    const base = engineBaseConfig(f, modelPath, choice.engine);
     let meta;
     try {
       meta = await checkedModel({ ...base, maxModelLen: 256 }, engineCommand);

@@ -3,7 +3,7 @@ import { afterEach, describe, expect, it, vi } from "vitest";
 import { parseServeFlags } from "../cli.js";
 import { DEFAULT_ENGINE_COMMAND } from "../gateway/engine-client.js";
 import { OPENVINO_WORKER } from "../engine-openvino/venv.js";
-import { chooseEngine, engineCommandFor, engineFlagProblems, kvBlockTokens, openvinoConfigFields, openvinoKvElementBytes } from "./engine-choice.js";
+import { chooseEngine, engineBaseConfig, engineCommandFor, engineFlagProblems, kvBlockTokens, openvinoConfigFields, openvinoKvElementBytes } from "./engine-choice.js";
 
 const HOST = { logicalCpus: 16, physicalCores: 16 };
 const parse = (...argv: string[]): Record<string, unknown> => parseServeFlags(argv, HOST);
@@ -93,6 +93,22 @@ describe("flags per engine", () => {
 
   it("KV blocks are 32 tokens on CPU, 16 on GPU", () => {
     expect([kvBlockTokens("cpu"), kvBlockTokens("auto"), kvBlockTokens("gpu")]).toEqual([32, 32, 16]);
+  });
+});
+
+describe("engineBaseConfig: one start configuration for the flags path and --config_path", () => {
+  it("applies --dynamic_split_fuse false (a prompt must fit one step), --deterministic (no prefix reuse) and u8 KV", () => {
+    const cfg = engineBaseConfig(parse("--dynamic_split_fuse", "false", "--max_num_batched_tokens", "512", "--kv_cache_precision", "u8"), "/m.gguf", "llama.cpp");
+    expect(cfg).toMatchObject({ modelPath: "/m.gguf", maxPromptLen: 512, kvCacheType: "q8_0", flashAttention: true, prefixCaching: true });
+    expect(engineBaseConfig(parse(), "/m.gguf", "llama.cpp").maxPromptLen).toBeUndefined();
+    const det = parse("--deterministic", "true");
+    expect(engineBaseConfig({ ...det, enable_prefix_caching: true }, "/m.gguf", "openvino").prefixCaching).toBe(false);
+    expect(engineBaseConfig(parse("--engine", "openvino", "--num_kv_blocks", "16"), "/m.gguf", "openvino")).toMatchObject({ kvBlocks: 16 });
+  });
+
+  it("--deterministic with a --plugin_config precision key is refused on OpenVINO (it would void the exact numerics)", () => {
+    expect(problems("openvino", "--deterministic", "true", "--plugin_config", '{"INFERENCE_PRECISION_HINT":"bf16"}')).toEqual([expect.stringContaining("--deterministic true needs the OpenVINO engine's exact numerics")]);
+    expect(problems("openvino", "--deterministic", "true", "--plugin_config", '{"NUM_STREAMS":1}')).toEqual([]);
   });
 });
 

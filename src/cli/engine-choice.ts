@@ -75,6 +75,11 @@ export function engineFlagProblems(engine: EngineName, f: Record<string, unknown
     problems.push("--flash_attention is a llama.cpp setting; the OpenVINO engine chooses its attention kernels itself, so it is refused with --engine openvino");
   }
   const plugin = f["pluginConfig"] as Record<string, unknown> | undefined;
+  const inexact = ["INFERENCE_PRECISION_HINT", "KV_CACHE_PRECISION", "DYNAMIC_QUANTIZATION_GROUP_SIZE"].filter((k) => plugin?.[k] !== undefined);
+  if (f["deterministic"] === true && inexact.length > 0) {
+    // The engine's exact numerics are those three keys' defaults: setting one would silently void --deterministic.
+    problems.push(`--deterministic true needs the OpenVINO engine's exact numerics; --plugin_config ${inexact.join(", ")} contradicts it`);
+  }
   for (const [key, value] of Object.entries(plugin ?? {})) {
     if (typeof value !== "string" && typeof value !== "number" && typeof value !== "boolean") {
       problems.push(`--plugin_config ${key}: the OpenVINO engine passes each key to OpenVINO as a string, number or boolean, got ${Array.isArray(value) ? "an array" : value === null ? "null" : "an object"}`);
@@ -128,4 +133,29 @@ export async function engineCommandFor(engine: EngineName, override: EngineComma
   if (override !== null) return override;
   if (engine === "llama.cpp") return DEFAULT_ENGINE_COMMAND;
   return openvinoEngineCommand(await ensureOpenvinoVenv({ log }));
+}
+
+/**
+ * The engine-neutral start configuration (protocol/engine-config.ts) from parsed `keel serve` flags, for one model
+ * served by `engine` — the one place both the flags path (cli.ts) and `--config_path` (serve-config.ts) build it;
+ * maxModelLen is settled by the caller (kvCapacity) once the model's metadata is known.
+ */
+export function engineBaseConfig(f: Record<string, unknown>, modelPath: string, engine: EngineName): Omit<EngineConfig, "mode" | "maxModelLen"> {
+  const u8 = f["kv_cache_precision"] === "u8";
+  return {
+    modelPath,
+    maxNumSeqs: f["max_num_seqs"] as number,
+    maxNumBatchedTokens: f["max_num_batched_tokens"] as number,
+    threads: f["engine_threads"] as number,
+    // A quantized V cache needs flash attention in llama.cpp (docs/upstream.md).
+    flashAttention: u8 ? true : (f["flash_attention"] as boolean),
+    kvCacheType: u8 ? "q8_0" : "f16",
+    // --deterministic turns prefix reuse off (parseServeFlags already does for the flags path).
+    prefixCaching: f["deterministic"] === true ? false : (f["enable_prefix_caching"] as boolean),
+    // Split-fuse off (OVMS): a prompt must fit one step.
+    ...(f["dynamic_split_fuse"] === false ? { maxPromptLen: f["max_num_batched_tokens"] as number } : {}),
+    // Parsed by the flag's own parser (parseTargetDevice: CPU → "cpu", GPU → "gpu", AUTO → "auto").
+    device: f["target_device"] as "cpu" | "gpu" | "auto",
+    ...openvinoConfigFields(engine, f),
+  };
 }
