@@ -38,6 +38,14 @@ export interface EngineLaunch {
   env?: Record<string, string>;
 }
 
+/**
+ * The start configuration every engine runs the suite with (the header's requirements): 4 sequences, an 8-token step
+ * budget so a prefill spans many steps, 2048 tokens per sequence, prefix caching off so reruns are bit-identical.
+ */
+export function conformanceConfig(modelPath: string): EngineConfig {
+  return { mode: "serve", modelPath, maxNumSeqs: 4, maxNumBatchedTokens: 8, maxModelLen: 2048, prefixCaching: false, threads: 1, flashAttention: false, kvCacheType: "f16", device: "cpu" };
+}
+
 /** Longest wait for any single expected message (the whole suite stays well under 30 s on a tiny model). */
 const WAIT_MS = 10_000;
 

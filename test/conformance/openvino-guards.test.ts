@@ -4,12 +4,11 @@
  * could outgrow the whole pool is refused at add while its neighbours finish; a step() exception is fatal (the
  * worker exits non-zero after a `fatal`, so the gateway's restart-and-resume takes over).
  */
-import path from "node:path";
 import { afterEach, describe, expect, it } from "vitest";
-import { DEFAULT_MODEL_OPTIONS, ensureDefaultModel } from "../../src/model/default-model.js";
+import { ensureTinyModel } from "../../src/model/default-model.js";
+import { OPENVINO_WORKER } from "../../src/engine-openvino/venv.js";
 import { PROTOCOL_VERSION, type RequestOutput, type SamplingParams, type StepMessage } from "../../src/protocol/messages.js";
 import type { EngineConfig } from "../../src/protocol/engine-config.js";
-import { ROOT } from "../support/server.js";
 import { openvinoPython } from "../support/openvino.js";
 import { isReady, launch, type EngineProcess } from "./engine-conformance.js";
 
@@ -23,10 +22,10 @@ afterEach(async () => {
 });
 
 async function start(config: Partial<EngineConfig>, env: Record<string, string> = {}): Promise<EngineProcess> {
-  const modelPath = await ensureDefaultModel({ model: { ...DEFAULT_MODEL_OPTIONS, f16: true } });
+  const modelPath = await ensureTinyModel("keel-tiny-f16");
   engine = launch({
     command: await openvinoPython(),
-    args: [path.join(ROOT, "src", "engine-openvino", "worker.py")],
+    args: [OPENVINO_WORKER],
     config: { mode: "serve", modelPath, maxNumSeqs: 4, maxNumBatchedTokens: 16, maxModelLen: 512, prefixCaching: false, threads: 1, flashAttention: false, kvCacheType: "f16", device: "cpu", ...config },
     env,
   });
