@@ -122,6 +122,10 @@ class FakeBackend implements ModelBackend {
     });
   }
   async sample(batchLogitIndex: number, sampler: SamplerHandle): Promise<number> {
+    return this.pick(batchLogitIndex, sampler);
+  }
+  /** The token `sample` gives (synchronous: the batched fake shares it). */
+  pick(batchLogitIndex: number, sampler: SamplerHandle): number {
     const s = sampler as FakeSampler;
     const item = this.logitItems[batchLogitIndex]!;
     const token = this.logits ? this.argmax(s, this.logits(s, item)) : this.script ? this.script(s, item) : 97 + ((s.index * 7 + s.history.length) % 26);
@@ -270,12 +274,12 @@ describe("StepLoop", () => {
       ["b", 2, 1],
     ]);
     // Both prompts' KV is in their slots (5 + 2 cells).
-    expect(first.stats).toEqual({ waiting: 0, running: 2, activeSequences: 2, cachedSequences: 0, prefixCacheHitTokens: 0, kvTokensInUse: 7 });
+    expect(first.stats).toEqual({ waiting: 0, running: 2, activeSequences: 2, cachedSequences: 0, prefixCacheHitTokens: 0, kvTokensInUse: 7, phaseUs: expect.any(Object) });
     const finA = t.outputsOf("a").find((o) => o.finish)!.finish;
     expect(finA).toEqual({ reason: "length", promptTokens: 5, completionTokens: 3 });
     expect(t.outputsOf("a").flatMap((o) => o.tokens)).toHaveLength(3);
     expect(t.outputsOf("b").find((o) => o.finish)!.finish).toEqual({ reason: "length", promptTokens: 2, completionTokens: 2 });
-    expect(t.steps().at(-1)!.stats).toEqual({ waiting: 0, running: 0, activeSequences: 0, cachedSequences: 0, prefixCacheHitTokens: 0, kvTokensInUse: 0 });
+    expect(t.steps().at(-1)!.stats).toEqual({ waiting: 0, running: 0, activeSequences: 0, cachedSequences: 0, prefixCacheHitTokens: 0, kvTokensInUse: 0, phaseUs: expect.any(Object) });
     expect(t.loop.liveRequests).toBe(0);
     expect(t.backend.samplers.every((s) => s.disposed === 1)).toBe(true);
     expect(t.violations).toEqual([]);
@@ -718,5 +722,114 @@ describe("StepLoop: the extended sampling set", () => {
     bare.loop.submit(add("lp0", "a", { logprobs: 0 }));
     await bare.loop.step();
     expect(bare.messages).toEqual([expect.objectContaining({ type: "request_error", id: "lp0", code: "invalid_params" })]);
+  });
+});
+
+describe("StepLoop: one native call samples the step (backend.sampleMany)", () => {
+  /** The fake backend with a batched sampler: the same per-sampler rule as `sample`, one call per step, recorded. */
+  class BatchingBackend extends FakeBackend {
+    /** Sequences per sampleMany call, in call order. */
+    readonly calls: number[] = [];
+    /** Calls of the one-sequence `sample`. */
+    singles = 0;
+    /** Sampler index whose item fails inside the batch (an Error in its place). */
+    failSampler: number | null = null;
+    /** The next sampleMany call throws as a whole. */
+    throwNext = false;
+    override async sample(batchLogitIndex: number, sampler: SamplerHandle): Promise<number> {
+      this.singles += 1;
+      return super.sample(batchLogitIndex, sampler);
+    }
+    sampleMany(batch: readonly { batchLogitIndex: number; sampler: SamplerHandle }[]): (number | Error)[] {
+      this.calls.push(batch.length);
+      if (this.throwNext) {
+        this.throwNext = false;
+        throw new Error("native batch call failed");
+      }
+      return batch.map(({ batchLogitIndex, sampler }) => ((sampler as FakeSampler).index === this.failSampler ? new Error("sampler failed") : this.pick(batchLogitIndex, sampler)));
+    }
+  }
+  // Position-dependent logits with penalties and bias on, so every sampler's own history matters.
+  const logitsAt = (pos: number, salt: number): number[] => {
+    const l = new Array<number>(512).fill(-50);
+    for (let k = 0; k < 6; k++) l[0x61 + ((pos * 5 + k * 3 + salt) % 7)] = 6 - k * 0.7;
+    return l;
+  };
+  const p = { maxTokens: 8, presencePenalty: 0.4, frequencyPenalty: 0.3, repetitionPenalty: 1.2, logitBias: [[0x62, 0.5]] as [number, number][] };
+  const tokensOf = (t: ReturnType<typeof setup>, id: string): number[] => t.outputsOf(id).flatMap((o) => o.tokens);
+
+  async function run(backend: FakeBackend, ids: string[]) {
+    const messages: EngineMessage[] = [];
+    const loop = new StepLoop(backend, { maxNumSeqs: 4, maxNumBatchedTokens: 64, maxModelLen: 64 }, (m) => messages.push(structuredClone(m)));
+    backend.logits = (s, item) => logitsAt(item.pos + item.tokens.length, s.index);
+    for (const id of ids) loop.submit(add(id, `prompt ${id}`, p));
+    let i = 0;
+    do {
+      if (i++ > 100) throw new Error("loop does not drain");
+      await loop.step();
+    } while (loop.scheduler.hasWork);
+    const steps = messages.filter((m): m is StepMessage => m.type === "step");
+    const outs = (id: string) => steps.flatMap((m) => m.outputs.filter((o) => o.id === id));
+    return { steps, tokens: (id: string) => outs(id).flatMap((o) => o.tokens), finish: (id: string) => outs(id).at(-1)?.finish };
+  }
+
+  it("samples every sequence of a step in one call and yields exactly the tokens of one call per sequence", async () => {
+    const ids = ["a", "b", "c", "d"];
+    const plain = await run(new FakeBackend(), ids);
+    const batching = new BatchingBackend();
+    const batched = await run(batching, ids);
+    for (const id of ids) {
+      expect(plain.tokens(id)).toHaveLength(8);
+      expect(batched.tokens(id), id).toEqual(plain.tokens(id));
+    }
+    // The four requests differ (the salt), so a mixed-up assignment would show.
+    expect(new Set(ids.map((id) => plain.tokens(id).join())).size).toBe(4);
+    expect(batching.singles).toBe(0);
+    expect(batching.calls).toEqual(new Array(8).fill(4));
+  });
+
+  it("an item that fails in the batch fails only its request; a batch call that throws fails only its items", async () => {
+    const plain = await run(new FakeBackend(), ["a", "b", "c"]);
+    const itemFails = new BatchingBackend();
+    itemFails.failSampler = 1;
+    const r = await run(itemFails, ["a", "b", "c"]);
+    expect(r.finish("b")).toMatchObject({ reason: "error" });
+    expect(r.tokens("a")).toEqual(plain.tokens("a"));
+    expect(r.tokens("c")).toEqual(plain.tokens("c"));
+    const callFails = new BatchingBackend();
+    callFails.throwNext = true;
+    const r2 = await run(callFails, ["a", "b"]);
+    expect(r2.finish("a")).toMatchObject({ reason: "error" });
+    expect(r2.finish("b")).toMatchObject({ reason: "error" });
+    // The loop goes on: a later request is served by the same loop and backend.
+    const after = await run(callFails, ["c"]);
+    expect(after.tokens("c")).toEqual(plain.tokens("c"));
+  });
+
+  it("log probabilities are still read for a request sampled in the batch", async () => {
+    const t = setup({ maxNumSeqs: 2 });
+    const b = new BatchingBackend();
+    const loop = new StepLoop(b, { maxNumSeqs: 2, maxNumBatchedTokens: 16, maxModelLen: 32 }, (m) => t.messages.push(structuredClone(m)));
+    loop.submit(add("lp", "abc", { maxTokens: 3, logprobs: 2 }));
+    loop.submit(add("no", "xy", { maxTokens: 3 }));
+    do await loop.step();
+    while (loop.scheduler.hasWork);
+    expect(b.singles).toBe(0);
+    const outs = t.outputsOf("lp").filter((o) => o.tokens.length > 0);
+    expect(outs).toHaveLength(3);
+    expect(b.logprobCalls.map(([, tok]) => tok)).toEqual(outs.map((o) => o.tokens[0]));
+    expect(tokensOf(t, "no")).toHaveLength(3);
+  });
+
+  it("every step message says where its time went: decode + sample <= step", async () => {
+    const r = await run(new BatchingBackend(), ["a", "b"]);
+    const decoding = r.steps.filter((s) => s.batchTokens > 0);
+    expect(decoding.length).toBeGreaterThan(0);
+    for (const s of decoding) {
+      const ph = s.stats.phaseUs!;
+      expect(ph.decode).toBeGreaterThanOrEqual(0);
+      expect(ph.sample).toBeGreaterThanOrEqual(0);
+      expect(ph.decode + ph.sample).toBeLessThanOrEqual(ph.step + 2); // each is rounded on its own
+    }
   });
 });

@@ -61,6 +61,12 @@ export interface ModelBackend extends Partial<GrammarBackend> {
   decode(items: DecodeItem[]): Promise<number[]>;
   sample(batchLogitIndex: number, sampler: SamplerHandle): Promise<number>;
   /**
+   * Sample several sequences of the decoded batch in ONE synchronous native call (the same token each would get
+   * from {@link sample}, in any order: sampling never changes the logits and every sampler is its own). An item that
+   * failed is an Error in its place; the others are unaffected. Absent: the loop samples one sequence per call.
+   */
+  sampleMany?(batch: readonly { batchLogitIndex: number; sampler: SamplerHandle }[]): (number | Error)[];
+  /**
    * Raw-distribution log probabilities at a batch logit index (the sampled `token` and the `top` most likely).
    * Absent: the engine serves no log probabilities (capabilities.maxTopLogprobs = -1).
    */
@@ -142,6 +148,8 @@ export class StepLoop {
   private stopping = false;
   /** Steps that decoded a batch. */
   steps = 0;
+  /** Microseconds the current step spent in the native decode and in sampling (reset at each step's start). */
+  private phase = { decodeUs: 0, sampleUs: 0 };
   /**
    * Test-only fault injection (docs/fault-injection.md): called before each decode with the batch; it may throw
    * (a failed step), never resolve (a hung step) or kill the process.
@@ -197,6 +205,8 @@ export class StepLoop {
 
   /** One step: snapshot, apply, plan, decode, sample, commit, emit. Exposed for tests that step by hand. */
   async step(): Promise<void> {
+    const stepStart = performance.now();
+    this.phase = { decodeUs: 0, sampleUs: 0 };
     const outputs = new Map<string, RequestOutput>();
     const out = (id: string): RequestOutput => {
       let o = outputs.get(id);
@@ -287,14 +297,15 @@ export class StepLoop {
           cachedSequences: this.scheduler.cachedSlots,
           prefixCacheHitTokens: this.scheduler.prefixHitTokens,
           kvTokensInUse: this.scheduler.kvTokensInUse,
+          phaseUs: { decode: Math.round(this.phase.decodeUs), sample: Math.round(this.phase.sampleUs), step: Math.round((performance.now() - stepStart) * 1000) },
         },
       });
     }
   }
 
   /**
-   * Decode `items` and sample those that want logits, sequentially (parallel sampling races in llama.cpp's
-   * output_reorder, docs/upstream.md). Policy on a failed decode (documented in docs/fault-injection.md):
+   * Decode `items` and sample those that want logits, never two native calls at once (parallel sampling races in
+   * llama.cpp's output_reorder, docs/upstream.md). Policy on a failed decode (documented in docs/fault-injection.md):
    * retry once; if it fails again, split the batch in halves and handle each the same way, so a batch that fails
    * because of one request costs only that request. A backend that cannot roll a failed decode back (recurrent
    * state) rethrows instead: the engine process exits and the gateway restarts it and resumes every request.
@@ -308,7 +319,12 @@ export class StepLoop {
     for (let attempt = 0; attempt < 2 && logitIdx === null; attempt++) {
       try {
         if (this.beforeDecode) await this.beforeDecode(items, step);
-        logitIdx = await this.backend.decode(items);
+        const t0 = performance.now();
+        try {
+          logitIdx = await this.backend.decode(items);
+        } finally {
+          this.phase.decodeUs += (performance.now() - t0) * 1000;
+        }
       } catch (err) {
         lastError = err;
         if (this.backend.canRollBack === false) throw err;
@@ -322,9 +338,52 @@ export class StepLoop {
       const b = await this.decodeAndSample(items.slice(half), step);
       return { sampled: [...a.sampled, ...b.sampled], decoded: [...a.decoded, ...b.decoded], failed: [...a.failed, ...b.failed] };
     }
+    const t0 = performance.now();
+    try {
+      return await this.sampleBatch(items, logitIdx);
+    } finally {
+      this.phase.sampleUs += (performance.now() - t0) * 1000;
+    }
+  }
+
+  /**
+   * Sample every decoded item that wants logits. With a backend that samples many sequences per native call, the
+   * unguided ones are sampled together first (one call for the step); guided ones (their probes read the logits
+   * between calls) and backends without it go one sequence per call.
+   */
+  private async sampleBatch(
+    items: BatchItem[],
+    logitIdx: number[],
+  ): Promise<{ sampled: SampledToken[]; decoded: BatchItem[]; failed: { item: BatchItem; message: string }[] }> {
     const sampled: SampledToken[] = [];
     const decoded: BatchItem[] = [];
     const failed: { item: BatchItem; message: string }[] = [];
+    // 1. One native call for every unguided sequence (their samplers configured first, as the single path does).
+    const batched = new Map<number, number | Error>();
+    if (this.backend.sampleMany) {
+      const picks: number[] = [];
+      for (let i = 0; i < items.length; i++) {
+        const it = items[i]!;
+        const st = this.requests.get(it.id);
+        if (!it.wantsLogits || !st || st.guide) continue;
+        try {
+          this.configureUnguided(st, tokenSeed(st.params.seed, it.pos + it.tokens.length));
+          picks.push(i);
+        } catch (err) {
+          batched.set(i, err as Error);
+        }
+      }
+      if (picks.length > 0) {
+        let results: (number | Error)[];
+        try {
+          results = this.backend.sampleMany(picks.map((i) => ({ batchLogitIndex: logitIdx[i]!, sampler: this.requests.get(items[i]!.id)!.sampler })));
+        } catch (err) {
+          results = picks.map(() => err as Error); // the call itself failed: every item it held fails, nothing else
+        }
+        picks.forEach((i, k) => batched.set(i, results[k] ?? new Error("no sample returned")));
+      }
+    }
+    // 2. In batch order: finish the batched ones, sample the rest one call each.
     for (let i = 0; i < items.length; i++) {
       const it = items[i]!;
       const st = this.requests.get(it.id);
@@ -333,21 +392,19 @@ export class StepLoop {
         continue;
       }
       try {
+        const pre = batched.get(i);
+        if (pre instanceof Error) throw pre;
         const seed = tokenSeed(st.params.seed, it.pos + it.tokens.length);
         let guided: GuideSampling | null = null;
-        if (st.guide) {
+        if (pre === undefined && st.guide) {
           // 1. The guide decides, before this sample, what constrains it (a rule that is complete and cannot
           //    continue ends here: the probe reads this step's logits).
           guided = await this.prepareGuide(st, logitIdx[i]!);
           this.configureGuided(st, seed, guided);
-        } else if (st.params.temperature > 0 || st.sampling.biasChanged) {
-          // Reconfigure only when something changed: the seed (per position, with a temperature) or the bias
-          // (penalties, min_tokens); a greedy request without those keeps its sampler as created.
-          st.sampler.configure(this.samplerConfig(st, seed));
-        }
+        } else if (pre === undefined) this.configureUnguided(st, seed);
         let token: number;
         try {
-          token = await this.backend.sample(logitIdx[i]!, st.sampler);
+          token = pre ?? (await this.backend.sample(logitIdx[i]!, st.sampler));
         } catch (err) {
           if (!guided?.grammar || !st.guide) throw err;
           // 2. A sampler error under a grammar (everything masked, a rejected pick): that grammar state is never
@@ -520,6 +577,14 @@ export class StepLoop {
     if (g.ending) for (const t of this.backend.eogTokens) merged.delete(t);
     st.guideBias = { base, ending: g.ending, merged };
     return merged;
+  }
+
+  /**
+   * Reconfigure an unguided request's sampler only when something changed: the seed (per position, with a
+   * temperature) or the bias (penalties, min_tokens); a greedy request without those keeps its sampler as created.
+   */
+  private configureUnguided(st: RequestState, seed: number): void {
+    if (st.params.temperature > 0 || st.sampling.biasChanged) st.sampler.configure(this.samplerConfig(st, seed));
   }
 
   private samplerConfig(st: Pick<RequestState, "params" | "sampling">, seed: number): SamplerConfig {

@@ -93,6 +93,26 @@ describe("StepObserver: requests scheduled per step", () => {
   });
 });
 
+describe("StepObserver: where the engine's step time went", () => {
+  it("observes decode, sample and the rest of each decoding step's phaseUs; a step without it observes nothing", async () => {
+    const t = setup();
+    const steps = new StepObserver(t.metrics);
+    const withPhase = (step: number, phaseUs?: { decode: number; sample: number; step: number }): StepMessage => {
+      const m = stepMsg(step, 0);
+      return phaseUs ? { ...m, stats: { ...m.stats, phaseUs } } : m;
+    };
+    steps.observe(withPhase(1, { decode: 2000, sample: 500, step: 3000 }));
+    steps.observe(withPhase(2, { decode: 1000, sample: 1500, step: 2600 }));
+    steps.observe(withPhase(3));
+    const text = await t.metrics.registry.getSingleMetricAsString("keel_engine_step_phase_seconds");
+    const line = (prefix: string): number => Number(text.split("\n").find((l) => l.startsWith(prefix))?.split(" ")[1]);
+    expect(line('keel_engine_step_phase_seconds_count{phase="decode"} ')).toBe(2);
+    expect(line('keel_engine_step_phase_seconds_sum{phase="decode"} ')).toBeCloseTo(0.003, 9);
+    expect(line('keel_engine_step_phase_seconds_sum{phase="sample"} ')).toBeCloseTo(0.002, 9);
+    expect(line('keel_engine_step_phase_seconds_sum{phase="other"} ')).toBeCloseTo(0.0006, 9);
+  });
+});
+
 describe("StepObserver: preemptions from the engine's cumulative count", () => {
   const withPreemptions = (step: number, preemptions: number | undefined): StepMessage => {
     const m = stepMsg(step, 0);

@@ -54,6 +54,12 @@ export class StepObserver {
       this.lastStep = msg.step;
       const scheduled = msg.outputs.filter((o) => o.tokens.length > 0).length;
       if (scheduled > 0) this.metrics.stepRequests.observe(scheduled);
+      const ph = msg.stats.phaseUs;
+      if (ph) {
+        this.metrics.stepPhase.observe({ phase: "decode" }, ph.decode / 1e6);
+        this.metrics.stepPhase.observe({ phase: "sample" }, ph.sample / 1e6);
+        this.metrics.stepPhase.observe({ phase: "other" }, Math.max(0, ph.step - ph.decode - ph.sample) / 1e6);
+      }
     }
     this.activeSequences = msg.stats.activeSequences;
     this.cachedSequences = msg.stats.cachedSequences;

@@ -53,6 +53,8 @@ export class Metrics {
   readonly prefixCacheHitTokens: client.Counter;
   /** Requests that got a token per decoding step: how many sequences the engine actually scheduled together. */
   readonly stepRequests: client.Histogram;
+  /** Engine step wall time by phase (decode, sample, other), from the step messages' phaseUs. */
+  readonly stepPhase: client.Histogram<"phase">;
   readonly requestsResumed: client.Counter;
   /** Guided requests whose constraint the engine dropped (they went on unconstrained). */
   readonly guidedDropped: client.Counter;
@@ -112,6 +114,13 @@ export class Metrics {
       name: "keel_engine_step_requests",
       help: "Requests that got a token in one engine step (the decode batch the engine scheduled), per step that decoded",
       buckets: [1, 2, 4, 8, 16, 32, 64, 128, 256],
+      registers,
+    });
+    this.stepPhase = new client.Histogram({
+      name: "keel_engine_step_phase_seconds",
+      help: "Engine step wall time by phase: decode (the native batch decode), sample (every sequence's sampling), other (scheduling, bookkeeping, the output message), per step that decoded",
+      labelNames: ["phase"],
+      buckets: [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5],
       registers,
     });
     this.clientDisconnects = labelled("keel_client_disconnects_total", "Clients that closed their connection before their response ended, by request phase", "phase", PHASES);

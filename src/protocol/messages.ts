@@ -370,6 +370,12 @@ export interface StepMessage {
      * others and had to wait to be recomputed. Optional: an engine without preemption (llama.cpp) omits it.
      */
     preemptions?: number;
+    /**
+     * Where this step's wall time went, in microseconds: the native decode, sampling (every sequence, with guide
+     * probes and log probabilities), and the whole step (command snapshot to this message). Optional: an engine that
+     * does not measure it leaves keel_engine_step_phase_seconds empty.
+     */
+    phaseUs?: { decode: number; sample: number; step: number };
   };
 }
 
