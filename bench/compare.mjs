@@ -254,6 +254,42 @@ function httpGet(port, p) {
   });
 }
 
+function httpText(port, p) {
+  return new Promise((resolve) => {
+    http
+      .get({ host: "127.0.0.1", port, path: p, agent: false }, (res) => {
+        let body = "";
+        res.setEncoding("utf8");
+        res.on("data", (d) => (body += d));
+        res.on("end", () => resolve(body));
+      })
+      .on("error", () => resolve(""));
+  });
+}
+/** Keel's cumulative step-phase sums (seconds) and counts from /metrics (keel_engine_step_phase_seconds, step requests). */
+async function keelPhases(port) {
+  const text = await httpText(port, "/metrics");
+  const num = (re) => Number(text.match(re)?.[1] ?? NaN);
+  const ph = (name) => num(new RegExp(`^keel_engine_step_phase_seconds_sum\\{phase="${name}"\\} (\\S+)`, "m"));
+  return {
+    decode: ph("decode"),
+    sample: ph("sample"),
+    other: ph("other"),
+    steps: num(/^keel_engine_step_phase_seconds_count\{phase="decode"\} (\S+)/m),
+    seqs: num(/^keel_engine_step_requests_sum (\S+)/m),
+    at: performance.now(),
+  };
+}
+/** Per decoding step in a window between two keelPhases snapshots: ms in decode / sample / other, and between steps. */
+function phaseRow(a, b) {
+  const steps = b.steps - a.steps;
+  if (!(steps > 0)) return null;
+  const per = (k) => ((b[k] - a[k]) * 1000) / steps;
+  const wall = (b.at - a.at) / steps;
+  const seqs = (b.seqs - a.seqs) / steps;
+  return { steps, seqsPerStep: seqs, decode: per("decode"), sample: per("sample"), other: per("other"), between: wall - per("decode") - per("sample") - per("other"), samplePerSeqUs: (per("sample") * 1000) / Math.max(seqs, 1e-9) };
+}
+
 /** Whether Keel's engine_ready line (which names the GPU backend it loaded) was printed once. */
 let keelBackendShown = false;
 /** A running server: { name, port, stop() }. */
@@ -470,12 +506,21 @@ async function loadRound(port, clients, perClient, tag) {
 }
 async function throughput(model) {
   const rows = [];
+  /** Keel's engine step phases per round (ms per decoding step), from its /metrics. */
+  const phaseRows = [];
   for (const c of CFG.concurrency) {
     const perClient = Math.max(CFG.reqs, Math.ceil(CFG.minReqs / c));
     const acc = { keel: [], other: [] };
     await withServers(model, c, async (servers) => {
       for (let round = 0; round < CFG.rounds; round++) {
-        const res = await interleaved(servers, round, (s) => loadRound(s.port, c, perClient, `r${round}`));
+        const res = await interleaved(servers, round, async (s) => {
+          if (s.name !== "keel") return loadRound(s.port, c, perClient, `r${round}`);
+          const before = await keelPhases(s.port);
+          const r = await loadRound(s.port, c, perClient, `r${round}`);
+          const ph = phaseRow(before, await keelPhases(s.port));
+          if (ph) phaseRows.push({ C: c, round, ...Object.fromEntries(Object.entries(ph).map(([k, v]) => [k, k === "steps" ? v : r2(v)])) });
+          return r;
+        });
         acc.keel.push(res.keel);
         acc.other.push(res.other);
       }
@@ -507,6 +552,10 @@ async function throughput(model) {
   }
   console.log(`\n1. Throughput: ${CFG.tokens} tokens per request, median tok/s of ${CFG.rounds} interleaved rounds; TTFT/ITL in ms, pooled (ratios are keel/${CFG.otherName})`);
   console.table(rows);
+  if (phaseRows.length > 0) {
+    console.log("\n1b. Where Keel's engine time went, ms per decoding step (keel_engine_step_phase_seconds): decode = native batch decode, sample = all sequences' sampling, other = scheduling/bookkeeping, between = outside steps (frame write, event loop, waiting for work)");
+    console.table(phaseRows);
+  }
 }
 
 // ---------- 2. mixed load: long prefills arriving during decode ----------
