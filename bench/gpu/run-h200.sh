@@ -33,7 +33,7 @@ T0=$(date +%s)
 
 copy_out() {
   [ -n "${OUT:-}" ] || return 0
-  for f in run.log compare-cuda.log compare-vulkan.log mixed-storm.log dmon.log bandwidth.log vulkan-probe.log profile-c32.log threads-ab.log compare-cuda-t2.log; do
+  for f in run.log model8b.log bench-8b.log compare-8b.log bias-ab.log compare-cuda.log compare-vulkan.log mixed-storm.log dmon.log bandwidth.log vulkan-probe.log profile-c32.log threads-ab.log compare-cuda-t2.log; do
     [ -f "$R/$f" ] && cp "$R/$f" "$OUT/$f"
   done
   [ -f "$R/build.log" ] && tail -n 400 "$R/build.log" > "$OUT/build-tail.log"
@@ -129,6 +129,13 @@ log "build: source build --gpu cuda (tools + server on, FA kernels off)"
 ( env "${CUDA_ENV[@]}" "$NODE" node_modules/node-llama-cpp/dist/cli/cli.js source build --gpu cuda > "$R/build.log" 2>&1; echo "build exit $?" >> "$R/build.log" ) &
 BUILD_PID=$!
 mkdir -p "$W/models"
+MODEL8B="$W/models/keel-llama3-8b-f16.gguf"
+if [ "$PLAN" = diag ]; then
+  # The 8 B-shaped model for the batch-1 roofline (Llama-3-8B's sizes, F16, 16 GB), written while the build runs.
+  log "model: keel make-model --shape llama3-8b --f16 (background)"
+  ( /usr/bin/time -v "$NODE" bin/keel.mjs make-model --shape llama3-8b --f16 --out "$MODEL8B" > "$R/model8b.log" 2>&1 ) &
+  MODEL8B_PID=$!
+fi
 log "model: write-model.mjs"
 "$NODE" bench/gpu/write-model.mjs --out "$MODEL" --vocab 32000 --layers 24 --hidden 2048 --ff 5632 --heads 16 --kv-heads 8 --ctx 4096 --f16 || log "model write FAILED"
 if [ "$PLAN" = probe ]; then
@@ -167,6 +174,34 @@ log "build done: llama-server=$LS llama-bench=$BENCH; folders: $(ls "$LB" | tr '
 if [ -n "$BENCH" ]; then
   log "llama-bench batch-1 decode"
   "$BENCH" -m "$MODEL" -ngl 999 -fa 0 -p 0 -n 256 -r 3 -o md 2>&1 | grep -v "^ggml_\|^load" | tail -n 8
+fi
+
+if [ "$PLAN" = diag ]; then
+  # D1. Where Keel's step time goes on the GPU (compare.mjs prints keel_engine_step_phase_seconds per round).
+  log "compare CUDA throughput with Keel's step phases"
+  env "${CUDA_ENV[@]}" "$NODE" bench/compare.mjs --gpu --model "$MODEL" --tokens 256 --rounds 1 --llama-server "$LS" \
+    --other-args "--cache-ram 0" --max-seconds 400 throughput 2>&1 | while IFS= read -r l; do echo "$(date -u +%T) $l"; done > "$R/compare-cuda.log"
+  cat "$R/compare-cuda.log"
+  # D2. One Keel, 32 streams, with and without compare.mjs's 128-entry logit_bias (the open lead of the last run).
+  log "bias A/B at 32 streams"
+  env "${CUDA_ENV[@]}" "$NODE" bin/keel.mjs serve --model_path "$MODEL" --model_name bench --rest_port 8499 --rest_bind_address 127.0.0.1 \
+    --max_num_seqs 32 --max_model_len 2048 --max_num_batched_tokens 256 --engine_threads 15 --flash_attention false --target_device GPU --log_level ERROR > "$R/keel-bias.log" 2>&1 &
+  KB=$!
+  for i in $(seq 120); do [ "$(curl -s -o /dev/null -w '%{http_code}' localhost:8499/v2/health/ready)" = 200 ] && break; sleep 1; done
+  { timeout 200 "$NODE" bench/gpu/bias-ab.mjs --port 8499 --conc 32 --tokens 256 --rounds 2; curl -s localhost:8499/metrics | grep -E "^keel_engine_step_phase_seconds_(sum|count)|^keel_engine_step_requests_(sum|count)"; } > "$R/bias-ab.log" 2>&1
+  kill "$KB"; wait "$KB" 2>/dev/null
+  cat "$R/bias-ab.log"
+  # D3. 8 B-shaped model at batch 1: llama-bench, then Keel vs llama-server (the roofline measurement).
+  wait "$MODEL8B_PID"; tail -n 30 "$R/model8b.log" | grep -E "Elapsed|Maximum resident|bytes" ; ls -la "$MODEL8B"
+  log "llama-bench 8B batch-1 decode"
+  "$BENCH" -m "$MODEL8B" -ngl 999 -fa 0 -p 0 -n 128 -r 2 -o md 2>&1 | grep -v "^ggml_\|^load" | tail -n 6 | tee "$R/bench-8b.log"
+  log "compare 8B at 1 stream"
+  env "${CUDA_ENV[@]}" "$NODE" bench/compare.mjs --gpu --model "$MODEL8B" --tokens 128 --rounds 2 --concurrency 1 --min-reqs 3 --reqs 3 --ctx 1024 --llama-server "$LS" \
+    --other-args "--cache-ram 0" --max-seconds 300 throughput 2>&1 | while IFS= read -r l; do echo "$(date -u +%T) $l"; done > "$R/compare-8b.log"
+  cat "$R/compare-8b.log"
+  log "pipeline done"
+  date -u > "$R/DONE"
+  exit 0
 fi
 
 if [ "$PLAN" = probe ]; then
