@@ -12,7 +12,7 @@ import path from "node:path";
 import { fileURLToPath } from "node:url";
 
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
-const { buildNativeAddon } = await import(path.join(root, "dist", "native", "build.js"));
+const { buildNativeAddon, getLlamaBinDir } = await import(path.join(root, "dist", "native", "build.js"));
 
 const args = process.argv.slice(2);
 const binDirs = [];
@@ -33,23 +33,10 @@ const log = (line) => quiet || console.error(`keel: native: ${line}`);
 // 1. Default: the directories node-llama-cpp's getLlama loads its addon from (as the engine calls it), recorded
 //    from the in-process addon load (the same hook point as src/native/loader.ts).
 if (binDirs.length === 0) {
-  const { getLlama, LlamaLogLevel } = await import("node-llama-cpp");
   for (const gpu of [false, "auto"]) {
-    const original = process.dlopen;
-    let loaded = null;
-    process.dlopen = function record(module, filename, flags) {
-      if (path.basename(filename) === "llama-addon.node") loaded = path.dirname(filename);
-      return flags === undefined ? original.call(process, module, filename) : original.call(process, module, filename, flags);
-    };
-    try {
-      const llama = await getLlama({ gpu, build: "never", progressLogs: false, logLevel: LlamaLogLevel.error, skipLlamaInit: true });
-      await llama.dispose();
-    } catch (err) {
-      log(`getLlama({ gpu: ${JSON.stringify(gpu)} }) loads nothing here: ${err.message}`);
-    } finally {
-      process.dlopen = original;
-    }
-    if (loaded && !binDirs.includes(loaded)) binDirs.push(loaded);
+    const dir = await getLlamaBinDir(gpu);
+    if (dir === null) log(`getLlama({ gpu: ${JSON.stringify(gpu)} }) loads no addon here`);
+    else if (!binDirs.includes(dir)) binDirs.push(dir);
   }
 }
 

@@ -112,6 +112,30 @@ export function nativeAddonFor(binDir: string, cacheRoot = defaultCacheRoot()): 
   return { path: null, reason: `not built for ${binDir} (node scripts/build-native.mjs --bin-dir ${binDir})` };
 }
 
+/**
+ * The binary directory node-llama-cpp's getLlama loads its addon from for `gpu` (as the engine calls it: false for
+ * device "cpu", "auto" otherwise), recorded from the in-process addon load (the hook point of loader.ts); null when
+ * it loads none. Loads and disposes a Llama (skipping the backend init).
+ */
+export async function getLlamaBinDir(gpu: false | "auto"): Promise<string | null> {
+  const { getLlama, LlamaLogLevel } = await import("node-llama-cpp");
+  const original = process.dlopen;
+  let loaded: string | null = null;
+  process.dlopen = function record(module: object, filename: string, flags?: number): void {
+    if (path.basename(filename) === ADDON_FILE) loaded = path.dirname(filename);
+    return flags === undefined ? original.call(process, module, filename) : original.call(process, module, filename, flags);
+  };
+  try {
+    const llama = await getLlama({ gpu, build: "never", progressLogs: false, logLevel: LlamaLogLevel.error });
+    await llama.dispose();
+  } catch {
+    // no binary loads for this choice: `loaded` says whether one was tried
+  } finally {
+    process.dlopen = original;
+  }
+  return loaded;
+}
+
 /** Options of {@link buildNativeAddon}. */
 export interface NativeBuildOptions {
   /** The node-llama-cpp binary directory to link against (holds llama-addon.node and its libraries). */
