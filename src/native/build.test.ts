@@ -8,7 +8,7 @@ import { execFileSync } from "node:child_process";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
-import { ADDON_FILE, buildNativeAddon, nativeAddonFor, nativeBuildKey } from "./build.js";
+import { ADDON_FILE, NATIVE_SOURCE_DIR, applyPatch, buildNativeAddon, nativeAddonFor, nativeBuildKey } from "./build.js";
 
 let work: string;
 let binDir: string;
@@ -88,6 +88,26 @@ describe("native addon build cache", () => {
     const second = await build();
     expect(second.cached).toBe(false);
     expect(second.path).not.toBe(first.path);
+  });
+
+  it("applies register.patch to node-llama-cpp's addon.cpp exactly as patch(1) does, and refuses one that changed", () => {
+    const addonCpp = path.resolve("node_modules/node-llama-cpp/llama/addon/addon.cpp");
+    const diff = fs.readFileSync(path.join(NATIVE_SOURCE_DIR, "register.patch"), "utf8");
+    const ours = path.join(work, "ours");
+    const theirs = path.join(work, "theirs");
+    for (const d of [ours, theirs]) {
+      fs.mkdirSync(d);
+      fs.copyFileSync(addonCpp, path.join(d, "addon.cpp"));
+    }
+    applyPatch(ours, diff);
+    execFileSync("patch", ["-p1", "--batch", "--quiet", "-i", path.join(NATIVE_SOURCE_DIR, "register.patch")], { cwd: theirs });
+    const patched = fs.readFileSync(path.join(ours, "addon.cpp"), "utf8");
+    expect(patched).toBe(fs.readFileSync(path.join(theirs, "addon.cpp"), "utf8"));
+    expect(patched).not.toBe(fs.readFileSync(addonCpp, "utf8"));
+    expect(patched).toMatch(/AddonSampler::init\(exports\);\n\s+keelRegisterSampling\(exports\);/);
+    // An addon.cpp whose registration block moved: a clear refusal, not a silently unpatched build.
+    fs.writeFileSync(path.join(ours, "addon.cpp"), fs.readFileSync(addonCpp, "utf8").replace("AddonSampler::init(exports);", "AddonSampler::init(exports, 1);"));
+    expect(() => applyPatch(ours, diff)).toThrow(/does not apply to addon.cpp/);
   });
 
   it("refuses a directory without a node-llama-cpp addon, and a missing compiler, with a clear error", async () => {

@@ -242,6 +242,29 @@ function publish(tmp: string, target: string): void {
   }
 }
 
+/**
+ * Apply a unified diff to the files under `dir` (no `patch` or `git` needed on the machine): each hunk's old block
+ * (context and removed lines) must occur exactly once in its file and is replaced by the new block.
+ * @throws NativeBuildError when a hunk does not match (node-llama-cpp's addon.cpp changed: update register.patch).
+ */
+export function applyPatch(dir: string, diff: string): void {
+  const files = diff.split(/^--- .*\n\+\+\+ (?:b\/)?(.*)\n/m);
+  for (let f = 1; f < files.length; f += 2) {
+    const rel = files[f]!.trim().split("\t")[0]!;
+    const file = path.join(dir, rel);
+    let text = fs.readFileSync(file, "utf8");
+    for (const hunk of files[f + 1]!.split(/^@@.*@@.*\n/m).slice(1)) {
+      const lines = hunk.replace(/\n$/, "").split("\n");
+      const oldBlock = lines.filter((l) => !l.startsWith("+")).map((l) => l.slice(1)).join("\n");
+      const newBlock = lines.filter((l) => !l.startsWith("-")).map((l) => l.slice(1)).join("\n");
+      const at = text.indexOf(oldBlock);
+      if (at < 0 || text.indexOf(oldBlock, at + 1) >= 0) throw new NativeBuildError(`src/native/register.patch does not apply to ${rel} of this node-llama-cpp (a hunk matches ${at < 0 ? "nowhere" : "twice"})`);
+      text = text.slice(0, at) + newBlock + text.slice(at + oldBlock.length);
+    }
+    fs.writeFileSync(file, text);
+  }
+}
+
 /** Run `tasks` with at most `jobs` at a time; rejects with the first failure after the running ones settle. */
 async function pool(tasks: (() => Promise<unknown>)[], jobs: number): Promise<void> {
   let next = 0;
@@ -314,9 +337,7 @@ export async function buildNativeAddon(opts: NativeBuildOptions): Promise<Native
     const src = path.join(tmp, "addon");
     fs.cpSync(path.join(nodeLlamaCppDir(), "llama", "addon"), src, { recursive: true });
     fs.copyFileSync(path.join(NATIVE_SOURCE_DIR, "keel-sampling.cpp"), path.join(src, "keel-sampling.cpp"));
-    await run("patch", ["-p1", "--forward", "--batch", "-i", path.join(NATIVE_SOURCE_DIR, "register.patch")], src).catch((err) => {
-      throw new NativeBuildError(`src/native/register.patch does not apply to this node-llama-cpp's addon.cpp: ${(err as Error).message}`);
-    });
+    applyPatch(src, fs.readFileSync(path.join(NATIVE_SOURCE_DIR, "register.patch"), "utf8"));
     const sources = listFiles(src).filter((f) => f.endsWith(".cpp"));
     const flags = [
       "-O2", "-DNDEBUG", "-fPIC", "-std=c++17", "-fexceptions", "-pthread", "-DNAPI_VERSION=7", "-DNODE_GYP_MODULE_NAME=llama_addon", "-DBUILDING_NODE_EXTENSION",
