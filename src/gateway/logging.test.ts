@@ -58,6 +58,14 @@ describe("engine ready line", () => {
     expect(q8.text).toMatch(/^engine ready backend cpu; KV capacity/);
   });
 
+  it("names the native addon the llama.cpp engine runs (Keel's build or node-llama-cpp's own)", () => {
+    const keel = describeReady(ready({ backend: { gpu: false, devices: [], addon: "keel" } }), "f16");
+    expect(keel.text).toMatch(/^engine ready backend cpu, keel addon; KV capacity/);
+    expect(keel.fields).toMatchObject({ addon: "keel" });
+    const own = describeReady(ready({ backend: { gpu: "cuda", devices: ["NVIDIA H200"], addon: "node-llama-cpp" } }), "f16");
+    expect(own.text).toContain("backend cuda (NVIDIA H200), node-llama-cpp addon;");
+  });
+
   it("an engine with one shared KV pool (limits.kvPoolTokens) is described by its pool", () => {
     const r = describeReady(ready({ limits: { maxNumSeqs: 4, maxNumBatchedTokens: 64, maxModelLen: 512, kvPoolTokens: 2048 }, backend: { gpu: false, devices: [] } }), "f16");
     expect(r.text).toBe("engine ready backend cpu; KV pool 2048 tokens shared by 4 sequences (up to 512 per sequence)");
