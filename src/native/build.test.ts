@@ -46,7 +46,7 @@ afterEach(() => {
 });
 
 const callLines = () => (fs.existsSync(calls) ? fs.readFileSync(calls, "utf8").trim().split("\n") : []);
-const build = () => buildNativeAddon({ binDir, cacheRoot, cxx, jobs: 2, llamaSource: path.join(work, "llama.cpp") });
+const build = () => buildNativeAddon({ binDir, cacheRoot, cxx, jobs: 2, llamaSource: path.join(work, "llama.cpp"), verify: false });
 
 describe("native addon build cache", () => {
   it("builds once (every addon source compiled, one link against the directory's libraries), then reuses it", async () => {
@@ -113,5 +113,8 @@ describe("native addon build cache", () => {
   it("refuses a directory without a node-llama-cpp addon, and a missing compiler, with a clear error", async () => {
     await expect(buildNativeAddon({ binDir: work, cacheRoot, cxx })).rejects.toThrow(/no llama-addon\.node/);
     await expect(buildNativeAddon({ binDir, cacheRoot, cxx: path.join(work, "no-such-compiler") })).rejects.toThrow(/no C\+\+ compiler/);
+    // A build that does not load (here: the fake compiler's text file) is refused, and nothing is published.
+    await expect(buildNativeAddon({ binDir, cacheRoot, cxx, jobs: 2, llamaSource: path.join(work, "llama.cpp") })).rejects.toThrow(/does not load/);
+    expect(nativeAddonFor(binDir, cacheRoot).path).toBeNull();
   });
 });

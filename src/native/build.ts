@@ -150,6 +150,11 @@ export interface NativeBuildOptions {
   llamaSource?: string;
   /** Progress lines. */
   log?: (line: string) => void;
+  /**
+   * Load the built addon in a child process before publishing it (default true): a build that cannot load (a library
+   * ABI mismatch) is refused here instead of taking the engine down at start. Off only for tests with a fake compiler.
+   */
+  verify?: boolean;
 }
 
 /** Result of {@link buildNativeAddon}. */
@@ -358,8 +363,15 @@ export async function buildNativeAddon(opts: NativeBuildOptions): Promise<Native
       ...libDirs.map((d) => `-L${d}`), ...links,
       "-Wl,--enable-new-dtags", `-Wl,-rpath,${libDirs.join(":")}`, `-Wl,-soname,${ADDON_FILE}`,
     ]);
+    // 5. Smoke test in a child: the addon loads with its libraries and exports our function.
+    if (opts.verify !== false) {
+      const probe = `const m = require(${JSON.stringify(path.join(out, ADDON_FILE))}); if (typeof m.keelSampleTokens !== "function") { console.error("keelSampleTokens missing"); process.exit(1); }`;
+      await run(process.execPath, ["-e", probe]).catch((err) => {
+        throw new NativeBuildError(`the built addon does not load: ${(err as Error).message}`);
+      });
+    }
     fs.writeFileSync(path.join(out, "build.json"), JSON.stringify({ binDir, cxx, llamaSource: llama, nodeHeaders, links, builtAt: new Date().toISOString(), seconds: seconds() }, null, 2) + "\n");
-    // 5. Publish: the first finished builder's rename wins.
+    // 6. Publish: the first finished builder's rename wins.
     publish(out, target);
   } finally {
     fs.rmSync(tmp, { recursive: true, force: true });
