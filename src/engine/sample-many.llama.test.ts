@@ -118,6 +118,38 @@ describe("LlamaAdapter.sampleMany (Keel's addon) equals sequential sample()", ()
     expect(many[1]).not.toEqual(greedy1);
   });
 
+  it("under a grammar too: the same tokens, each twin's grammar state advanced by its own sampler", async () => {
+    const grammar = adapter.compileGrammar('root ::= [a-z ]{1,40} "."', "root");
+    const states = { a: [0, 1].map(() => adapter.createGrammarState(grammar)), b: [0, 1].map(() => adapter.createGrammarState(grammar)) };
+    const tokenized = PROMPTS.slice(0, 2).map((p) => adapter.tokenize(p));
+    const cfg = (s: number, step: number, twin: "a" | "b"): SamplerConfig => ({ ...base, temperature: 0.9, topK: 40, seed: 50 + s + step, grammar: states[twin][s]! });
+    const a = [0, 1].map((s) => adapter.createSampler(cfg(s, 0, "a")));
+    const b = [0, 1].map((s) => adapter.createSampler(cfg(s, 0, "b")));
+    tokenized.forEach((_, s) => adapter.clearSequence(s));
+    let idx = await adapter.decode(tokenized.map((t, s) => ({ slot: s, pos: 0, tokens: t, wantsLogits: true })));
+    const many: number[][] = [[], []];
+    const single: number[][] = [[], []];
+    for (let step = 0; step < 8; step++) {
+      [0, 1].forEach((s) => {
+        a[s]!.configure(cfg(s, step, "a"));
+        b[s]!.configure(cfg(s, step, "b"));
+      });
+      const got = adapter.sampleMany!([0, 1].map((s) => ({ batchLogitIndex: idx[s]!, sampler: a[s]! })));
+      for (let s = 0; s < 2; s++) {
+        if (typeof got[s] !== "number") throw got[s];
+        many[s]!.push(got[s] as number);
+        single[s]!.push(await adapter.sample(idx[s]!, b[s]!));
+      }
+      idx = await adapter.decode(tokenized.map((t, s) => ({ slot: s, pos: t.length + step, tokens: [many[s]!.at(-1)!], wantsLogits: true })));
+    }
+    expect(many).toEqual(single);
+    // The grammar constrained them (lowercase letters and spaces only), and both twins' states are alive.
+    const text = many.map((toks) => Buffer.concat(toks.map((t) => Buffer.from(adapter.bytesOf(t)))).toString("latin1"));
+    for (const t of text) expect(t).toMatch(/^[a-z .]+$/);
+    expect([...states.a, ...states.b].every((st) => !st.dead)).toBe(true);
+    [...a, ...b].forEach((h) => h.dispose());
+  });
+
   it("a failing item fails alone: a disposed sampler and a foreign handle are Errors, the others keep their tokens", async () => {
     const tokenized = PROMPTS.slice(0, 4).map((p) => adapter.tokenize(p));
     tokenized.forEach((_, s) => adapter.clearSequence(s));
