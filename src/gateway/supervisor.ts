@@ -301,7 +301,7 @@ export function describeReady(msg: ReadyMessage, kvCacheType: keyof typeof KV_BY
   const devices = msg.backend?.devices ?? [];
   const parts = [
     msg.loadMs !== undefined ? `in ${(msg.loadMs / 1000).toFixed(1)} s` : null,
-    `backend ${backend}${devices.length > 0 ? ` (${devices.join(", ")})` : ""}${msg.backend?.addon ? `, ${msg.backend.addon} addon` : ""}`,
+    `backend ${backend}${devices.length > 0 ? ` (${devices.join(", ")})` : ""}`,
     kvPoolTokens !== undefined
       ? `KV pool ${kvPoolTokens} tokens shared by ${maxNumSeqs} sequences (up to ${maxModelLen} per sequence)`
       : `KV capacity ${maxModelLen} tokens per sequence x ${maxNumSeqs} sequences${kvBytes !== null ? ` (${(kvBytes / 1e6).toFixed(1)} MB ${kvCacheType})` : ""}`,
