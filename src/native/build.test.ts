@@ -113,6 +113,10 @@ describe("native addon build cache", () => {
   it("refuses a directory without a node-llama-cpp addon, and a missing compiler, with a clear error", async () => {
     await expect(buildNativeAddon({ binDir: work, cacheRoot, cxx })).rejects.toThrow(/no llama-addon\.node/);
     await expect(buildNativeAddon({ binDir, cacheRoot, cxx: path.join(work, "no-such-compiler") })).rejects.toThrow(/no C\+\+ compiler/);
+    // A directory whose llama.cpp libraries are missing: nothing to link against.
+    for (const f of fs.readdirSync(binDir).filter((f) => f.startsWith("libllama"))) fs.rmSync(path.join(binDir, f));
+    await expect(buildNativeAddon({ binDir, cacheRoot, cxx, verify: false })).rejects.toThrow(/links no libllama/);
+    makeBinDir(binDir);
     // A build that does not load (here: the fake compiler's text file) is refused, and nothing is published.
     await expect(buildNativeAddon({ binDir, cacheRoot, cxx, jobs: 2, llamaSource: path.join(work, "llama.cpp") })).rejects.toThrow(/does not load/);
     expect(nativeAddonFor(binDir, cacheRoot).path).toBeNull();
