@@ -28,7 +28,7 @@ export interface LoadOptions {
   cacheRoot?: string;
 }
 
-/** True while a {@link loadWithKeelAddon} call holds the dlopen hook (calls are serialised through `queue`). */
+/** Tail of the chain of {@link loadWithKeelAddon} calls: the dlopen hook is process-wide, so loads run one at a time. */
 let queue: Promise<unknown> = Promise.resolve();
 
 /**
