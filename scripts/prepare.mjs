@@ -26,6 +26,15 @@ if (!fs.existsSync(stamp) || fs.readFileSync(stamp, "utf8") !== lockHash) {
 // 2. Build.
 run(process.execPath, [path.join(root, "node_modules", "typescript", "bin", "tsc"), "-p", path.join(root, "tsconfig.build.json")]);
 
+// 2b. Keel's native addon (one synchronous call samples a whole step; src/native/build.ts) for the binary directories
+//     node-llama-cpp loads here, into Keel's cache outside the repository: ~30 s once on 2 cores, then a cache hit.
+//     Not fatal: without a compiler the engine runs node-llama-cpp's own addon and says so in one log line.
+try {
+  run(process.execPath, [path.join(root, "scripts", "build-native.mjs")]);
+} catch {
+  console.error("keel: Keel's native addon was not built (see above); the engine will use node-llama-cpp's own addon.");
+}
+
 // 3. The embedded default model (deterministic; generated once, safe under concurrent starts).
 const { ensureDefaultModel } = await import(path.join(root, "dist", "model", "default-model.js"));
 await ensureDefaultModel();

@@ -44,7 +44,7 @@ if [ ! -d "$C/gl" ]; then
   (cd "$C/gl" && apt-get $o download libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2 > /dev/null)
 fi
 
-# 5. This checkout's Keel (always refreshed) and the script itself.
-tar -C "$ROOT" -cJf "$C/keel.tar.xz" bin dist bench package.json
+# 5. This checkout's Keel (always refreshed; with the native addon's sources and build script) and the script itself.
+tar -C "$ROOT" -cJf "$C/keel.tar.xz" bin dist bench package.json scripts/build-native.mjs src/native
 cp "$ROOT/bench/gpu/run-h200.sh" "$C/run-h200.sh"
 du -sh "$C"/*

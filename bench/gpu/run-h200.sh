@@ -16,6 +16,7 @@
 #      llama-server/llama-bench linked to the same libllama/libggml-cuda), flash-attention kernels compiled out;
 #      meanwhile the model is written (bench/gpu/write-model.mjs: 1.26 B parameters, F16, vocab 32,000, 2.53 GB) and
 #      the memory bandwidth is measured (torch: read-only sum and device-to-device copy of 4 GiB).
+#      Then Keel's native addon is built against that build (scripts/build-native.mjs).
 #   2. llama-bench batch-1 decode (no server): the engine's own ceiling for the roofline.
 #   3. compare.mjs --gpu throughput: Keel vs llama-server at 1/8/32/64 streams, 256 tokens, 3 interleaved rounds;
 #      nvidia-smi dmon samples GPU utilisation meanwhile.
@@ -169,6 +170,13 @@ LS="$(find "$LB" -name llama-server -type f -perm -u+x | head -1)"
 BENCH="$(find "$LB" -name llama-bench -type f -perm -u+x | head -1)"
 export LD_LIBRARY_PATH="$(find "$LB" -name '*.so*' -printf '%h\n' | sort -u | tr '\n' ':')${LD_LIBRARY_PATH:-}"
 log "build done: llama-server=$LS llama-bench=$BENCH; folders: $(ls "$LB" | tr '\n' ' ')"
+
+# 1b. Keel's native addon (one synchronous call samples a step; src/native) linked against that CUDA build's libraries
+#     (and the prebuilt Vulkan directory's, if its headers are here): ~20 addon files, seconds on 16 cores. With the
+#     CUDA options in the environment getLlama finds the local build, so the script builds for the directory the
+#     engine will load. KEEL_NATIVE_SAMPLING=off on a Keel command gives node-llama-cpp's own addon (A/B).
+log "Keel's native addon for the CUDA build"
+env "${CUDA_ENV[@]}" "$NODE" scripts/build-native.mjs 2>&1 | tail -n 6
 
 # 2. The engine alone at batch 1 (no server): tg = decode of 256 tokens after an empty prompt.
 if [ -n "$BENCH" ]; then

@@ -20,6 +20,7 @@
  */
 import { getLlama, LlamaLogLevel, type Llama, type LlamaContext, type LlamaModel } from "node-llama-cpp";
 import type { EngineBackend, ModelMetadata } from "../protocol/messages.js";
+import { loadWithKeelAddon, type NativeAddonChoice } from "../native/loader.js";
 
 /** Options of {@link LlamaAdapter.open}. */
 /** A GPU was required (device "gpu") and no GPU backend of node-llama-cpp (CUDA, Vulkan, Metal) loads here. */
@@ -143,6 +144,12 @@ const LOGPROB_WINDOW = 20;
 /** Floor for a probability that underflows float32 (log 0): OpenAI's value for an impossible token. */
 export const MIN_LOGPROB = -9999;
 
+/** One item of {@link LlamaAdapter.sampleMany}: a sequence's batch logit index and its sampler. */
+export interface SampleRequest {
+  batchLogitIndex: number;
+  sampler: SamplerHandle;
+}
+
 /** Opaque per-sequence sampler. */
 export interface SamplerHandle {
   configure(cfg: SamplerConfig): void;
@@ -201,8 +208,15 @@ interface NativeModel {
   getVocabularyType(): number;
   isEogToken(token: number): boolean;
 }
+/**
+ * Keel's synchronous step sampler (src/native/keel-sampling.cpp), present only when Keel's addon is loaded: fills
+ * `out[i]` with the token of item i (-1: nothing selected; -2: failed, its message at index i of the returned array).
+ */
+type NativeSampleTokens = (context: NativeContext, logitIndices: Int32Array, samplers: NativeSampler[], out: Int32Array) => (string | undefined)[] | undefined;
 interface Internals {
   ctx: NativeContext;
+  /** Keel's one-call sampler of a whole step, or null when node-llama-cpp's own addon runs. */
+  sampleTokens: NativeSampleTokens | null;
   model: NativeModel;
   SamplerClass: new (model: unknown) => NativeSampler;
   grammar: NativeGrammarBindings;
@@ -217,7 +231,7 @@ function internalsOf(llama: Llama, model: LlamaModel, context: LlamaContext): In
     canBeNextTokenForGrammarEvaluationState?: (state: NativeGrammarState, token: number) => boolean;
   };
   const l = llama as unknown as {
-    _bindings?: { AddonSampler?: SamplerStatics; AddonGrammar?: NativeGrammarBindings["Grammar"]; AddonGrammarEvaluationState?: NativeGrammarBindings["State"] };
+    _bindings?: { AddonSampler?: SamplerStatics; AddonGrammar?: NativeGrammarBindings["Grammar"]; AddonGrammarEvaluationState?: NativeGrammarBindings["State"]; keelSampleTokens?: NativeSampleTokens };
   };
   const b = l._bindings;
   const S = b?.AddonSampler;
@@ -233,7 +247,8 @@ function internalsOf(llama: Llama, model: LlamaModel, context: LlamaContext): In
     accept: S.acceptGrammarEvaluationStateToken.bind(S),
     canBeNext: S.canBeNextTokenForGrammarEvaluationState.bind(S),
   };
-  return { ctx: c._ctx, model: m._model, SamplerClass: S, grammar, disposeGuard: c._backendContextDisposeGuard };
+  const sampleTokens = typeof b.keelSampleTokens === "function" ? b.keelSampleTokens : null;
+  return { ctx: c._ctx, sampleTokens, model: m._model, SamplerClass: S, grammar, disposeGuard: c._backendContextDisposeGuard };
 }
 
 /**
@@ -324,7 +339,11 @@ export class LlamaAdapter {
     private readonly context: LlamaContext,
     private readonly native: Internals,
     readonly options: LlamaAdapterOptions,
+    /** The native addon node-llama-cpp runs on: Keel's build (with {@link sampleMany}) or its own. */
+    readonly nativeAddon: NativeAddonChoice,
   ) {
+    const sampleTokens = native.sampleTokens;
+    if (sampleTokens) this.sampleMany = (batch) => this.sampleManyNative(sampleTokens, batch);
     const n = this.vocabSize;
     this.tokenBytes = new Array<Uint8Array>(n);
     this.eogTokens = [];
@@ -356,13 +375,17 @@ export class LlamaAdapter {
 
   /** Load a model and create its context. @throws Error when the model or context cannot be created. */
   static async open(opts: LlamaAdapterOptions): Promise<LlamaAdapter> {
-    const llama = await getLlama({
-      gpu: opts.gpu === "cpu" ? false : "auto",
-      build: "never", // no internet here: use the prebuilt binaries only
-      maxThreads: opts.threads,
-      logLevel: LlamaLogLevel.warn,
-      logger: (level, message) => opts.log?.(String(level), message),
-    });
+    // Keel's addon (one synchronous call samples a step) replaces node-llama-cpp's for the directory it loads from,
+    // when one was built for it (scripts/build-native.mjs); else node-llama-cpp's own addon runs (src/native/loader.ts).
+    const { value: llama, addon } = await loadWithKeelAddon(() =>
+      getLlama({
+        gpu: opts.gpu === "cpu" ? false : "auto",
+        build: "never", // no internet here: use the prebuilt binaries only
+        maxThreads: opts.threads,
+        logLevel: LlamaLogLevel.warn,
+        logger: (level, message) => opts.log?.(String(level), message),
+      }),
+    );
     // "gpu" asks for a GPU: node-llama-cpp's "auto" falls back to CPU silently when no GPU backend loads, so that
     // case is an error here, before the model is read.
     if (opts.gpu === "gpu" && llama.gpu === false) throw new NoGpuBackendError();
@@ -379,13 +402,15 @@ export class LlamaAdapter {
     });
     const native = internalsOf(llama, model, context);
     native.ctx.setThreads(opts.threads);
-    return new LlamaAdapter(llama, model, context, native, opts);
+    const nativeAddon: NativeAddonChoice =
+      addon.kind === "keel" && !native.sampleTokens ? { kind: "node-llama-cpp", reason: `${addon.path} has no keelSampleTokens` } : addon;
+    return new LlamaAdapter(llama, model, context, native, opts, nativeAddon);
   }
 
   /** The backend llama.cpp runs on and its devices, for `ready` and the startup log. */
   async backend(): Promise<EngineBackend> {
     const gpu = this.llama.gpu;
-    return { gpu, devices: gpu === false ? [] : await this.llama.getGpuDeviceNames() };
+    return { gpu, devices: gpu === false ? [] : await this.llama.getGpuDeviceNames(), addon: this.nativeAddon.kind };
   }
 
   /** Metadata sent to the gateway in `ready`. */
@@ -623,15 +648,76 @@ export class LlamaAdapter {
   async sample(batchLogitIndex: number, handle: SamplerHandle): Promise<number> {
     const state = this.samplers.get(handle);
     if (!state) throw new Error("sampler not created by this adapter");
-    const grammar = state.grammar;
     let token: number;
     try {
       token = await this.native.ctx.sampleToken(batchLogitIndex, state.native);
     } catch (err) {
-      if (!grammar) throw err;
-      grammar.dead = true;
-      throw new GrammarMaskedError(`the grammar rejected the sampled token: ${(err as Error).message}`);
+      throw this.nativeSampleFailed(state, err);
     }
+    return this.settleSample(state, token, batchLogitIndex);
+  }
+
+  /**
+   * Sample every item of the current step in ONE synchronous native call (Keel's addon, src/native/keel-sampling.cpp):
+   * per item exactly what {@link sample} does, in order, with the same bookkeeping (penalty mirror, grammar checks),
+   * without a libuv worker hop and an event-loop wake-up per sequence. A failing item (unknown or disposed sampler,
+   * nothing selected, a grammar rejection) is an Error in its place; the other items are unaffected. Only present
+   * when Keel's addon is loaded ({@link nativeAddon}); call between decodes, like {@link sample}.
+   */
+  readonly sampleMany?: (batch: readonly SampleRequest[]) => (number | Error)[];
+
+  private sampleManyNative(sampleTokens: NativeSampleTokens, batch: readonly SampleRequest[]): (number | Error)[] {
+    if (this.decoding) throw new Error("sampleMany() while a decode is in flight (one native call at a time)");
+    const results: (number | Error)[] = new Array(batch.length);
+    // 1. Resolve the handles; an unknown one fails alone (never reaches the native call).
+    const states: SamplerState[] = [];
+    const positions: number[] = [];
+    for (let i = 0; i < batch.length; i++) {
+      const state = this.samplers.get(batch[i]!.sampler);
+      if (state) {
+        states.push(state);
+        positions.push(i);
+      } else results[i] = new Error("sampler not created by this adapter");
+    }
+    const n = states.length;
+    if (n === 0) return results;
+    // 2. One native call for the whole step (scratch arrays grow once and are reused: no allocation per step).
+    if (this.sampleScratch.indices.length < n) this.sampleScratch = { indices: new Int32Array(n * 2), out: new Int32Array(n * 2) };
+    const indices = this.sampleScratch.indices.subarray(0, n);
+    const out = this.sampleScratch.out.subarray(0, n);
+    for (let k = 0; k < n; k++) indices[k] = batch[positions[k]!]!.batchLogitIndex;
+    const messages = sampleTokens(this.native.ctx, indices, states.map((s) => s.native), out);
+    // 3. The same per-item bookkeeping as sample().
+    for (let k = 0; k < n; k++) {
+      const i = positions[k]!;
+      const state = states[k]!;
+      const failure = messages?.[k];
+      if (failure !== undefined) {
+        results[i] = this.nativeSampleFailed(state, new Error(failure));
+        continue;
+      }
+      try {
+        results[i] = this.settleSample(state, out[k]!, indices[k]!);
+      } catch (err) {
+        results[i] = err as Error;
+      }
+    }
+    return results;
+  }
+  /** Reused input/output arrays of {@link sampleMany}'s native call. */
+  private sampleScratch = { indices: new Int32Array(0), out: new Int32Array(0) };
+
+  /** A native sampling call threw: under a grammar the state is dead and the caller retries unconstrained. */
+  private nativeSampleFailed(state: SamplerState, err: unknown): Error {
+    const grammar = state.grammar;
+    if (!grammar) return err instanceof Error ? err : new Error(String(err));
+    grammar.dead = true;
+    return new GrammarMaskedError(`the grammar rejected the sampled token: ${(err as Error).message}`);
+  }
+
+  /** Checks a natively sampled token and mirrors it into the handle's penalty history. @throws as {@link sample}. */
+  private settleSample(state: SamplerState, token: number, batchLogitIndex: number): number {
+    const grammar = state.grammar;
     if (token < 0) {
       if (grammar) grammar.dead = true; // nothing was selected: do not trust the state any more
       throw new Error(`sampling failed at batch logit index ${batchLogitIndex}`);
@@ -643,7 +729,7 @@ export class LlamaAdapter {
         throw new GrammarMaskedError(`every token was masked by the grammar and the bias (picked ${token})`);
       }
     }
-    state.accept(token); // the native sampler accepted it too (AddonContextSampleTokenWorker → acceptToken)
+    state.accept(token); // the native sampler accepted it too (sampleToken / keelSampleTokens → acceptToken)
     return token;
   }
 

@@ -78,6 +78,8 @@ async function main(): Promise<void> {
     throw err;
   }
   loading = false;
+  // One line when Keel's addon (one native call samples a step) is not in use, saying why.
+  if (adapter.nativeAddon.kind !== "keel") logLine("info", `native step sampling off: node-llama-cpp's own addon runs (${adapter.nativeAddon.reason})`, { event: "native_addon_fallback" });
   const backend = await adapter.backend();
   if (config.mode === "validate") {
     const metadata = adapter.metadata();

@@ -9,7 +9,7 @@
 import type { AddMessage, EngineErrorCode, EngineMessage, GuidePhase, GuideSpec, TokenizeMessage, TokenizedMessage, PositionLogprobs, RequestOutput, SamplingParams } from "../protocol/messages.js";
 import { PROTOCOL_VERSION } from "../protocol/messages.js";
 import { checkSamplingParams } from "../protocol/validate.js";
-import type { CompiledGrammar, DecodeItem, GrammarState, RawLogprobs, SamplerConfig, SamplerHandle } from "./llama-adapter.js";
+import type { CompiledGrammar, DecodeItem, GrammarState, RawLogprobs, SampleRequest, SamplerConfig, SamplerHandle } from "./llama-adapter.js";
 import { GuideState, type GuideSampling } from "./guide-state.js";
 import { SamplingState } from "./sampling-state.js";
 import { Scheduler, type BatchItem, type Outcome, type SchedulerConfig } from "./scheduler.js";
@@ -61,11 +61,10 @@ export interface ModelBackend extends Partial<GrammarBackend> {
   decode(items: DecodeItem[]): Promise<number[]>;
   sample(batchLogitIndex: number, sampler: SamplerHandle): Promise<number>;
   /**
-   * Sample several sequences of the decoded batch in ONE synchronous native call (the same token each would get
-   * from {@link sample}, in any order: sampling never changes the logits and every sampler is its own). An item that
-   * failed is an Error in its place; the others are unaffected. Absent: the loop samples one sequence per call.
+   * Sample several sequences of the current step in ONE synchronous native call: per item what `sample` gives, in
+   * order; a failing item is an Error in its place. Absent when the backend has no such call (node-llama-cpp's own addon).
    */
-  sampleMany?(batch: readonly { batchLogitIndex: number; sampler: SamplerHandle }[]): (number | Error)[];
+  readonly sampleMany?: (batch: readonly SampleRequest[]) => (number | Error)[];
   /**
    * Raw-distribution log probabilities at a batch logit index (the sampled `token` and the `top` most likely).
    * Absent: the engine serves no log probabilities (capabilities.maxTopLogprobs = -1).

@@ -58,6 +58,15 @@ describe("engine ready line", () => {
     expect(q8.text).toMatch(/^engine ready backend cpu; KV capacity/);
   });
 
+  it("names the native addon the llama.cpp engine runs (Keel's build or node-llama-cpp's own) in a field", () => {
+    const keel = describeReady(ready({ backend: { gpu: false, devices: [], addon: "keel" } }), "f16");
+    expect(keel.fields).toMatchObject({ addon: "keel", backend: "cpu" });
+    const own = describeReady(ready({ backend: { gpu: "cuda", devices: ["NVIDIA H200"], addon: "node-llama-cpp" } }), "f16");
+    expect(own.fields).toMatchObject({ addon: "node-llama-cpp", backend: "cuda" });
+    // An engine that does not say (OpenVINO, older engines) gets no field.
+    expect(describeReady(ready({ backend: { gpu: false, devices: [] } }), "f16").fields).not.toHaveProperty("addon");
+  });
+
   it("an engine with one shared KV pool (limits.kvPoolTokens) is described by its pool", () => {
     const r = describeReady(ready({ limits: { maxNumSeqs: 4, maxNumBatchedTokens: 64, maxModelLen: 512, kvPoolTokens: 2048 }, backend: { gpu: false, devices: [] } }), "f16");
     expect(r.text).toBe("engine ready backend cpu; KV pool 2048 tokens shared by 4 sequences (up to 512 per sequence)");

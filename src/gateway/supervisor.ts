@@ -306,5 +306,5 @@ export function describeReady(msg: ReadyMessage, kvCacheType: keyof typeof KV_BY
       ? `KV pool ${kvPoolTokens} tokens shared by ${maxNumSeqs} sequences (up to ${maxModelLen} per sequence)`
       : `KV capacity ${maxModelLen} tokens per sequence x ${maxNumSeqs} sequences${kvBytes !== null ? ` (${(kvBytes / 1e6).toFixed(1)} MB ${kvCacheType})` : ""}`,
   ].filter((p) => p !== null);
-  return { text: `engine ready ${parts.join("; ")}`, fields: { loadMs: msg.loadMs ?? null, backend, devices, kvBytes, ...(kvPoolTokens !== undefined ? { kvPoolTokens } : {}) } };
+  return { text: `engine ready ${parts.join("; ")}`, fields: { loadMs: msg.loadMs ?? null, backend, devices, ...(msg.backend?.addon ? { addon: msg.backend.addon } : {}), kvBytes, ...(kvPoolTokens !== undefined ? { kvPoolTokens } : {}) } };
 }

@@ -243,6 +243,11 @@ export interface EngineBackend {
   gpu: string | false;
   /** Device names the backend uses (GPU names; empty on CPU). */
   devices: string[];
+  /**
+   * llama.cpp engine: the native addon it runs on, "keel" (Keel's build: one native call samples a step) or
+   * "node-llama-cpp" (its own addon); optional (other engines leave it out).
+   */
+  addon?: "keel" | "node-llama-cpp";
 }
 
 /** engine → gateway: model load progress, sent while the model loads (before `ready`); `progress` is 0..1. */

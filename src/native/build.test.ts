@@ -1,0 +1,124 @@
+/**
+ * The native build's cache (src/native/build.ts): built once per input set and reused, concurrent builders end with
+ * one result, a changed binary directory gets its own build. A fake compiler stands in for g++ (it records each call
+ * and writes its output file), so these run in a second; the real compile is exercised by sample-many.llama.test.ts.
+ */
+import { afterEach, beforeEach, describe, expect, it } from "vitest";
+import { execFileSync } from "node:child_process";
+import fs from "node:fs";
+import os from "node:os";
+import path from "node:path";
+import { ADDON_FILE, NATIVE_SOURCE_DIR, applyPatch, buildNativeAddon, nativeAddonFor, nativeBuildKey } from "./build.js";
+
+let work: string;
+let binDir: string;
+let cacheRoot: string;
+let cxx: string;
+let calls: string;
+
+/** A node-llama-cpp-like binary directory: a real addon (for its dynamic section) and stand-ins for its libraries. */
+function makeBinDir(dir: string): void {
+  fs.mkdirSync(dir, { recursive: true });
+  const real = path.resolve("node_modules/@node-llama-cpp/linux-x64/bins/linux-x64", ADDON_FILE);
+  fs.copyFileSync(real, path.join(dir, ADDON_FILE));
+  const needed = [...execFileSync("readelf", ["-d", real], { encoding: "utf8" }).matchAll(/\(NEEDED\)\s+Shared library: \[([^\]]+)\]/g)].map((m) => m[1]!);
+  for (const lib of needed.filter((l) => /^lib(llama|ggml)/.test(l))) fs.writeFileSync(path.join(dir, lib), "stand-in");
+}
+
+beforeEach(() => {
+  work = fs.mkdtempSync(path.join(os.tmpdir(), "keel-native-build-"));
+  binDir = path.join(work, "bins");
+  cacheRoot = path.join(work, "cache");
+  calls = path.join(work, "calls.log");
+  makeBinDir(binDir);
+  fs.mkdirSync(path.join(work, "llama.cpp"));
+  cxx = path.join(work, "fake-g++");
+  // Records its arguments; writes "<pid>" into the file after -o (an object or the addon).
+  fs.writeFileSync(
+    cxx,
+    `#!/bin/sh\necho "$*" >> '${calls}'\n[ "$1" = "--version" ] && { echo fake; exit 0; }\nout=""; prev=""\nfor a in "$@"; do [ "$prev" = "-o" ] && out="$a"; prev="$a"; done\necho "built by $$" > "$out"\n`,
+    { mode: 0o755 },
+  );
+});
+
+afterEach(() => {
+  fs.rmSync(work, { recursive: true, force: true });
+});
+
+const callLines = () => (fs.existsSync(calls) ? fs.readFileSync(calls, "utf8").trim().split("\n") : []);
+const build = () => buildNativeAddon({ binDir, cacheRoot, cxx, jobs: 2, llamaSource: path.join(work, "llama.cpp"), verify: false });
+
+describe("native addon build cache", () => {
+  it("builds once (every addon source compiled, one link against the directory's libraries), then reuses it", async () => {
+    expect(nativeAddonFor(binDir, cacheRoot).path).toBeNull();
+    const first = await build();
+    expect(first.cached).toBe(false);
+    const lines = callLines();
+    const compiles = lines.filter((l) => / -c /.test(l));
+    const links = lines.filter((l) => l.includes("-shared"));
+    // node-llama-cpp's addon sources plus ours, and the link names its libraries with a RUNPATH to the directory.
+    expect(compiles.some((l) => l.includes("keel-sampling.cpp"))).toBe(true);
+    expect(compiles.some((l) => /addon[\\/]addon\.cpp/.test(l))).toBe(true);
+    expect(links).toHaveLength(1);
+    expect(links[0]).toMatch(/-l:libllama[^ ]*\.so/);
+    expect(links[0]).toContain(`-Wl,-rpath,${fs.realpathSync(binDir)}`);
+    expect(nativeAddonFor(binDir, cacheRoot).path).toBe(first.path);
+    const before = lines.length;
+    const again = await build();
+    expect(again).toMatchObject({ cached: true, path: first.path });
+    expect(callLines()).toHaveLength(before); // nothing compiled, not even `--version`
+  });
+
+  it("concurrent builders end with one result and leave no temporary folders", async () => {
+    const results = await Promise.all([build(), build(), build()]);
+    // All three really built (each found no build when it started), and all use the one that was renamed first.
+    expect(callLines().filter((l) => l.includes("-shared"))).toHaveLength(3);
+    expect(new Set(results.map((r) => r.path)).size).toBe(1);
+    expect(fs.readFileSync(results[0]!.path, "utf8")).toMatch(/^built by \d+/);
+    expect(fs.readdirSync(path.join(cacheRoot, "native"))).toEqual([path.basename(path.dirname(results[0]!.path))]);
+  });
+
+  it("a changed library in the binary directory gets its own build (the key follows the directory)", async () => {
+    const first = await build();
+    const keyBefore = nativeBuildKey(binDir);
+    const lib = fs.readdirSync(binDir).find((f) => f.startsWith("libllama"))!;
+    fs.writeFileSync(path.join(binDir, lib), "a rebuilt library, other size");
+    expect(nativeBuildKey(binDir)).not.toBe(keyBefore);
+    expect(nativeAddonFor(binDir, cacheRoot).path).toBeNull();
+    const second = await build();
+    expect(second.cached).toBe(false);
+    expect(second.path).not.toBe(first.path);
+  });
+
+  it("applies register.patch to node-llama-cpp's addon.cpp exactly as patch(1) does, and refuses one that changed", () => {
+    const addonCpp = path.resolve("node_modules/node-llama-cpp/llama/addon/addon.cpp");
+    const diff = fs.readFileSync(path.join(NATIVE_SOURCE_DIR, "register.patch"), "utf8");
+    const ours = path.join(work, "ours");
+    const theirs = path.join(work, "theirs");
+    for (const d of [ours, theirs]) {
+      fs.mkdirSync(d);
+      fs.copyFileSync(addonCpp, path.join(d, "addon.cpp"));
+    }
+    applyPatch(ours, diff);
+    execFileSync("patch", ["-p1", "--batch", "--quiet", "-i", path.join(NATIVE_SOURCE_DIR, "register.patch")], { cwd: theirs });
+    const patched = fs.readFileSync(path.join(ours, "addon.cpp"), "utf8");
+    expect(patched).toBe(fs.readFileSync(path.join(theirs, "addon.cpp"), "utf8"));
+    expect(patched).not.toBe(fs.readFileSync(addonCpp, "utf8"));
+    expect(patched).toMatch(/AddonSampler::init\(exports\);\n\s+keelRegisterSampling\(exports\);/);
+    // An addon.cpp whose registration block moved: a clear refusal, not a silently unpatched build.
+    fs.writeFileSync(path.join(ours, "addon.cpp"), fs.readFileSync(addonCpp, "utf8").replace("AddonSampler::init(exports);", "AddonSampler::init(exports, 1);"));
+    expect(() => applyPatch(ours, diff)).toThrow(/does not apply to addon.cpp/);
+  });
+
+  it("refuses a directory without a node-llama-cpp addon, and a missing compiler, with a clear error", async () => {
+    await expect(buildNativeAddon({ binDir: work, cacheRoot, cxx })).rejects.toThrow(/no llama-addon\.node/);
+    await expect(buildNativeAddon({ binDir, cacheRoot, cxx: path.join(work, "no-such-compiler") })).rejects.toThrow(/no C\+\+ compiler/);
+    // A directory whose llama.cpp libraries are missing: nothing to link against.
+    for (const f of fs.readdirSync(binDir).filter((f) => f.startsWith("libllama"))) fs.rmSync(path.join(binDir, f));
+    await expect(buildNativeAddon({ binDir, cacheRoot, cxx, verify: false })).rejects.toThrow(/links no libllama/);
+    makeBinDir(binDir);
+    // A build that does not load (here: the fake compiler's text file) is refused, and nothing is published.
+    await expect(buildNativeAddon({ binDir, cacheRoot, cxx, jobs: 2, llamaSource: path.join(work, "llama.cpp") })).rejects.toThrow(/does not load/);
+    expect(nativeAddonFor(binDir, cacheRoot).path).toBeNull();
+  });
+});

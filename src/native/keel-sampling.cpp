@@ -1,0 +1,114 @@
+// Keel's one extra native method: sample every sequence of a decoded step in ONE synchronous call.
+//
+// Why: node-llama-cpp's `AddonContext.sampleToken` is an AsyncWorker, so each sequence of each step costs a libuv
+// worker hop plus an event-loop wake-up, and the calls must run one after another (llama.cpp's lazy output reorder
+// is not thread-safe). The engine's main thread is idle while it samples anyway, so here the whole step is sampled
+// on that thread, in order, with the same per-item steps as a plain (no probabilities) sampleToken: rebuild the
+// sampler's chain if its config changed, sample at the item's batch logit index, take the selected id (or -1 when
+// nothing was selected), and let the sampler accept it (penalty history, grammar state).
+//
+// JS signature (registered on the addon's exports by src/native/register.patch):
+//   keelSampleTokens(context: AddonContext, logitIndices: Int32Array, samplers: AddonSampler[], out: Int32Array)
+//     → undefined when every item succeeded, else an Array whose entry i is the error message of failed item i
+//       (out[i] is then KEEL_SAMPLE_ERROR); other items are unaffected.
+// Only public members of node-llama-cpp's classes are used (AddonContext::ctx, AddonSampler::rebuildChainIfNeeded /
+// sample / acceptToken); the file is compiled into a Keel-built copy of node-llama-cpp's addon (scripts/build-native.mjs).
+#include <exception>
+#include <string>
+#include <vector>
+
+#include "napi.h"
+#include "llama.h"
+#include "AddonContext.h"
+#include "AddonSampler.h"
+
+namespace {
+
+/** out[i] of an item whose sampling threw (its message is in the returned array). */
+constexpr int32_t KEEL_SAMPLE_ERROR = -2;
+/** out[i] of an item where the chain selected nothing (what sampleToken reports as -1). */
+constexpr int32_t KEEL_SAMPLE_NONE = -1;
+
+/** Samples one item; returns the token id or KEEL_SAMPLE_NONE, throws on a sampler or accept failure. */
+int32_t sampleOne(AddonContext* context, AddonSampler* sampler, int32_t batchLogitIndex) {
+    // 1. A disposed sampler throws here ("Sampler is disposed"), before touching the logits.
+    sampler->rebuildChainIfNeeded();
+    // 2. The sampler copies the logits of this batch index into its own candidate array and applies its chain.
+    llama_token_data_array candidates;
+    sampler->sample(context->ctx, batchLogitIndex, candidates, false);
+    if (candidates.size == 0 || candidates.selected < 0 || candidates.selected >= (int64_t)candidates.size) {
+        return KEEL_SAMPLE_NONE;
+    }
+    const llama_token token = candidates.data[candidates.selected].id;
+    // 3. The sampler's own state (penalty window, grammar) moves on by the chosen token, as sampleToken does.
+    try {
+        sampler->acceptToken(token);
+    } catch (const std::exception& e) {
+        throw std::runtime_error(std::string("Failed to accept token in sampler: ") + e.what());
+    }
+    return token;
+}
+
+Napi::Value keelSampleTokens(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    if (info.Length() < 4 || !info[0].IsObject() || !info[1].IsTypedArray() || !info[2].IsArray() || !info[3].IsTypedArray()) {
+        throw Napi::TypeError::New(env, "keelSampleTokens(context, logitIndices: Int32Array, samplers: AddonSampler[], out: Int32Array)");
+    }
+    AddonContext* context = Napi::ObjectWrap<AddonContext>::Unwrap(info[0].As<Napi::Object>());
+    Napi::TypedArray indicesArray = info[1].As<Napi::TypedArray>();
+    Napi::TypedArray outArray = info[3].As<Napi::TypedArray>();
+    if (indicesArray.TypedArrayType() != napi_int32_array || outArray.TypedArrayType() != napi_int32_array) {
+        throw Napi::TypeError::New(env, "keelSampleTokens: logitIndices and out must be Int32Array");
+    }
+    Napi::Int32Array indices = indicesArray.As<Napi::Int32Array>();
+    Napi::Int32Array out = outArray.As<Napi::Int32Array>();
+    Napi::Array samplerObjects = info[2].As<Napi::Array>();
+    const size_t count = indices.ElementLength();
+    if (samplerObjects.Length() != count || out.ElementLength() != count) {
+        throw Napi::RangeError::New(env, "keelSampleTokens: logitIndices, samplers and out must have the same length");
+    }
+    if (context == nullptr || context->disposed || context->ctx == nullptr) {
+        throw Napi::Error::New(env, "keelSampleTokens: the context is disposed");
+    }
+
+    // Unwrap every sampler first (a JS-level type error refuses the whole call before anything is sampled).
+    std::vector<AddonSampler*> samplers(count);
+    for (size_t i = 0; i < count; i++) {
+        Napi::Value value = samplerObjects.Get(static_cast<uint32_t>(i));
+        if (!value.IsObject()) {
+            throw Napi::TypeError::New(env, "keelSampleTokens: samplers[" + std::to_string(i) + "] is not an AddonSampler");
+        }
+        samplers[i] = Napi::ObjectWrap<AddonSampler>::Unwrap(value.As<Napi::Object>());
+    }
+
+    // Per-item failures are collected, not thrown: the other items of the step keep their tokens.
+    std::vector<std::pair<size_t, std::string>> failures;
+    const bool hasLogits = llama_get_logits(context->ctx) != nullptr;
+    for (size_t i = 0; i < count; i++) {
+        if (!hasLogits) {
+            out[i] = KEEL_SAMPLE_ERROR;
+            failures.emplace_back(i, "This model does not support token generation");
+            continue;
+        }
+        try {
+            out[i] = sampleOne(context, samplers[i], indices[i]);
+        } catch (const std::exception& e) {
+            out[i] = KEEL_SAMPLE_ERROR;
+            failures.emplace_back(i, e.what());
+        } catch (...) {
+            out[i] = KEEL_SAMPLE_ERROR;
+            failures.emplace_back(i, "Unknown error while sampling");
+        }
+    }
+    if (failures.empty()) return env.Undefined();
+    Napi::Array messages = Napi::Array::New(env, count);
+    for (const auto& failure : failures) messages.Set(static_cast<uint32_t>(failure.first), Napi::String::New(env, failure.second));
+    return messages;
+}
+
+}  // namespace
+
+/** Called from node-llama-cpp's registerCallback (addon.cpp, via register.patch). */
+void keelRegisterSampling(Napi::Object exports) {
+    exports.Set("keelSampleTokens", Napi::Function::New(exports.Env(), keelSampleTokens, "keelSampleTokens"));
+}
