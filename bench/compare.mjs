@@ -315,7 +315,7 @@ async function startKeel(model, slots) {
       if (j.event === "listening" && j.address?.port) port = j.address.port;
       if (j.event === "engine_ready") {
         ready = true;
-        if (!keelBackendShown) console.log(`keel engine_ready: ${JSON.stringify(Object.fromEntries(Object.entries(j).filter(([k]) => /gpu|device|backend|model/i.test(k))))}`);
+        if (!keelBackendShown) console.log(`keel engine_ready: ${JSON.stringify(Object.fromEntries(Object.entries(j).filter(([k]) => /gpu|device|backend|model|addon/i.test(k))))}`);
         keelBackendShown = true;
       }
       if (port && ready) resolve(port);

@@ -34,7 +34,7 @@ T0=$(date +%s)
 
 copy_out() {
   [ -n "${OUT:-}" ] || return 0
-  for f in run.log model8b.log bench-8b.log compare-8b.log bias-ab.log compare-cuda.log compare-vulkan.log mixed-storm.log dmon.log bandwidth.log vulkan-probe.log profile-c32.log threads-ab.log compare-cuda-t2.log; do
+  for f in run.log native-ab.log nocache.log model8b.log bench-8b.log compare-8b.log bias-ab.log compare-cuda.log compare-vulkan.log mixed-storm.log dmon.log bandwidth.log vulkan-probe.log profile-c32.log threads-ab.log compare-cuda-t2.log; do
     [ -f "$R/$f" ] && cp "$R/$f" "$OUT/$f"
   done
   [ -f "$R/build.log" ] && tail -n 400 "$R/build.log" > "$OUT/build-tail.log"
@@ -131,7 +131,7 @@ log "build: source build --gpu cuda (tools + server on, FA kernels off)"
 BUILD_PID=$!
 mkdir -p "$W/models"
 MODEL8B="$W/models/keel-llama3-8b-f16.gguf"
-if [ "$PLAN" = diag ]; then
+if [ "$PLAN" = diag ] || [ "$PLAN" = final ]; then
   # The 8 B-shaped model for the batch-1 roofline (Llama-3-8B's sizes, F16, 16 GB), written while the build runs.
   log "model: keel make-model --shape llama3-8b --f16 (background)"
   ( /usr/bin/time -v "$NODE" bin/keel.mjs make-model --shape llama3-8b --f16 --out "$MODEL8B" > "$R/model8b.log" 2>&1 ) &
@@ -182,6 +182,36 @@ env "${CUDA_ENV[@]}" "$NODE" scripts/build-native.mjs 2>&1 | tail -n 6
 if [ -n "$BENCH" ]; then
   log "llama-bench batch-1 decode"
   "$BENCH" -m "$MODEL" -ngl 999 -fa 0 -p 0 -n 256 -r 3 -o md 2>&1 | grep -v "^ggml_\|^load" | tail -n 8
+fi
+
+if [ "$PLAN" = final ]; then
+  KEEL_CMD="env ${CUDA_ENV[*]} $NODE bin/keel.mjs serve --model_path {model} --model_name bench --rest_port {port} --rest_bind_address 127.0.0.1 --log_format json --max_num_seqs {slots} --max_model_len {ctx} --max_num_batched_tokens {batch} --engine_threads {threads} --flash_attention false --max_queued_requests 4096 --target_device GPU"
+  # F1. Keel (its addon: one sampling call per step) vs llama-server, 1/8/32/64 streams.
+  log "compare CUDA throughput (Keel with its addon vs llama-server)"
+  env "${CUDA_ENV[@]}" "$NODE" bench/compare.mjs --gpu --model "$MODEL" --tokens 256 --rounds 1 --llama-server "$LS" \
+    --other-args "--cache-ram 0" --max-seconds 420 throughput 2>&1 | while IFS= read -r l; do echo "$(date -u +%T) $l"; done > "$R/compare-cuda.log"
+  cat "$R/compare-cuda.log"
+  # F2. The same Keel with node-llama-cpp's addon (one async call per sequence): the batched sampling's own effect.
+  log "A/B: Keel addon vs KEEL_NATIVE_SAMPLING=off"
+  env "${CUDA_ENV[@]}" "$NODE" bench/compare.mjs --gpu --model "$MODEL" --tokens 256 --rounds 1 --concurrency 8,32,64 --other-cmd "env KEEL_NATIVE_SAMPLING=off $KEEL_CMD" \
+    --other-name keel-per-seq-sampling --max-seconds 300 throughput 2>&1 | while IFS= read -r l; do echo "$(date -u +%T) $l"; done > "$R/native-ab.log"
+  cat "$R/native-ab.log"
+  # F3. Keel without prefix caching vs llama-server at 8 and 64 streams (does reusing slots' KV cost decode time?).
+  log "Keel --enable_prefix_caching false vs llama-server"
+  env "${CUDA_ENV[@]}" "$NODE" bench/compare.mjs --gpu --model "$MODEL" --tokens 256 --rounds 1 --concurrency 8,64 --keel-args "--enable_prefix_caching false" --llama-server "$LS" \
+    --other-args "--cache-ram 0" --max-seconds 240 throughput 2>&1 | while IFS= read -r l; do echo "$(date -u +%T) $l"; done > "$R/nocache.log"
+  cat "$R/nocache.log"
+  # F4. The 8 B-shaped model at batch 1 (roofline): llama-bench, then Keel vs llama-server.
+  wait "$MODEL8B_PID"; tail -n 30 "$R/model8b.log" | grep -E "Elapsed|bytes"
+  log "llama-bench 8B batch-1 decode"
+  "$BENCH" -m "$MODEL8B" -ngl 999 -fa 0 -p 0 -n 128 -r 2 -o md 2>&1 | grep -v "^ggml_\|^load" | tail -n 6 | tee "$R/bench-8b.log"
+  log "compare 8B at 1 stream"
+  env "${CUDA_ENV[@]}" "$NODE" bench/compare.mjs --gpu --model "$MODEL8B" --tokens 128 --rounds 2 --concurrency 1 --min-reqs 3 --reqs 3 --ctx 1024 --llama-server "$LS" \
+    --other-args "--cache-ram 0" --max-seconds 300 throughput 2>&1 | while IFS= read -r l; do echo "$(date -u +%T) $l"; done > "$R/compare-8b.log"
+  cat "$R/compare-8b.log"
+  log "pipeline done"
+  date -u > "$R/DONE"
+  exit 0
 fi
 
 if [ "$PLAN" = diag ]; then
