@@ -10,7 +10,7 @@ import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { fileURLToPath, pathToFileURL } from "node:url";
-import { GrammarMaskedError, LlamaAdapter, type GrammarState, type SamplerConfig, type SamplerHandle } from "./llama-adapter.js";
+import { GrammarMaskedError, LlamaAdapter, slotOrder, type GrammarState, type SamplerConfig, type SamplerHandle } from "./llama-adapter.js";
 
 const SEQS = 4;
 let adapter: LlamaAdapter;
@@ -37,16 +37,16 @@ afterAll(async () => {
 const greedy = () => adapter.createSampler({ temperature: 0, topP: 1, topK: 0, minP: 0, seed: 1, bias: new Map(), repetitionPenalty: 1 });
 
 /** Greedy-generate `n` tokens for several prompts at once, one batch per step, sampling sequentially. */
-async function generateTogether(prompts: number[][], n: number): Promise<number[][]> {
+async function generateTogether(prompts: number[][], n: number, slots: number[] = prompts.map((_, s) => s)): Promise<number[][]> {
   const samplers: SamplerHandle[] = prompts.map(() => greedy());
   const out: number[][] = prompts.map(() => []);
-  for (let s = 0; s < prompts.length; s++) adapter.clearSequence(s);
-  // Prefill all prompts in one batch.
-  let idx = await adapter.decode(prompts.map((p, s) => ({ slot: s, pos: 0, tokens: p, wantsLogits: true })));
+  for (let s = 0; s < SEQS; s++) adapter.clearSequence(s);
+  // Prefill all prompts in one batch (prompt s on slot slots[s], items in prompt order).
+  let idx = await adapter.decode(prompts.map((p, s) => ({ slot: slots[s]!, pos: 0, tokens: p, wantsLogits: true })));
   for (let step = 0; step < n; step++) {
     for (let s = 0; s < prompts.length; s++) out[s]!.push(await adapter.sample(idx[s]!, samplers[s]!));
     if (step === n - 1) break;
-    idx = await adapter.decode(prompts.map((p, s) => ({ slot: s, pos: p.length + step, tokens: [out[s]!.at(-1)!], wantsLogits: true })));
+    idx = await adapter.decode(prompts.map((p, s) => ({ slot: slots[s]!, pos: p.length + step, tokens: [out[s]!.at(-1)!], wantsLogits: true })));
   }
   samplers.forEach((x) => x.dispose());
   return out;
@@ -70,6 +70,15 @@ describe("llama.cpp adapter contract (node-llama-cpp 3.21.1 internals)", () => {
     expect(together).toEqual(solo);
     // The sequences really differ, so a token taken from another sequence would be visible.
     expect(new Set(solo.map((s) => s.join(","))).size).toBe(prompts.length);
+  });
+
+  it("a batch whose items are not in slot order (it is added to llama.cpp in slot order) gives each item its own logits", async () => {
+    const tokenized = prompts.map((p) => adapter.tokenize(p));
+    const solo: number[][] = [];
+    for (const p of tokenized) solo.push((await generateTogether([p], 16))[0]!);
+    // Items in prompt order on slots 2, 0, 3, 1: every item's logit index must still be its own sequence's.
+    expect(await generateTogether(tokenized, 16, [2, 0, 3, 1])).toEqual(solo);
+    expect(await generateTogether(tokenized.slice(0, 3), 16, [3, 1, 0])).toEqual(solo.slice(0, 3));
   });
 
   it("clearSequence frees a slot's KV at once: a new prompt on a reused slot matches a fresh run", async () => {
@@ -202,6 +211,14 @@ function inChild(body: string): { status: number | null; signal: NodeJS.Signals 
   rmSync(dir, { recursive: true, force: true });
   return { status: r.status, signal: r.signal, out: `${r.stdout}${r.stderr}` };
 }
+
+describe("slotOrder", () => {
+  it("orders a batch's items by slot, ties kept in batch order", () => {
+    expect(slotOrder([{ slot: 5 }, { slot: 0 }, { slot: 3 }, { slot: 1 }])).toEqual([1, 3, 2, 0]);
+    expect(slotOrder([{ slot: 2 }, { slot: 1 }, { slot: 2 }])).toEqual([1, 0, 2]);
+    expect(slotOrder([])).toEqual([]);
+  });
+});
 
 describe("grammar support (node-llama-cpp 3.21.1 AddonGrammar / AddonSampler statics)", () => {
   const plain: SamplerConfig = { temperature: 0, topP: 1, topK: 0, minP: 0, seed: 1, bias: new Map(), repetitionPenalty: 1 };

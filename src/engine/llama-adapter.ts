@@ -22,6 +22,16 @@ import { getLlama, LlamaLogLevel, type Llama, type LlamaContext, type LlamaModel
 import type { EngineBackend, ModelMetadata } from "../protocol/messages.js";
 import { loadWithKeelAddon, type NativeAddonChoice } from "../native/loader.js";
 
+/**
+ * The order to add a batch's items to llama.cpp's batch: by slot (sequence id), stable. With one KV stream per
+ * sequence, llama.cpp splits a batch into micro-batches of consecutive increasing sequence ids only
+ * (`split_equal(..., sequential = true)`), one graph run each: a batch in admission order — slots permuted by reuse —
+ * ran as many micro-batches as it had descents, doubling the step time at 64 streams on the H200.
+ */
+export function slotOrder(items: readonly { slot: number }[]): number[] {
+  return items.map((_, i) => i).sort((a, b) => items[a]!.slot - items[b]!.slot || a - b);
+}
+
 /** Options of {@link LlamaAdapter.open}. */
 /** A GPU was required (device "gpu") and no GPU backend of node-llama-cpp (CUDA, Vulkan, Metal) loads here. */
 export class NoGpuBackendError extends Error {
@@ -624,11 +634,14 @@ export class LlamaAdapter {
     const guard = this.native.disposeGuard.createPreventDisposalHandle();
     try {
       this.native.ctx.initBatch(total);
-      const logitIdx = items.map((it) => {
+      // Added in slot order (docs/upstream.md, "ubatch split by sequence id"); each item keeps its own logit index.
+      const logitIdx = new Array<number>(items.length).fill(-1);
+      for (const i of slotOrder(items)) {
+        const it = items[i]!;
         const idx = it.wantsLogits ? Uint32Array.of(it.tokens.length - 1) : new Uint32Array(0);
         const r = this.native.ctx.addToBatch(it.slot, it.pos, Uint32Array.from(it.tokens), idx);
-        return it.wantsLogits ? (r[0] ?? -1) : -1;
-      });
+        if (it.wantsLogits) logitIdx[i] = r[0] ?? -1;
+      }
       await this.native.ctx.decodeBatch();
       return logitIdx;
     } finally {
