@@ -184,6 +184,17 @@ if [ -n "$BENCH" ]; then
   "$BENCH" -m "$MODEL" -ngl 999 -fa 0 -p 0 -n 256 -r 3 -o md 2>&1 | grep -v "^ggml_\|^load" | tail -n 8
 fi
 
+if [ "$PLAN" = order ]; then
+  # O1. After the slot-order fix (decode batches added to llama.cpp in sequence-id order): Keel vs llama-server.
+  log "compare CUDA throughput after the slot-order fix"
+  env "${CUDA_ENV[@]}" "$NODE" bench/compare.mjs --gpu --model "$MODEL" --tokens 256 --rounds 1 --llama-server "$LS" \
+    --other-args "--cache-ram 0" --max-seconds 400 throughput 2>&1 | while IFS= read -r l; do echo "$(date -u +%T) $l"; done > "$R/compare-cuda.log"
+  cat "$R/compare-cuda.log"
+  log "pipeline done"
+  date -u > "$R/DONE"
+  exit 0
+fi
+
 if [ "$PLAN" = final ]; then
   KEEL_CMD="env ${CUDA_ENV[*]} $NODE bin/keel.mjs serve --model_path {model} --model_name bench --rest_port {port} --rest_bind_address 127.0.0.1 --log_format json --max_num_seqs {slots} --max_model_len {ctx} --max_num_batched_tokens {batch} --engine_threads {threads} --flash_attention false --max_queued_requests 4096 --target_device GPU"
   # F1. Keel (its addon: one sampling call per step) vs llama-server, 1/8/32/64 streams.
