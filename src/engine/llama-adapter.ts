@@ -223,10 +223,14 @@ interface NativeModel {
  * `out[i]` with the token of item i (-1: nothing selected; -2: failed, its message at index i of the returned array).
  */
 type NativeSampleTokens = (context: NativeContext, logitIndices: Int32Array, samplers: NativeSampler[], out: Int32Array) => (string | undefined)[] | undefined;
+/** Keel's synchronous decode of the batch built with initBatch/addToBatch (throws decodeBatch's messages). */
+type NativeDecodeSync = (context: NativeContext) => void;
 interface Internals {
   ctx: NativeContext;
   /** Keel's one-call sampler of a whole step, or null when node-llama-cpp's own addon runs. */
   sampleTokens: NativeSampleTokens | null;
+  /** Keel's decode on the calling thread (no worker hop), or null when node-llama-cpp's own addon runs. */
+  decodeSync: NativeDecodeSync | null;
   model: NativeModel;
   SamplerClass: new (model: unknown) => NativeSampler;
   grammar: NativeGrammarBindings;
@@ -241,7 +245,7 @@ function internalsOf(llama: Llama, model: LlamaModel, context: LlamaContext): In
     canBeNextTokenForGrammarEvaluationState?: (state: NativeGrammarState, token: number) => boolean;
   };
   const l = llama as unknown as {
-    _bindings?: { AddonSampler?: SamplerStatics; AddonGrammar?: NativeGrammarBindings["Grammar"]; AddonGrammarEvaluationState?: NativeGrammarBindings["State"]; keelSampleTokens?: NativeSampleTokens };
+    _bindings?: { AddonSampler?: SamplerStatics; AddonGrammar?: NativeGrammarBindings["Grammar"]; AddonGrammarEvaluationState?: NativeGrammarBindings["State"]; keelSampleTokens?: NativeSampleTokens; keelDecodeBatch?: NativeDecodeSync };
   };
   const b = l._bindings;
   const S = b?.AddonSampler;
@@ -258,7 +262,8 @@ function internalsOf(llama: Llama, model: LlamaModel, context: LlamaContext): In
     canBeNext: S.canBeNextTokenForGrammarEvaluationState.bind(S),
   };
   const sampleTokens = typeof b.keelSampleTokens === "function" ? b.keelSampleTokens : null;
-  return { ctx: c._ctx, sampleTokens, model: m._model, SamplerClass: S, grammar, disposeGuard: c._backendContextDisposeGuard };
+  const decodeSync = typeof b.keelDecodeBatch === "function" ? b.keelDecodeBatch : null;
+  return { ctx: c._ctx, sampleTokens, decodeSync, model: m._model, SamplerClass: S, grammar, disposeGuard: c._backendContextDisposeGuard };
 }
 
 /**
@@ -642,7 +647,11 @@ export class LlamaAdapter {
         const r = this.native.ctx.addToBatch(it.slot, it.pos, Uint32Array.from(it.tokens), idx);
         if (it.wantsLogits) logitIdx[i] = r[0] ?? -1;
       }
-      await this.native.ctx.decodeBatch();
+      // A decode step (one token per sequence) runs on this thread with Keel's addon: the worker hop and the
+      // event-loop wake-up of decodeBatch cost as much as a small model's decode. Prefill chunks stay on a worker
+      // (long; the engine keeps answering pings). Either way no other native call overlaps (this.decoding).
+      if (this.native.decodeSync && items.every((it) => it.tokens.length === 1)) this.native.decodeSync(this.native.ctx);
+      else await this.native.ctx.decodeBatch();
       return logitIdx;
     } finally {
       guard.dispose();

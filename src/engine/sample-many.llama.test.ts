@@ -185,4 +185,44 @@ describe("LlamaAdapter.sampleMany (Keel's addon) equals sequential sample()", ()
     await pending;
     sampler.dispose();
   });
+
+  it("decode steps (one token per sequence) run on the calling thread; prefill chunks on node-llama-cpp's worker", async () => {
+    // A decode on the worker is still in flight when decode() hands back its promise; one on this thread is done.
+    const inFlight = (): boolean => (adapter as unknown as { decoding: boolean }).decoding;
+    const decodeNoting = async (items: Parameters<LlamaAdapter["decode"]>[0], where: string[]): Promise<number[]> => {
+      const p = adapter.decode(items);
+      where.push(inFlight() ? "worker" : "here");
+      return p;
+    };
+    const prompts = [adapter.tokenize(PROMPTS[0]!), adapter.tokenize(PROMPTS[1]!)];
+    const run = async (): Promise<{ tokens: number[][]; where: string[] }> => {
+      for (const s of [0, 1]) adapter.clearSequence(s);
+      const samplers = [adapter.createSampler(base), adapter.createSampler(base)];
+      const where: string[] = [];
+      const tokens: number[][] = [[], []];
+      let idx = await decodeNoting(prompts.map((p, s) => ({ slot: s, pos: 0, tokens: p, wantsLogits: true })), where);
+      for (let step = 0; step < 6; step++) {
+        for (const s of [0, 1]) tokens[s]!.push(await adapter.sample(idx[s]!, samplers[s]!));
+        idx = await decodeNoting(prompts.map((p, s) => ({ slot: s, pos: p.length + step, tokens: [tokens[s]!.at(-1)!], wantsLogits: true })), where);
+      }
+      samplers.forEach((h) => h.dispose());
+      return { tokens, where };
+    };
+    const fast = await run();
+    expect(fast.where).toEqual(["worker", ...new Array(6).fill("here")]);
+    // A refused decode step (a position behind the sequence's cells) throws and leaves the context usable.
+    await expect(adapter.decode([{ slot: 0, pos: 0, tokens: [fast.tokens[0]![0]!], wantsLogits: true }])).rejects.toThrow();
+    // The reference: the same sequences decoded only on the worker (node-llama-cpp's decodeBatch).
+    const native = (adapter as unknown as { native: { decodeSync: unknown } }).native;
+    const saved = native.decodeSync;
+    native.decodeSync = null;
+    try {
+      const ref = await run();
+      expect(ref.where).toEqual(new Array(7).fill("worker"));
+      expect(fast.tokens).toEqual(ref.tokens);
+      expect(new Set(fast.tokens.map((t) => t.join())).size).toBe(2);
+    } finally {
+      native.decodeSync = saved;
+    }
+  });
 });

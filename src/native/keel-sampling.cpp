@@ -106,9 +106,34 @@ Napi::Value keelSampleTokens(const Napi::CallbackInfo& info) {
     return messages;
 }
 
+/**
+ * keelDecodeBatch(context): decode the batch built with initBatch/addToBatch on the CALLING thread and wait for the
+ * backend (what AddonContext.decodeBatch's AsyncWorker does on a libuv worker). For small batches (decode steps) the
+ * worker hop and the event-loop wake-up that ends it cost as much as the decode of a small model; the engine's
+ * main thread only waits meanwhile. Throws the same messages as decodeBatch when llama.cpp refuses the batch.
+ */
+Napi::Value keelDecodeBatch(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    if (info.Length() < 1 || !info[0].IsObject()) throw Napi::TypeError::New(env, "keelDecodeBatch(context)");
+    AddonContext* context = Napi::ObjectWrap<AddonContext>::Unwrap(info[0].As<Napi::Object>());
+    if (context == nullptr || context->disposed || context->ctx == nullptr) throw Napi::Error::New(env, "keelDecodeBatch: the context is disposed");
+    if (!context->has_batch) throw Napi::Error::New(env, "keelDecodeBatch: no batch (initBatch first)");
+    int r;
+    try {
+        r = llama_decode(context->ctx, context->batch);
+        if (r == 0) llama_synchronize(context->ctx);
+    } catch (const std::exception& e) {
+        throw Napi::Error::New(env, e.what());
+    }
+    if (r == 1) throw Napi::Error::New(env, "could not find a KV slot for the batch (try reducing the size of the batch or increase the context)");
+    if (r != 0) throw Napi::Error::New(env, "Eval has failed");
+    return env.Undefined();
+}
+
 }  // namespace
 
 /** Called from node-llama-cpp's registerCallback (addon.cpp, via register.patch). */
 void keelRegisterSampling(Napi::Object exports) {
     exports.Set("keelSampleTokens", Napi::Function::New(exports.Env(), keelSampleTokens, "keelSampleTokens"));
+    exports.Set("keelDecodeBatch", Napi::Function::New(exports.Env(), keelDecodeBatch, "keelDecodeBatch"));
 }
