@@ -833,3 +833,24 @@ describe("StepLoop: one native call samples the step (backend.sampleMany)", () =
     }
   });
 });
+
+describe("StepLoop.run: the event loop gets a turn between steps", () => {
+  it("a busy loop whose backend never leaves the microtask queue still receives commands from I/O callbacks", async () => {
+    // FakeBackend's decode and sample settle without any real I/O (like Keel's synchronous native calls).
+    const t = setup({ maxNumSeqs: 1, maxModelLen: 4096, maxNumBatchedTokens: 64 });
+    t.loop.submit(add("long", "p", { maxTokens: 4000, ignoreEos: true }));
+    const running = t.loop.run();
+    // An abort that arrives the way the channel delivers commands: from an I/O-phase callback.
+    await new Promise<void>((resolve) => setImmediate(resolve));
+    setImmediate(() => t.loop.submit({ type: "abort", ids: ["long"] }));
+    await new Promise<void>((resolve) => {
+      const check = (): void => (t.outputsOf("long").some((o) => o.finish) ? resolve() : void setImmediate(check));
+      setImmediate(check);
+    });
+    t.loop.stop();
+    await running;
+    const finish = t.outputsOf("long").find((o) => o.finish)!.finish!;
+    expect(finish.reason).toBe("abort");
+    expect(finish.completionTokens).toBeLessThan(4000);
+  });
+});

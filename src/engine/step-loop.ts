@@ -199,6 +199,9 @@ export class StepLoop {
         continue;
       }
       await this.step();
+      // Let I/O in (commands, pings) between steps: with Keel's addon a decode step's native calls all run on this
+      // thread, so a busy loop would otherwise never leave the microtask queue and starve the command channel.
+      await new Promise<void>((resolve) => setImmediate(resolve));
     }
   }
 
