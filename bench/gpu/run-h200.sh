@@ -184,6 +184,17 @@ if [ -n "$BENCH" ]; then
   "$BENCH" -m "$MODEL" -ngl 999 -fa 0 -p 0 -n 256 -r 3 -o md 2>&1 | grep -v "^ggml_\|^load" | tail -n 8
 fi
 
+if [ "$PLAN" = sync ]; then
+  # S1. After the synchronous decode step (keelDecodeBatch): Keel vs llama-server at 1 and 8 streams (the budget left).
+  log "compare CUDA throughput after the synchronous decode step"
+  env "${CUDA_ENV[@]}" "$NODE" bench/compare.mjs --gpu --model "$MODEL" --tokens 256 --rounds 1 --concurrency 1,8 --llama-server "$LS" \
+    --other-args "--cache-ram 0" --max-seconds 200 throughput 2>&1 | while IFS= read -r l; do echo "$(date -u +%T) $l"; done > "$R/compare-cuda.log"
+  cat "$R/compare-cuda.log"
+  log "pipeline done"
+  date -u > "$R/DONE"
+  exit 0
+fi
+
 if [ "$PLAN" = order ]; then
   # O1. After the slot-order fix (decode batches added to llama.cpp in sequence-id order): Keel vs llama-server.
   log "compare CUDA throughput after the slot-order fix"
