@@ -1,6 +1,8 @@
 import { describe, expect, it } from "vitest";
 import fc from "fast-check";
 import {
+  PREFILL_CAP_MIN,
+  PREFILL_CAP_SHARE,
   Scheduler,
   validateSchedulerConfig,
   type Finished,
@@ -141,6 +143,41 @@ describe("batch planning", () => {
       ["b", 2, false],
     ]);
     expect(p.totalTokens).toBe(5);
+  });
+
+  it("a burst of short prompts is prefilled first come first served: the earliest finish first, not all together last", () => {
+    const s = mk({ maxNumSeqs: 8, maxNumBatchedTokens: 256, maxModelLen: 512 });
+    for (let i = 0; i < 8; i++) s.add(seq(`r${i}`, 60));
+    const firstTokenStep = new Map<string, number>();
+    for (let stepNo = 1; stepNo <= 3; stepNo++) {
+      const { plan } = step(s);
+      for (const it of plan.items) if (it.kind === "prefill" && it.wantsLogits) firstTokenStep.set(it.id, stepNo);
+      expect(plan.totalTokens).toBeLessThanOrEqual(256);
+    }
+    // 8 × 60 = 480 prompt tokens at 256 per step: four prompts complete in step 1 (r0..r3), the rest in step 2 — an
+    // equal share (32 each) would have completed none before step 2.
+    expect([...firstTokenStep]).toEqual([["r0", 1], ["r1", 1], ["r2", 1], ["r3", 1], ["r4", 2], ["r5", 2], ["r6", 2], ["r7", 2]]);
+  });
+
+  it("a long prompt ahead of short ones takes at most the cap while they wait, and the whole leftover when alone", () => {
+    const s = mk({ maxNumSeqs: 4, maxNumBatchedTokens: 256, maxModelLen: 4096 });
+    s.add(seq("long", 1000));
+    s.add(seq("s1", 20));
+    s.add(seq("s2", 20));
+    const first = step(s).plan;
+    const cap = Math.max(PREFILL_CAP_MIN, Math.ceil(256 * PREFILL_CAP_SHARE));
+    // Pass 1: long gets the cap, the short ones their whole prompts; pass 2: the leftover goes back to long.
+    expect(first.items.map((it) => [it.id, it.tokens.length, it.wantsLogits])).toEqual([
+      ["long", 256 - 40, false],
+      ["s1", 20, true],
+      ["s2", 20, true],
+    ]);
+    expect(cap).toBeLessThan(256 - 40);
+    // A short prompt arriving behind the long one is not held back for the long one's whole length.
+    s.add(seq("s3", 30));
+    const second = step(s).plan;
+    expect(second.items.find((it) => it.id === "s3")).toMatchObject({ tokens: expect.any(Array), wantsLogits: true });
+    expect(second.items.find((it) => it.id === "long")!.tokens.length).toBe(256 - 2 - 30);
   });
 
   it("chunks a long prompt across steps with wantsLogits only on the final chunk", () => {
@@ -405,13 +442,13 @@ describe("abort", () => {
 
 describe("failStep", () => {
   it("fails only the requests of the batch", () => {
-    const s = mk({ maxNumSeqs: 2, maxNumBatchedTokens: 2 });
+    const s = mk({ maxNumSeqs: 2, maxNumBatchedTokens: 6 });
     s.add(seq("a", 4));
     s.add(seq("b", 4));
     s.add(seq("w", 2));
     const full = s.schedule();
-    // Budget 2 shared fairly: a and b get one prefill token each; w waits. Fail only a's part of the batch.
-    expect(full.items.map((it) => [it.id, it.tokens.length])).toEqual([["a", 1], ["b", 1]]);
+    // Budget 6 in admission order: a's whole prompt, then 2 of b's; w waits. Fail only a's part of the batch.
+    expect(full.items.map((it) => [it.id, it.tokens.length])).toEqual([["a", 4], ["b", 2]]);
     const plan = { ...full, items: full.items.filter((it) => it.id === "a") };
     const err = { code: "engine_error" as const, message: "boom" };
     const out = s.failStep(plan, err);

@@ -210,6 +210,15 @@ function commonPrefix(a: readonly number[], b: readonly number[]): number {
   return i;
 }
 
+/**
+ * Largest share of a step's token budget one prefilling sequence takes while another prefill waits behind it (the
+ * last one in line takes whatever is left). A quarter: a 4,000-token prompt ahead of short ones costs them a few
+ * steps, not its whole length; a burst of short prompts still completes four or more per step at the default budget.
+ */
+export const PREFILL_CAP_SHARE = 0.25;
+/** ...but never below this many tokens (a small budget is not cut into slivers: the cap only matters for long prompts). */
+export const PREFILL_CAP_MIN = 64;
+
 export class Scheduler {
   /** Requests not yet admitted, in arrival order (FCFS). */
   private readonly waiting: Sequence[] = [];
@@ -221,8 +230,6 @@ export class Scheduler {
   private clock = 0;
   /** Prefill tokens saved by prefix reuse since start. */
   prefixHitTokens = 0;
-  /** Rotating start of the prefill round-robin, so no prefilling sequence starves. */
-  private prefillCursor = 0;
   /** Every live request by id (waiting or running). */
   private readonly live = new Map<string, Sequence>();
 
@@ -353,18 +360,30 @@ export class Scheduler {
       plan.items.push({ id: s.id, slot, pos: processed, tokens: [s.tokens[processed]!], wantsLogits: true, kind: "decode" });
       budget -= 1;
     }
-    // 3. Prefill chunks from what is left, shared fairly: each prefilling sequence gets an equal share of the
-    //    remaining budget, starting from a cursor that rotates every step so leftovers do not always go first.
+    // 3. Prefill chunks from what is left, first come first served: the earliest admitted prompt is finished first
+    //    (as vLLM v1 and llama-server do), so in a burst half the requests get their first token in half the steps
+    //    — an equal share for everyone made every prompt finish together, last. While another prefill waits behind
+    //    it, no sequence takes more than PREFILL_CAP_SHARE of the step budget, so a long prompt cannot hold the short
+    //    ones back for its whole length (they still get the rest of each step).
     const prefilling = this.running.filter((s): s is Sequence & { status: { phase: "prefill" } } => s.status.phase === "prefill");
-    const start = prefilling.length > 0 ? this.prefillCursor % prefilling.length : 0;
-    this.prefillCursor += 1;
-    const order = [...prefilling.slice(start), ...prefilling.slice(0, start)];
-    for (let k = 0; k < order.length; k++) {
-      if (budget <= 0) break;
-      const s = order[k]!;
+    const cap = Math.max(PREFILL_CAP_MIN, Math.ceil(this.config.maxNumBatchedTokens * PREFILL_CAP_SHARE));
+    const take = prefilling.map(() => 0);
+    // 3a. In admission order, each up to the cap while someone waits behind it; 3b. what is left goes to the same
+    //     order again without the cap (a long prompt alone in line still gets the whole step).
+    for (let pass = 0; pass < 2; pass++) {
+      for (let k = 0; k < prefilling.length && budget > 0; k++) {
+        const s = prefilling[k]!;
+        const left = s.inputLength - s.status.processed - take[k]!;
+        const limit = pass === 0 && k < prefilling.length - 1 ? cap : Infinity;
+        const n = Math.min(budget, left, limit);
+        take[k]! += n;
+        budget -= n;
+      }
+    }
+    prefilling.forEach((s, k) => {
+      const n = take[k]!;
+      if (n === 0) return;
       const { slot, processed } = s.status;
-      const share = Math.ceil(budget / (order.length - k));
-      const n = Math.min(share, s.inputLength - processed);
       const end = processed + n;
       plan.items.push({
         id: s.id,
@@ -374,8 +393,7 @@ export class Scheduler {
         wantsLogits: end === s.inputLength,
         kind: "prefill",
       });
-      budget -= n;
-    }
+    });
     plan.totalTokens = plan.items.reduce((a, it) => a + it.tokens.length, 0);
     return plan;
   }
