@@ -69,6 +69,22 @@ describe("native addon build cache", () => {
     expect(callLines()).toHaveLength(before); // nothing compiled, not even `--version`
   });
 
+  it("a damaged build (its bytes differ from what the build recorded) is never offered, and is built again", async () => {
+    const first = await build();
+    expect(nativeAddonFor(binDir, cacheRoot).path).toBe(first.path);
+    for (const damage of [(f: string) => fs.truncateSync(f, 3), (f: string) => fs.writeFileSync(f, "built by someone else\n")]) {
+      damage(first.path);
+      const found = nativeAddonFor(binDir, cacheRoot);
+      expect(found.path).toBeNull();
+      expect("reason" in found && found.reason).toMatch(/^damaged at .*(bytes, the build wrote|SHA-256 differs)/);
+      const before = callLines().filter((l) => l.includes("-shared")).length;
+      const again = await build();
+      expect(again).toMatchObject({ cached: false, path: first.path });
+      expect(callLines().filter((l) => l.includes("-shared"))).toHaveLength(before + 1);
+      expect(nativeAddonFor(binDir, cacheRoot).path).toBe(first.path);
+    }
+  });
+
   it("concurrent builders end with one result and leave no temporary folders", async () => {
     const results = await Promise.all([build(), build(), build()]);
     // All three really built (each found no build when it started), and all use the one that was renamed first.

@@ -108,8 +108,38 @@ export function nativeAddonFor(binDir: string, cacheRoot = defaultCacheRoot()): 
     return { path: null, reason: `cannot compute the build key (${(err as Error).message})` };
   }
   const file = path.join(dir, ADDON_FILE);
-  if (fs.existsSync(file)) return { path: file };
-  return { path: null, reason: `not built for ${binDir} (node scripts/build-native.mjs --bin-dir ${binDir})` };
+  if (!fs.existsSync(file)) return { path: null, reason: `not built for ${binDir} (node scripts/build-native.mjs --bin-dir ${binDir})` };
+  // A damaged file must never reach dlopen (a truncated one kills the process with SIGBUS, which nothing can catch):
+  // it is used only when it is byte for byte what the build recorded.
+  const damaged = addonDamage(dir);
+  if (damaged !== null) return { path: null, reason: `damaged at ${file}: ${damaged} (rebuild: rm -r ${dir} && node scripts/build-native.mjs --bin-dir ${binDir})` };
+  return { path: file };
+}
+
+/** SHA-256 and size of a file, as recorded in build.json. */
+function fingerprint(file: string): { addonSha256: string; addonBytes: number } {
+  const bytes = fs.readFileSync(file);
+  return { addonSha256: createHash("sha256").update(bytes).digest("hex"), addonBytes: bytes.length };
+}
+
+/** Why the addon in build folder `dir` is not what its build recorded, or null when it is. */
+export function addonDamage(dir: string): string | null {
+  let recorded: { addonSha256?: unknown; addonBytes?: unknown };
+  try {
+    recorded = JSON.parse(fs.readFileSync(path.join(dir, "build.json"), "utf8")) as typeof recorded;
+  } catch (err) {
+    return `build.json unreadable (${(err as Error).message})`;
+  }
+  if (typeof recorded.addonSha256 !== "string") return "build.json records no checksum (built by an older Keel)";
+  let now: { addonSha256: string; addonBytes: number };
+  try {
+    now = fingerprint(path.join(dir, ADDON_FILE));
+  } catch (err) {
+    return `unreadable (${(err as Error).message})`;
+  }
+  if (now.addonBytes !== recorded.addonBytes) return `${now.addonBytes} bytes, the build wrote ${String(recorded.addonBytes)}`;
+  if (now.addonSha256 !== recorded.addonSha256) return "its SHA-256 differs from the one the build recorded";
+  return null;
 }
 
 /**
@@ -302,8 +332,13 @@ export async function buildNativeAddon(opts: NativeBuildOptions): Promise<Native
   const target = nativeBuildDir(binDir, cacheRoot);
   const output = path.join(target, ADDON_FILE);
   const seconds = () => (Date.now() - started) / 1000;
-  // 1. Built before (by us or a concurrent builder): nothing to do.
-  if (fs.existsSync(output)) return { path: output, cached: true, seconds: seconds() };
+  // 1. Built before (by us or a concurrent builder) and intact: nothing to do. A damaged build is moved aside and
+  //    built again.
+  if (fs.existsSync(output)) {
+    if (addonDamage(target) === null) return { path: output, cached: true, seconds: seconds() };
+    log(`${output} is damaged (${addonDamage(target)}); building it again`);
+    fs.renameSync(target, `${target}.damaged-${process.pid}-${randomBytes(4).toString("hex")}`);
+  }
 
   // 2. Tools and inputs.
   const cxx = opts.cxx ?? process.env["CXX"] ?? "g++";
@@ -373,7 +408,8 @@ export async function buildNativeAddon(opts: NativeBuildOptions): Promise<Native
         throw new NativeBuildError(`the built addon does not load: ${(err as Error).message}`);
       });
     }
-    fs.writeFileSync(path.join(out, "build.json"), JSON.stringify({ binDir, cxx, llamaSource: llama, nodeHeaders, links, builtAt: new Date().toISOString(), seconds: seconds() }, null, 2) + "\n");
+    const print = fingerprint(path.join(out, ADDON_FILE));
+    fs.writeFileSync(path.join(out, "build.json"), JSON.stringify({ binDir, cxx, llamaSource: llama, nodeHeaders, links, ...print, builtAt: new Date().toISOString(), seconds: seconds() }, null, 2) + "\n");
     // 6. Publish: the first finished builder's rename wins.
     publish(out, target);
   } finally {

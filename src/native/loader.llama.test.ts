@@ -10,8 +10,9 @@ import os from "node:os";
 import path from "node:path";
 import { ensureDefaultModel } from "../model/default-model.js";
 import { LlamaAdapter } from "../engine/llama-adapter.js";
+import { createHash } from "node:crypto";
 import { buildNativeAddon, defaultCacheRoot, getLlamaBinDir, nativeBuildDir } from "./build.js";
-import { loadWithKeelAddon } from "./loader.js";
+import { loadWithKeelAddon, nativeSamplingSwitch } from "./loader.js";
 
 let modelPath: string;
 let binDir: string;
@@ -67,6 +68,71 @@ describe("Keel's addon loader (node-llama-cpp 3.21.1)", () => {
     try {
       expect(adapter.nativeAddon).toEqual({ kind: "node-llama-cpp", reason: "KEEL_NATIVE_SAMPLING=off" });
       expect(adapter.sampleMany).toBeUndefined();
+    } finally {
+      await adapter.dispose();
+    }
+  });
+
+  /** A cache root holding a copy of the real build for binDir, damaged by `damage(addonFile, buildJsonFile)`. */
+  function damagedCopy(damage: (addon: string, buildJson: string) => void): string {
+    const root = fs.mkdtempSync(path.join(os.tmpdir(), "keel-native-damaged-"));
+    const dir = nativeBuildDir(binDir, root);
+    fs.mkdirSync(path.dirname(dir), { recursive: true });
+    // The real build: in the cache this process started with (a test may point KEEL_CACHE_DIR elsewhere).
+    const realBuild = nativeBuildDir(binDir, defaultCacheRoot({ ...process.env, KEEL_CACHE_DIR: saved.cache }));
+    fs.cpSync(realBuild, dir, { recursive: true });
+    damage(path.join(dir, "llama-addon.node"), path.join(dir, "build.json"));
+    return root;
+  }
+
+  it("a truncated or overwritten build is not loaded: node-llama-cpp's addon runs, the reason names the file", async () => {
+    for (const damage of [(f: string) => fs.truncateSync(f, 4096), (f: string) => fs.writeFileSync(f, Buffer.alloc(700_000, 7))]) {
+      const root = damagedCopy(damage);
+      process.env["KEEL_CACHE_DIR"] = root;
+      const adapter = await open();
+      try {
+        expect(adapter.nativeAddon.kind).toBe("node-llama-cpp");
+        expect(adapter.nativeAddon.kind === "node-llama-cpp" && adapter.nativeAddon.reason).toMatch(/^Keel's addon is damaged at .*llama-addon\.node/);
+        expect(adapter.sampleMany).toBeUndefined();
+      } finally {
+        await adapter.dispose();
+        fs.rmSync(root, { recursive: true, force: true });
+      }
+    }
+  });
+
+  it("a build that matches its record but will not load falls back to node-llama-cpp's addon instead of failing", async () => {
+    // Garbage with a build.json that vouches for it: only dlopen can tell.
+    const root = damagedCopy((addon, buildJson) => {
+      const junk = Buffer.alloc(4096, 1);
+      fs.writeFileSync(addon, junk);
+      const rec = JSON.parse(fs.readFileSync(buildJson, "utf8")) as Record<string, unknown>;
+      fs.writeFileSync(buildJson, JSON.stringify({ ...rec, addonSha256: createHash("sha256").update(junk).digest("hex"), addonBytes: junk.length }));
+    });
+    process.env["KEEL_CACHE_DIR"] = root;
+    const adapter = await open();
+    try {
+      expect(adapter.nativeAddon.kind).toBe("node-llama-cpp");
+      expect(adapter.nativeAddon.kind === "node-llama-cpp" && adapter.nativeAddon.reason).toMatch(/^Keel's addon at .* failed to load: /);
+      // node-llama-cpp's own addon really runs: a decode and a sample work.
+      const s = adapter.createSampler({ temperature: 0, topP: 1, topK: 0, minP: 0, seed: 1, bias: new Map(), repetitionPenalty: 1 });
+      const idx = await adapter.decode([{ slot: 0, pos: 0, tokens: adapter.tokenize("hello"), wantsLogits: true }]);
+      expect(await adapter.sample(idx[0]!, s)).toBeGreaterThanOrEqual(0);
+      s.dispose();
+    } finally {
+      await adapter.dispose();
+      fs.rmSync(root, { recursive: true, force: true });
+    }
+  });
+
+  it("KEEL_NATIVE_SAMPLING: on/1/true/yes or unset → Keel's; off/0/false/no → node-llama-cpp's; anything else is named", async () => {
+    expect([undefined, "", "on", "1", "TRUE", "yes"].map(nativeSamplingSwitch)).toEqual(new Array(6).fill("on"));
+    expect(["off", "0", "false", "No"].map(nativeSamplingSwitch)).toEqual(new Array(4).fill("off"));
+    expect(["of", "2", "disable"].map(nativeSamplingSwitch)).toEqual(new Array(3).fill("invalid"));
+    process.env["KEEL_NATIVE_SAMPLING"] = "of";
+    const adapter = await open();
+    try {
+      expect(adapter.nativeAddon).toEqual({ kind: "node-llama-cpp", reason: 'KEEL_NATIVE_SAMPLING="of" is not on/off (1/0, true/false, yes/no)' });
     } finally {
       await adapter.dispose();
     }

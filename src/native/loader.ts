@@ -28,6 +28,17 @@ export interface LoadOptions {
   cacheRoot?: string;
 }
 
+/**
+ * KEEL_NATIVE_SAMPLING: unset, on, 1, true, yes → Keel's addon; off, 0, false, no → node-llama-cpp's; anything else is
+ * "invalid" (node-llama-cpp's, with the value named in the fallback line: a typo must not pass unnoticed).
+ */
+export function nativeSamplingSwitch(value: string | undefined): "on" | "off" | "invalid" {
+  const v = (value ?? "").trim().toLowerCase();
+  if (v === "" || v === "on" || v === "1" || v === "true" || v === "yes") return "on";
+  if (v === "off" || v === "0" || v === "false" || v === "no") return "off";
+  return "invalid";
+}
+
 /** Tail of the chain of {@link loadWithKeelAddon} calls: the dlopen hook is process-wide, so loads run one at a time. */
 let queue: Promise<unknown> = Promise.resolve();
 
@@ -43,8 +54,10 @@ export function loadWithKeelAddon<T>(load: () => Promise<T>, opts: LoadOptions =
 
 async function hooked<T>(load: () => Promise<T>, opts: LoadOptions): Promise<{ value: T; addon: NativeAddonChoice }> {
   const env = opts.env ?? process.env;
-  if ((env["KEEL_NATIVE_SAMPLING"] ?? "").toLowerCase() === "off") {
-    return { value: await load(), addon: { kind: "node-llama-cpp", reason: "KEEL_NATIVE_SAMPLING=off" } };
+  const switched = nativeSamplingSwitch(env["KEEL_NATIVE_SAMPLING"]);
+  if (switched !== "on") {
+    const reason = switched === "off" ? `KEEL_NATIVE_SAMPLING=${env["KEEL_NATIVE_SAMPLING"]}` : `KEEL_NATIVE_SAMPLING=${JSON.stringify(env["KEEL_NATIVE_SAMPLING"])} is not on/off (1/0, true/false, yes/no)`;
+    return { value: await load(), addon: { kind: "node-llama-cpp", reason } };
   }
   const cacheRoot = opts.cacheRoot ?? defaultCacheRoot(env);
   let addon: NativeAddonChoice = { kind: "node-llama-cpp", reason: `node-llama-cpp loaded no ${ADDON_FILE}` };
@@ -55,8 +68,15 @@ async function hooked<T>(load: () => Promise<T>, opts: LoadOptions): Promise<{ v
       const binDir = path.dirname(filename);
       const found = nativeAddonFor(binDir, cacheRoot);
       if (found.path !== null) {
-        addon = { kind: "keel", path: found.path, binDir };
-        return flags === undefined ? original.call(process, module, found.path) : original.call(process, module, found.path, flags);
+        try {
+          flags === undefined ? original.call(process, module, found.path) : original.call(process, module, found.path, flags);
+          addon = { kind: "keel", path: found.path, binDir };
+          return;
+        } catch (err) {
+          // Keel's file would not load (it is checked against its build record, so this is rare): node-llama-cpp's own.
+          addon = { kind: "node-llama-cpp", reason: `Keel's addon at ${found.path} failed to load: ${(err as Error).message.split("\n")[0]}` };
+          return flags === undefined ? original.call(process, module, filename) : original.call(process, module, filename, flags);
+        }
       }
       addon = { kind: "node-llama-cpp", reason: `Keel's addon is ${found.reason}` };
     }
