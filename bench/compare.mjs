@@ -243,32 +243,22 @@ const freePort = () =>
     });
     s.on("error", reject);
   });
+/** GET a path: { status, body } (status 0 when the server cannot be reached). */
 function httpGet(port, p) {
-  return new Promise((resolve) => {
-    http
-      .get({ host: "127.0.0.1", port, path: p, agent: false }, (res) => {
-        res.resume();
-        res.on("end", () => resolve(res.statusCode));
-      })
-      .on("error", () => resolve(0));
-  });
-}
-
-function httpText(port, p) {
   return new Promise((resolve) => {
     http
       .get({ host: "127.0.0.1", port, path: p, agent: false }, (res) => {
         let body = "";
         res.setEncoding("utf8");
         res.on("data", (d) => (body += d));
-        res.on("end", () => resolve(body));
+        res.on("end", () => resolve({ status: res.statusCode, body }));
       })
-      .on("error", () => resolve(""));
+      .on("error", () => resolve({ status: 0, body: "" }));
   });
 }
 /** Keel's cumulative step-phase sums (seconds) and counts from /metrics (keel_engine_step_phase_seconds, step requests). */
 async function keelPhases(port) {
-  const text = await httpText(port, "/metrics");
+  const { body: text } = await httpGet(port, "/metrics");
   const num = (re) => Number(text.match(re)?.[1] ?? NaN);
   const ph = (name) => num(new RegExp(`^keel_engine_step_phase_seconds_sum\\{phase="${name}"\\} (\\S+)`, "m"));
   return {
@@ -358,7 +348,7 @@ async function startOther(model, slots) {
   // Poll for readiness: /health answers 503 while loading, then 200; some servers only have /v1/models.
   for (const end = Date.now() + 300_000; Date.now() < end; await sleep(100)) {
     if (exited) throw new Error(`${CFG.otherName} exited before ready:\n${tail.join("\n")}`);
-    if ((await httpGet(port, "/health")) === 200 || (await httpGet(port, "/v1/models")) === 200) return { name: CFG.otherName, port, stop: () => stopProc(proc) };
+    if ((await httpGet(port, "/health")).status === 200 || (await httpGet(port, "/v1/models")).status === 200) return { name: CFG.otherName, port, stop: () => stopProc(proc) };
   }
   throw new Error(`${CFG.otherName} not ready after 300 s:\n${tail.join("\n")}`);
 }

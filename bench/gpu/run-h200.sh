@@ -184,64 +184,67 @@ if [ -n "$BENCH" ]; then
   "$BENCH" -m "$MODEL" -ngl 999 -fa 0 -p 0 -n 256 -r 3 -o md 2>&1 | grep -v "^ggml_\|^load" | tail -n 8
 fi
 
-if [ "$PLAN" = sync ]; then
-  # S1. After the synchronous decode step (keelDecodeBatch): Keel vs llama-server at 1 and 8 streams (the budget left).
-  log "compare CUDA throughput after the synchronous decode step"
-  env "${CUDA_ENV[@]}" "$NODE" bench/compare.mjs --gpu --model "$MODEL" --tokens 256 --rounds 1 --concurrency 1,8 --llama-server "$LS" \
-    --other-args "--cache-ram 0" --max-seconds 200 throughput 2>&1 | while IFS= read -r l; do echo "$(date -u +%T) $l"; done > "$R/compare-cuda.log"
-  cat "$R/compare-cuda.log"
+# compare LOG ARGS...: compare.mjs with the CUDA build's environment, each line timestamped into $R/LOG, then shown.
+compare() {
+  local logfile="$1"; shift
+  env "${CUDA_ENV[@]}" "$NODE" bench/compare.mjs --gpu "$@" 2>&1 | while IFS= read -r l; do echo "$(date -u +%T) $l"; done > "$R/$logfile"
+  cat "$R/$logfile"
+}
+# The 8 B-shaped model at batch 1 (the roofline): llama-bench, then Keel vs llama-server.
+roofline_8b() {
+  wait "$MODEL8B_PID"; tail -n 30 "$R/model8b.log" | grep -E "Elapsed|Maximum resident|bytes"; ls -la "$MODEL8B"
+  log "llama-bench 8B batch-1 decode"
+  "$BENCH" -m "$MODEL8B" -ngl 999 -fa 0 -p 0 -n 128 -r 2 -o md 2>&1 | grep -v "^ggml_\|^load" | tail -n 6 | tee "$R/bench-8b.log"
+  log "compare 8B at 1 stream"
+  compare compare-8b.log --model "$MODEL8B" --tokens 128 --rounds 2 --concurrency 1 --min-reqs 3 --reqs 3 --ctx 1024 --llama-server "$LS" \
+    --other-args "--cache-ram 0" --max-seconds 300 throughput
+}
+pipeline_done() {
   log "pipeline done"
   date -u > "$R/DONE"
   exit 0
+}
+
+if [ "$PLAN" = sync ]; then
+  # S1. After the synchronous decode step (keelDecodeBatch): Keel vs llama-server at 1 and 8 streams (the budget left).
+  log "compare CUDA throughput after the synchronous decode step"
+  compare compare-cuda.log --model "$MODEL" --tokens 256 --rounds 1 --concurrency 1,8 --llama-server "$LS" \
+    --other-args "--cache-ram 0" --max-seconds 200 throughput
+  pipeline_done
 fi
 
 if [ "$PLAN" = order ]; then
   # O1. After the slot-order fix (decode batches added to llama.cpp in sequence-id order): Keel vs llama-server.
   log "compare CUDA throughput after the slot-order fix"
-  env "${CUDA_ENV[@]}" "$NODE" bench/compare.mjs --gpu --model "$MODEL" --tokens 256 --rounds 1 --llama-server "$LS" \
-    --other-args "--cache-ram 0" --max-seconds 400 throughput 2>&1 | while IFS= read -r l; do echo "$(date -u +%T) $l"; done > "$R/compare-cuda.log"
-  cat "$R/compare-cuda.log"
-  log "pipeline done"
-  date -u > "$R/DONE"
-  exit 0
+  compare compare-cuda.log --model "$MODEL" --tokens 256 --rounds 1 --llama-server "$LS" \
+    --other-args "--cache-ram 0" --max-seconds 400 throughput
+  pipeline_done
 fi
 
 if [ "$PLAN" = final ]; then
   KEEL_CMD="env ${CUDA_ENV[*]} $NODE bin/keel.mjs serve --model_path {model} --model_name bench --rest_port {port} --rest_bind_address 127.0.0.1 --log_format json --max_num_seqs {slots} --max_model_len {ctx} --max_num_batched_tokens {batch} --engine_threads {threads} --flash_attention false --max_queued_requests 4096 --target_device GPU"
   # F1. Keel (its addon: one sampling call per step) vs llama-server, 1/8/32/64 streams.
   log "compare CUDA throughput (Keel with its addon vs llama-server)"
-  env "${CUDA_ENV[@]}" "$NODE" bench/compare.mjs --gpu --model "$MODEL" --tokens 256 --rounds 1 --llama-server "$LS" \
-    --other-args "--cache-ram 0" --max-seconds 420 throughput 2>&1 | while IFS= read -r l; do echo "$(date -u +%T) $l"; done > "$R/compare-cuda.log"
-  cat "$R/compare-cuda.log"
+  compare compare-cuda.log --model "$MODEL" --tokens 256 --rounds 1 --llama-server "$LS" \
+    --other-args "--cache-ram 0" --max-seconds 420 throughput
   # F2. The same Keel with node-llama-cpp's addon (one async call per sequence): the batched sampling's own effect.
   log "A/B: Keel addon vs KEEL_NATIVE_SAMPLING=off"
-  env "${CUDA_ENV[@]}" "$NODE" bench/compare.mjs --gpu --model "$MODEL" --tokens 256 --rounds 1 --concurrency 8,32,64 --other-cmd "env KEEL_NATIVE_SAMPLING=off $KEEL_CMD" \
-    --other-name keel-per-seq-sampling --max-seconds 300 throughput 2>&1 | while IFS= read -r l; do echo "$(date -u +%T) $l"; done > "$R/native-ab.log"
-  cat "$R/native-ab.log"
+  compare native-ab.log --model "$MODEL" --tokens 256 --rounds 1 --concurrency 8,32,64 --other-cmd "env KEEL_NATIVE_SAMPLING=off $KEEL_CMD" \
+    --other-name keel-per-seq-sampling --max-seconds 300 throughput
   # F3. Keel without prefix caching vs llama-server at 8 and 64 streams (does reusing slots' KV cost decode time?).
   log "Keel --enable_prefix_caching false vs llama-server"
-  env "${CUDA_ENV[@]}" "$NODE" bench/compare.mjs --gpu --model "$MODEL" --tokens 256 --rounds 1 --concurrency 8,64 --keel-args "--enable_prefix_caching false" --llama-server "$LS" \
-    --other-args "--cache-ram 0" --max-seconds 240 throughput 2>&1 | while IFS= read -r l; do echo "$(date -u +%T) $l"; done > "$R/nocache.log"
-  cat "$R/nocache.log"
+  compare nocache.log --model "$MODEL" --tokens 256 --rounds 1 --concurrency 8,64 --keel-args "--enable_prefix_caching false" --llama-server "$LS" \
+    --other-args "--cache-ram 0" --max-seconds 240 throughput
   # F4. The 8 B-shaped model at batch 1 (roofline): llama-bench, then Keel vs llama-server.
-  wait "$MODEL8B_PID"; tail -n 30 "$R/model8b.log" | grep -E "Elapsed|bytes"
-  log "llama-bench 8B batch-1 decode"
-  "$BENCH" -m "$MODEL8B" -ngl 999 -fa 0 -p 0 -n 128 -r 2 -o md 2>&1 | grep -v "^ggml_\|^load" | tail -n 6 | tee "$R/bench-8b.log"
-  log "compare 8B at 1 stream"
-  env "${CUDA_ENV[@]}" "$NODE" bench/compare.mjs --gpu --model "$MODEL8B" --tokens 128 --rounds 2 --concurrency 1 --min-reqs 3 --reqs 3 --ctx 1024 --llama-server "$LS" \
-    --other-args "--cache-ram 0" --max-seconds 300 throughput 2>&1 | while IFS= read -r l; do echo "$(date -u +%T) $l"; done > "$R/compare-8b.log"
-  cat "$R/compare-8b.log"
-  log "pipeline done"
-  date -u > "$R/DONE"
-  exit 0
+  roofline_8b
+  pipeline_done
 fi
 
 if [ "$PLAN" = diag ]; then
   # D1. Where Keel's step time goes on the GPU (compare.mjs prints keel_engine_step_phase_seconds per round).
   log "compare CUDA throughput with Keel's step phases"
-  env "${CUDA_ENV[@]}" "$NODE" bench/compare.mjs --gpu --model "$MODEL" --tokens 256 --rounds 1 --llama-server "$LS" \
-    --other-args "--cache-ram 0" --max-seconds 400 throughput 2>&1 | while IFS= read -r l; do echo "$(date -u +%T) $l"; done > "$R/compare-cuda.log"
-  cat "$R/compare-cuda.log"
+  compare compare-cuda.log --model "$MODEL" --tokens 256 --rounds 1 --llama-server "$LS" \
+    --other-args "--cache-ram 0" --max-seconds 400 throughput
   # D2. One Keel, 32 streams, with and without compare.mjs's 128-entry logit_bias (the open lead of the last run).
   log "bias A/B at 32 streams"
   env "${CUDA_ENV[@]}" "$NODE" bin/keel.mjs serve --model_path "$MODEL" --model_name bench --rest_port 8499 --rest_bind_address 127.0.0.1 \
@@ -252,16 +255,8 @@ if [ "$PLAN" = diag ]; then
   kill "$KB"; wait "$KB" 2>/dev/null
   cat "$R/bias-ab.log"
   # D3. 8 B-shaped model at batch 1: llama-bench, then Keel vs llama-server (the roofline measurement).
-  wait "$MODEL8B_PID"; tail -n 30 "$R/model8b.log" | grep -E "Elapsed|Maximum resident|bytes" ; ls -la "$MODEL8B"
-  log "llama-bench 8B batch-1 decode"
-  "$BENCH" -m "$MODEL8B" -ngl 999 -fa 0 -p 0 -n 128 -r 2 -o md 2>&1 | grep -v "^ggml_\|^load" | tail -n 6 | tee "$R/bench-8b.log"
-  log "compare 8B at 1 stream"
-  env "${CUDA_ENV[@]}" "$NODE" bench/compare.mjs --gpu --model "$MODEL8B" --tokens 128 --rounds 2 --concurrency 1 --min-reqs 3 --reqs 3 --ctx 1024 --llama-server "$LS" \
-    --other-args "--cache-ram 0" --max-seconds 300 throughput 2>&1 | while IFS= read -r l; do echo "$(date -u +%T) $l"; done > "$R/compare-8b.log"
-  cat "$R/compare-8b.log"
-  log "pipeline done"
-  date -u > "$R/DONE"
-  exit 0
+  roofline_8b
+  pipeline_done
 fi
 
 if [ "$PLAN" = probe ]; then
