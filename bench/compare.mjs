@@ -169,9 +169,9 @@ async function resolveModel(name) {
  * text is random bytes, and llama-server's chat output parser rejects invalid UTF-8 at the end of a stream (a 500
  * "does not match the expected ... format"), where Keel sends U+FFFD. Both servers get the same bias.
  */
-async function asciiOnlyBias(header) {
+async function asciiOnlyBias(info) {
   const { unicodeToBytes } = await import("../dist/model/bpe.js");
-  const tokens = header.kv.get("tokenizer.ggml.tokens")?.value ?? [];
+  const tokens = info.tokens;
   const toByte = unicodeToBytes();
   const bias = {};
   tokens.forEach((t, id) => {
@@ -180,27 +180,13 @@ async function asciiOnlyBias(header) {
   return bias;
 }
 /**
- * The GGUF header of `file`, read from its first bytes only (a multi-GB model cannot be read whole: Node refuses
- * buffers over 2 GiB from readFileSync); the read grows until the header parses.
+ * The model's name and token strings, from its GGUF metadata (node-llama-cpp's reader: any tensor type, any size;
+ * Keel's own header reader knows only the types its writer emits).
  */
-async function readHeader(file) {
-  const { openSync, readSync, closeSync, fstatSync } = await import("node:fs");
-  const { readGgufHeader } = await import("../dist/model/gguf-writer.js");
-  const fd = openSync(file, "r");
-  try {
-    const size = fstatSync(fd).size;
-    for (let n = 16 << 20; ; n *= 4) {
-      const buf = Buffer.alloc(Math.min(n, size));
-      readSync(fd, buf, 0, buf.length, 0);
-      try {
-        return readGgufHeader(buf);
-      } catch (err) {
-        if (!/truncated/.test(err.message) || buf.length === size) throw err;
-      }
-    }
-  } finally {
-    closeSync(fd);
-  }
+async function readModelInfo(file) {
+  const { readGgufFileInfo } = await import("node-llama-cpp");
+  const info = await readGgufFileInfo(file, { readTensorInfo: false });
+  return { name: String(info.metadata?.general?.name ?? ""), tokens: info.metadata?.tokenizer?.ggml?.tokens ?? [] };
 }
 /** Extra body fields of every request (the ASCII bias for keel-tiny models). */
 let extraBody = {};
@@ -666,9 +652,9 @@ async function storm(model) {
 // ---------- main ----------
 const model = await resolveModel(CFG.model);
 // Random-weight models from Keel's writer (keel-tiny*, bench/gpu/write-model.mjs) are recognised by their general.name.
-const header = await readHeader(model);
-if (path.basename(model).startsWith("keel-tiny") || String(header.kv.get("general.name")?.value ?? "").startsWith("keel-tiny")) {
-  extraBody = { logit_bias: await asciiOnlyBias(header) };
+const info = await readModelInfo(model);
+if (path.basename(model).startsWith("keel-tiny") || info.name.startsWith("keel-tiny")) {
+  extraBody = { logit_bias: await asciiOnlyBias(info) };
   console.log(`keel-tiny: ${Object.keys(extraBody.logit_bias).length} non-ASCII tokens banned by logit_bias on both servers (llama-server's chat parser refuses invalid UTF-8)`);
 }
 console.log(`model ${model}; ${GPU ? "GPU" : "CPU"}; threads ${CFG.threads}; ctx/slot ${CFG.ctx}; step budget ${CFG.batch}; other: ${CFG.otherCmd || defaultOtherCmd().join(" ")}`);

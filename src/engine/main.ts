@@ -79,7 +79,7 @@ async function main(): Promise<void> {
   }
   loading = false;
   // One line when Keel's addon (one native call samples a step) is not in use, saying why.
-  if (adapter.nativeAddon.kind !== "keel") logLine("info", `native step sampling off: node-llama-cpp's own addon runs (${adapter.nativeAddon.reason})`, { event: "native_addon_fallback" });
+  if (adapter.nativeAddon.kind !== "keel") logLine("info", `Keel's native addon is not in use (sampling takes one async native call per sequence per step): node-llama-cpp's own addon runs (${adapter.nativeAddon.reason})`, { event: "native_addon_fallback" });
   const backend = await adapter.backend();
   if (config.mode === "validate") {
     const metadata = adapter.metadata();

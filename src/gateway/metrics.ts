@@ -118,9 +118,9 @@ export class Metrics {
     });
     this.stepPhase = new client.Histogram({
       name: "keel_engine_step_phase_seconds",
-      help: "Engine step wall time by phase: decode (the native batch decode), sample (every sequence's sampling), other (scheduling, bookkeeping, the output message), per step that decoded",
+      help: "Engine step wall time by phase: decode (the native batch decode), sample (every sequence's sampling), other (scheduling and bookkeeping; the output message is written after the step is timed), per step that decoded",
       labelNames: ["phase"],
-      buckets: [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5],
+      buckets: [0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5],
       registers,
     });
     this.clientDisconnects = labelled("keel_client_disconnects_total", "Clients that closed their connection before their response ended, by request phase", "phase", PHASES);

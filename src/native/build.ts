@@ -416,6 +416,5 @@ export async function buildNativeAddon(opts: NativeBuildOptions): Promise<Native
     fs.rmSync(tmp, { recursive: true, force: true });
   }
   if (!fs.existsSync(output)) throw new NativeBuildError(`build finished without ${output}`);
-  log(`built ${output} in ${seconds().toFixed(1)} s`);
   return { path: output, cached: false, seconds: seconds() };
 }
