@@ -118,6 +118,27 @@ describe("LlamaAdapter.sampleMany (Keel's addon) equals sequential sample()", ()
     expect(many[1]).not.toEqual(greedy1);
   });
 
+  it("greedy samplers (with or without a bias) take the fast path without the candidate array; the others the chain", async () => {
+    const counts = (): { fast: number; chain: number } => (adapter as unknown as { llama: { _bindings: { keelSamplingCounts(): { fast: number; chain: number } } } }).llama._bindings.keelSamplingCounts();
+    const greedyToks = (await runTwins([() => base], [PROMPTS[2]!])).many[0]!;
+    const before = counts();
+    // A bias that bans greedy's own second pick, and one that lifts a token greedy never picks to the top.
+    const fastPlans: Plan[] = [() => base, () => ({ ...base, bias: new Map([[greedyToks[1]!, -Infinity], [7, 0.25]]) }), () => ({ ...base, bias: new Map([[66, 40]]) })];
+    const fast = await runTwins(fastPlans, [PROMPTS[2]!, PROMPTS[2]!, PROMPTS[4]!]);
+    expect(fast.many).toEqual(fast.single);
+    expect(fast.many[1]).not.toEqual(fast.many[0]); // the ban changed the text: the bias is applied on the fast path
+    expect(fast.many[2]![0]).toBe(66);
+    const mid = counts();
+    expect(mid.fast - before.fast).toBe(3 * STEPS);
+    expect(mid.chain - before.chain).toBe(0);
+    const chainPlans: Plan[] = [() => ({ ...base, repetitionPenalty: 1.5 }), (step) => ({ ...base, temperature: 0.8, seed: 9 + step })];
+    const chain = await runTwins(chainPlans, [PROMPTS[0]!, PROMPTS[1]!]);
+    expect(chain.many).toEqual(chain.single);
+    const after = counts();
+    expect(after.chain - mid.chain).toBe(2 * STEPS);
+    expect(after.fast - mid.fast).toBe(0);
+  });
+
   it("under a grammar too: the same tokens, each twin's grammar state advanced by its own sampler", async () => {
     const grammar = adapter.compileGrammar('root ::= [a-z ]{1,40} "."', "root");
     const states = { a: [0, 1].map(() => adapter.createGrammarState(grammar)), b: [0, 1].map(() => adapter.createGrammarState(grammar)) };
