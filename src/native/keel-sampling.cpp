@@ -60,9 +60,15 @@ bool sampleGreedyFast(AddonContext* context, AddonSampler* sampler, int32_t batc
         }
         values = biased.data();
     }
+    // The chain's greedy compares each candidate with the selected one's logit; keeping that logit in a register is
+    // the same comparison (strict: the first maximum wins; a NaN never wins, and a NaN first stays selected).
     int32_t selected = 0;
+    float best = values[0];
     for (int32_t i = 1; i < n; i++) {
-        if (values[i] > values[selected]) selected = i;
+        if (values[i] > best) {
+            best = values[i];
+            selected = i;
+        }
     }
     token = selected;
     return true;
