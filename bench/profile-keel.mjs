@@ -6,7 +6,7 @@
 // libuv worker thread, so the main threads' busy time is the JS and binding overhead around it.
 //
 //   node scripts/prepare.mjs && nice -n 19 node bench/profile-keel.mjs
-//   MODEL=/path/model.gguf REQS=20 TOKENS=200 CONCURRENCY=1 OUT=/tmp/keel-prof node bench/profile-keel.mjs
+//   MODEL=/path/model.gguf REQS=20 TOKENS=200 CONCURRENCY=1 PROF_DIR=/tmp/keel-prof KEEL_ARGS="--target_device GPU" node bench/profile-keel.mjs
 import { spawn, execFileSync } from "node:child_process";
 import { mkdirSync, readdirSync, rmSync } from "node:fs";
 import http from "node:http";
@@ -18,11 +18,14 @@ const MODEL = process.env.MODEL || "keel-tiny";
 const REQS = Number(process.env.REQS || 16);
 const TOKENS = Number(process.env.TOKENS || 200);
 const CONCURRENCY = Number(process.env.CONCURRENCY || 1);
-const OUT = process.env.OUT || "/tmp/keel-prof";
+// PROF_DIR (OUT is still read): on the device machine OUT is the folder whose files come back, emptied first.
+const OUT = process.env.PROF_DIR || process.env.OUT || "/tmp/keel-prof";
+/** Extra `keel serve` flags, e.g. "--target_device GPU --engine_threads 2". */
+const KEEL_ARGS = (process.env.KEEL_ARGS || "").split(" ").filter(Boolean);
 
 rmSync(OUT, { recursive: true, force: true });
 mkdirSync(OUT, { recursive: true });
-const proc = spawn(process.execPath, [path.join(ROOT, "bin/keel.mjs"), "serve", "--model_path", MODEL, "--model_name", "bench", "--rest_port", "0", "--rest_bind_address", "127.0.0.1", "--log_format", "json", "--max_num_seqs", String(Math.max(1, CONCURRENCY)), "--max_model_len", "2048"], {
+const proc = spawn(process.execPath, [path.join(ROOT, "bin/keel.mjs"), "serve", "--model_path", MODEL, "--model_name", "bench", "--rest_port", "0", "--rest_bind_address", "127.0.0.1", "--log_format", "json", "--max_num_seqs", String(Math.max(1, CONCURRENCY)), "--max_model_len", "2048", ...KEEL_ARGS], {
   cwd: ROOT,
   stdio: ["ignore", "pipe", "inherit"],
   // node refuses --cpu-prof in NODE_OPTIONS: a preloaded script starts the profiler in both processes instead.
@@ -68,7 +71,12 @@ let tokens = 0;
 const t0 = performance.now();
 await Promise.all(
   Array.from({ length: CONCURRENCY }, async () => {
-    while (next < REQS) tokens += await chat(next++);
+    // Not `tokens += await chat(...)`: that reads `tokens` before the await, so concurrent clients overwrite each
+    // other's counts (this script undercounted that way at concurrency > 1).
+    while (next < REQS) {
+      const n = await chat(next++);
+      tokens += n;
+    }
   }),
 );
 const sec = (performance.now() - t0) / 1000;

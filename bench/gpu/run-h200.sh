@@ -264,7 +264,7 @@ if [ "$PLAN" = probe ]; then
   log "profile Keel at 32 streams"
   env "${CUDA_ENV[@]}" MODEL="$MODEL" REQS=64 TOKENS=256 CONCURRENCY=32 PROF_DIR=/tmp/keel-prof TOP=25 \
     KEEL_ARGS="--target_device GPU --engine_threads 15 --flash_attention false --max_num_batched_tokens 256" \
-    timeout 240 "$NODE" bench/gpu/profile-keel-gpu.mjs > "$R/profile-c32.log" 2>&1
+    timeout 240 "$NODE" bench/profile-keel.mjs > "$R/profile-c32.log" 2>&1
   head -n 60 "$R/profile-c32.log"
   # P2. Keel with 2 engine threads against Keel with 15 (what compare.mjs gave both servers on 16 cores).
   log "threads A/B: keel --engine_threads 2 vs 15"
