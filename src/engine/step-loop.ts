@@ -394,16 +394,19 @@ export class StepLoop {
         continue;
       }
       try {
+        // Sampled in step 1 (a token, or the Error it failed with), or not yet.
         const pre = batched.get(i);
         if (pre instanceof Error) throw pre;
         const seed = tokenSeed(st.params.seed, it.pos + it.tokens.length);
         let guided: GuideSampling | null = null;
-        if (pre === undefined && st.guide) {
-          // 1. The guide decides, before this sample, what constrains it (a rule that is complete and cannot
-          //    continue ends here: the probe reads this step's logits).
-          guided = await this.prepareGuide(st, logitIdx[i]!);
-          this.configureGuided(st, seed, guided);
-        } else if (pre === undefined) this.configureUnguided(st, seed);
+        if (pre === undefined) {
+          if (st.guide) {
+            // 1. The guide decides, before this sample, what constrains it (a rule that is complete and cannot
+            //    continue ends here: the probe reads this step's logits).
+            guided = await this.prepareGuide(st, logitIdx[i]!);
+            this.configureGuided(st, seed, guided);
+          } else this.configureUnguided(st, seed);
+        }
         let token: number;
         try {
           token = pre ?? (await this.backend.sample(logitIdx[i]!, st.sampler));
