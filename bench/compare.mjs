@@ -9,6 +9,7 @@ import net from "node:net";
 import os from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
+import { lines } from "./lib.mjs";
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
 const KEEL_BIN = path.join(ROOT, "bin", "keel.mjs");
@@ -207,18 +208,6 @@ function killGroup(proc, sig) {
   } catch {
     /* already gone */
   }
-}
-function lines(stream, onLine) {
-  let buf = "";
-  stream.setEncoding("utf8");
-  stream.on("data", (d) => {
-    buf += d;
-    let i;
-    while ((i = buf.indexOf("\n")) >= 0) {
-      onLine(buf.slice(0, i));
-      buf = buf.slice(i + 1);
-    }
-  });
 }
 const freePort = () =>
   new Promise((resolve, reject) => {

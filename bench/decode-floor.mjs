@@ -10,16 +10,9 @@ import { spawn } from "node:child_process";
 import http from "node:http";
 import path from "node:path";
 import { readFileSync } from "node:fs";
-import { fileURLToPath } from "node:url";
+import { ROOT as root, arg, benchModel, median as med, openAdapter } from "./lib.mjs";
 
-const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
-const arg = (name, def) => {
-  const i = process.argv.indexOf(`--${name}`);
-  return i >= 0 ? process.argv[i + 1] : def;
-};
-const { LlamaAdapter } = await import(path.join(root, "dist/engine/llama-adapter.js"));
-const { ensureDefaultModel } = await import(path.join(root, "dist/model/default-model.js"));
-const modelPath = arg("model", null) ?? (await ensureDefaultModel());
+const modelPath = await benchModel();
 const tokens = Number(arg("tokens", "200"));
 const rounds = Number(arg("rounds", "5"));
 const release = JSON.parse(readFileSync(path.join(root, "node_modules/node-llama-cpp/llama/binariesGithubRelease.json"), "utf8")).release;
@@ -27,7 +20,7 @@ const bin = arg("llama-server", path.join(process.env.HOME, ".cache/keel/llama-s
 const port = 18000 + (process.pid % 1000);
 const ban = Array.from({ length: 128 }, (_, i) => [128 + i, false]); // non-ASCII byte tokens (random model)
 
-const adapter = await LlamaAdapter.open({ modelPath, sequences: 1, contextSize: 1024, batchSize: 256, threads: 1, flashAttention: false, kvCacheType: "f16", gpu: "cpu" });
+const adapter = await openAdapter(modelPath, { sequences: 1, contextSize: 1024 });
 const prompt = adapter.tokenize("hello there, the river");
 const bias = new Map(ban.map(([t]) => [t, -Infinity]));
 async function keelFloor() {
@@ -72,7 +65,6 @@ await keelFloor();
 for (let r = 0; r < rounds; r++) {
   for (const k of r % 2 ? ["other", "keel"] : ["keel", "other"]) res[k].push(k === "keel" ? await keelFloor() : await otherFloor());
 }
-const med = (v) => [...v].sort((a, b) => a - b)[Math.floor(v.length / 2)];
 console.log(`${path.basename(modelPath)}, ${tokens} tokens, 1 thread, median of ${rounds} interleaved rounds (addon: ${adapter.nativeAddon.kind}):`);
 console.log(`  Keel engine decode + sample: ${med(res.keel).toFixed(3)} ms/token (${res.keel.map((x) => x.toFixed(2)).join(" ")})`);
 console.log(`  llama-server predicted_per_token_ms: ${med(res.other).toFixed(3)} ms/token (${res.other.map((x) => x.toFixed(2)).join(" ")})`);

@@ -31,6 +31,7 @@ import { encodeFrame, FrameDecoder } from "../dist/protocol/framing.js";
 import { PROTOCOL_VERSION } from "../dist/protocol/messages.js";
 import { ensureDefaultModel } from "../dist/model/default-model.js";
 import { CHATML_TEMPLATE } from "../dist/model/tiny-model.js";
+import { lines } from "./lib.mjs";
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
 const BIN = path.join(ROOT, "bin", "keel.mjs");
@@ -66,18 +67,6 @@ setTimeout(() => {
   process.exit(3);
 }, CFG.MAX_SECONDS * 1000).unref();
 
-function lines(stream, onLine) {
-  let buf = "";
-  stream.setEncoding("utf8");
-  stream.on("data", (d) => {
-    buf += d;
-    let i;
-    while ((i = buf.indexOf("\n")) >= 0) {
-      onLine(buf.slice(0, i));
-      buf = buf.slice(i + 1);
-    }
-  });
-}
 
 // ---------- (a) keel serve over HTTP ----------
 async function startServer() {

@@ -4,22 +4,14 @@
 // Needs Keel's addon (node scripts/prepare.mjs builds it) and dist/.
 //
 //   node bench/sample-many.mjs [--model PATH] [--seqs 16] [--iters 200] [--rounds 3]
-import path from "node:path";
-import { fileURLToPath } from "node:url";
+import { arg, benchModel, openAdapter } from "./lib.mjs";
 
-const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
-const { LlamaAdapter } = await import(path.join(root, "dist", "engine", "llama-adapter.js"));
-const { ensureDefaultModel } = await import(path.join(root, "dist", "model", "default-model.js"));
-const arg = (name, def) => {
-  const i = process.argv.indexOf(`--${name}`);
-  return i > 0 && process.argv[i + 1] ? process.argv[i + 1] : def;
-};
-const modelPath = arg("model", null) ?? (await ensureDefaultModel());
+const modelPath = await benchModel();
 const N = Number(arg("seqs", 16));
 const ITERS = Number(arg("iters", 200));
 const ROUNDS = Number(arg("rounds", 3));
 
-const a = await LlamaAdapter.open({ modelPath, sequences: N, contextSize: 128, batchSize: Math.max(256, 2 * N), threads: 1, flashAttention: false, kvCacheType: "f16", gpu: "cpu" });
+const a = await openAdapter(modelPath, { sequences: N, contextSize: 128, batchSize: Math.max(256, 2 * N) });
 if (!a.sampleMany) {
   console.error(`Keel's addon is not loaded (${a.nativeAddon.reason}); run node scripts/prepare.mjs`);
   process.exit(1);

@@ -5,20 +5,13 @@
 //
 //   node bench/slot-order.mjs [--model PATH] [--seqs 16] [--steps 40] [--rounds 3] [--gpu]
 import path from "node:path";
-import { fileURLToPath } from "node:url";
+import { arg, benchModel, median as med, openAdapter } from "./lib.mjs";
 
-const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
-const arg = (name, def) => {
-  const i = process.argv.indexOf(`--${name}`);
-  return i >= 0 ? process.argv[i + 1] : def;
-};
-const { LlamaAdapter } = await import(path.join(root, "dist/engine/llama-adapter.js"));
-const { ensureDefaultModel } = await import(path.join(root, "dist/model/default-model.js"));
 const N = Number(arg("seqs", "16"));
 const steps = Number(arg("steps", "40"));
 const rounds = Number(arg("rounds", "3"));
-const modelPath = arg("model", null) ?? (await ensureDefaultModel());
-const a = await LlamaAdapter.open({ modelPath, sequences: N, contextSize: 512, batchSize: 256, threads: 1, flashAttention: false, kvCacheType: "f16", gpu: process.argv.includes("--gpu") ? "gpu" : "cpu" });
+const modelPath = await benchModel();
+const a = await openAdapter(modelPath, { sequences: N, contextSize: 512, gpu: process.argv.includes("--gpu") ? "gpu" : "cpu" });
 const ctx = a.native.ctx;
 const prompt = a.tokenize("hello there, the river in the morning");
 for (let s = 0; s < N; s++) await a.decode([{ slot: s, pos: 0, tokens: prompt, wantsLogits: false }]);
@@ -40,7 +33,6 @@ let x = 7;
 const shuffled = [...asc].sort(() => ((x = (x * 1103515245 + 12345) % 2 ** 31) / 2 ** 31) - 0.5);
 const res = { asc: [], desc: [], shuffled: [] };
 for (let r = 0; r < rounds; r++) for (const [k, o] of [["asc", asc], ["desc", desc], ["shuffled", shuffled]]) res[k].push(await run(o));
-const med = (v) => [...v].sort((p, q) => p - q)[Math.floor(v.length / 2)];
 console.log(`${path.basename(modelPath)}, ${N} sequences, one token each, median of ${rounds} rounds × ${steps} steps:`);
 console.log(`  slot order ${med(res.asc).toFixed(2)} ms/step; reversed ${med(res.desc).toFixed(2)} (${(med(res.desc) / med(res.asc)).toFixed(2)}×); shuffled ${med(res.shuffled).toFixed(2)} (${(med(res.shuffled) / med(res.asc)).toFixed(2)}×)`);
 await a.dispose();
