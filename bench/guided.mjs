@@ -19,6 +19,7 @@
 import { spawn } from "node:child_process";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
+import { benchTools } from "./lib.mjs";
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
 const BIN = path.join(ROOT, "bin", "keel.mjs");
@@ -44,26 +45,6 @@ const pct = (xs, p) => {
 };
 const r1 = (x) => (Number.isFinite(x) ? (Math.round(x * 10) / 10).toFixed(1) : "n/a");
 
-function tools(n) {
-  return Array.from({ length: n }, (_, i) => ({
-    type: "function",
-    function: {
-      name: i === 0 ? "get_weather" : `tool_${i}`,
-      description: i === 0 ? "Current weather for a city" : `Utility number ${i}`,
-      parameters: {
-        type: "object",
-        properties: {
-          city: { type: "string" },
-          unit: { type: "string", enum: ["celsius", "fahrenheit"] },
-          days: { type: "integer", minimum: 1, maximum: 14 },
-          detailed: { type: "boolean" },
-          note: { type: "string", maxLength: 40 },
-        },
-        required: ["city"],
-      },
-    },
-  }));
-}
 
 async function startServer(guided) {
   const proc = spawn(
@@ -146,7 +127,7 @@ console.log(`model ${MODEL}; ${TOKENS} max tokens; ${ROUNDS} rounds; greedy`);
 console.log("(TTFT and decode speed from the server's keel_time_to_first_token / keel_inter_token_latency histograms: a call streams whole)");
 console.log("tools  unguided TTFT ms  guided TTFT ms  unguided tok/s  guided tok/s  guided/unguided tok/s");
 for (const n of TOOL_COUNTS) {
-  const t = tools(n);
+  const t = benchTools(n);
   const m = { plain: { ttft: [], tps: [] }, guided: { ttft: [], tps: [] } };
   for (let r = 0; r < ROUNDS + 1; r++) {
     const q = questions[r % questions.length];
@@ -167,7 +148,7 @@ for (const n of TOOL_COUNTS) {
 
 // Bystanders' inter-token latency: alone, and next to one 50-tool request — unconstrained on the unguided server,
 // constrained ("required") on the guided one. The batch grows by one sequence in both; the difference is the grammar.
-const t50 = tools(50);
+const t50 = benchTools(50);
 const gaps = (s) => s.arrivals.slice(1).map((t, i) => t - s.arrivals[i]);
 console.log(`\nbystanders (${BYSTANDERS} plain streams of ${TOKENS} tokens) ITL ms        p50    p99`);
 for (const [label, server, extra] of [

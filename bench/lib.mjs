@@ -43,3 +43,28 @@ export function lines(stream, onLine) {
     }
   });
 }
+
+/**
+ * n OpenAI function tools of 5 parameters each (the first is get_weather), as a chat request sends them: the tool set
+ * of the guided-generation benchmarks (guided.mjs over HTTP, vocab.mjs straight into buildGuide).
+ */
+export function benchTools(n) {
+  return Array.from({ length: n }, (_, i) => ({
+    type: "function",
+    function: {
+      name: i === 0 ? "get_weather" : `tool_${i}`,
+      description: i === 0 ? "Current weather for a city" : `Utility number ${i}`,
+      parameters: {
+        type: "object",
+        properties: {
+          city: { type: "string" },
+          unit: { type: "string", enum: ["celsius", "fahrenheit"] },
+          days: { type: "integer", minimum: 1, maximum: 14 },
+          detailed: { type: "boolean" },
+          note: { type: "string", maxLength: 40 },
+        },
+        required: ["city"],
+      },
+    },
+  }));
+}

@@ -25,6 +25,7 @@ import { AGENT_TAGS, QWEN3_STYLE_TEMPLATE } from "../dist/model/agent-templates.
 import { ensureTinyModel } from "../dist/model/default-model.js";
 import { writeGgufFile } from "../dist/model/gguf-writer.js";
 import { MODEL_SHAPES, tinyModelWriter } from "../dist/model/tiny-model.js";
+import { benchTools } from "./lib.mjs";
 
 const num = (k, d) => (process.env[k] ? Number(process.env[k]) : d);
 const N = num("N", 400);
@@ -46,24 +47,6 @@ function largeModel() {
   return file;
 }
 
-/** bench/guided.mjs's tools: n tools of 5 parameters each. */
-function tools(n) {
-  return Array.from({ length: n }, (_, i) => ({
-    name: i === 0 ? "get_weather" : `tool_${i}`,
-    description: i === 0 ? "Current weather for a city" : `Utility number ${i}`,
-    parameters: {
-      type: "object",
-      properties: {
-        city: { type: "string" },
-        unit: { type: "string", enum: ["celsius", "fahrenheit"] },
-        days: { type: "integer", minimum: 1, maximum: 14 },
-        detailed: { type: "boolean" },
-        note: { type: "string", maxLength: 40 },
-      },
-      required: ["city"],
-    },
-  }));
-}
 
 /** Mean µs of `fn(i)` over N calls, after N/8 warm-up calls. */
 async function time(fn, n = N) {
@@ -111,7 +94,7 @@ async function measure(modelPath) {
     rows.push(["logprobs top 5, sampled token outside the top 20", await time(() => adapter.logprobs(at, outside, 5))]);
     // 5. guided tool calls
     for (const n of TOOL_COUNTS) {
-      const spec = buildGuide({ toolParser: "hermes3", tools: tools(n), toolChoice: { kind: "required" }, parallelToolCalls: true, responseFormat: { kind: "text" }, guideAuto: false, reasoning: null });
+      const spec = buildGuide({ toolParser: "hermes3", tools: benchTools(n).map((t) => t.function), toolChoice: { kind: "required" }, parallelToolCalls: true, responseFormat: { kind: "text" }, guideAuto: false, reasoning: null });
       const compiled = adapter.compileGrammar(spec.grammar, spec.start.rule);
       const s = adapter.createSampler(base);
       const fresh = Array.from({ length: N + (N >> 3) + 5 }, () => adapter.createGrammarState(compiled));
