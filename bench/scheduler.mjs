@@ -40,6 +40,7 @@ import { spawn } from "node:child_process";
 import http from "node:http";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
+import { lines } from "./lib.mjs";
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
 const BIN = path.join(ROOT, "bin", "keel.mjs");
@@ -118,18 +119,7 @@ async function startServer(flags) {
       }
       if (s.port && ready) resolve();
     };
-    for (const st of [proc.stdout, proc.stderr]) {
-      let buf = "";
-      st.setEncoding("utf8");
-      st.on("data", (d) => {
-        buf += d;
-        let i;
-        while ((i = buf.indexOf("\n")) >= 0) {
-          onLine(buf.slice(0, i));
-          buf = buf.slice(i + 1);
-        }
-      });
-    }
+    for (const st of [proc.stdout, proc.stderr]) lines(st, onLine);
     proc.once("exit", (code, sig) => reject(new Error(`server exited before ready (${code ?? sig}): ${s.raw.slice(-5).join("\n")}`)));
   });
   return s;
