@@ -647,9 +647,14 @@ if (path.basename(model).startsWith("keel-tiny") || info.name.startsWith("keel-t
   console.log(`keel-tiny: ${Object.keys(extraBody.logit_bias).length} non-ASCII tokens banned by logit_bias on both servers (llama-server's chat parser refuses invalid UTF-8)`);
 }
 console.log(`model ${model}; ${GPU ? "GPU" : "CPU"}; threads ${CFG.threads}; ctx/slot ${CFG.ctx}; step budget ${CFG.batch}; other: ${CFG.otherCmd || defaultOtherCmd().join(" ")}`);
-for (const s of SECTIONS) {
-  if (s === "throughput") await throughput(model);
-  if (s === "mixed") await mixed(model);
-  if (s === "storm") await storm(model);
+try {
+  for (const s of SECTIONS) {
+    if (s === "throughput") await throughput(model);
+    if (s === "mixed") await mixed(model);
+    if (s === "storm") await storm(model);
+  }
+} catch (err) {
+  // A server that cannot start (e.g. --gpu where there is no GPU) says why in its own words: print that, not a trace.
+  fail(`compare: ${err.message}`);
 }
 process.exit(0);
