@@ -5,7 +5,7 @@
 // The same streaming load — greedy, ignore_eos, TOKENS tokens per request, distinct short prompts — runs
 //   (a) "http":   over loopback HTTP against a `keel serve` child this script starts (raw node:http SSE clients with a
 //                 keep-alive agent), and
-//   (b) "engine": straight into an engine process spawned the way src/gateway/engine-client.ts does it (the compiled
+//   (b) "engine": straight into an engine process spawned the way src/gateway/supervision/engine-client.ts does it (the compiled
 //                 dist/engine/main.js with one JSON config argument, length-prefixed JSON frames on fd 3), driven
 //                 with `add` messages; no HTTP, no gateway.
 // Both use the same engine configuration (the one `keel serve` builds from its flags: --max_num_seqs 8,
@@ -25,8 +25,8 @@ import { spawn } from "node:child_process";
 import http from "node:http";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
-import { DEFAULT_ENGINE_COMMAND, spawnEngine } from "../dist/gateway/engine-client.js";
-import { ChatTemplate } from "../dist/gateway/chat-template.js";
+import { DEFAULT_ENGINE_COMMAND, spawnEngine } from "../dist/gateway/supervision/engine-client.js";
+import { ChatTemplate } from "../dist/gateway/models/chat-template.js";
 import { encodeFrame, FrameDecoder } from "../dist/protocol/framing.js";
 import { PROTOCOL_VERSION } from "../dist/protocol/messages.js";
 import { ensureDefaultModel } from "../dist/model/default-model.js";

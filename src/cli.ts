@@ -6,17 +6,17 @@
 import fs from "node:fs";
 import path from "node:path";
 import { parseArgs } from "node:util";
-import { DEFAULT_ENGINE_COMMAND, spawnEngine } from "./gateway/engine-client.js";
+import { DEFAULT_ENGINE_COMMAND, spawnEngine } from "./gateway/supervision/engine-client.js";
 import { startGateway } from "./gateway/server.js";
-import { metricFamilies } from "./gateway/metrics.js";
+import { metricFamilies } from "./gateway/metrics/metrics.js";
 import { HubError } from "./model/hub-download.js";
 import { logProgress, ttyProgress } from "./model/hub-progress.js";
 import { HOW_TO_PASS_A_MODEL, modelSourceFlagProblem, resolveHubModel, resolveServeModel, type ServeModel } from "./model/serve-model.js";
 import type { EngineCommand, EngineConfig } from "./protocol/engine-config.js";
 import type { EngineBackend, ModelMetadata } from "./protocol/messages.js";
-import { defaultLogFormat, logDestination, type LogFormat } from "./gateway/logging.js";
-import { loadApiKey } from "./gateway/auth.js";
-import { parseCsvFlag } from "./gateway/cors.js";
+import { defaultLogFormat, logDestination, type LogFormat } from "./gateway/http/logging.js";
+import { loadApiKey } from "./gateway/http/auth.js";
+import { parseCsvFlag } from "./gateway/http/cors.js";
 import { REASONING_PARSERS, TOOL_PARSERS, type ReasoningParserName, type ToolParserName } from "./gateway/tools.js";
 import { kvCapacity } from "./cli/kv-capacity.js";
 import { defaultEngineThreads, ENGINE_THREADS_RULE, hostCpus, type HostCpus } from "./cli/engine-threads.js";
@@ -446,8 +446,8 @@ async function serve(argv: string[]): Promise<void> {
     process.exit(2);
   }
   const cors = { origins: flags["allowedOrigins"] as string[], methods: flags["allowedMethods"] as string[], headers: flags["allowedHeaders"] as string[], credentials: (flags["allowCredentials"] as boolean | undefined) ?? false };
-  // Several models from an OVMS config file: each gets its own engine (serve-config.ts).
-  if (flags["configPath"] !== undefined) return (await import("./serve-config.js")).serveFromConfig(flags, engineCommandOverride(), { logDestination: logSink, apiKey, cors, ...(flags["metricsList"] !== undefined ? { metricsList: flags["metricsList"] as string[] } : {}) });
+  // Several models from an OVMS config file: each gets its own engine (cli/serve-config.ts).
+  if (flags["configPath"] !== undefined) return (await import("./cli/serve-config.js")).serveFromConfig(flags, engineCommandOverride(), { logDestination: logSink, apiKey, cors, ...(flags["metricsList"] !== undefined ? { metricsList: flags["metricsList"] as string[] } : {}) });
   const sourceFlags = {
     modelPath: flags["model_path"] as string | undefined,
     sourceModel: flags["sourceModel"] as string | undefined,

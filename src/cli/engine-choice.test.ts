@@ -1,7 +1,7 @@
 import path from "node:path";
 import { afterEach, describe, expect, it, vi } from "vitest";
 import { parseServeFlags } from "../cli.js";
-import { DEFAULT_ENGINE_COMMAND } from "../gateway/engine-client.js";
+import { DEFAULT_ENGINE_COMMAND } from "../gateway/supervision/engine-client.js";
 import { OPENVINO_WORKER } from "../engine-openvino/venv.js";
 import { chooseEngine, engineBaseConfig, engineCommandFor, engineFlagProblems, kvBlockTokens, openvinoConfigFields, openvinoKvElementBytes } from "./engine-choice.js";
 

@@ -1,7 +1,7 @@
 /**
  * Which engine serves a model (`--engine auto | llama.cpp | openvino`), what its start configuration gets from the
  * OpenVINO-only flags, which flags an engine refuses, and the command that runs it. One rule for `keel serve` flags
- * (cli.ts) and `--config_path` entries (serve-config.ts).
+ * (cli.ts) and `--config_path` entries (cli/serve-config.ts).
  *
  * auto: an OpenVINO IR directory (`openvino_model.xml`) → openvino; a GGUF → llama.cpp. `--engine openvino` serves a
  * GGUF too (OpenVINO GenAI loads llama/qwen2/qwen3 GGUFs); `--engine llama.cpp` cannot serve an IR directory.
@@ -9,7 +9,7 @@
  * @module
  */
 import path from "node:path";
-import { DEFAULT_ENGINE_COMMAND } from "../gateway/engine-client.js";
+import { DEFAULT_ENGINE_COMMAND } from "../gateway/supervision/engine-client.js";
 import { ensureOpenvinoVenv, openvinoEngineCommand } from "../engine-openvino/venv.js";
 import { modelCacheDir } from "../model/model-cache.js";
 import type { EngineCommand, EngineConfig } from "../protocol/engine-config.js";
@@ -137,7 +137,7 @@ export async function engineCommandFor(engine: EngineName, override: EngineComma
 
 /**
  * The engine-neutral start configuration (protocol/engine-config.ts) from parsed `keel serve` flags, for one model
- * served by `engine` — the one place both the flags path (cli.ts) and `--config_path` (serve-config.ts) build it;
+ * served by `engine` — the one place both the flags path (cli.ts) and `--config_path` (cli/serve-config.ts) build it;
  * maxModelLen is settled by the caller (kvCapacity) once the model's metadata is known.
  */
 export function engineBaseConfig(f: Record<string, unknown>, modelPath: string, engine: EngineName): Omit<EngineConfig, "mode" | "maxModelLen"> {

@@ -1,6 +1,6 @@
 /**
  * The capacity rule of one model's engine, shared by `keel serve` flags (cli.ts) and `--config_path` entries
- * (serve-config.ts): tokens per sequence from an explicit max_model_len, the model's trained context and the KV
+ * (cli/serve-config.ts): tokens per sequence from an explicit max_model_len, the model's trained context and the KV
  * budget (`cache_size`, GB over all sequences, as OVMS's).
  *
  * llama.cpp splits the budget evenly (one KV partition per sequence). The OpenVINO engine has one pool shared by all

@@ -13,18 +13,18 @@
  *
  * Several models (`--config_path`): one engine, supervisor and registry per model (model-set.ts).
  */
-import { SHUTTING_DOWN_MESSAGE } from "./errors.js";
+import { SHUTTING_DOWN_MESSAGE } from "./http/errors.js";
 import type { FastifyInstance } from "fastify";
 import pino, { type DestinationStream, type Logger } from "pino";
-import type { EngineClient } from "./engine-client.js";
-import { buildHttpApp } from "./http-app.js";
-import { Metrics } from "./metrics.js";
-import { ModelSet, type ModelSpec } from "./model-set.js";
-import type { RequestRegistry } from "./registry.js";
-import type { EngineSupervisor } from "./supervisor.js";
+import type { EngineClient } from "./supervision/engine-client.js";
+import { buildHttpApp } from "./http/app.js";
+import { Metrics } from "./metrics/metrics.js";
+import { ModelSet, type ModelSpec } from "./models/model-set.js";
+import type { RequestRegistry } from "./requests/registry.js";
+import type { EngineSupervisor } from "./supervision/supervisor.js";
 import type { EngineCommand, EngineConfig } from "../protocol/engine-config.js";
-import { NO_AGENT_FLAGS, type AgentFlags } from "./agent-config.js";
-import type { CorsPolicy } from "./cors.js";
+import { NO_AGENT_FLAGS, type AgentFlags } from "./models/agent-config.js";
+import type { CorsPolicy } from "./http/cors.js";
 
 /** Gateway options (resolved CLI flags). */
 export interface GatewayOptions {
@@ -45,7 +45,7 @@ export interface GatewayOptions {
    */
   requestTimeoutMs?: number;
   logLevel: "debug" | "info" | "warn" | "error";
-  /** Where log lines go and in which format (gateway/logging.ts); default: JSON lines on stdout. */
+  /** Where log lines go and in which format (gateway/http/logging.ts); default: JSON lines on stdout. */
   logDestination?: DestinationStream;
   /** No step progress for this long (ms) while there is work → the engine is killed and restarted (default 30 s). */
   engineStallTimeoutMs?: number;

@@ -138,7 +138,7 @@ it("every agent tag the templates use is one of AGENT_TAGS", () => {
 
 describe("through the gateway's ChatTemplate as it is today (role + content, chat_template_kwargs)", () => {
     it("renders plain conversations with both templates, and enable_thinking reaches the Qwen3 one as a kwarg", async () => {
-        const {ChatTemplate} = await import("../gateway/chat-template.js");
+        const {ChatTemplate} = await import("../gateway/models/chat-template.js");
         const messages = [{role: "system", content: "S"}, {role: "user", content: "U"}, {role: "assistant", content: "A"}, {role: "user", content: "V"}];
         for (const source of [QWEN3_STYLE_TEMPLATE, QWEN3CODER_STYLE_TEMPLATE]) {
             const t = new ChatTemplate(source, {bosToken: "<|endoftext|>", eosToken: "<|im_end|>"});

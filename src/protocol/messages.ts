@@ -275,7 +275,7 @@ export type FinishReason = "stop" | "length" | "abort" | "error";
 
 /**
  * The closed catalogue of engine error codes (request_error and finish.error). The gateway maps each to an HTTP
- * status once (gateway/errors.ts); an engine must not invent others (an unknown code is treated as engine_error).
+ * status once (gateway/http/errors.ts); an engine must not invent others (an unknown code is treated as engine_error).
  *   context_length_exceeded, invalid_prompt, invalid_params, duplicate_id → the client's fault (400/409-style)
  *   engine_error, invariant_violation → the engine failed the request (500)
  */

@@ -10,7 +10,7 @@ import { Ajv, type ValidateFunction } from "ajv";
 import { parseAllDocuments } from "yaml";
 import { describe, expect, it } from "vitest";
 import { parseServeFlags } from "../../src/cli.js";
-import { Metrics } from "../../src/gateway/metrics.js";
+import { Metrics } from "../../src/gateway/metrics/metrics.js";
 import { ROOT } from "../support/server.js";
 
 const DIR = path.join(ROOT, "deploy", "k8s");

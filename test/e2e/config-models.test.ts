@@ -1,5 +1,5 @@
 /**
- * `--config_path` resolution (src/serve-config.ts) with the real engine's model check: base_path forms (a folder
+ * `--config_path` resolution (src/cli/serve-config.ts) with the real engine's model check: base_path forms (a folder
  * with one .gguf, relative to the config file), the server's flags as defaults with each entry's settings on top, and
  * refusals that name the model and the setting.
  */
@@ -9,7 +9,7 @@ import os from "node:os";
 import path from "node:path";
 import { describe, expect, it } from "vitest";
 import { parseServeFlags } from "../../src/cli.js";
-import { resolveConfigModels } from "../../src/serve-config.js";
+import { resolveConfigModels } from "../../src/cli/serve-config.js";
 import { ROOT } from "../support/server.js";
 
 /** The built engine (vitest runs the sources, whose engine path would be the TypeScript file). */

@@ -10,7 +10,7 @@ import os from "node:os";
 import path from "node:path";
 import { afterAll, describe, expect, it } from "vitest";
 import { parseServeFlags } from "../../src/cli.js";
-import { resolveConfigModels } from "../../src/serve-config.js";
+import { resolveConfigModels } from "../../src/cli/serve-config.js";
 import { metrics, ROOT, startServer, type ServerHandle } from "../support/server.js";
 
 const FAKE = { command: process.execPath, args: [path.join(ROOT, "test", "support", "fake-engine.mjs")] };

@@ -5,10 +5,10 @@ import fc from "fast-check";
  * consecutive sequence numbers and its failure event.
  */
 import { describe, expect, it } from "vitest";
-import { engineError, KeelHttpError } from "../errors.js";
-import type { Encoder } from "../generate.js";
-import type { SessionEvent } from "../session/events.js";
-import type { ResponseWriter } from "../sse.js";
+import { engineError, KeelHttpError } from "../http/errors.js";
+import type { Encoder } from "../requests/generate.js";
+import type { SessionEvent } from "../requests/session/events.js";
+import type { ResponseWriter } from "../http/sse.js";
 import { completionEncoder, parseCompletionRequest } from "./completions.js";
 import { completionLogprobs, TextOffsets } from "./logprobs.js";
 import { parseResponsesRequest, responsesEncoder } from "./responses.js";

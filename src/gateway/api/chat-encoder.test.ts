@@ -4,8 +4,8 @@
  * unary `message` with `content` null only when empty with calls, `reasoning_content`/`tool_calls` only when present.
  */
 import { describe, expect, it } from "vitest";
-import type { SessionEvent } from "../session/events.js";
-import type { ResponseWriter } from "../sse.js";
+import type { SessionEvent } from "../requests/session/events.js";
+import type { ResponseWriter } from "../http/sse.js";
 import { chatEncoder } from "./chat.js";
 
 function record() {

@@ -8,15 +8,15 @@
  */
 import { randomUUID } from "node:crypto";
 import type { FastifyReply, FastifyRequest } from "fastify";
-import { parseChatRequest, type ChatRequest } from "../chat-request.js";
-import { modelNotFound, toErrorBody } from "../errors.js";
-import { generationOptions, runGeneration, type Encoder } from "../generate.js";
-import type { Usage } from "../registry.js";
-import type { ChoiceResult, SessionEvent } from "../session/events.js";
-import { readyEngine, renderMessages, type RouteContext } from "../route-context.js";
+import { parseChatRequest, type ChatRequest } from "./chat-request.js";
+import { modelNotFound, toErrorBody } from "../http/errors.js";
+import { generationOptions, runGeneration, type Encoder } from "../requests/generate.js";
+import type { Usage } from "../requests/registry.js";
+import type { ChoiceResult, SessionEvent } from "../requests/session/events.js";
+import { readyEngine, renderMessages, type RouteContext } from "../http/route-context.js";
 import { checkCapabilities } from "./sampling.js";
-import { outputParserFactory, requestToolParser, toolsForTemplate } from "../agent-request.js";
-import { requestGuide } from "../guide-plan.js";
+import { outputParserFactory, requestToolParser, toolsForTemplate } from "./agent-request.js";
+import { requestGuide } from "../models/guide-plan.js";
 import { buildGuide } from "../guided/guide.js";
 import type { GuideSpec } from "../../protocol/messages.js";
 import { chatLogprobs } from "./logprobs.js";

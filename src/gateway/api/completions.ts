@@ -9,11 +9,11 @@
 import { randomUUID } from "node:crypto";
 import type { FastifyReply, FastifyRequest } from "fastify";
 import { z } from "zod";
-import { describe, issueToError, report, stopSchema, tokenLimit, UINT32_MAX, type GenerationFields } from "../chat-request.js";
-import { invalidValue, modelNotFound, toErrorBody, unsupportedField } from "../errors.js";
-import { generationOptions, runGeneration, type Encoder } from "../generate.js";
-import { readyEngine, type RouteContext } from "../route-context.js";
-import { sanitizeForJson } from "../utf8-stream.js";
+import { describe, issueToError, report, stopSchema, tokenLimit, UINT32_MAX, type GenerationFields } from "./chat-request.js";
+import { invalidValue, modelNotFound, toErrorBody, unsupportedField } from "../http/errors.js";
+import { generationOptions, runGeneration, type Encoder } from "../requests/generate.js";
+import { readyEngine, type RouteContext } from "../http/route-context.js";
+import { sanitizeForJson } from "../requests/utf8-stream.js";
 import { chunkBuilder, usageBody } from "./chat.js";
 import { completionLogprobs, TextOffsets } from "./logprobs.js";
 import { checkCapabilities, checkMinTokens, extendedSampling, MAX_TOP_LOGPROBS, samplingFields, type ExtendedSampling } from "./sampling.js";

@@ -5,8 +5,8 @@
  */
 import type { FastifyInstance } from "fastify";
 import type { Logger } from "pino";
-import { invalidConfig, modelNotFound, noConfigFile, shuttingDown, toErrorBody } from "../errors.js";
-import type { ModelSet, ModelSpec } from "../model-set.js";
+import { invalidConfig, modelNotFound, noConfigFile, shuttingDown, toErrorBody } from "../http/errors.js";
+import type { ModelSet, ModelSpec } from "../models/model-set.js";
 
 /** One model's entry of `GET /v1/config`, in OVMS's shape (one version, "1"). */
 export function ovmsModelStatus(state: string): unknown {

@@ -3,7 +3,7 @@
  *  - chat: `choices[].logprobs.content[]` = `{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}`;
  *  - completions (legacy): `{tokens, token_logprobs, top_logprobs: [{token: logprob}], text_offset}`.
  */
-import type { PositionLogprobView, TokenLogprobView } from "../session/events.js";
+import type { PositionLogprobView, TokenLogprobView } from "../requests/session/events.js";
 
 export interface ChatLogprobEntry {
   token: string;

@@ -3,8 +3,8 @@
  * `model_not_found` naming the served models (OpenAI's answer; OVMS answers 500 there).
  */
 import type { FastifyRequest } from "fastify";
-import { modelNotFound } from "../errors.js";
-import type { RouteContext } from "../route-context.js";
+import { modelNotFound } from "../http/errors.js";
+import type { RouteContext } from "../http/route-context.js";
 
 function modelObject(ctx: RouteContext, id: string) {
   return { id, object: "model", created: ctx.modelCreated, owned_by: "keel" };

@@ -14,19 +14,19 @@
 import { randomUUID } from "node:crypto";
 import type { FastifyReply, FastifyRequest } from "fastify";
 import { z } from "zod";
-import type { ChatMessage } from "../chat-template.js";
-import { describe, isPlainObject, issueToError, report, resolveToolChoice, tokenLimit, unsupported } from "../chat-request.js";
-import { outputParserFactory, requestToolParser, toolsForTemplate } from "../agent-request.js";
-import { requestGuide } from "../guide-plan.js";
+import type { ChatMessage } from "../models/chat-template.js";
+import { describe, isPlainObject, issueToError, report, resolveToolChoice, tokenLimit, unsupported } from "./chat-request.js";
+import { outputParserFactory, requestToolParser, toolsForTemplate } from "./agent-request.js";
+import { requestGuide } from "../models/guide-plan.js";
 import { buildGuide } from "../guided/guide.js";
-import { toolChoiceSchema, toolsSchema } from "../tool-fields.js";
+import { toolChoiceSchema, toolsSchema } from "./tool-fields.js";
 import type { ToolCall, ToolChoice, ToolSpec } from "../tools.js";
-import { modelNotFound, type KeelHttpError } from "../errors.js";
-import { runGeneration, type Encoder } from "../generate.js";
-import type { Usage } from "../registry.js";
-import { readyEngine, renderMessages, type RouteContext } from "../route-context.js";
-import type { ChoiceResult } from "../session/events.js";
-import { sanitizeForJson } from "../utf8-stream.js";
+import { modelNotFound, type KeelHttpError } from "../http/errors.js";
+import { runGeneration, type Encoder } from "../requests/generate.js";
+import type { Usage } from "../requests/registry.js";
+import { readyEngine, renderMessages, type RouteContext } from "../http/route-context.js";
+import type { ChoiceResult } from "../requests/session/events.js";
+import { sanitizeForJson } from "../requests/utf8-stream.js";
 
 /** A validated Responses request. */
 export interface ResponsesRequest {

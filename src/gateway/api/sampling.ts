@@ -7,7 +7,7 @@
  */
 import { z } from "zod";
 import type { EngineCapabilities, SamplingParams } from "../../protocol/messages.js";
-import { invalidValue, show, unsupportedField, type KeelHttpError } from "../errors.js";
+import { invalidValue, show, unsupportedField, type KeelHttpError } from "../http/errors.js";
 
 /** Largest `n` per request (each choice is one engine request; OpenAI allows 128, a CPU server much less). */
 export const MAX_N = 16;

@@ -7,10 +7,10 @@
  */
 import type { FastifyReply, FastifyRequest } from "fastify";
 import { z } from "zod";
-import { issueToError, report, unsupported } from "../chat-request.js";
-import { engineError, invalidValue, modelNotFound } from "../errors.js";
-import { readyEngine, type RouteContext } from "../route-context.js";
-import { sanitizeForJson } from "../utf8-stream.js";
+import { issueToError, report, unsupported } from "./chat-request.js";
+import { engineError, invalidValue, modelNotFound } from "../http/errors.js";
+import { readyEngine, type RouteContext } from "../http/route-context.js";
+import { sanitizeForJson } from "../requests/utf8-stream.js";
 
 /** Most texts per request. */
 export const MAX_TOKENIZE_TEXTS = 64;

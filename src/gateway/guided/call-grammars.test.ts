@@ -3,7 +3,7 @@
  * parameters, unknown parameters and out-of-schema values.
  */
 import { describe, expect, it } from "vitest";
-import { KeelHttpError } from "../errors.js";
+import { KeelHttpError } from "../http/errors.js";
 import type { ToolSpec } from "../tools.js";
 import { addCallRules, type CallFormat } from "./call-grammars.js";
 import { GbnfGrammar } from "./gbnf-recognizer.js";

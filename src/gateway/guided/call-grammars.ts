@@ -17,7 +17,7 @@
  *
  * A tool without `parameters` takes no arguments: ARGS is `{}` (qwen3coder: no parameter).
  */
-import { invalidValue } from "../errors.js";
+import { invalidValue } from "../http/errors.js";
 import type { ToolSpec } from "../tools.js";
 import { literal } from "./gbnf-text.js";
 import { GbnfBuilder, finite, markUnsupported as unsupportedSchema, resolvePointer } from "./json-schema-gbnf.js";

@@ -6,7 +6,7 @@
 import fc from "fast-check";
 import { getLlama, type Llama } from "node-llama-cpp";
 import { beforeAll, expect, it } from "vitest";
-import { KeelHttpError } from "../errors.js";
+import { KeelHttpError } from "../http/errors.js";
 import type { ToolSpec } from "../tools.js";
 import { GbnfGrammar } from "./gbnf-recognizer.js";
 import { buildGuide } from "./guide.js";

@@ -1,6 +1,6 @@
 /** Emitted rule bodies never nest groups deeply (llama.cpp's recursive parser crashed on 20000 nested groups). */
 import { describe, expect, it } from "vitest";
-import { KeelHttpError } from "../errors.js";
+import { KeelHttpError } from "../http/errors.js";
 import { groupDepth, MAX_GROUP_DEPTH } from "./gbnf-limits.js";
 import { schemaToGbnf } from "./json-schema-gbnf.js";
 import { MAX_PREFIX_ITEMS } from "./schema-limits.js";

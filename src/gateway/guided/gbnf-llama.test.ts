@@ -7,7 +7,7 @@ import { getLlama, type Llama } from "node-llama-cpp";
 import { beforeAll, describe, expect, it } from "vitest";
 import type { GuideSpec } from "../../protocol/messages.js";
 import { buildGuide } from "./guide.js";
-import { KeelHttpError } from "../errors.js";
+import { KeelHttpError } from "../http/errors.js";
 import { MAX_GROUP_DEPTH } from "./gbnf-limits.js";
 import { schemaToGbnf } from "./json-schema-gbnf.js";
 import { MAX_REPEAT } from "./pattern-gbnf.js";

@@ -4,7 +4,7 @@
  */
 import { describe, expect, it } from "vitest";
 import type { GuidePhase, GuideSpec } from "../../protocol/messages.js";
-import { KeelHttpError } from "../errors.js";
+import { KeelHttpError } from "../http/errors.js";
 import type { ToolSpec } from "../tools.js";
 import { GbnfGrammar } from "./gbnf-recognizer.js";
 import { buildGuide } from "./guide.js";

@@ -17,7 +17,7 @@
  *   call and a JSON document; OpenAI allows the pair, Keel refuses it rather than silently drop one.
  */
 import type { GuidePhase, GuideSpec, GuideTrigger } from "../../protocol/messages.js";
-import { invalidValue } from "../errors.js";
+import { invalidValue } from "../http/errors.js";
 import type { ReasoningParserName, ToolParserName, ToolSpec } from "../tools.js";
 import { addCallRules, checkParametersShape, toolParam } from "./call-grammars.js";
 import { literal } from "./gbnf-text.js";

@@ -6,7 +6,7 @@
 import { Ajv2020 } from "ajv/dist/2020.js";
 import fc from "fast-check";
 import { describe, expect, it } from "vitest";
-import { KeelHttpError } from "../errors.js";
+import { KeelHttpError } from "../http/errors.js";
 import { GbnfGrammar } from "./gbnf-recognizer.js";
 import { checkSchema, schemaToGbnf } from "./json-schema-gbnf.js";
 import { integerRange } from "./number-range.js";

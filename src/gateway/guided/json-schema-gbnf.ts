@@ -30,7 +30,7 @@
  * `additionalProperties` schema never repeat a declared name, except when a declared name needs JSON escapes
  * (then any key: more); oneOf may match several branches (more).
  */
-import { invalidValue, type KeelHttpError } from "../errors.js";
+import { invalidValue, type KeelHttpError } from "../http/errors.js";
 import { charSet, jsonCharOf, literal, negate } from "./gbnf-text.js";
 import { FORMATS } from "./formats-gbnf.js";
 import { type Bound, integerRange, numberRange } from "./number-range.js";

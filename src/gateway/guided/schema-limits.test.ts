@@ -3,7 +3,7 @@
  * recursive runs: huge enums, too many properties, deep nesting (also inside `default`), long tuples.
  */
 import { describe, expect, it } from "vitest";
-import { KeelHttpError } from "../errors.js";
+import { KeelHttpError } from "../http/errors.js";
 import { buildGuide } from "./guide.js";
 import { MAX_GBNF_CHARS, schemaToGbnf } from "./json-schema-gbnf.js";
 import { checkSchemaLimits, newTotals, MAX_ENUM_CHARS, MAX_ENUM_VALUES, MAX_JSON_DEPTH, MAX_PREFIX_ITEMS, MAX_PROPERTIES } from "./schema-limits.js";

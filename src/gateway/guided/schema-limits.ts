@@ -10,7 +10,7 @@
  * schema level is usually two JSON levels: `properties` → name) plus room for annotations. A tuple's `prefixItems`
  * are capped at 100 positions (each is one rule; llama.cpp refused 1000 of them in the nested form).
  */
-import { invalidValue, type KeelHttpError } from "../errors.js";
+import { invalidValue, type KeelHttpError } from "../http/errors.js";
 
 /** Deepest nesting of the raw JSON value of one schema (objects and arrays, `default`s and examples included). */
 export const MAX_JSON_DEPTH = 160;

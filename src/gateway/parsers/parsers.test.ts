@@ -1,8 +1,8 @@
 import fc from "fast-check";
 import { describe, expect, it } from "vitest";
-import { CASES, WEATHER_TOOLS, type ParserCase } from "./cases.js";
+import { CASES, WEATHER_TOOLS, type ParserCase } from "../../../test/support/parsers/cases.js";
 import { createOutputParser, pickToolParser, promptOpensReasoning, randomToolCallId } from "./index.js";
-import { options, runPieces, splitAt, type Run } from "./test-harness.js";
+import { options, runPieces, splitAt, type Run } from "../../../test/support/parsers/test-harness.js";
 import type { ParsedOutput } from "./types.js";
 
 /** The answer a case's rules give, with the ids the counting generator hands out. */

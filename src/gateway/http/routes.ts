@@ -1,0 +1,55 @@
+/**
+ * Every API route, registered in one place under each prefix Keel serves (`/v3`, `/v3/v1`, `/v1`: OVMS's paths and
+ * OpenAI's), and the list the not-found answer names. Routes only validate, admit and encode; the generation
+ * pipeline is src/gateway/requests/generate.ts.
+ */
+import type { FastifyInstance } from "fastify";
+import { handleChat } from "../api/chat.js";
+import { handleCompletion } from "../api/completions.js";
+import { getModel, listModels } from "../api/models.js";
+import { handleResponses } from "../api/responses.js";
+import { handleTokenize } from "../api/tokenize.js";
+import type { RouteContext } from "./route-context.js";
+
+/** Picks the route context of the model a request body names (model-set.ts). */
+export interface ModelRouter {
+  /** The named model's context, or the default model's when the body names no served model (its handler answers 404). */
+  contextFor(body: unknown): RouteContext;
+}
+
+/** API prefixes; each API route exists under all of them. */
+export const API_PREFIXES = ["/v3", "/v3/v1", "/v1"] as const;
+
+/** The routes outside the API prefixes (registered by the server). */
+export const SERVER_ROUTES = ["GET /v2/health/live", "GET /v2/health/ready", "GET /v2/models/{name}/ready", "GET /v1/config", "POST /v1/config/reload", "GET /metrics"] as const;
+
+/** Method and path (after the prefix) of every API route. */
+const API_ROUTES = [
+  ["POST", "/chat/completions"],
+  ["POST", "/completions"],
+  ["POST", "/responses"],
+  ["POST", "/tokenize"],
+  ["GET", "/models"],
+  ["GET", "/models/{id}"],
+] as const;
+
+/** Every route that exists, as "METHOD /path" (for the 404 answer). */
+export function routeList(): string[] {
+  const out: string[] = [];
+  for (const [method, path] of API_ROUTES) out.push(`${method} ${API_PREFIXES.map((p) => p + path).join(", ")}`);
+  return [...out, ...SERVER_ROUTES];
+}
+
+/** Register every API route on `app`. */
+export function registerRoutes(app: FastifyInstance, models: ModelRouter): void {
+  // Each request goes to the context (engine, registry, limits) of the model its body names.
+  const ctx = (body: unknown): RouteContext => models.contextFor(body);
+  for (const prefix of API_PREFIXES) {
+    app.post(`${prefix}/chat/completions`, (req, reply) => handleChat(ctx(req.body), req, reply));
+    app.post(`${prefix}/completions`, (req, reply) => handleCompletion(ctx(req.body), req, reply));
+    app.post(`${prefix}/responses`, (req, reply) => handleResponses(ctx(req.body), req, reply));
+    app.post(`${prefix}/tokenize`, (req, reply) => handleTokenize(ctx(req.body), req, reply));
+    app.get(`${prefix}/models`, async () => listModels(ctx(undefined)));
+    app.get(`${prefix}/models/*`, async (req) => getModel(ctx(undefined), req));
+  }
+}

@@ -1,0 +1,103 @@
+import pino from "pino";
+import { describe, expect, it } from "vitest";
+import { PROTOCOL_VERSION, type StepMessage } from "../../protocol/messages.js";
+import { Scheduler } from "../../engine/scheduler.js";
+import { kvUsage, Metrics, type ModelGauges } from "./metrics.js";
+import { registryObserver, StepObserver } from "./metrics-observer.js";
+
+/** Metrics whose per-model gauges read `models` (mutable between scrapes). */
+function setup(models: ModelGauges[]) {
+  const metrics = new Metrics({ counts: () => ({ waiting: 0, running: 0 }), activeSequences: () => 0, cachedSequences: () => 0, lastStepAgeSeconds: () => 0, models: () => models });
+  /** Series lines of metric `name` (a histogram's by `family`). */
+  const series = async (name: string, family = name): Promise<string[]> => (await metrics.registry.getSingleMetricAsString(family)).split("\n").filter((l) => l.startsWith(name));
+  return { metrics, series };
+}
+
+const model = (over: Partial<ModelGauges>): ModelGauges => ({ modelName: "m", waiting: 0, running: 0, kvTokensInUse: 0, kvTokenCapacity: 0, cacheDtype: "f16", prefixCaching: true, ...over });
+
+describe("gateway gauges under vLLM and OVMS names, one series per model", () => {
+  it("two models: waiting, running, KV usage and cache config each carry model_name", async () => {
+    const models = [model({ modelName: "a", waiting: 3, running: 2, kvTokensInUse: 512, kvTokenCapacity: 2048 }), model({ modelName: "b", running: 1, kvTokensInUse: 10, kvTokenCapacity: 40, cacheDtype: "q8_0", prefixCaching: false })];
+    const t = setup(models);
+    expect(await t.series("vllm:num_requests_waiting")).toEqual(['vllm:num_requests_waiting{model_name="a"} 3', 'vllm:num_requests_waiting{model_name="b"} 0']);
+    expect(await t.series("vllm:num_requests_running")).toEqual(['vllm:num_requests_running{model_name="a"} 2', 'vllm:num_requests_running{model_name="b"} 1']);
+    expect(await t.series("vllm:kv_cache_usage_perc")).toEqual(['vllm:kv_cache_usage_perc{model_name="a"} 0.25', 'vllm:kv_cache_usage_perc{model_name="b"} 0.25']);
+    expect(await t.series("vllm:cache_config_info")).toEqual([
+      'vllm:cache_config_info{model_name="a",block_size="1",num_gpu_blocks="2048",cache_dtype="f16",enable_prefix_caching="true"} 1',
+      'vllm:cache_config_info{model_name="b",block_size="1",num_gpu_blocks="40",cache_dtype="q8_0",enable_prefix_caching="false"} 1',
+    ]);
+    expect(await t.series("ovms_current_graphs")).toEqual(['ovms_current_graphs{name="a"} 5', 'ovms_current_graphs{name="b"} 1']);
+  });
+
+  it("a model that goes away leaves no series; one without a ready engine has no cache config yet", async () => {
+    const models = [model({ modelName: "a", kvTokenCapacity: 100 }), model({ modelName: "b" })];
+    const t = setup(models);
+    expect(await t.series("vllm:cache_config_info")).toHaveLength(1);
+    models.splice(0, 1);
+    expect(await t.series("vllm:num_requests_running")).toEqual(['vllm:num_requests_running{model_name="b"} 0']);
+    expect(await t.series("vllm:cache_config_info")).toEqual([]);
+  });
+
+  it("kvUsage is bounded to 0..1 and 0 without a budget", () => {
+    expect(kvUsage({ kvTokensInUse: 5, kvTokenCapacity: 0 })).toBe(0);
+    expect(kvUsage({ kvTokensInUse: 30, kvTokenCapacity: 20 })).toBe(1);
+    expect(kvUsage({ kvTokensInUse: 5, kvTokenCapacity: 20 })).toBe(0.25);
+  });
+});
+
+describe("OVMS request families follow the registry", () => {
+  it("accepted on queue; success for stop/length, fail for error/abort; processing time in µs", async () => {
+    const t = setup([]);
+    const log = pino({ level: "silent" });
+    const obs = registryObserver(t.metrics, log, () => 0, "m1");
+    expect(await t.series("ovms_requests_success")).toEqual(['ovms_requests_success{name="m1"} 0']);
+    const info = (e2eMs: number) => ({ phase: "decode" as const, e2eMs });
+    const usage = { promptTokens: 1, completionTokens: 1, totalTokens: 2 };
+    for (const id of ["a", "b", "c", "d"]) obs.onQueued!(id);
+    obs.onFinished!("a", "stop", usage, info(2));
+    obs.onFinished!("b", "length", usage, info(2));
+    obs.onFinished!("c", "error", usage, { ...info(2), errorCode: "engine_error", error: "x" });
+    obs.onFinished!("d", "abort", usage, info(2));
+    obs.onRefused!("e", "context_length_exceeded");
+    expect(await t.series("ovms_requests_accepted")).toEqual(['ovms_requests_accepted{name="m1"} 4']);
+    expect(await t.series("ovms_requests_success")).toEqual(['ovms_requests_success{name="m1"} 2']);
+    expect(await t.series("ovms_requests_fail")).toEqual(['ovms_requests_fail{name="m1"} 2']);
+    expect(await t.series("ovms_requests_rejected")).toEqual(['ovms_requests_rejected{name="m1"} 1']);
+    expect(await t.series("ovms_graph_processing_time_us_sum", "ovms_graph_processing_time_us")).toEqual(['ovms_graph_processing_time_us_sum{name="m1"} 8000']);
+  });
+});
+
+describe("KV cells in use: scheduler → step stats → StepObserver", () => {
+  it("counts tokens in live requests' slots, not idle prefix-cache KV, and returns to 0", () => {
+    const s = new Scheduler({ maxNumSeqs: 2, maxNumBatchedTokens: 16, maxModelLen: 32, prefixCaching: true });
+    const add = (id: string, n: number): void => void s.add({ id, inputTokens: Array.from({ length: n }, (_, i) => 10 + i), promptLength: n, maxNewTokens: 4, ignoreEos: true });
+    add("a", 5);
+    add("b", 3);
+    expect(s.kvTokensInUse).toBe(0); // waiting: nothing in any slot yet
+    const step = (): void => {
+      const plan = s.schedule();
+      s.commit(plan, plan.items.filter((it) => it.wantsLogits).map((it) => ({ id: it.id, token: 1 })), () => false);
+    };
+    step(); // both prompts prefilled
+    expect(s.kvTokensInUse).toBe(8);
+    step(); // each decodes its first sampled token (the prefill sampled it; it goes into the KV now)
+    expect(s.kvTokensInUse).toBe(10);
+    step(); // the second sampled token goes in: 12
+    expect(s.kvTokensInUse).toBe(12);
+    step(); // max 4 new tokens: both finish; their KV stays as prefix cache, not in use
+    expect(s.runningCount).toBe(0);
+    expect(s.cachedSlots).toBe(2);
+    expect(s.kvTokensInUse).toBe(0);
+
+    const t = setup([]);
+    const steps = new StepObserver(t.metrics);
+    const msg = (kv: number | undefined): StepMessage => ({ v: PROTOCOL_VERSION, type: "step", step: 1, batchTokens: 1, outputs: [], stats: { waiting: 0, running: 1, activeSequences: 1, cachedSequences: 0, prefixCacheHitTokens: 0, ...(kv === undefined ? {} : { kvTokensInUse: kv }) } });
+    steps.observe(msg(42));
+    expect(steps.kvTokensInUse).toBe(42);
+    steps.engineGone();
+    expect(steps.kvTokensInUse).toBe(0);
+    steps.observe(msg(7));
+    steps.observe(msg(undefined)); // an engine that does not report it
+    expect(steps.kvTokensInUse).toBe(0);
+  });
+});

@@ -1,0 +1,44 @@
+/**
+ * The engine guide of one chat request (issue #9: tool-guided generation and structured output), built at
+ * admission from the request's tools / tool_choice / parallel_tool_calls / response_format and the server's agent
+ * settings. A schema the converter cannot take is a 400 here, before anything reaches the engine; a request that
+ * needs a guide on an engine without the `grammars` capability is a 400 too (never run unconstrained silently).
+ */
+import type { EngineCapabilities, GuideSpec } from "../../protocol/messages.js";
+import type { AgentSettings } from "./agent-config.js";
+import { reasoningClosed, reasoningOpen, toolsActive } from "../api/agent-request.js";
+import type { ChatRequest } from "../api/chat-request.js";
+import { guidedNotSupported } from "../http/errors.js";
+import type { BuildGuide, GuideRequest } from "../guided/types.js";
+import type { ToolParserName } from "../tools.js";
+
+type GuideFields = Pick<ChatRequest, "tools" | "toolChoice" | "parallelToolCalls" | "responseFormat">;
+
+/**
+ * The guide for the engine, or null when nothing is constrained.
+ *
+ * Tool schemas are checked on every request with active tools, guided or not (built as if `auto` were guided, the
+ * result dropped when it is not): whether a request is refused for a bad schema must not depend on a server flag.
+ *
+ * @param build - The guide builder (guided/guide.ts `buildGuide`).
+ * @param toolParser - This request's tool format (null when it asks for no calls).
+ * @throws KeelHttpError 400 for a schema the converter refuses, or when the engine cannot apply a needed guide.
+ */
+export function requestGuide(build: BuildGuide, body: GuideFields, toolParser: ToolParserName | null, agents: AgentSettings, prompt: string, caps: EngineCapabilities): GuideSpec | null {
+  const req: GuideRequest = {
+    toolParser,
+    tools: body.tools,
+    toolChoice: body.toolChoice,
+    parallelToolCalls: body.parallelToolCalls,
+    responseFormat: body.responseFormat,
+    guideAuto: agents.guideAuto,
+    // No reasoning phase when the server parses none, or when the prompt switched thinking off.
+    reasoning: agents.reasoningParser === null || reasoningClosed(agents, prompt) ? null : { parser: agents.reasoningParser, open: reasoningOpen(agents, prompt) },
+  };
+  const validateOnly = toolsActive(body) && body.toolChoice.kind === "auto" && !agents.guideAuto;
+  const guide = build(validateOnly ? { ...req, guideAuto: true } : req);
+  if (validateOnly || guide === null) return null;
+  if (!caps.grammars) throw guidedNotSupported(body.responseFormat.kind !== "text" ? "response_format" : "tool_choice");
+  return guide;
+}
+

@@ -1,0 +1,220 @@
+/**
+ * The one generation pipeline every generating route (chat, completions, responses) runs after validating its
+ * body: admission (readiness, the queue bound counting every choice, the isolated-prompt memory, engine
+ * capabilities), one engine request per choice, a {@link GenerationSession} fed by the registry, and an
+ * {@link Encoder} that turns the session's events into the API's wire shape through the one {@link ResponseWriter}.
+ *
+ * Hops of one request: route (api/*.ts: parse) → runGeneration (admit, submit children) → registry.submit → engine
+ * → registry.handleStep → sink here → session.output → encoder → writer. Decisions the session returns (abort a
+ * child) are executed here, never inside the session.
+ */
+import { randomBytes } from "node:crypto";
+import type { FastifyReply, FastifyRequest } from "fastify";
+import type { SamplingParams } from "../../protocol/messages.js";
+import { childSeed } from "../api/sampling.js";
+import { engineFault, invalidValue, queueFull, toErrorBody, type KeelHttpError } from "../http/errors.js";
+import type { GenerationFields } from "../api/chat-request.js";
+import type { CancelCause, Phase } from "./lifecycle.js";
+import type { RouteContext } from "../http/route-context.js";
+import { GenerationSession } from "./session/session.js";
+import type { SessionEvent, SessionStep } from "./session/events.js";
+import { ResponseWriter } from "../http/sse.js";
+import type { OutputParser } from "../parsers/types.js";
+
+/** A validated generation request, in the protocol's terms. */
+export interface GenerationPlan {
+  /** Response id (`chatcmpl-…`, `cmpl-…`, `resp_…`); children are `<id>-<i>` when n > 1. */
+  id: string;
+  /** Rendered prompt texts (one for chat and responses; completions accepts several → `n` choices each). */
+  prompts: readonly string[];
+  /** Choices per prompt. */
+  n: number;
+  stream: boolean;
+  /** Sampling parameters; `seed` absent = random per request. */
+  params: Omit<SamplingParams, "seed"> & { seed?: number };
+  stop: readonly string[];
+  includeStopStr: boolean;
+  /** Per-choice output parser (chat with reasoning / tool parsing); absent = the text is the content. */
+  parser?: () => OutputParser;
+}
+
+/** The part of a plan that chat and completions build alike from their shared request fields. */
+export function generationOptions(body: GenerationFields, maxTokens: number | null): Pick<GenerationPlan, "n" | "stream" | "params" | "stop" | "includeStopStr"> {
+  return {
+    n: body.n,
+    stream: body.stream,
+    params: {
+      maxTokens,
+      temperature: body.temperature,
+      topP: body.topP,
+      topK: body.topK,
+      ignoreEos: body.ignoreEos,
+      ...(body.seed !== undefined ? { seed: body.seed } : {}),
+      ...body.sampling,
+      ...(body.logprobs !== null ? { logprobs: body.logprobs } : {}),
+    },
+    stop: body.stop,
+    includeStopStr: body.includeStopStr,
+  };
+}
+
+/** Turns session events into one API's wire shape. */
+export interface Encoder {
+  /** Streaming: write what `ev` means to the stream (headers are already sent). */
+  stream(ev: Exclude<SessionEvent, { type: "failed" }>, w: ResponseWriter): void;
+  /** Streaming: the request failed after the stream began; write the final error event(s). */
+  streamError(err: KeelHttpError, w: ResponseWriter): void;
+  /** Whether `data: [DONE]` follows the error event (Responses API, as OVMS) or the stream just ends (chat). */
+  doneAfterError?: boolean;
+  /** Unary: the JSON body for the finished request. */
+  unary(ev: Extract<SessionEvent, { type: "finished" }>): unknown;
+}
+
+/** Child ids of a request: the id itself for one choice, `<id>-<i>` for several (i = choice index). */
+export function childIds(id: string, choices: number): string[] {
+  return choices === 1 ? [id] : Array.from({ length: choices }, (_, i) => `${id}-${i}`);
+}
+
+/** The most advanced phase among children (for the disconnect metric). */
+function furthest(phases: (Phase | null)[]): Phase | null {
+  for (const p of ["decode", "prefill", "queued"] as const) if (phases.includes(p)) return p;
+  return null;
+}
+
+/**
+ * Refuse at the door what cannot run now: not ready (503), the queue bound (429, counting all `n` choices;
+ * requests the engine will admit into free sequences at its next step are not "waiting"), an isolated prompt.
+ */
+export function admissionError(ctx: RouteContext, plan: Pick<GenerationPlan, "n" | "prompts"> & Partial<Pick<GenerationPlan, "params">>): KeelHttpError | null {
+  if (!ctx.isReady()) {
+    ctx.onRejected("not_ready");
+    return ctx.unavailable();
+  }
+  const { waiting, running } = ctx.registry.counts();
+  const freeSequences = Math.max(0, ctx.maxNumSeqs() - running);
+  const choices = plan.n * plan.prompts.length;
+  // More choices than the server can ever hold at once (every sequence plus the whole queue) is a 400, not a 429
+  // that a retry could never get past.
+  if (choices > ctx.maxNumSeqs() + ctx.maxQueuedRequests) {
+    return invalidValue(
+      "n",
+      `Invalid value for 'n': this request needs ${choices} sequences (n × prompts), more than the server can hold at once (${ctx.maxNumSeqs()} sequences + ${ctx.maxQueuedRequests} queued).`,
+    );
+  }
+  if (waiting + choices - freeSequences > ctx.maxQueuedRequests) {
+    ctx.onRejected("queue_full");
+    return queueFull();
+  }
+  // A prompt already isolated as an engine killer is refused here, so a client resending it cannot keep
+  // restarting the engine (and pausing everyone else).
+  if (plan.prompts.some((p) => ctx.isKnownCulprit(p, plan.params?.guide))) {
+    return engineFault("This request crashed the engine before and was isolated; it is refused without running it.");
+  }
+  return null;
+}
+
+/** Run one validated generation request to its end. The reply is hijacked: the writer owns the response. */
+export function runGeneration(ctx: RouteContext, req: FastifyRequest, reply: FastifyReply, plan: GenerationPlan, encoder: Encoder): void {
+  const refused = admissionError(ctx, plan);
+  if (refused) {
+    if (refused.status === 503 || refused.status === 429) void reply.header("retry-after", "1");
+    throw refused;
+  }
+  const log = ctx.log.child({ requestId: plan.id });
+  // Choice index = prompt index × n + i (OpenAI's order for a prompt list with n > 1).
+  const ids = childIds(plan.id, plan.n * plan.prompts.length);
+  const promptOf = ids.map((_, c) => Math.floor(c / plan.n));
+  const seed = plan.params.seed ?? randomBytes(4).readUInt32LE(0);
+  const session = new GenerationSession({
+    childIds: ids,
+    promptOf,
+    stop: plan.stop,
+    includeStopStr: plan.includeStopStr,
+    logprobs: plan.params.logprobs != null,
+    ...(plan.params.minTokens ? { minTokens: plan.params.minTokens } : {}),
+    ...(plan.parser ? { parser: plan.parser } : {}),
+  });
+  reply.hijack();
+  const socket = req.raw.socket;
+  const writer = new ResponseWriter(reply.raw, {
+    requestId: plan.id,
+    maxUnreadBytes: ctx.maxUnreadBytes,
+    log,
+    // The request's socket, not the response's: a pipelined response has no socket until the one before it ends.
+    isSocketGone: () => req.raw.destroyed || socket === null || socket.destroyed,
+    socket,
+  });
+
+  /** Set when the client left: the children being released and the phases they were released in. */
+  let gone: { releasing: Set<string>; phases: (Phase | null)[] } | null = null;
+  const released = (id: string, phase: Phase | null): void => {
+    if (!gone || !gone.releasing.delete(id)) return;
+    gone.phases.push(phase);
+    if (gone.releasing.size > 0) return;
+    const where = furthest(gone.phases);
+    if (where) ctx.onDisconnect(where);
+    log.info({ event: "client_disconnect_released", phase: where }, "disconnected client's requests released");
+  };
+
+  /** Execute a session step: cancel what it says, then encode its events. */
+  const apply = (step: SessionStep, cause: CancelCause): void => {
+    for (const id of step.abort) ctx.registry.cancel(id, cause);
+    for (const ev of step.events) emit(ev);
+  };
+  const emit = (ev: SessionEvent): void => {
+    if (ev.type === "failed") {
+      if (writer.streaming) {
+        encoder.streamError(ev.error, writer);
+        writer.endStream(encoder.doneAfterError ?? false);
+      } else writer.json(ev.error.status, toErrorBody(ev.error));
+      log.info({ event: "failed", code: ev.error.code }, "request failed");
+      return;
+    }
+    if (plan.stream) {
+      if (ev.type === "started") writer.startStream();
+      encoder.stream(ev, writer);
+      if (ev.type === "finished") writer.endStream(true);
+    } else if (ev.type === "finished") {
+      writer.json(200, encoder.unary(ev));
+    }
+    if (ev.type === "finished") {
+      log.info({ event: "finished", choices: ev.choices.map((c) => c.reason), promptTokens: ev.usage.promptTokens, completionTokens: ev.usage.completionTokens }, "request finished");
+    }
+  };
+
+  // 1. Submit one engine request per choice; each child's sink feeds the session.
+  for (const [c, id] of ids.entries()) {
+    const params: SamplingParams = { ...plan.params, seed: childSeed(seed, c % plan.n) };
+    const accepted = ctx.registry.submit(id, { text: plan.prompts[promptOf[c]!]! }, params, {
+      onAdmitted: () => apply(session.admitted(id, ctx.registry.promptLength(id)), "stop_string"),
+      onOutput: (tokens, text, logprobs) => apply(session.output(id, tokens, text, logprobs), "stop_string"),
+      onFinish: (reason, usage, error) => apply(session.finish(id, reason, usage, error), "sibling_failed"),
+      onReleased: (phase) => released(id, phase),
+      // The engine stopped constraining this child (its grammar could not go on): it continues unconstrained, so
+      // a schema is no longer guaranteed — logged with the request id and counted, never silent.
+      onGuideDropped: (reason) => {
+        ctx.onGuideDropped();
+        log.warn({ event: "guide_dropped", child: id, reason }, "guided generation dropped; the request continues unconstrained");
+      },
+    });
+    if (!accepted) {
+      // The engine went away between the readiness check and now: release the siblings already submitted.
+      ctx.onRejected("not_ready");
+      apply(session.fail(ctx.unavailable()), "sibling_failed");
+      return;
+    }
+  }
+  log.info({ event: "accepted", stream: plan.stream, n: plan.n, maxTokens: plan.params.maxTokens, temperature: plan.params.temperature, guided: plan.params.guide !== undefined, parsed: plan.parser !== undefined }, "request accepted");
+
+  // 2. The client leaving releases every child still in the engine (vLLM #14326). The disconnect is counted once
+  //    they are all released, in the furthest phase they had reached: the engine reports an admission only after
+  //    the step that began the prefill, so a client that leaves during a long first prefill chunk is known to
+  //    have been in prefill only then.
+  writer.onGone(() => {
+    if (session.ended) return;
+    const step = session.clientGone();
+    gone = { releasing: new Set(step.abort), phases: [] };
+    log.info({ event: "client_disconnect", children: step.abort.length }, "client disconnected");
+    apply(step, "client_disconnect");
+  });
+}

@@ -1,0 +1,210 @@
+/**
+ * The gateway's side of the engine channel: spawns the engine process, frames messages on its fd 3, answers for
+ * its health (ready + recent pong), and restarts it with bounded exponential backoff when it dies.
+ *
+ * It never interprets engine state; it forwards typed messages to a listener (the request registry).
+ */
+import { spawn, type ChildProcess } from "node:child_process";
+import { fileURLToPath } from "node:url";
+import type { Duplex } from "node:stream";
+import { encodeFrame, FrameDecoder } from "../../protocol/framing.js";
+import { PROTOCOL_VERSION, type EngineMessage, type GatewayMessage, type ReadyMessage } from "../../protocol/messages.js";
+import type { EngineCommand, EngineConfig } from "../../protocol/engine-config.js";
+
+/** Path of the compiled engine entry point. */
+export const ENGINE_MAIN = fileURLToPath(new URL("../../engine/main.js", import.meta.url));
+
+/** The default engine command: this package's llama.cpp engine (`node dist/engine/main.js`). */
+export const DEFAULT_ENGINE_COMMAND: EngineCommand = { command: process.execPath, args: [ENGINE_MAIN] };
+
+/** Spawn an engine process: `command ...args <config JSON>` (docs/protocol.md, Starting an engine). */
+export function spawnEngine(command: EngineCommand, config: EngineConfig, stdio: ("ignore" | "pipe")[], detached: boolean): ChildProcess {
+  return spawn(command.command, [...command.args, JSON.stringify(config)], {
+    stdio,
+    detached,
+    ...(command.env ? { env: { ...process.env, ...command.env } } : {}),
+  });
+}
+
+/** Callbacks of the engine client. */
+export interface EngineListener {
+  onReady(msg: ReadyMessage): void;
+  onMessage(msg: EngineMessage): void;
+  /** The engine process exited (code/signal); every request it held is gone. */
+  onExit(info: { code: number | null; signal: NodeJS.Signals | null }): void;
+  onLog(line: string, stream: "stdout" | "stderr"): void;
+}
+
+/** Options of the client. */
+export interface EngineClientOptions {
+  config: Omit<EngineConfig, "mode">;
+  /** How to run the engine (default {@link DEFAULT_ENGINE_COMMAND}). */
+  command?: EngineCommand;
+  /** Ping period (ms) and how stale the last pong may be before the engine counts as not ready (ms). */
+  pingIntervalMs: number;
+  readyStalenessMs: number;
+  /** Restart backoff bounds (ms). */
+  restartMinMs: number;
+  restartMaxMs: number;
+}
+
+export class EngineClient {
+  /** The running engine process, or null between a death and the restart. */
+  private child: ChildProcess | null = null;
+  /** Duplex pipe on the child's fd 3. */
+  private channel: Duplex | null = null;
+  /** Last `ready` of the current process; null until it arrives. */
+  ready: ReadyMessage | null = null;
+  /** When the last pong arrived (ms since epoch). */
+  private lastPongAt = 0;
+  private pingTimer: NodeJS.Timeout | null = null;
+  private restartTimer: NodeJS.Timeout | null = null;
+  /** Consecutive deaths without a ready in between (drives the backoff). */
+  private consecutiveFailures = 0;
+  /** Set by stop(): no more restarts. */
+  private stopping = false;
+  /**
+   * Engine processes started or scheduled to start (1 = no restart yet). Counted when a restart is scheduled, not
+   * when it spawns, so that from the moment of a death the gateway says "restarting", not "still loading".
+   */
+  starts = 0;
+  /** When the current engine process was spawned (ms since epoch). */
+  startedAt = 0;
+
+  constructor(
+    private readonly opts: EngineClientOptions,
+    private readonly listener: EngineListener,
+  ) {}
+
+  /** Start the engine process. */
+  start(): void {
+    this.stopping = false;
+    this.starts += 1;
+    this.spawnEngine();
+    this.pingTimer = setInterval(() => this.send({ v: PROTOCOL_VERSION, type: "ping", nonce: Date.now() }), this.opts.pingIntervalMs);
+    this.pingTimer.unref();
+  }
+
+  /** Engine reported ready and answered a ping recently. */
+  get isReady(): boolean {
+    return this.ready !== null && Date.now() - this.lastPongAt <= this.opts.readyStalenessMs;
+  }
+
+  /** PID of the current engine process. */
+  get pid(): number | null {
+    return this.child?.pid ?? null;
+  }
+
+  /** Engine processes that exited in a row without reporting ready. */
+  get failedStarts(): number {
+    return this.consecutiveFailures;
+  }
+
+  /** When the engine last answered a ping (ms since epoch). */
+  get lastPong(): number {
+    return this.lastPongAt;
+  }
+
+  /** Kill the engine process (watchdog); the exit handler restarts it. */
+  kill(): void {
+    this.child?.kill("SIGKILL");
+  }
+
+  /** Send a message; returns false (and drops it) when no engine is connected. */
+  send(msg: GatewayMessage): boolean {
+    if (!this.channel || this.channel.destroyed || !this.ready) return false;
+    this.channel.write(encodeFrame(msg));
+    return true;
+  }
+
+  /** Ask the engine to shut down and wait for it to exit (kills it after `timeoutMs`). */
+  async stop(timeoutMs = 5000): Promise<void> {
+    this.stopping = true;
+    if (this.pingTimer) clearInterval(this.pingTimer);
+    if (this.restartTimer) clearTimeout(this.restartTimer);
+    const child = this.child;
+    if (!child || child.exitCode !== null || child.signalCode !== null) return;
+    const exited = new Promise<void>((resolve) => child.once("exit", () => resolve()));
+    if (this.channel && !this.channel.destroyed) this.channel.write(encodeFrame({ v: PROTOCOL_VERSION, type: "shutdown" }));
+    const timer = setTimeout(() => child.kill("SIGKILL"), timeoutMs);
+    await exited;
+    clearTimeout(timer);
+  }
+
+  private spawnEngine(): void {
+    this.startedAt = Date.now();
+    this.ready = null;
+    const config: EngineConfig = { ...this.opts.config, mode: "serve", generation: this.starts };
+    // Own process group: a terminal's Ctrl-C reaches only the gateway, which then stops the engine in order.
+    // If the gateway dies, the engine sees its channel close and exits by itself.
+    const child = spawnEngine(this.opts.command ?? DEFAULT_ENGINE_COMMAND, config, ["ignore", "pipe", "pipe", "pipe"], true);
+    this.child = child;
+    const channel = child.stdio[3] as Duplex;
+    this.channel = channel;
+    const decoder = new FrameDecoder();
+    channel.on("data", (chunk: Buffer) => {
+      for (const frame of decoder.push(chunk)) {
+        if ("error" in frame) {
+          this.listener.onLog(`engine sent a bad frame: ${frame.error}`, "stderr");
+          continue;
+        }
+        try {
+          this.handle(frame.message as unknown as EngineMessage);
+        } catch (err) {
+          // A bug in handling one message must not take the gateway down.
+          this.listener.onLog(`error while handling an engine message: ${(err as Error)?.stack ?? String(err)}`, "stderr");
+        }
+      }
+    });
+    channel.on("error", () => undefined); // the exit handler does the bookkeeping
+    for (const [stream, name] of [[child.stdout, "stdout"], [child.stderr, "stderr"]] as const) {
+      let buf = "";
+      stream?.setEncoding("utf8");
+      stream?.on("data", (d: string) => {
+        buf += d;
+        let nl: number;
+        while ((nl = buf.indexOf("\n")) >= 0) {
+          const line = buf.slice(0, nl);
+          buf = buf.slice(nl + 1);
+          if (line.trim()) this.listener.onLog(line, name);
+        }
+      });
+    }
+    child.on("error", (err) => this.listener.onLog(`engine process error: ${err.message}`, "stderr"));
+    child.on("exit", (code, signal) => {
+      if (this.child !== child) return;
+      this.child = null;
+      this.channel = null;
+      this.ready = null;
+      // Schedule the restart before anything else can go wrong in the listener.
+      if (!this.stopping) {
+        const delay = Math.min(this.opts.restartMaxMs, this.opts.restartMinMs * 2 ** this.consecutiveFailures);
+        this.consecutiveFailures += 1;
+        this.starts += 1;
+        this.restartTimer = setTimeout(() => this.spawnEngine(), delay);
+        this.restartTimer.unref();
+      }
+      try {
+        this.listener.onExit({ code, signal });
+      } catch (err) {
+        this.listener.onLog(`error while handling the engine's exit: ${(err as Error)?.stack ?? String(err)}`, "stderr");
+      }
+    });
+  }
+
+  private handle(msg: EngineMessage): void {
+    if (msg.v !== PROTOCOL_VERSION) {
+      this.listener.onLog(`engine speaks protocol v${String(msg.v)}, expected v${PROTOCOL_VERSION}`, "stderr");
+      return;
+    }
+    if (msg.type === "ready") {
+      this.ready = msg;
+      this.lastPongAt = Date.now();
+      this.consecutiveFailures = 0;
+      this.listener.onReady(msg);
+      return;
+    }
+    if (msg.type === "pong") this.lastPongAt = Date.now();
+    this.listener.onMessage(msg);
+  }
+}

@@ -1,0 +1,310 @@
+/**
+ * Engine supervision, apart from the HTTP app: starts the engine process (through the configurable
+ * {@link EngineCommand}), restarts it when it dies, kills it when it is stuck (watchdog), answers for readiness,
+ * routes its messages to the request registry, decides whom an engine death can be charged to, and remembers the
+ * prompts isolated as engine killers (for a bounded time).
+ */
+import { SHUTTING_DOWN_MESSAGE, shuttingDown } from "../http/errors.js";
+import { TokenizeClient } from "./tokenize-client.js";
+import type { Logger } from "pino";
+import type { EngineCommand, EngineConfig } from "../../protocol/engine-config.js";
+import type { GuideSpec, ReadyMessage } from "../../protocol/messages.js";
+import { CHATML_TEMPLATE } from "../../model/tiny-model.js";
+import { ChatTemplate } from "../models/chat-template.js";
+import { EngineClient } from "./engine-client.js";
+import { IsolatedPrompts, isolationKey } from "./isolated-prompts.js";
+import type { Metrics } from "../metrics/metrics.js";
+import type { StepObserver } from "../metrics/metrics-observer.js";
+import type { RequestRegistry } from "../requests/registry.js";
+
+/** Engine processes in a row that die before reporting ready, after which waiting requests are failed. */
+export const MAX_FAILED_STARTS = 5;
+
+/** Default time a prompt isolated as an engine killer stays refused (ms). */
+export const ISOLATED_PROMPT_TTL_MS = 10 * 60_000;
+
+/** Signals that come from outside the engine's own code (an operator, an OOM killer, a shutdown). */
+const EXTERNAL_SIGNALS = new Set<string>(["SIGKILL", "SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT"]);
+
+/** Why an engine process died, for the restart metric, and whether the requests it held can be charged with it. */
+export interface DeathVerdict {
+  reason: "watchdog" | "signal" | "exit";
+  /**
+   * True when a request in the batch can have caused the death: the engine aborted or crashed by itself (SIGABRT
+   * from a GGML_ASSERT, SIGSEGV, SIGBUS, SIGFPE, SIGILL, or a non-zero exit after an uncaught error). False for the
+   * watchdog's own kill, for signals sent from outside (SIGKILL — what an OOM killer sends —, SIGTERM, SIGINT,
+   * SIGHUP, SIGQUIT) and for a clean exit: no request can earn a refusal from those.
+   */
+  blame: boolean;
+}
+
+/** Classify an engine exit (see {@link DeathVerdict}). */
+export function deathVerdict(exit: { code: number | null; signal: NodeJS.Signals | null }, byWatchdog: boolean): DeathVerdict {
+  if (byWatchdog) return { reason: "watchdog", blame: false };
+  if (exit.signal) return { reason: "signal", blame: !EXTERNAL_SIGNALS.has(exit.signal) };
+  return { reason: "exit", blame: exit.code !== 0 && exit.code !== null };
+}
+
+/** Supervisor options. */
+export interface SupervisorOptions {
+  /** Engine start configuration (the mode is set per process). */
+  engine: Omit<EngineConfig, "mode">;
+  /** How to run the engine (default: node dist/engine/main.js). */
+  engineCommand?: EngineCommand;
+  /** No step progress for this long (ms) while there is work → the engine is killed and restarted. */
+  stallMs: number;
+  /** Ping period and readiness staleness (ms). */
+  pingIntervalMs: number;
+  readyStalenessMs: number;
+  /** How long a prompt isolated as an engine killer stays refused (ms). */
+  isolatedPromptTtlMs: number;
+  /** Called after each engine reported ready (its template and limits are current), before requests resume. */
+  onEngineReady?: (s: EngineSupervisor) => void;
+}
+
+export class EngineSupervisor {
+  readonly engine: EngineClient;
+  /** Resolves when the engine reported ready for the first time. */
+  readonly firstReady: Promise<void>;
+  /** Chat template of the current model; null until an engine reported ready. */
+  template: ChatTemplate | null = null;
+  /** Set once an engine reported ready: a 503 after that means restarting, not loading. */
+  private wasReady = false;
+  /** Set by stop(): exits are the shutdown's, not faults. */
+  private stopping = false;
+  /** Prompts isolated as engine killers (refused without running them, for a bounded time). */
+  private readonly isolated: IsolatedPrompts;
+  /** When the engine last made progress (a step), or work appeared; the watchdog compares against it. */
+  private lastProgressAt = Date.now();
+  /** When the current engine process died (for the recovery-time log), or null. */
+  private diedAt: number | null = null;
+  /** Set when the watchdog killed the engine, so the exit is counted with reason "watchdog" and blames nobody. */
+  private killedByWatchdog = false;
+  /** The watchdog timer, or null when stopped. */
+  private watchdog: NodeJS.Timeout | null = null;
+  /** `/v3/tokenize` questions to the current engine, answered by id (rejected when the engine exits). */
+  readonly tokenizer: TokenizeClient;
+
+  constructor(
+    private readonly opts: SupervisorOptions,
+    private readonly registry: RequestRegistry,
+    private readonly steps: StepObserver,
+    private readonly metrics: Metrics,
+    private readonly log: Logger,
+  ) {
+    this.isolated = new IsolatedPrompts(opts.isolatedPromptTtlMs);
+    this.tokenizer = new TokenizeClient((msg) => this.engine.send(msg));
+    let resolveReady!: () => void;
+    this.firstReady = new Promise<void>((r) => (resolveReady = r));
+    this.engine = new EngineClient(
+      {
+        config: opts.engine,
+        ...(opts.engineCommand ? { command: opts.engineCommand } : {}),
+        pingIntervalMs: opts.pingIntervalMs,
+        readyStalenessMs: opts.readyStalenessMs,
+        restartMinMs: 100,
+        restartMaxMs: 30_000,
+      },
+      {
+        onReady: (msg) => {
+          this.onReady(msg);
+          resolveReady();
+        },
+        onMessage: (msg) => {
+          switch (msg.type) {
+            case "step":
+              this.lastProgressAt = Date.now();
+              this.steps.observe(msg);
+              this.registry.handleStep(msg);
+              break;
+            case "request_error":
+              this.registry.handleRequestError(msg);
+              break;
+            case "tokenized":
+              this.tokenizer.handle(msg);
+              break;
+            case "loading":
+              this.logLoadProgress(msg.progress);
+              break;
+            case "protocol_error":
+              this.log.error({ event: "protocol_error", error: msg.message }, "engine rejected a message");
+              break;
+            case "fatal":
+              this.log.error({ event: "engine_fatal", error: msg.message }, "engine reported a fatal error");
+              break;
+            default:
+              break;
+          }
+        },
+        onExit: (exit) => this.onExit(exit),
+        onLog: (line, stream) => {
+          // Engine lines are JSON already; pass them through at their level.
+          try {
+            const parsed = JSON.parse(line) as { level?: string; msg?: string };
+            const level = parsed.level === "fatal" || parsed.level === "error" ? "error" : parsed.level === "warn" ? "warn" : parsed.level === "debug" ? "debug" : "info";
+            this.log[level]({ engine: parsed }, parsed.msg ?? "engine");
+          } catch {
+            this.log.info({ engineStream: stream }, line);
+          }
+        },
+      },
+    );
+  }
+
+  /** Spawn the engine and start the watchdog. */
+  start(): void {
+    this.engine.start();
+    this.startWatchdog();
+  }
+
+  /** The engine reported ready and answered a ping recently. */
+  get isReady(): boolean {
+    return this.engine.isReady;
+  }
+
+  /** Why no engine is ready: `restarting` once one was ready before (a death or a stall), else `loading`. */
+  get unavailableReason(): "loading" | "restarting" {
+    return this.wasReady ? "restarting" : "loading";
+  }
+
+  /** Limits of the current engine, or null while none is ready. */
+  get limits(): ReadyMessage["limits"] | null {
+    return this.engine.ready?.limits ?? null;
+  }
+
+  /** The engine's step counter as last reported. */
+  get currentStep(): number {
+    return this.steps.lastStep;
+  }
+
+  /** True when this rendered prompt (with this guide) was isolated as an engine killer recently (answered without the engine). */
+  isKnownCulprit(prompt: string, guide?: GuideSpec): boolean {
+    return this.isolated.has(isolationKey(prompt, guide));
+  }
+
+  /** Stop watching for stalls (a drain stops the engine itself). */
+  stopWatchdog(): void {
+    if (this.watchdog) clearInterval(this.watchdog);
+    this.watchdog = null;
+  }
+
+  /** Stop the engine (no more restarts) and end whatever it did not release. */
+  async stop(): Promise<void> {
+    this.stopping = true;
+    this.stopWatchdog();
+    await this.engine.stop();
+    // Whatever the engine did not release (e.g. no engine was running) ends now, so no response stays open.
+    this.registry.handleEngineExit(SHUTTING_DOWN_MESSAGE, shuttingDown());
+  }
+
+  /** Decile of load progress last logged (-1 before the first), so that a load is logged at most every 10%. */
+  private loadLogged = -1;
+
+  /** Log an engine's load progress at most every 10% (engines send finer `loading` messages). */
+  private logLoadProgress(progress: number): void {
+    const decile = Math.floor(progress * 10);
+    if (decile <= this.loadLogged) return;
+    this.loadLogged = decile;
+    this.log.info({ event: "engine_loading", progress }, `loading the model: ${Math.floor(progress * 100)}%`);
+  }
+
+  private onReady(msg: ReadyMessage): void {
+    this.steps.engineStarted();
+    const m = msg.model;
+    try {
+      this.template = new ChatTemplate(m.chatTemplate ?? CHATML_TEMPLATE, { bosToken: m.bosToken, eosToken: m.eosToken });
+    } catch (err) {
+      this.log.error({ err: (err as Error).message }, "the model's chat template does not parse; using ChatML");
+      this.template = new ChatTemplate(CHATML_TEMPLATE, { bosToken: m.bosToken, eosToken: m.eosToken });
+    }
+    this.wasReady = true;
+    this.lastProgressAt = Date.now();
+    this.opts.onEngineReady?.(this);
+    const recovering = this.registry.recoveringCount;
+    this.loadLogged = -1;
+    const ready = describeReady(msg, this.opts.engine.kvCacheType);
+    this.log.info({ event: "engine_ready", enginePid: msg.pid, model: m.path, limits: msg.limits, engine: msg.engine, capabilities: msg.capabilities, recovering, ...ready.fields }, ready.text);
+    if (this.diedAt !== null) {
+      this.log.info({ event: "engine_recovered", downtimeMs: Date.now() - this.diedAt, resuming: recovering }, "engine restarted; resuming in-flight requests");
+      this.diedAt = null;
+    }
+    this.registry.resumeRecovering();
+  }
+
+  private onExit(exit: { code: number | null; signal: NodeJS.Signals | null }): void {
+    this.steps.engineGone();
+    this.tokenizer.failAll("the engine process exited");
+    this.loadLogged = -1; // the next engine's load is logged from 0%, even if this one died while loading
+    if (this.stopping) {
+      this.registry.handleEngineExit(SHUTTING_DOWN_MESSAGE, shuttingDown());
+      return;
+    }
+    const verdict = deathVerdict(exit, this.killedByWatchdog);
+    this.killedByWatchdog = false;
+    this.diedAt = Date.now();
+    this.log.error({ event: "engine_exit", code: exit.code, signal: exit.signal, reason: verdict.reason, blame: verdict.blame, inFlight: this.registry.size }, "engine process exited; restarting and resuming");
+    this.metrics.engineRestarts.inc({ reason: verdict.reason });
+    // An engine that keeps dying before it is ready will not resume anyone: end what waits, clearly.
+    if (this.engine.failedStarts >= MAX_FAILED_STARTS) {
+      this.log.error({ event: "engine_unrecoverable", failedStarts: this.engine.failedStarts }, "the engine keeps failing to start; failing in-flight requests");
+      this.registry.handleEngineExit(`the engine failed to start ${this.engine.failedStarts} times in a row`);
+      return;
+    }
+    const culprits = this.registry.handleEngineDeath(`the engine process exited (${exit.signal ?? `code ${exit.code}`})`, { blame: verdict.blame });
+    // Remember isolated prompts (bounded in number and time) so that resending one is refused without a crash.
+    for (const c of culprits) if ("text" in c.prompt) this.isolated.add(isolationKey(c.prompt.text, c.params.guide));
+  }
+
+  /**
+   * Three ways an engine can be stuck, each checked whether or not requests are waiting:
+   *   stalled  — requests are in the engine but no step came for stallMs;
+   *   deaf     — the engine reported ready but answered no ping for max(stallMs, 10 s) (frozen while idle);
+   *   starting — an engine process has not reported ready within max(10 × stallMs, 60 s) of its start.
+   * Any of them: kill it (SIGKILL), restart, resume — and blame nobody for that death.
+   */
+  private startWatchdog(): void {
+    const stallMs = this.opts.stallMs;
+    const startupLimitMs = Math.max(10 * stallMs, 60_000);
+    this.watchdog = setInterval(() => {
+      const engine = this.engine;
+      const now = Date.now();
+      const work = this.registry.size > this.registry.recoveringCount;
+      if (!engine.ready || !work) this.lastProgressAt = now;
+      const stalled = engine.ready !== null && work && now - this.lastProgressAt > stallMs;
+      const deaf = engine.ready !== null && now - engine.lastPong > Math.max(stallMs, 10_000);
+      const starting = engine.ready === null && engine.pid !== null && now - engine.startedAt > startupLimitMs;
+      if (stalled || deaf || starting) {
+        const why = stalled ? "no step progress" : deaf ? "no answer to pings" : "did not become ready";
+        this.log.error({ event: "engine_stalled", why, stalledMs: now - this.lastProgressAt, pongAgeMs: now - engine.lastPong }, `engine stuck (${why}); killing it to restart and resume`);
+        this.killedByWatchdog = true;
+        this.lastProgressAt = now;
+        engine.kill();
+      }
+    }, Math.min(500, Math.max(50, stallMs / 4)));
+    this.watchdog.unref();
+  }
+}
+
+/** Bytes per KV element of each KV cache type (q8_0: blocks of 32 values in 34 bytes; q4_0: 32 in 18). */
+const KV_BYTES_PER_ELEMENT = { f16: 2, f32: 4, q8_0: 34 / 32, q4_0: 18 / 32 } as const;
+
+/**
+ * The "engine ready" log line: load time, backend and devices, KV capacity (tokens per sequence × sequences, and
+ * bytes when the model gives its KV shape).
+ */
+export function describeReady(msg: ReadyMessage, kvCacheType: keyof typeof KV_BYTES_PER_ELEMENT): { text: string; fields: Record<string, unknown> } {
+  const { maxModelLen, maxNumSeqs, kvPoolTokens } = msg.limits;
+  const perToken = msg.model.kvElementsPerToken;
+  // A shared pool (the OpenVINO engine) is sized by the engine itself, whose element type the gateway does not know.
+  const kvBytes = perToken === null || kvPoolTokens !== undefined ? null : Math.round(perToken * KV_BYTES_PER_ELEMENT[kvCacheType] * maxModelLen * maxNumSeqs);
+  const backend = msg.backend ? (msg.backend.gpu === false ? "cpu" : msg.backend.gpu) : "unknown";
+  const devices = msg.backend?.devices ?? [];
+  const parts = [
+    msg.loadMs !== undefined ? `in ${(msg.loadMs / 1000).toFixed(1)} s` : null,
+    `backend ${backend}${devices.length > 0 ? ` (${devices.join(", ")})` : ""}`,
+    kvPoolTokens !== undefined
+      ? `KV pool ${kvPoolTokens} tokens shared by ${maxNumSeqs} sequences (up to ${maxModelLen} per sequence)`
+      : `KV capacity ${maxModelLen} tokens per sequence x ${maxNumSeqs} sequences${kvBytes !== null ? ` (${(kvBytes / 1e6).toFixed(1)} MB ${kvCacheType})` : ""}`,
+  ].filter((p) => p !== null);
+  return { text: `engine ready ${parts.join("; ")}`, fields: { loadMs: msg.loadMs ?? null, backend, devices, ...(msg.backend?.addon ? { addon: msg.backend.addon } : {}), kvBytes, ...(kvPoolTokens !== undefined ? { kvPoolTokens } : {}) } };
+}
