@@ -31,122 +31,14 @@
  * (then any key: more); oneOf may match several branches (more).
  */
 import { invalidValue, type KeelHttpError } from "../http/errors.js";
-import { charSet, jsonCharOf, literal, negate } from "./gbnf-text.js";
-import { FORMATS } from "./formats-gbnf.js";
-import { type Bound, integerRange, numberRange } from "./number-range.js";
-import { MAX_REPEAT, PatternError, patternToGbnf, type CharMode, RAW_ANY } from "./pattern-gbnf.js";
+import { literal } from "./gbnf-text.js";
+import { type CharMode } from "./pattern-gbnf.js";
 import { bodyProblem } from "./gbnf-limits.js";
 import { checkSchemaLimits, newTotals, type SchemaTotals } from "./schema-limits.js";
-
-/** Deepest schema nesting we convert. */
-export const MAX_SCHEMA_DEPTH = 64;
-/**
- * Largest GBNF text one builder (one request) may produce, in characters with repetitions counted expanded: it
- * bounds llama.cpp's per-step grammar cost. 50 tools of 5 parameters (bench/guided.mjs's set) count 64–74 K in
- * every call format (57.6 K characters of text), so 256 K leaves a 3.5× margin.
- */
-export const MAX_GBNF_CHARS = 256 * 1024;
-/** Largest integral part of an integer/number, in digits (llama.cpp's bound). */
-const MAX_DIGITS = 16;
-
-/** Shared primitive rules: name → body. Emitted once per builder, on first use (with their dependencies). */
-const PRIMITIVES: Readonly<Record<string, string>> = {
-  space: '| " " | "\\n" [ \\t]{0,20}',
-  "json-char": '[^"\\\\\\x00-\\x1F] | "\\\\" (["\\\\/bfnrt] | "u" [0-9a-fA-F]{4})',
-  // One code point exactly (for length limits): no `\uD800`–`\uDFFF` escapes, so an astral character is written
-  // raw and never as an escaped surrogate pair that would count twice.
-  "json-char-cp": '[^"\\\\\\x00-\\x1F] | "\\\\" (["\\\\/bfnrt] | "u" ([0-9a-cA-Ce-fE-F] [0-9a-fA-F]{3} | [dD] [0-7] [0-9a-fA-F]{2}))',
-  "json-string": '"\\"" json-char* "\\""',
-  "json-int": '"-"? ([0-9] | [1-9] [0-9]{0,15})',
-  "json-number": 'json-int ("." [0-9]+)? ([eE] [-+]? [0-9]{1,15})?',
-  "json-bool": '"true" | "false"',
-  "json-null": '"null"',
-  "json-value": "json-object | json-array | json-string | json-number | json-bool | json-null",
-  "json-member": 'json-string space ":" space json-value',
-  "json-object": '"{" space (json-member space ("," space json-member space)*)? "}"',
-  "json-array": '"[" space (json-value space ("," space json-value space)*)? "]"',
-  // Raw text (a qwen3coder parameter value) that never contains "\n</parameter>": an automaton whose state counts
-  // how much of that terminator has just been seen; the full terminator has no transition.
-  "raw-text": "raw-s0",
-};
-/** Dependencies of primitives (emitting a primitive emits these too). */
-const PRIMITIVE_DEPS: Readonly<Record<string, readonly string[]>> = {
-  "json-string": ["json-char"],
-  "json-number": ["json-int"],
-  "json-value": ["json-object", "json-array", "json-string", "json-number", "json-bool", "json-null"],
-  "json-member": ["json-string", "space", "json-value"],
-  "json-object": ["space", "json-member"],
-  "json-array": ["space", "json-value"],
-};
-
-/** The terminator a raw parameter value must not contain. */
-const RAW_TERMINATOR = "\n</parameter>";
-
-/** Rules of the raw-text automaton (see PRIMITIVES["raw-text"]). */
-function rawTextRules(): Array<[string, string]> {
-  const t = Array.from(RAW_TERMINATOR);
-  const rules: Array<[string, string]> = [];
-  // s0: nothing of the terminator seen.
-  rules.push(["raw-s0", '[^\\n] raw-s0 | "\\n" raw-s1 | ""']);
-  for (let j = 1; j < t.length; j++) {
-    const expect = t[j]!;
-    const code = expect.codePointAt(0)!.toString(16).toUpperCase().padStart(2, "0");
-    const advance = j + 1 < t.length ? `${literal(expect)} raw-s${j + 1} | ` : "";
-    rules.push([`raw-s${j}`, `${advance}"\\n" raw-s1 | [^\\n\\x${code}] raw-s0 | ""`]);
-  }
-  return rules;
-}
-
-/** Closing tags of the qwen3coder call format: a raw parameter value holding one cannot be read back. */
-const QWEN_TAGS = ["</parameter>", "</function>", "</tool_call>"] as const;
-
-/** Keywords that constrain but that the grammar cannot honour: always refused (unless trivially satisfied). */
-const REFUSED_KEYWORDS = [
-  "multipleOf",
-  "not",
-  "if",
-  "then",
-  "else",
-  "dependentRequired",
-  "dependentSchemas",
-  "dependencies",
-  "patternProperties",
-  "propertyNames",
-  "contains",
-  "minContains",
-  "maxContains",
-  "unevaluatedProperties",
-  "unevaluatedItems",
-  "$dynamicRef",
-  "$recursiveRef",
-  "contentSchema",
-] as const;
-
-/** Where a conversion is and what it may not revisit. */
-interface Ctx {
-  /** JSON pointer of the current schema inside the root (`#/properties/a`). */
-  ptr: string;
-  /** Nesting depth. */
-  depth: number;
-  /** Refs entered since the last object/array: re-entering one is a ref cycle without structure. */
-  unguarded: ReadonlySet<string>;
-}
-
-/** One schema's conversion state. */
-interface SchemaJob {
-  /** The root schema (target of `#…` refs). */
-  root: unknown;
-  /** Rule-name prefix. */
-  prefix: string;
-  /** Request field path for errors (`tools[2].function.parameters`). */
-  param: string;
-  /** Rule name per resolved `$ref` pointer (emitted once). */
-  refRules: Map<string, string>;
-  /** `$ref`s proven to admit a finite value (memo of {@link finite}). */
-  finiteRefs: Set<string>;
-}
-
-type JsonSchema = Record<string, unknown>;
+import { MAX_SCHEMA_DEPTH, MAX_GBNF_CHARS, PRIMITIVES, PRIMITIVE_DEPS, rawTextRules, QWEN_TAGS, REFUSED_KEYWORDS, type Ctx, type SchemaJob, type JsonSchema, finite, tooComplex, markUnsupported, isUnsupportedSchema, ANNOTATIONS, sanitizePrefix, resolvePointer, inferType, jsonTypeMatches } from "./json-schema-support.js";
+import { arrayRule, objectRule } from "./json-schema-containers.js";
+import { integerRule, numberRule, stringRule } from "./json-schema-scalars.js";
+export { finite, isUnsupportedSchema, markUnsupported, MAX_GBNF_CHARS, MAX_SCHEMA_DEPTH, resolvePointer, tooComplex } from "./json-schema-support.js";
 
 /**
  * Collects GBNF rules. `addSchema` converts one schema under a prefix and returns its value rule's name; `rule`
@@ -251,7 +143,7 @@ export class GbnfBuilder {
     }
   }
 
-  private convertAt(root: unknown, ptr: string, prefix: string, param: string, mode: CharMode): string {
+  convertAt(root: unknown, ptr: string, prefix: string, param: string, mode: CharMode): string {
     const job: SchemaJob = { root, prefix: sanitizePrefix(prefix), param, refRules: new Map(), finiteRefs: new Set() };
     const target = resolvePointer(root, ptr);
     if (target === undefined) throw this.fail(job, ptr, "no schema at this location.");
@@ -270,10 +162,9 @@ export class GbnfBuilder {
    * The 400 for a schema problem at `ptr`. `unsupported`: a valid JSON schema the grammar cannot honour (refused
    * only when guiding), as opposed to an invalid one (refused always; see {@link checkSchema}).
    */
-  private fail(job: SchemaJob, ptr: string, message: string, unsupported = false): KeelHttpError {
+  fail(job: SchemaJob, ptr: string, message: string, unsupported = false): KeelHttpError {
     const err = invalidValue(job.param, `Invalid schema for '${job.param}' at '${ptr}': ${message}`);
-    if (unsupported) UNSUPPORTED.add(err);
-    return err;
+    return unsupported ? markUnsupported(err) : err;
   }
 
   /**
@@ -281,7 +172,7 @@ export class GbnfBuilder {
    * (an optional property, extra keys, further items, an alternative), so every path the model can enter can
    * also be finished; where required, the whole schema is refused at its root.
    */
-  private usable(job: SchemaJob, x: unknown): boolean {
+  usable(job: SchemaJob, x: unknown): boolean {
     return finite(job.root, x, new Set(), job.finiteRefs);
   }
 
@@ -289,7 +180,7 @@ export class GbnfBuilder {
    * Checks a part left out as unfinishable (see {@link usable}) for INVALID schema content, which is still a 400;
    * what it could not honour does not matter, since it can never be written.
    */
-  private validateOnly(job: SchemaJob, x: unknown, ctx: Ctx, mode: CharMode): void {
+  validateOnly(job: SchemaJob, x: unknown, ctx: Ctx, mode: CharMode): void {
     try {
       this.visit(job, x, ctx, mode);
     } catch (e) {
@@ -298,7 +189,7 @@ export class GbnfBuilder {
   }
 
   /** GBNF expression for one value of `schema` at `ctx`. */
-  private visit(job: SchemaJob, schema: unknown, ctx: Ctx, mode: CharMode): string {
+  visit(job: SchemaJob, schema: unknown, ctx: Ctx, mode: CharMode): string {
     if (ctx.depth > MAX_SCHEMA_DEPTH) throw this.fail(job, ctx.ptr, `nested deeper than ${MAX_SCHEMA_DEPTH} levels.`, true);
     if (schema === true) return mode === "raw" ? this.primitive("raw-text") : this.primitive("json-value");
     if (schema === false) throw this.fail(job, ctx.ptr, "the schema `false` accepts no value.", true);
@@ -357,18 +248,18 @@ export class GbnfBuilder {
     return this.visitTyped(job, s, type, ctx, mode);
   }
 
-  private visitTyped(job: SchemaJob, s: JsonSchema, type: unknown, ctx: Ctx, mode: CharMode): string {
+  visitTyped(job: SchemaJob, s: JsonSchema, type: unknown, ctx: Ctx, mode: CharMode): string {
     switch (type) {
       case "object":
-        return this.visitObject(job, s, ctx);
+        return objectRule(this, job, s, ctx);
       case "array":
-        return this.visitArray(job, s, ctx);
+        return arrayRule(this, job, s, ctx);
       case "string":
-        return this.visitString(job, s, ctx, mode);
+        return stringRule(this, job, s, ctx, mode);
       case "integer":
-        return this.visitInteger(job, s, ctx);
+        return integerRule(this, job, s, ctx);
       case "number":
-        return this.visitNumber(job, s, ctx);
+        return numberRule(this, job, s, ctx);
       case "boolean":
         // The qwen3coder template renders Python booleans; its parsers normalise them.
         return mode === "raw" ? '("true" | "false" | "True" | "False")' : this.primitive("json-bool");
@@ -379,7 +270,7 @@ export class GbnfBuilder {
     }
   }
 
-  private visitRef(job: SchemaJob, s: JsonSchema, ctx: Ctx, mode: CharMode): string {
+  visitRef(job: SchemaJob, s: JsonSchema, ctx: Ctx, mode: CharMode): string {
     const ref = s.$ref;
     if (typeof ref !== "string" || !ref.startsWith("#")) {
       throw this.fail(job, ctx.ptr, `'$ref' must be a local reference starting with '#' (got ${JSON.stringify(ref)}).`);
@@ -409,7 +300,7 @@ export class GbnfBuilder {
     return name;
   }
 
-  private visitEnum(job: SchemaJob, s: JsonSchema, ctx: Ctx, mode: CharMode): string {
+  visitEnum(job: SchemaJob, s: JsonSchema, ctx: Ctx, mode: CharMode): string {
     // The literals are the whole language: any other constraint next to them would be ignored, so refuse it.
     const other = Object.keys(s).find((k) => !ANNOTATIONS.has(k) && !["enum", "const", "type", "$defs", "definitions"].includes(k));
     if (other !== undefined || ("enum" in s && "const" in s)) {
@@ -442,7 +333,7 @@ export class GbnfBuilder {
    * Types intersect (integer ⊂ number), properties merge, required unite; any other keyword both define must be
    * equal, else refused (intersecting e.g. two patterns is beyond a grammar).
    */
-  private mergeInto(job: SchemaJob, parent: JsonSchema, alt: JsonSchema, ptr: string): JsonSchema | null {
+  mergeInto(job: SchemaJob, parent: JsonSchema, alt: JsonSchema, ptr: string): JsonSchema | null {
     if ("$ref" in alt) throw this.fail(job, ptr, "'$ref' inside an anyOf/oneOf that has sibling keywords is not supported.", true);
     const out: JsonSchema = { ...parent };
     for (const [k, v] of Object.entries(alt)) {
@@ -473,7 +364,7 @@ export class GbnfBuilder {
   }
 
   /** Merges allOf's object schemas (properties, required, additionalProperties) into one schema. */
-  private mergeAllOf(job: SchemaJob, s: JsonSchema, ctx: Ctx): JsonSchema {
+  mergeAllOf(job: SchemaJob, s: JsonSchema, ctx: Ctx): JsonSchema {
     const parts = s.allOf;
     if (!Array.isArray(parts) || parts.length === 0) throw this.fail(job, ctx.ptr, "'allOf' must be a non-empty array.");
     const rest = { ...s };
@@ -510,7 +401,7 @@ export class GbnfBuilder {
   }
 
   /** Resolves a `$ref` one level (for allOf merging). */
-  private derefShallow(job: SchemaJob, p: unknown, ptr: string): JsonSchema {
+  derefShallow(job: SchemaJob, p: unknown, ptr: string): JsonSchema {
     let cur = p;
     for (let i = 0; i < MAX_SCHEMA_DEPTH && typeof cur === "object" && cur !== null && "$ref" in cur; i++) {
       const ref = (cur as JsonSchema).$ref;
@@ -521,356 +412,18 @@ export class GbnfBuilder {
     return cur as JsonSchema;
   }
 
-  private visitObject(job: SchemaJob, s: JsonSchema, ctx: Ctx): string {
-    const sp = this.primitive("space");
-    const props = s.properties ?? {};
-    if (typeof props !== "object" || props === null || Array.isArray(props)) throw this.fail(job, ctx.ptr, "'properties' must be an object.");
-    const required = s.required ?? [];
-    if (!Array.isArray(required) || required.some((r) => typeof r !== "string")) throw this.fail(job, ctx.ptr, "'required' must be an array of strings.");
-    const names = Object.keys(props);
-    for (const r of required as string[]) {
-      if (!names.includes(r)) throw this.fail(job, ctx.ptr, `required property '${r}' is not declared in 'properties'.`, true);
-    }
-    const addl = s.additionalProperties;
-    if ("minProperties" in s && (typeof s.minProperties !== "number" || s.minProperties > required.length)) {
-      throw this.fail(job, ctx.ptr, "'minProperties' above the number of required properties is not supported.", true);
-    }
-    if ("maxProperties" in s && (typeof s.maxProperties !== "number" || s.maxProperties < names.length || (addl !== undefined && addl !== false))) {
-      throw this.fail(job, ctx.ptr, "'maxProperties' below the number of declared properties is not supported.", true);
-    }
-    // Any object: no `properties` keyword and extra keys not restricted. (`properties: {}` declares none: `{}`.)
-    if (!("properties" in s) && (addl === undefined || addl === true)) return this.primitive("json-object");
-    const guarded: Ctx = { ...ctx, unguarded: new Set() };
-    const req = new Set(required as string[]);
-    // Optional properties whose schema has no finite value can never appear: left out.
-    const declared = names;
-    const live = names.filter((n) => req.has(n) || this.usable(job, (props as JsonSchema)[n]));
-    for (const n of names) {
-      if (!live.includes(n)) this.validateOnly(job, (props as JsonSchema)[n], { ...guarded, ptr: `${ctx.ptr}/properties/${escapePointer(n)}`, depth: ctx.depth + 1 }, "json");
-    }
-    const kv = live.map((name) => {
-      const value = this.visit(job, (props as JsonSchema)[name], { ...guarded, ptr: `${ctx.ptr}/properties/${escapePointer(name)}`, depth: ctx.depth + 1 }, "json");
-      return `${literal(JSON.stringify(name))} ${sp} ":" ${sp} ${value} ${sp}`;
-    });
-    let extra: string | null = null;
-    const addlLive = addl !== undefined && addl !== false && this.usable(job, addl);
-    if (addl !== undefined && addl !== false && !addlLive) this.validateOnly(job, addl, { ...guarded, ptr: `${ctx.ptr}/additionalProperties`, depth: ctx.depth + 1 }, "json");
-    if (addlLive) {
-      const value = addl === true ? this.primitive("json-value") : this.visit(job, addl, { ...guarded, ptr: `${ctx.ptr}/additionalProperties`, depth: ctx.depth + 1 }, "json");
-      extra = this.define(this.fresh(job.prefix, "extra-kv"), `${this.otherKey(job, declared)} ${sp} ":" ${sp} ${value} ${sp}`);
-    }
-    // seq(i, first): the members from declaration index i on, `first` = nothing written yet (no comma before).
-    // Built bottom-up (from the last member), never recursively: thousands of properties must not use the stack.
-    // `first` variants exist only where every member before i is optional.
-    const needFirst: boolean[] = [true];
-    for (let i = 0; i < live.length; i++) needFirst.push(needFirst[i]! && !req.has(live[i]!));
-    let nextN = "";
-    let nextF = "";
-    for (let i = live.length; i >= 0; i--) {
-      // 1. The tail after all declared members: extra keys or nothing.
-      const variant = (first: boolean): string => {
-        if (i === live.length) {
-          if (extra === null) return '""';
-          return first ? `(${extra} ("," ${sp} ${extra})*)?` : `("," ${sp} ${extra})*`;
-        }
-        // 2. Member i, then the rest; skippable when optional.
-        const take = `${first ? "" : `"," ${sp} `}${kv[i]} ${nextN}`;
-        return req.has(live[i]!) ? take : `${take} | ${first ? nextF : nextN}`;
-      };
-      const n = i > 0 ? this.define(this.fresh(job.prefix, `obj-${i}n`), variant(false)) : "";
-      const f = needFirst[i] ? this.define(this.fresh(job.prefix, `obj-${i}f`), variant(true)) : "";
-      nextN = n;
-      nextF = f;
-    }
-    const start = nextF;
-    return `"{" ${sp} ${start} "}"`;
-  }
-
-  /**
-   * A JSON string that is none of `names` (extra keys must not repeat a declared property): a trie over the names,
-   * where each node may end the key (unless a name ends there), continue along a name, or leave all names behind.
-   * Names that JSON escapes (quote, backslash, controls) fall back to any key (documented inexactness).
-   */
-  private otherKey(job: SchemaJob, names: readonly string[]): string {
-    const str = this.primitive("json-string");
-    if (names.length === 0 || names.some((n) => /["\\\u0000-\u001f]/.test(n))) return str;
-    const char = this.primitive("json-char");
-    type Node = { children: Map<number, Node>; terminal: boolean };
-    const root: Node = { children: new Map(), terminal: false };
-    for (const n of names) {
-      let cur = root;
-      for (const ch of n) {
-        const cp = ch.codePointAt(0)!;
-        let next = cur.children.get(cp);
-        if (!next) cur.children.set(cp, (next = { children: new Map(), terminal: false }));
-        cur = next;
-      }
-      cur.terminal = true;
-    }
-    const emit = (node: Node): string => {
-      const alts: string[] = [];
-      if (!node.terminal) alts.push('"\\""');
-      for (const [cp, child] of node.children) alts.push(`${literal(String.fromCodePoint(cp))} ${emit(child)}`);
-      const leave = jsonCharOf(negate(charSet([...node.children.keys()].map((cp) => [cp, cp] as const))));
-      if (leave !== null) alts.push(`${leave} ${char}* "\\""`);
-      return this.define(this.fresh(job.prefix, "key"), alts.join(" | "));
-    };
-    return `"\\"" ${emit(root)}`;
-  }
-
-  /** `expr` as a rule reference: itself when it already is a rule name, else a new rule. */
-  private asRule(job: SchemaJob, expr: string, hint: string): string {
+  asRule(job: SchemaJob, expr: string, hint: string): string {
     return /^[a-zA-Z0-9-]+$/.test(expr) ? expr : this.define(this.fresh(job.prefix, hint), expr);
   }
 
   /** A count keyword (`minItems`, `maxLength`…): absent → null; present, it must be a non-negative integer. */
-  private count(job: SchemaJob, s: JsonSchema, key: string, ctx: Ctx): number | null {
+  count(job: SchemaJob, s: JsonSchema, key: string, ctx: Ctx): number | null {
     const v = s[key];
     if (v === undefined) return null;
     if (typeof v !== "number" || !Number.isInteger(v) || v < 0) throw this.fail(job, `${ctx.ptr}/${key}`, `'${key}' must be a non-negative integer.`);
     return v;
   }
 
-  private visitArray(job: SchemaJob, s: JsonSchema, ctx: Ctx): string {
-    const sp = this.primitive("space");
-    const guarded: Ctx = { ...ctx, unguarded: new Set() };
-    // Items are rule references: a repetition over an inline item would repeat the item's own generated rules too
-    // (llama.cpp multiplies them against its threshold, see gbnf-limits.ts).
-    const sub = (x: unknown, seg: string) => this.asRule(job, this.visit(job, x, { ...guarded, ptr: `${ctx.ptr}/${seg}`, depth: ctx.depth + 1 }, "json"), "item");
-    if ("prefixItems" in s && !Array.isArray(s.prefixItems)) throw this.fail(job, `${ctx.ptr}/prefixItems`, "'prefixItems' must be an array of schemas.");
-    let prefix: unknown[] = [];
-    let rest: unknown = s.items ?? true;
-    if (Array.isArray(s.prefixItems)) {
-      prefix = s.prefixItems;
-      rest = s.items ?? true;
-    } else if (Array.isArray(s.items)) {
-      prefix = s.items;
-      rest = s.additionalItems ?? true;
-    }
-    const min = this.count(job, s, "minItems", ctx) ?? 0;
-    const max = this.count(job, s, "maxItems", ctx);
-    if (max !== null && max < min) throw this.fail(job, ctx.ptr, "'maxItems' is below 'minItems'.");
-    if (min > MAX_REPEAT || (max !== null && max > MAX_REPEAT)) throw this.fail(job, ctx.ptr, `item counts above ${MAX_REPEAT} are not supported.`, true);
-    // Items whose schema has no finite value end the array there (they can never be written).
-    const dead = prefix.findIndex((p) => !this.usable(job, p));
-    const pruned = dead >= 0 || (rest !== false && !this.usable(job, rest));
-    if (pruned) {
-      prefix.forEach((p, i) => i >= dead && dead >= 0 && this.validateOnly(job, p, { ...guarded, ptr: `${ctx.ptr}/items/${i}`, depth: ctx.depth + 1 }, "json"));
-      if (rest !== false) this.validateOnly(job, rest, { ...guarded, ptr: `${ctx.ptr}/items`, depth: ctx.depth + 1 }, "json");
-      if (dead >= 0) prefix = prefix.slice(0, dead);
-      rest = false;
-    }
-    const k = max === null ? prefix.length : Math.min(prefix.length, max);
-    const prefixRules = prefix.slice(0, k).map((p, i) => sub(p, `${Array.isArray(s.prefixItems) ? "prefixItems" : "items"}/${i}`));
-    const restRule = rest === false ? null : sub(rest, Array.isArray(s.prefixItems) || !Array.isArray(s.items) ? "items" : "additionalItems");
-    if (restRule === null && min > k) {
-      throw this.fail(job, ctx.ptr, pruned ? "the schema admits no finite value (its required items cannot finish)." : "'minItems' exceeds the number of allowed items.", true);
-    }
-    const item = (rule: string) => `${rule} ${sp}`;
-    const sep = `"," ${sp} `;
-    // Tail after the prefix: rest items, count in [lo, hi].
-    let tail = '""';
-    if (restRule !== null && (max === null || max > k)) {
-      const lo = Math.max(0, min - k);
-      const hi = max === null ? null : max - k;
-      const rep = (a: number, b: number | null) => (b === null ? (a === 0 ? "*" : a === 1 ? "+" : `{${a},}`) : `{${a},${b}}`);
-      // The repetition is a rule of its own: inside `( … )?` its generated rules would count again.
-      if (k === 0) {
-        const more = this.define(this.fresh(job.prefix, "more"), `(${sep}${item(restRule)})${rep(Math.max(0, lo - 1), hi === null ? null : hi - 1)}`);
-        tail = lo === 0 ? `(${item(restRule)} ${more})?` : `${item(restRule)} ${more}`;
-      } else tail = this.define(this.fresh(job.prefix, "more"), `(${sep}${item(restRule)})${rep(lo, hi)}`);
-    }
-    // Prefix positions from the end: position i is mandatory below minItems. Each position is its own rule that
-    // names the next, so a long tuple never nests groups (20000 nested optional groups crashed llama.cpp's parser).
-    let body = tail;
-    for (let i = k - 1; i >= 0; i--) {
-      const one = `${i === 0 ? "" : sep}${item(prefixRules[i]!)} ${body}`;
-      body = i < min ? one : `(${one})?`;
-      if (i > 0) body = this.define(this.fresh(job.prefix, `prefix-${i}`), body);
-    }
-    const name = this.define(this.fresh(job.prefix, "items"), body);
-    return `"[" ${sp} ${name} "]"`;
-  }
-
-  private visitString(job: SchemaJob, s: JsonSchema, ctx: Ctx, mode: CharMode): string {
-    const quote = (content: string) => (mode === "json" ? `"\\"" ${content} "\\""` : content);
-    const anyChar = mode === "json" ? this.primitive("json-char") : RAW_ANY;
-    const hasLen = "minLength" in s || "maxLength" in s;
-    if ("pattern" in s || "format" in s) {
-      if (hasLen) throw this.fail(job, ctx.ptr, "'minLength'/'maxLength' together with 'pattern' or 'format' is not supported.", true);
-      if ("pattern" in s && "format" in s) throw this.fail(job, ctx.ptr, "'pattern' together with 'format' is not supported.", true);
-    }
-    if ("pattern" in s) {
-      if (typeof s.pattern !== "string") throw this.fail(job, `${ctx.ptr}/pattern`, "'pattern' must be a string.");
-      try {
-        const gbnf = patternToGbnf(s.pattern, mode, anyChar);
-        // Checked here too, so the 400 names the pattern's pointer (define() would only know the request field).
-        const problem = bodyProblem(gbnf);
-        if (problem !== null) throw this.fail(job, `${ctx.ptr}/pattern`, `${problem}.`, true);
-        const body = this.define(this.fresh(job.prefix, "pattern"), gbnf);
-        return quote(body);
-      } catch (e) {
-        if (e instanceof PatternError) throw this.fail(job, `${ctx.ptr}/pattern`, `${e.message}.`, !e.invalidRegex);
-        throw e;
-      }
-    }
-    if ("format" in s) {
-      const f = FORMATS[String(s.format)];
-      if (f === undefined) {
-        throw this.fail(job, `${ctx.ptr}/format`, `the format ${JSON.stringify(s.format)} is not supported (supported: ${Object.keys(FORMATS).join(", ")}).`, true);
-      }
-      const name = `fmt-${String(s.format)}`;
-      this.define(name, f);
-      return quote(name);
-    }
-    if (hasLen) {
-      const min = this.count(job, s, "minLength", ctx) ?? 0;
-      const max = this.count(job, s, "maxLength", ctx);
-      if (max !== null && max < min) throw this.fail(job, ctx.ptr, "'maxLength' is below 'minLength'.");
-      if (min > MAX_REPEAT || (max !== null && max > MAX_REPEAT)) throw this.fail(job, ctx.ptr, `string lengths above ${MAX_REPEAT} are not supported.`, true);
-      const c = mode === "json" ? this.primitive("json-char-cp") : `(${anyChar})`;
-      // A rule of its own, so that a container repeating or skipping this value repeats one reference.
-      return this.define(this.fresh(job.prefix, "string"), quote(max === null ? `${c}{${min},}` : `${c}{${min},${max}}`));
-    }
-    return mode === "json" ? this.primitive("json-string") : this.primitive("raw-text");
-  }
-
-  /** A number; with bounds, spelled without exponent (see number-range.ts). */
-  private visitNumber(job: SchemaJob, s: JsonSchema, ctx: Ctx): string {
-    const bound = (k: string): number | null => {
-      const v = s[k];
-      if (v === undefined || typeof v === "boolean") return null;
-      if (typeof v !== "number" || !Number.isFinite(v)) throw this.fail(job, `${ctx.ptr}/${k}`, `'${k}' must be a number.`);
-      return v;
-    };
-    // The tighter of `minimum` (exclusive under draft-4's boolean form) and numeric `exclusiveMinimum`; same above.
-    const tighter = (incl: number | null, inclIsExclusive: boolean, excl: number | null, lower: boolean): Bound | null => {
-      const a: Bound | null = incl === null ? null : { value: incl, exclusive: inclIsExclusive };
-      const b: Bound | null = excl === null ? null : { value: excl, exclusive: true };
-      if (a === null || b === null) return a ?? b;
-      if (a.value === b.value) return b;
-      return (lower ? a.value > b.value : a.value < b.value) ? a : b;
-    };
-    const lo = tighter(bound("minimum"), s.exclusiveMinimum === true, bound("exclusiveMinimum"), true);
-    const hi = tighter(bound("maximum"), s.exclusiveMaximum === true, bound("exclusiveMaximum"), false);
-    if (lo === null && hi === null) return this.primitive("json-number");
-    if (lo !== null && hi !== null && (lo.value > hi.value || (lo.value === hi.value && (lo.exclusive || hi.exclusive)))) {
-      throw this.fail(job, ctx.ptr, "the number bounds admit no value.", true);
-    }
-    const expr = numberRange(lo, hi);
-    if (expr === null) throw this.fail(job, ctx.ptr, "the number bounds admit no value (within 16 integral digits).", true);
-    return this.define(this.fresh(job.prefix, "number"), expr);
-  }
-
-  private visitInteger(job: SchemaJob, s: JsonSchema, ctx: Ctx): string {
-    const limit = 10n ** BigInt(MAX_DIGITS) - 1n;
-    let lo = -limit;
-    let hi = limit;
-    const bound = (k: string): number | null => {
-      const v = s[k];
-      if (v === undefined) return null;
-      if (typeof v !== "number" || !Number.isFinite(v)) throw this.fail(job, `${ctx.ptr}/${k}`, `'${k}' must be a number.`);
-      return v;
-    };
-    const exMinBool = s.exclusiveMinimum === true;
-    const exMaxBool = s.exclusiveMaximum === true;
-    const minimum = bound("minimum");
-    const maximum = bound("maximum");
-    const exMin = typeof s.exclusiveMinimum === "boolean" ? null : bound("exclusiveMinimum");
-    const exMax = typeof s.exclusiveMaximum === "boolean" ? null : bound("exclusiveMaximum");
-    const clamp = (v: bigint) => (v > limit ? limit + 1n : v < -limit ? -limit - 1n : v);
-    if (minimum !== null) {
-      const v = clamp(BigInt(Math.ceil(minimum)));
-      lo = exMinBool && Number.isInteger(minimum) ? v + 1n : v;
-      if (lo < -limit) lo = -limit;
-    }
-    if (exMin !== null) {
-      const v = clamp(BigInt(Math.floor(exMin)) + 1n);
-      if (v > lo) lo = v;
-    }
-    if (maximum !== null) {
-      const v = clamp(BigInt(Math.floor(maximum)));
-      const h = exMaxBool && Number.isInteger(maximum) ? v - 1n : v;
-      if (h < hi) hi = h;
-    }
-    if (exMax !== null) {
-      const v = clamp(BigInt(Math.ceil(exMax)) - 1n);
-      if (v < hi) hi = v;
-    }
-    if (lo > hi) throw this.fail(job, ctx.ptr, "the integer bounds admit no value (within 16 digits).", true);
-    if (lo === -limit && hi === limit) return this.primitive("json-int");
-    return `(${integerRange(lo, hi)})`;
-  }
-}
-
-/**
- * Whether some finite JSON value satisfies `schema` as the grammar reads it (run after a successful conversion, so
- * the schema is well-formed). A minimal finite value never nests a `$ref` inside itself, so a ref met again on the
- * current path counts as unusable; `known` memoises refs proven finite (true in every context).
- */
-export function finite(root: unknown, schema: unknown, path: Set<string>, known: Set<string>): boolean {
-  if (typeof schema !== "object" || schema === null) return schema !== false;
-  const s = schema as JsonSchema;
-  const sub = (x: unknown) => finite(root, x, path, known);
-  if (typeof s.$ref === "string") {
-    const ref = s.$ref;
-    if (known.has(ref)) return true;
-    if (path.has(ref)) return false;
-    path.add(ref);
-    const ok = sub(resolvePointer(root, ref));
-    path.delete(ref);
-    if (ok) known.add(ref);
-    return ok;
-  }
-  if ("const" in s || "enum" in s) return true;
-  if (Array.isArray(s.allOf)) {
-    // As converted: one object with every part's properties and required names (parts may be refs).
-    const parts = [{ ...s, allOf: undefined }, ...s.allOf.map((p) => (typeof p === "object" && p !== null && typeof (p as JsonSchema).$ref === "string" ? resolvePointer(root, (p as JsonSchema).$ref as string) : p))];
-    const properties: JsonSchema = {};
-    const required: unknown[] = [];
-    for (const p of parts) {
-      if (typeof p !== "object" || p === null) continue;
-      Object.assign(properties, (p as JsonSchema).properties ?? {});
-      if (Array.isArray((p as JsonSchema).required)) required.push(...((p as JsonSchema).required as unknown[]));
-    }
-    return finite(root, { type: "object", properties, required }, path, known);
-  }
-  for (const k of ["anyOf", "oneOf"] as const) if (Array.isArray(s[k])) return (s[k] as unknown[]).some(sub);
-  const type = s.type ?? inferType(s);
-  const types = Array.isArray(type) ? type : [type];
-  return types.some((t) => {
-    if (t === "object") {
-      const props = (s.properties ?? {}) as JsonSchema;
-      const required = Array.isArray(s.required) ? (s.required as string[]) : [];
-      return required.every((r) => sub(props[r]));
-    }
-    if (t === "array") {
-      const min = num(s.minItems, 0);
-      const prefix = Array.isArray(s.prefixItems) ? s.prefixItems : Array.isArray(s.items) ? s.items : [];
-      const rest = Array.isArray(s.prefixItems) ? s.items : Array.isArray(s.items) ? s.additionalItems : s.items;
-      return prefix.slice(0, min).every(sub) && (min <= prefix.length || rest === undefined || sub(rest));
-    }
-    return true;
-  });
-}
-
-/** The 400 for a schema whose conversion ran out of stack. */
-export function tooComplex(param: string | null): KeelHttpError {
-  return markUnsupported(invalidValue(param, `Invalid schema for '${param ?? "the request"}' at '#': the schema is too complex to convert (too deep or too large); simplify it.`));
-}
-
-/** Errors for valid schemas the grammar cannot honour (vs invalid schemas). */
-const UNSUPPORTED = new WeakSet<KeelHttpError>();
-
-/** Marks a schema 400 as "valid schema, not guidable" (see {@link isUnsupportedSchema}). */
-export function markUnsupported(err: KeelHttpError): KeelHttpError {
-  UNSUPPORTED.add(err);
-  return err;
-}
-
-/** Whether a schema 400 is about a valid schema that guided generation cannot honour (not an invalid schema). */
-export function isUnsupportedSchema(err: unknown): boolean {
-  return typeof err === "object" && err !== null && UNSUPPORTED.has(err as KeelHttpError);
 }
 
 /**
@@ -883,74 +436,6 @@ export function checkSchema(schema: unknown, param: string): void {
     new GbnfBuilder().addSchema(schema, "check", param);
   } catch (e) {
     if (!isUnsupportedSchema(e)) throw e;
-  }
-}
-
-/** Annotation keywords: never constrain. */
-const ANNOTATIONS = new Set(["title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated", "readOnly", "writeOnly", "$anchor"]);
-
-function num(v: unknown, dflt: number): number {
-  return typeof v === "number" && Number.isFinite(v) ? Math.max(0, Math.floor(v)) : dflt;
-}
-
-function sanitizePrefix(p: string): string {
-  const clean = p.replace(/[^a-zA-Z0-9]+/g, "-").replace(/^-+|-+$/g, "");
-  return clean || "s";
-}
-
-function escapePointer(seg: string): string {
-  return seg.replace(/~/g, "~0").replace(/\//g, "~1");
-}
-
-/** Resolves `#`, `#/a/b` (with ~0/~1 and %-escapes) inside `root`; undefined when absent. */
-export function resolvePointer(root: unknown, ref: string): unknown {
-  if (ref === "#") return root;
-  if (!ref.startsWith("#/")) return undefined;
-  let cur: unknown = root;
-  for (const raw of ref.slice(2).split("/")) {
-    const seg = safeDecode(raw).replace(/~1/g, "/").replace(/~0/g, "~");
-    if (typeof cur !== "object" || cur === null || !Object.prototype.hasOwnProperty.call(cur, seg)) return undefined;
-    cur = (cur as Record<string, unknown>)[seg];
-  }
-  return cur;
-}
-
-/** %-decoding of a pointer segment; a stray `%` stays literal. */
-function safeDecode(seg: string): string {
-  try {
-    return decodeURIComponent(seg);
-  } catch {
-    return seg;
-  }
-}
-
-/** The type a schema without `type` constrains, from its keywords (undefined: any value). */
-function inferType(s: JsonSchema): string | undefined {
-  if ("properties" in s || "additionalProperties" in s || "required" in s) return "object";
-  if ("items" in s || "prefixItems" in s || "minItems" in s || "maxItems" in s) return "array";
-  if ("pattern" in s || "minLength" in s || "maxLength" in s || "format" in s) return "string";
-  if ("minimum" in s || "maximum" in s || "exclusiveMinimum" in s || "exclusiveMaximum" in s) return "number";
-  return undefined;
-}
-
-function jsonTypeMatches(v: unknown, t: unknown): boolean {
-  switch (t) {
-    case "null":
-      return v === null;
-    case "boolean":
-      return typeof v === "boolean";
-    case "string":
-      return typeof v === "string";
-    case "integer":
-      return typeof v === "number" && Number.isInteger(v);
-    case "number":
-      return typeof v === "number";
-    case "array":
-      return Array.isArray(v);
-    case "object":
-      return typeof v === "object" && v !== null && !Array.isArray(v);
-    default:
-      return false;
   }
 }
 
