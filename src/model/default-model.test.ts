@@ -10,7 +10,7 @@ import {
     DEFAULT_MODEL_NAME, defaultModelDir, describeDefaultModel, ensureDefaultModel, findRepoRoot, isDefaultModelPath
 } from "./default-model.js";
 import {buildTinyModel, tinyModelSpecialIds, type BrokenModelKind} from "./tiny-model.js";
-import {readGgufHeader} from "./gguf-writer.js";
+import {readGgufHeader} from "./gguf-reader.js";
 
 const tmp = mkdtempSync(path.join(tmpdir(), "keel-model-test-"));
 afterAll(() => rmSync(tmp, {recursive: true, force: true}));

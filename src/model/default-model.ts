@@ -10,7 +10,7 @@ import {mkdir, open, rename, stat, unlink, writeFile} from "node:fs/promises";
 import path from "node:path";
 import {fileURLToPath} from "node:url";
 import {AGENT_TAGS, QWEN3_STYLE_TEMPLATE, QWEN3CODER_STYLE_TEMPLATE} from "./agent-templates.js";
-import {readGgufHeader} from "./gguf-writer.js";
+import {readGgufHeader} from "./gguf-reader.js";
 import {
     buildTinyModel, resolveTinyModelOptions, TINY_MODEL_DEFAULTS, TINY_MODEL_GENERATOR_VERSION,
     type ResolvedTinyModelOptions, type TinyModelOptions

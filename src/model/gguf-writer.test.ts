@@ -2,10 +2,8 @@ import {existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSyn
 import {tmpdir} from "node:os";
 import path from "node:path";
 import {afterAll, describe, expect, it} from "vitest";
-import {
-    alignUp, encodeTensorData, floatToHalfBits, GgmlTensorType, GgufValueType, GgufWriter, halfBitsToFloat, readGgufHeader,
-    writeGgufFile
-} from "./gguf-writer.js";
+import {alignUp, encodeTensorData, floatToHalfBits, GgmlTensorType, GgufValueType, GgufWriter, halfBitsToFloat, writeGgufFile} from "./gguf-writer.js";
+import {readGgufHeader} from "./gguf-reader.js";
 
 const tmp = mkdtempSync(path.join(tmpdir(), "keel-gguf-writer-"));
 afterAll(() => rmSync(tmp, {recursive: true, force: true}));

@@ -1,5 +1,5 @@
 /**
- * GGUF v3 writer (and a small header reader used by tests and by the default-model cache check).
+ * GGUF v3 writer (its header reader is gguf-reader.ts; binary16 conversion is half-float.ts).
  *
  * On-disk layout (all integers little endian; reference: llama.cpp `ggml/include/gguf.h`, `ggml/src/gguf.cpp`):
  *
@@ -32,6 +32,9 @@ import {constants as bufferConstants} from "node:buffer";
 import {randomBytes} from "node:crypto";
 import {closeSync, openSync, renameSync, rmSync, writeSync} from "node:fs";
 import path from "node:path";
+import {floatToHalfBits} from "./half-float.js";
+
+export {floatToHalfBits, halfBitsToFloat} from "./half-float.js";
 
 /** GGUF metadata value types (`enum gguf_type`). */
 export enum GgufValueType {
@@ -115,50 +118,6 @@ export function ggmlTypeSize(type: GgmlTensorType): number {
 /** Rounds `n` up to a multiple of `alignment`. */
 export function alignUp(n: number, alignment: number): number {
     return Math.ceil(n / alignment) * alignment;
-}
-
-const convF32 = new Float32Array(1);
-const convU32 = new Uint32Array(convF32.buffer);
-
-/**
- * Converts a number to IEEE-754 binary16 bits, rounding to nearest-even (via the float32 value).
- * Overflow gives +-Infinity, NaN stays NaN, tiny values become subnormals or signed zero.
- * @returns the 16-bit pattern as an unsigned integer
- */
-export function floatToHalfBits(value: number): number {
-    convF32[0] = value;
-    const bits = convU32[0]!;
-    const sign = (bits >>> 16) & 0x8000;
-    const exp32 = (bits >>> 23) & 0xff;
-    const frac32 = bits & 0x7fffff;
-    if (exp32 === 0xff) return sign | 0x7c00 | (frac32 !== 0 ? 0x0200 : 0);
-    const exp16 = exp32 - 112; // rebias 127 -> 15
-    if (exp16 >= 0x1f) return sign | 0x7c00;
-    if (exp16 <= 0) {
-        // subnormal half (or zero): value = m * 2^-24 with the implicit leading 1 made explicit
-        if (exp16 < -10) return sign;
-        const m = frac32 | 0x800000;
-        const shift = 14 - exp16; // 14..24
-        let h = m >>> shift;
-        const rest = m & ((1 << shift) - 1);
-        const half = 1 << (shift - 1);
-        if (rest > half || (rest === half && (h & 1) === 1)) h += 1;
-        return sign | h;
-    }
-    let h = (exp16 << 10) | (frac32 >>> 13);
-    const rest = frac32 & 0x1fff;
-    if (rest > 0x1000 || (rest === 0x1000 && (h & 1) === 1)) h += 1; // may carry into the exponent: correct
-    return sign | h;
-}
-
-/** Converts binary16 bits back to a number (exact). */
-export function halfBitsToFloat(bits: number): number {
-    const sign = bits & 0x8000 ? -1 : 1;
-    const exp = (bits >>> 10) & 0x1f;
-    const frac = bits & 0x3ff;
-    if (exp === 0) return sign * frac * 2 ** -24;
-    if (exp === 0x1f) return frac ? NaN : sign * Infinity;
-    return sign * (1 + frac / 1024) * 2 ** (exp - 15);
 }
 
 function toBigInt(v: GgufScalarValue, key: string): bigint {
@@ -465,85 +424,4 @@ function writeFully(fd: number, chunk: Buffer): void {
 function* bufferSlices(b: Buffer, max: number): Generator<Buffer> {
     if (!Number.isInteger(max) || max <= 0) throw new Error(`maxChunkBytes must be a positive integer, got ${max}`);
     for (let at = 0; at < b.length; at += max) yield b.subarray(at, Math.min(b.length, at + max));
-}
-
-/** Parsed header of a GGUF file (see {@link readGgufHeader}). */
-export interface GgufHeader {
-    version: number;
-    alignment: number;
-    /** KV values: scalars as number/bigint(64-bit ints)/boolean/string, arrays as JS arrays. */
-    kv: Map<string, {type: GgufValueType; elemType?: GgufValueType; value: unknown}>;
-    tensors: {name: string; ne: number[]; type: number; offset: number}[];
-    /** Absolute offset of the data section. */
-    dataStart: number;
-    /** File size implied by the header: dataStart + padded sizes of all tensors (F32/F16 only). */
-    impliedSize: number;
-}
-
-/**
- * Parses the header (KVs and tensor infos) of a GGUF v2/v3 buffer. Checks nothing about tensor data.
- * @throws Error on a bad magic, an unsupported version, a truncated buffer, or a tensor type other than F32/F16
- *   (needed to compute {@link GgufHeader.impliedSize}).
- */
-export function readGgufHeader(buf: Buffer): GgufHeader {
-    let p = 0;
-    const need = (n: number): void => { if (p + n > buf.length) throw new Error("truncated gguf header"); };
-    const u32 = (): number => { need(4); const v = buf.readUInt32LE(p); p += 4; return v; };
-    const u64 = (): bigint => { need(8); const v = buf.readBigUInt64LE(p); p += 8; return v; };
-    const num64 = (): number => Number(u64());
-    const str = (): string => { const n = num64(); need(n); const s = buf.toString("utf8", p, p + n); p += n; return s; };
-    const scalar = (type: GgufValueType): unknown => {
-        switch (type) {
-            case GgufValueType.UINT8: need(1); return buf.readUInt8(p++);
-            case GgufValueType.INT8: need(1); return buf.readInt8(p++);
-            case GgufValueType.BOOL: need(1); return buf.readUInt8(p++) !== 0;
-            case GgufValueType.UINT16: { need(2); const v = buf.readUInt16LE(p); p += 2; return v; }
-            case GgufValueType.INT16: { need(2); const v = buf.readInt16LE(p); p += 2; return v; }
-            case GgufValueType.UINT32: return u32();
-            case GgufValueType.INT32: { need(4); const v = buf.readInt32LE(p); p += 4; return v; }
-            case GgufValueType.FLOAT32: { need(4); const v = buf.readFloatLE(p); p += 4; return v; }
-            case GgufValueType.FLOAT64: { need(8); const v = buf.readDoubleLE(p); p += 8; return v; }
-            case GgufValueType.UINT64: return u64();
-            case GgufValueType.INT64: { need(8); const v = buf.readBigInt64LE(p); p += 8; return v; }
-            case GgufValueType.STRING: return str();
-            default: throw new Error(`bad gguf value type ${type}`);
-        }
-    };
-    need(4);
-    if (buf.toString("ascii", 0, 4) !== GGUF_MAGIC) throw new Error("not a GGUF file (bad magic)");
-    p = 4;
-    const version = u32();
-    if (version !== 2 && version !== 3) throw new Error(`unsupported GGUF version ${version}`);
-    const nTensors = num64();
-    const nKv = num64();
-    const kv: GgufHeader["kv"] = new Map();
-    for (let i = 0; i < nKv; i++) {
-        const key = str();
-        const type = u32() as GgufValueType;
-        if (type === GgufValueType.ARRAY) {
-            const elemType = u32() as GgufValueType;
-            const n = num64();
-            const arr: unknown[] = [];
-            for (let j = 0; j < n; j++) arr.push(scalar(elemType));
-            kv.set(key, {type, elemType, value: arr});
-        } else kv.set(key, {type, value: scalar(type)});
-    }
-    const alignEntry = kv.get("general.alignment");
-    const alignment = typeof alignEntry?.value === "number" ? alignEntry.value : GGUF_DEFAULT_ALIGNMENT;
-    const tensors: GgufHeader["tensors"] = [];
-    let end = 0;
-    for (let i = 0; i < nTensors; i++) {
-        const name = str();
-        const nd = u32();
-        const ne: number[] = [];
-        for (let d = 0; d < nd; d++) ne.push(num64());
-        const type = u32();
-        const offset = num64();
-        if (type !== GgmlTensorType.F32 && type !== GgmlTensorType.F16) throw new Error(`tensor ${name}: type ${type} not supported`);
-        const size = ne.reduce((a, b) => a * b, 1) * ggmlTypeSize(type);
-        end = Math.max(end, offset + alignUp(size, alignment));
-        tensors.push({name, ne, type, offset});
-    }
-    const dataStart = alignUp(p, alignment);
-    return {version, alignment, kv, tensors, dataStart, impliedSize: dataStart + end};
 }

@@ -2,7 +2,7 @@ import {existsSync, mkdtempSync, readdirSync, readFileSync, rmSync} from "node:f
 import {tmpdir} from "node:os";
 import path from "node:path";
 import {afterAll, describe, expect, it, vi} from "vitest";
-import {readGgufHeader} from "./gguf-writer.js";
+import {readGgufHeader} from "./gguf-reader.js";
 import {main, parseMakeModelArgs} from "./make-model.js";
 import {buildTinyModel, MODEL_SHAPES} from "./tiny-model.js";
 import {TINY_MODELS} from "./default-model.js";

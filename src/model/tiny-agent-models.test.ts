@@ -6,7 +6,7 @@ import {afterAll, describe, expect, it} from "vitest";
 import {LlamaAdapter} from "../engine/llama-adapter.js";
 import {AGENT_TAGS} from "./agent-templates.js";
 import {ensureDefaultModel, ensureTinyModel, isDefaultModelPath, isTinyModelName, TINY_MODELS} from "./default-model.js";
-import {readGgufHeader} from "./gguf-writer.js";
+import {readGgufHeader} from "./gguf-reader.js";
 import {buildTinyModel, tinyModelSpecialIds} from "./tiny-model.js";
 
 const tmp = mkdtempSync(path.join(tmpdir(), "keel-agent-model-test-"));

@@ -7,7 +7,8 @@ import {tmpdir} from "node:os";
 import path from "node:path";
 import {afterAll, describe, expect, it} from "vitest";
 import {ensureTinyModel, isDefaultModelPath, isTinyModelName} from "./default-model.js";
-import {GgmlTensorType, readGgufHeader} from "./gguf-writer.js";
+import {GgmlTensorType} from "./gguf-writer.js";
+import {readGgufHeader} from "./gguf-reader.js";
 
 const tmp = mkdtempSync(path.join(tmpdir(), "keel-tiny-f16-test-"));
 afterAll(() => rmSync(tmp, {recursive: true, force: true}));

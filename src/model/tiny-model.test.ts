@@ -1,5 +1,6 @@
 import {describe, expect, it} from "vitest";
-import {floatToHalfBits, GgufValueType, readGgufHeader} from "./gguf-writer.js";
+import {floatToHalfBits, GgufValueType} from "./gguf-writer.js";
+import {readGgufHeader} from "./gguf-reader.js";
 import {
     buildTinyModel, CHATML_TEMPLATE, FAST_FILL_MIN_ELEMENTS, isBatchInvariantShape, MODEL_SHAPES, NormalRng, resolveTinyModelOptions,
     TINY_MODEL_DEFAULTS, tinyModelSpecialIds, vocabFor

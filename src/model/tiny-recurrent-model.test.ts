@@ -6,7 +6,7 @@ import {tmpdir} from "node:os";
 import path from "node:path";
 import {afterAll, afterEach, beforeAll, describe, expect, it} from "vitest";
 import {getLlama, LlamaLogLevel, type Llama, type LlamaContext, type LlamaModel, type Token} from "node-llama-cpp";
-import {readGgufHeader} from "./gguf-writer.js";
+import {readGgufHeader} from "./gguf-reader.js";
 import {buildTinyModel, tinyModelSpecialIds} from "./tiny-model.js";
 import {
     buildTinyRecurrentModel, isBatchInvariantRecurrentShape, resolveTinyRecurrentModelOptions,

@@ -9,7 +9,7 @@ import os from "node:os";
 import path from "node:path";
 import { getLlama } from "node-llama-cpp";
 import { afterAll, describe, expect, it } from "vitest";
-import { readGgufHeader } from "../../src/model/gguf-writer.js";
+import { readGgufHeader } from "../../src/model/gguf-reader.js";
 import { unicodeToBytes } from "../../src/model/bpe.js";
 import { ROOT } from "../support/server.js";
 

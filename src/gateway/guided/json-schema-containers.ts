@@ -7,6 +7,7 @@ import { MAX_REPEAT } from "./pattern-gbnf.js";
 import { type Ctx, type SchemaJob, type JsonSchema, finite, escapePointer } from "./json-schema-support.js";
 import type { GbnfBuilder } from "./json-schema-gbnf.js";
 
+/** An object schema: declared properties in order, required ones mandatory, then extra keys of `additionalProperties`. */
 export function objectRule(b: GbnfBuilder, job: SchemaJob, s: JsonSchema, ctx: Ctx): string {
   const sp = b.primitive("space");
   const props = s.properties ?? {};
@@ -77,6 +78,7 @@ export function objectRule(b: GbnfBuilder, job: SchemaJob, s: JsonSchema, ctx: C
  * where each node may end the key (unless a name ends there), continue along a name, or leave all names behind.
  * Names that JSON escapes (quote, backslash, controls) fall back to any key (documented inexactness).
  */
+/** A key other than the declared `names` (the keys of extra properties). */
 export function otherKey(b: GbnfBuilder, job: SchemaJob, names: readonly string[]): string {
   const str = b.primitive("json-string");
   if (names.length === 0 || names.some((n) => /["\\\u0000-\u001f]/.test(n))) return str;
@@ -105,6 +107,7 @@ export function otherKey(b: GbnfBuilder, job: SchemaJob, names: readonly string[
 }
 
 /** `expr` as a rule reference: itself when it already is a rule name, else a new rule. */
+/** An array schema: `prefixItems` / draft-7 tuple `items`, then `items`, within minItems..maxItems. */
 export function arrayRule(b: GbnfBuilder, job: SchemaJob, s: JsonSchema, ctx: Ctx): string {
   const sp = b.primitive("space");
   const guarded: Ctx = { ...ctx, unguarded: new Set() };
