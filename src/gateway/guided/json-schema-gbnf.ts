@@ -23,12 +23,11 @@
  * - `{}`/`true` → any JSON value; `false` → refused. Annotations and unknown keywords are ignored (they do not
  *   constrain, per JSON Schema); constraining keywords we cannot honour → 400 naming the keyword.
  *
- * Inexact (the grammar accepts a subset of what a validator accepts, never more, except where noted): property
- * order is fixed; `additionalProperties` absent next to `properties` means no extra keys (llama.cpp's reading;
- * a validator allows them); JSON written with non-canonical escapes (`\u0061`) inside patterns/formats/enums; numbers with
- * more than 16 integral digits; extra keys of an
- * `additionalProperties` schema never repeat a declared name, except when a declared name needs JSON escapes
- * (then any key: more); oneOf may match several branches (more).
+ * Inexact (the grammar accepts a subset of what a validator accepts, never more, except where noted): property order
+ * is fixed; `additionalProperties` absent next to `properties` means no extra keys (llama.cpp's reading; a validator
+ * allows them); JSON written with non-canonical escapes (`\u0061`) inside patterns/formats/enums; numbers with more
+ * than 16 integral digits; extra keys of an `additionalProperties` schema never repeat a declared name, except when a
+ * declared name needs JSON escapes (then any key: more); oneOf may match several branches (more).
  */
 import { invalidValue, type KeelHttpError } from "../http/errors.js";
 import { literal } from "./gbnf-text.js";
