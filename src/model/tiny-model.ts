@@ -9,6 +9,7 @@
  * The 256 byte tokens make every byte sequence spellable, so any grammar over text is satisfiable.
  */
 import {createHash} from "node:crypto";
+import {CHATML_TEMPLATE} from "./chat-templates.js";
 import {encodeTensorData, floatToHalfBits, GgmlTensorType, GgufValueType, GgufWriter} from "./gguf-writer.js";
 import {extendBpeVocab, trainBpe, type BpeVocab} from "./bpe.js";
 import {TRAINING_CORPUS} from "./corpus.js";
@@ -82,12 +83,7 @@ export type ResolvedTinyModelOptions = Required<Omit<TinyModelOptions, "broken" 
     userTokens?: readonly string[];
 };
 
-/** ChatML template (the format `<|im_start|>role\ncontent<|im_end|>\n`), with `add_generation_prompt` support. */
-export const CHATML_TEMPLATE =
-    "{%- for message in messages -%}" +
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' -}}" +
-    "{%- endfor -%}" +
-    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}";
+export {CHATML_TEMPLATE};
 
 /**
  * Default options of the tiny model (and of Keel's embedded default model).
