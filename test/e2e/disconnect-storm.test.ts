@@ -4,9 +4,9 @@
  * 240 requests, about a third hard-closed (FIN or RST) at random phases — before headers, at admission (prefill),
  * mid-decode, at the instant of natural finish (max_tokens 1–2) — and the rest compared with control runs.
  *
- * Asserts I1 (same process), I3 (every bystander identical to its control), I4 (sequences, queue and KV back to
- * baseline; every abort applied within 2 engine steps), I5 (one terminal record per aborted request), and that the
- * metrics show queueing, prefix-cache hits and disconnects happened. No timing expectations (those are in bench/).
+ * Asserts the invariants of docs/design-rules.md: the same process, every bystander identical to its control, back
+ * to baseline (sequences, queue and KV; every abort applied within 2 engine steps), one terminal record per aborted
+ * request, and that the metrics show queueing, prefix-cache hits and disconnects happened. No timing expectations (those are in bench/).
  */
 import fs from "node:fs";
 import os from "node:os";
@@ -60,7 +60,7 @@ const key = (q: string, n: number) => `${n}|${q}`;
 type Plan = { q: string; n: number; victim: null | { at: "sent" | "admitted" | "chunk" | "finish"; chunk: number; mode: CloseMode } };
 
 /** The models the storm runs on: the embedded attention model, and a hybrid (attention + Mamba) model whose
- * recurrent state the scheduler must never trim partially (docs/design-rules.md, rule 3). */
+ * recurrent state the scheduler must never trim partially (docs/design-rules.md: recurrent state is never partially evicted). */
 const MODELS: { name: string; flags: () => string[]; recurrent: boolean; engine?: EngineUnderTest; maxTokens?: number[] }[] = [
   { name: "keel-tiny (attention)", flags: () => [], recurrent: false },
   // OpenVINO's shared paged pool, smaller than the load: 26 blocks of 32 tokens hold two ~385-token requests, and
@@ -145,7 +145,7 @@ for (const model of MODELS) describe(`disconnect storm under saturation — ${mo
     storming = false;
     await watcher;
 
-    // I3: every bystander, and every victim that happened to finish before its close, equals its control.
+    // Bystanders exact: every bystander, and every victim that happened to finish before its close, equals its control.
     let bystanders = 0;
     for (const { plan, r } of results) {
       if (r.closedByClient) continue;
@@ -158,7 +158,7 @@ for (const model of MODELS) describe(`disconnect storm under saturation — ${mo
     expect(bystanders + closed).toBe(TOTAL);
     expect(closed).toBeGreaterThan(TOTAL / 5);
 
-    // I1, I2, I4: same process, ready, everything back to baseline.
+    // Same process, ready, everything back to baseline.
     expect(server.proc.exitCode).toBeNull();
     expect(server.proc.pid).toBe(pid);
     expect((await get(server.baseUrl, "/v2/health/ready")).status).toBe(200);
@@ -178,7 +178,7 @@ for (const model of MODELS) describe(`disconnect storm under saturation — ${mo
     expect(delta("queued") + delta("prefill") + delta("decode")).toBeGreaterThan(TOTAL / 10);
     expect([delta("queued"), delta("prefill"), delta("decode")].filter((d) => d > 0).length).toBeGreaterThanOrEqual(2);
 
-    // I4 in engine steps and I5: each aborted request has exactly one terminal record, within 2 steps of its abort.
+    // Abort latency in engine steps and one terminal record: each aborted request has exactly one terminal record, within 2 steps of its abort.
     const aborted = server.logs
       .map((l) => {
         try {
@@ -193,7 +193,7 @@ for (const model of MODELS) describe(`disconnect storm under saturation — ${mo
     expect(aborted.length).toBe(after.get('keel_requests_finished_total{finish_reason="abort"}')!);
     for (const a of aborted) expect(a.abortLatencySteps, a.requestId).toBeLessThanOrEqual(2);
 
-    // I6: a fresh request still gives its control text.
+    // A fresh request succeeds: it still gives its control text.
     const fresh = await chat(server.baseUrl, body(QUESTIONS[0]!, 24));
     expect(fresh.text).toBe(control.get(key(QUESTIONS[0]!, 24)));
   });

@@ -46,7 +46,7 @@ for (const engine of ENGINES_UNDER_TEST) describe(`engine: ${engine}`, () => {
     await server?.stop();
   });
 
-  /** Invariants after every scenario (docs/design-rules.md: I1, I2, I4, I6). */
+  /** Invariants after every scenario (docs/design-rules.md: the same process, live and ready, back to baseline, a fresh request succeeds). */
   async function expectHealthyAndIdle(): Promise<void> {
     expect(server.proc.exitCode).toBeNull();
     expect(server.proc.pid).toBe(pid);

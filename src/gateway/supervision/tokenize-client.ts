@@ -33,7 +33,7 @@ export class TokenizeClient {
     });
   }
 
-  /** Deliver an engine answer; answers to unknown ids are ignored (docs/design-rules.md rule 5). */
+  /** Deliver an engine answer; answers to unknown ids are ignored (late events, docs/design-rules.md). */
   handle(msg: TokenizedMessage): void {
     const p = this.#pending.get(msg.id);
     if (!p) return;
