@@ -44,7 +44,7 @@ await ensureDefaultModel();
 if (process.env.npm_lifecycle_event !== "serve") ensureTestVenv();
 
 // 5. The real models of the real-model tests, in Keel's model cache outside the repository (keel fetch; see
-//    README "Models"). Quick when cached: a size check of files that were verified before they got their name.
+//    docs/models.md). Quick when cached: a size check of files that were verified before they got their name.
 //    `npm run serve` skips this: the server fetches its own default model on first start.
 if (process.env.npm_lifecycle_event !== "serve") await fetchTestModels();
 

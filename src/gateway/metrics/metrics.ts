@@ -1,6 +1,6 @@
 /**
  * Prometheus metrics (prom-client). Every label set is created at 0 at start, so a fresh server shows each name.
- * Names are documented in the README's Metrics section.
+ * Names are documented in docs/metrics.md.
  */
 import client from "prom-client";
 import type { Phase, FinishReason } from "../requests/lifecycle.js";

@@ -1,5 +1,5 @@
 /**
- * `--config_path FILE`: OVMS's JSON configuration, the subset Keel serves (README, "Several models"):
+ * `--config_path FILE`: OVMS's JSON configuration, the subset Keel serves (docs/models.md, "Several models"):
  *
  *   { "model_config_list": [ { "config": { "name": "a", "base_path": "model.gguf", "max_num_seqs": 4, … } } ] }
  *

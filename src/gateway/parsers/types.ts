@@ -36,7 +36,7 @@ export interface OutputParser {
   push(text: string): ParsedDelta;
   /**
    * The generation ended ("length" = cut by max_tokens/capacity): flushes held-back text. A call left open by the
-   * cut is not reported as a call; its raw text becomes content (documented in the README).
+   * cut is not reported as a call; its raw text becomes content (documented in docs/agents.md).
    */
   finish(reason: "stop" | "length"): ParsedDelta;
   /** Everything parsed so far (after `finish`: the final answer). */
