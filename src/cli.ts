@@ -21,7 +21,8 @@ import { REASONING_PARSERS, TOOL_PARSERS, type ReasoningParserName, type ToolPar
 import { kvCapacity } from "./cli/kv-capacity.js";
 import { defaultEngineThreads, ENGINE_THREADS_RULE, hostCpus, type HostCpus } from "./cli/engine-threads.js";
 import { parsePluginConfig } from "./cli/plugin-config.js";
-import { chooseEngine, ENGINE_FLAG_VALUES, engineCommandFor, engineFlagProblems, kvBlockTokens, engineBaseConfig, openvinoKvElementBytes, type EngineFlag, type EngineName } from "./cli/engine-choice.js";
+import { chooseEngine, ENGINE_FLAG_VALUES, engineCommandFor, engineFlagProblems, engineBaseConfig, type EngineFlag, type EngineName } from "./cli/engine-choice.js";
+import { kvBlockTokens, llamaKvCacheBytes, openvinoKvElementBytes } from "./model/kv-bytes.js";
 
 /** One `keel serve` flag. */
 interface FlagSpec {
@@ -570,7 +571,7 @@ async function serve(argv: string[]): Promise<void> {
     process.exit(1);
   }
   // llama.cpp: a partition per sequence; OpenVINO: one pool shared by all, in the engine's own KV precision.
-  const kvBytes = meta.kvElementsPerToken === null || choice.engine === "openvino" ? null : Math.round(meta.kvElementsPerToken * (u8 ? 34 / 32 : 2) * maxModelLen * maxNumSeqs);
+  const kvBytes = choice.engine === "openvino" ? null : llamaKvCacheBytes(meta.kvElementsPerToken, base.kvCacheType, maxModelLen, maxNumSeqs);
   gw.log.info(
     { event: "capacity", tokensPerSequence: maxModelLen, sequences: maxNumSeqs, kvBytes, limitedBy: capacityNote, kvCachePrecision: flags["kv_cache_precision"], prefixCaching: base.prefixCaching, ...(choice.engine === "openvino" ? { poolTokens: poolTokens ?? null } : {}) },
     choice.engine === "openvino"

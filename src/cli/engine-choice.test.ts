@@ -3,7 +3,7 @@ import { afterEach, describe, expect, it, vi } from "vitest";
 import { parseServeFlags } from "../cli.js";
 import { DEFAULT_ENGINE_COMMAND } from "../gateway/supervision/engine-client.js";
 import { OPENVINO_WORKER } from "../engine-openvino/venv.js";
-import { chooseEngine, engineBaseConfig, engineCommandFor, engineFlagProblems, kvBlockTokens, openvinoConfigFields, openvinoKvElementBytes } from "./engine-choice.js";
+import { chooseEngine, engineBaseConfig, engineCommandFor, engineFlagProblems, openvinoConfigFields } from "./engine-choice.js";
 
 const HOST = { logicalCpus: 16, physicalCores: 16 };
 const parse = (...argv: string[]): Record<string, unknown> => parseServeFlags(argv, HOST);
@@ -81,18 +81,6 @@ describe("flags per engine", () => {
       expect.stringContaining("PERFORMANCE_HINT is an OpenVINO runtime property with no llama.cpp equivalent; not applied"),
       expect.stringContaining("ENABLE_CPU_PINNING true is not applied"),
     ]);
-  });
-
-  it("KV bytes per element as the OpenVINO engine sizes --cache_size: f32 on CPU, the KV type elsewhere, KV_CACHE_PRECISION of --plugin_config first", () => {
-    expect(openvinoKvElementBytes("cpu", "f16")).toBe(4);
-    expect(openvinoKvElementBytes("gpu", "f16")).toBe(2);
-    expect(openvinoKvElementBytes("gpu", "q8_0")).toBe(1);
-    expect(openvinoKvElementBytes("cpu", "f16", { KV_CACHE_PRECISION: "u8" })).toBe(1);
-    expect(openvinoKvElementBytes("auto", "q8_0", { KV_CACHE_PRECISION: "F16" })).toBe(2);
-  });
-
-  it("KV blocks are 32 tokens on CPU, 16 on GPU", () => {
-    expect([kvBlockTokens("cpu"), kvBlockTokens("auto"), kvBlockTokens("gpu")]).toEqual([32, 32, 16]);
   });
 });
 

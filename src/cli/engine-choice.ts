@@ -103,27 +103,6 @@ export function openvinoConfigFields(engine: EngineName, f: Record<string, unkno
   return out;
 }
 
-/** Bytes per KV element of OpenVINO's KV precisions. */
-const OPENVINO_KV_BYTES: Record<string, number> = { f32: 4, f16: 2, bf16: 2, u8: 1, u4: 0.5 };
-
-/**
- * Bytes per KV element the OpenVINO engine will use, to turn `--cache_size` GB into pool tokens the way the engine
- * does (src/engine-openvino/worker.py compile_properties): on CPU f32 (its exact numerics), elsewhere the KV cache
- * type; a `KV_CACHE_PRECISION` in `--plugin_config` wins.
- */
-export function openvinoKvElementBytes(device: EngineConfig["device"], kvCacheType: EngineConfig["kvCacheType"], pluginConfig?: Record<string, unknown>): number {
-  const fromType = { f16: "f16", f32: "f32", q8_0: "u8", q4_0: "u4" }[kvCacheType];
-  const fromPlugin = pluginConfig?.["KV_CACHE_PRECISION"];
-  // CPU: f32 unless --kv_cache_precision u8 (the worker's exact default; compile_properties in worker.py).
-  const kv = typeof fromPlugin === "string" ? fromPlugin.toLowerCase() : device === "cpu" && fromType !== "u8" ? "f32" : fromType;
-  return OPENVINO_KV_BYTES[kv] ?? 2;
-}
-
-/** Tokens in one KV block of OpenVINO GenAI: 32 on CPU, 16 on GPU (openvino-engine.md §1). */
-export function kvBlockTokens(device: EngineConfig["device"]): number {
-  return device === "gpu" ? 16 : 32;
-}
-
 /**
  * The command that runs `engine`: `override` (KEEL_ENGINE_COMMAND, parsed by the caller) wins over everything; the
  * OpenVINO engine's venv is built first when missing (logged through `log`).

@@ -15,7 +15,8 @@ import type { ReasoningParserName, ToolParserName } from "../gateway/tools.js";
 import { isTinyModelName } from "../model/default-model.js";
 import { isCatalogueName } from "../model/model-cache.js";
 import { openvinoIrDirectory, resolveServeModel } from "../model/serve-model.js";
-import { chooseEngine, engineCommandFor, engineFlagProblems, kvBlockTokens, engineBaseConfig, openvinoKvElementBytes, type EngineFlag, type ModelToServe } from "./engine-choice.js";
+import { chooseEngine, engineCommandFor, engineFlagProblems, engineBaseConfig, type EngineFlag, type ModelToServe } from "./engine-choice.js";
+import { kvBlockTokens, openvinoKvElementBytes } from "../model/kv-bytes.js";
 import type { EngineCommand, EngineConfig } from "../protocol/engine-config.js";
 import type { ModelMetadata } from "../protocol/messages.js";
 
