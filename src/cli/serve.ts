@@ -21,7 +21,7 @@ import { FlagError, parseServeCommand, type ServeOptions } from "./flags.js";
 import { kvCapacity } from "./kv-capacity.js";
 import { checkModelFile, validateModel } from "./model-check.js";
 import { serveFromConfig } from "./serve-config.js";
-import { engineCommandOverride, listen, serverSettings } from "./server-settings.js";
+import { engineCommandOverride, listen, serverSettings, type ServerSettings } from "./server-settings.js";
 import { drainOnSignals } from "./shutdown.js";
 
 /** How `keel serve` ended without an error: it printed what was asked (`--help`, `--pull`), or it served and drained. */
@@ -95,7 +95,7 @@ async function resolveModel(o: ServeOptions): Promise<ServeModel | "pulled"> {
 }
 
 /** Check `model` in a throwaway engine, settle its KV capacity and serve it. @throws CliError */
-async function serveModel(o: ServeOptions, model: ServeModel, settings: ReturnType<typeof serverSettings>): Promise<Gateway> {
+async function serveModel(o: ServeOptions, model: ServeModel, settings: ServerSettings): Promise<Gateway> {
   if (model.kind === "fallback") process.stderr.write(`keel serve: ${model.reason}\nkeel serve: serving the random-weight keel-tiny instead; ${HOW_TO_PASS_A_MODEL}\n`);
   // The engine that serves the model (--engine; cli/engine-choice.ts), and the flags that engine cannot honour.
   let choice: EngineChoice;
@@ -140,7 +140,7 @@ async function serveModel(o: ServeOptions, model: ServeModel, settings: ReturnTy
     engineCommand,
     agents: { toolParser: o.tool_parser ?? null, reasoningParser: o.reasoning_parser ?? null, guideAuto: o.enable_tool_guided_generation },
   });
-  logStart(gw, o, { model, modelName, choice, engineCommand, meta, capacity, prefixCaching: base.prefixCaching, device: base.device, apiKeyRequired: settings.apiKey !== null && settings.apiKey !== undefined });
+  logStart(gw, o, { model, modelName, choice, engineCommand, meta, capacity, prefixCaching: base.prefixCaching, device: base.device, apiKeyRequired: typeof settings.apiKey === "string" });
   return gw;
 }
 
