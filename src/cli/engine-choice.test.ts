@@ -1,15 +1,15 @@
 import path from "node:path";
 import { afterEach, describe, expect, it, vi } from "vitest";
-import { parseServeFlags } from "../cli.js";
 import { DEFAULT_ENGINE_COMMAND } from "../gateway/supervision/engine-client.js";
 import { OPENVINO_WORKER } from "../engine-openvino/venv.js";
-import { chooseEngine, engineBaseConfig, engineCommandFor, engineFlagProblems, kvBlockTokens, openvinoConfigFields, openvinoKvElementBytes } from "./engine-choice.js";
+import { chooseEngine, engineBaseConfig, engineCommandFor, engineFlagProblems, openvinoConfigFields } from "./engine-choice.js";
+import { parseServeFlags, type ServeOptions } from "./flags.js";
 
 const HOST = { logicalCpus: 16, physicalCores: 16 };
-const parse = (...argv: string[]): Record<string, unknown> => parseServeFlags(argv, HOST);
+const parse = (...argv: string[]): ServeOptions => parseServeFlags(argv, HOST);
 const problems = (engine: "llama.cpp" | "openvino", ...argv: string[]): string[] => {
   const f = parse(...argv);
-  return engineFlagProblems(engine, f, f["given"] as Set<string>);
+  return engineFlagProblems(engine, f, f.given);
 };
 
 describe("chooseEngine: --engine auto | llama.cpp | openvino", () => {
@@ -74,25 +74,13 @@ describe("flags per engine", () => {
   });
 
   it("--plugin_config: llama.cpp's 'not applied' lines are for llama.cpp only; on openvino every key is said to be passed to OpenVINO", () => {
-    const notes = parse("--plugin_config", '{"PERFORMANCE_HINT":"LATENCY","ENABLE_CPU_PINNING":true}')["notes"] as { level: string; msg: string; engine?: string }[];
+    const notes = parse("--plugin_config", '{"PERFORMANCE_HINT":"LATENCY","ENABLE_CPU_PINNING":true}').notes;
     const forEngine = (e: string) => notes.filter((n) => n.engine === undefined || n.engine === e).map((n) => n.msg);
     expect(forEngine("openvino").filter((m) => m.startsWith("--plugin_config"))).toEqual(["--plugin_config: every key is passed to OpenVINO as given (PERFORMANCE_HINT, ENABLE_CPU_PINNING)"]);
     expect(forEngine("llama.cpp").filter((m) => m.startsWith("--plugin_config"))).toEqual([
       expect.stringContaining("PERFORMANCE_HINT is an OpenVINO runtime property with no llama.cpp equivalent; not applied"),
       expect.stringContaining("ENABLE_CPU_PINNING true is not applied"),
     ]);
-  });
-
-  it("KV bytes per element as the OpenVINO engine sizes --cache_size: f32 on CPU, the KV type elsewhere, KV_CACHE_PRECISION of --plugin_config first", () => {
-    expect(openvinoKvElementBytes("cpu", "f16")).toBe(4);
-    expect(openvinoKvElementBytes("gpu", "f16")).toBe(2);
-    expect(openvinoKvElementBytes("gpu", "q8_0")).toBe(1);
-    expect(openvinoKvElementBytes("cpu", "f16", { KV_CACHE_PRECISION: "u8" })).toBe(1);
-    expect(openvinoKvElementBytes("auto", "q8_0", { KV_CACHE_PRECISION: "F16" })).toBe(2);
-  });
-
-  it("KV blocks are 32 tokens on CPU, 16 on GPU", () => {
-    expect([kvBlockTokens("cpu"), kvBlockTokens("auto"), kvBlockTokens("gpu")]).toEqual([32, 32, 16]);
   });
 });
 

@@ -1,7 +1,7 @@
 /**
  * Which engine serves a model (`--engine auto | llama.cpp | openvino`), what its start configuration gets from the
  * OpenVINO-only flags, which flags an engine refuses, and the command that runs it. One rule for `keel serve` flags
- * (cli.ts) and `--config_path` entries (cli/serve-config.ts).
+ * (cli/serve.ts) and `--config_path` entries (cli/serve-config.ts).
  *
  * auto: an OpenVINO IR directory (`openvino_model.xml`) → openvino; a GGUF → llama.cpp. `--engine openvino` serves a
  * GGUF too (OpenVINO GenAI loads llama/qwen2/qwen3 GGUFs); `--engine llama.cpp` cannot serve an IR directory.
@@ -13,14 +13,8 @@ import { DEFAULT_ENGINE_COMMAND } from "../gateway/supervision/engine-client.js"
 import { ensureOpenvinoVenv, openvinoEngineCommand } from "../engine-openvino/venv.js";
 import { modelCacheDir } from "../model/model-cache.js";
 import type { EngineCommand, EngineConfig } from "../protocol/engine-config.js";
-
-/** The engines Keel runs. */
-export const ENGINES = ["llama.cpp", "openvino"] as const;
-/** One engine. */
-export type EngineName = (typeof ENGINES)[number];
-/** `--engine`'s values. */
-export const ENGINE_FLAG_VALUES = ["auto", ...ENGINES] as const;
-export type EngineFlag = (typeof ENGINE_FLAG_VALUES)[number];
+import type { EngineFlag, EngineName } from "./flag-table.js";
+import type { ServeOptions } from "./flags.js";
 
 /** The model as the choice sees it (a ServeModel): a GGUF file, or an IR directory (kind "openvino-ir", and a GGUF next to it or null). */
 export interface ModelToServe {
@@ -54,29 +48,29 @@ export function chooseEngine(flag: EngineFlag, model: ModelToServe): EngineChoic
 
 /**
  * Flags the chosen engine cannot honour (refused, exit 2; never accepted and ignored).
- * @param f parsed flags (or a config entry's merged settings); `given` the flag names set explicitly
+ * @param f the options (or a config entry's, its settings on top); `given` the flag names set explicitly
  */
-export function engineFlagProblems(engine: EngineName, f: Record<string, unknown>, given: ReadonlySet<string>): string[] {
+export function engineFlagProblems(engine: EngineName, f: ServeOptions, given: ReadonlySet<string>): string[] {
   const problems: string[] = [];
   if (engine === "llama.cpp") {
-    if (f["num_kv_blocks"] !== undefined) {
+    if (f.num_kv_blocks !== undefined) {
       problems.push("--num_kv_blocks sets the OpenVINO engine's shared KV block pool; the llama.cpp engine has none (its KV is one partition per sequence: size it with --cache_size or --max_model_len), so it is refused with the llama.cpp engine (use --engine openvino)");
     }
-    if (f["pluginOpenvinoOnlyKv"] !== undefined) {
-      problems.push(`--plugin_config KV_CACHE_PRECISION ${JSON.stringify(f["pluginOpenvinoOnlyKv"])} is an OpenVINO precision; the llama.cpp engine takes "u8" or "f16" (q8_0 or f16 KV cache)`);
+    if (f.pluginOpenvinoOnlyKv !== undefined) {
+      problems.push(`--plugin_config KV_CACHE_PRECISION ${JSON.stringify(f.pluginOpenvinoOnlyKv)} is an OpenVINO precision; the llama.cpp engine takes "u8" or "f16" (q8_0 or f16 KV cache)`);
     }
     return problems;
   }
-  if (f["enable_tool_guided_generation"] === true) {
+  if (f.enable_tool_guided_generation) {
     // Accepting it would make every request with tools fail (the engine cannot apply the grammar): refuse at start.
     problems.push("--enable_tool_guided_generation true needs grammar-constrained sampling, which the OpenVINO engine does not apply yet (capability 'grammars'); without it tool calls are parsed from free text (tool_choice auto), or serve with --engine llama.cpp");
   }
-  if (f["flash_attention"] === true && given.has("flash_attention")) {
+  if (f.flash_attention && given.has("flash_attention")) {
     problems.push("--flash_attention is a llama.cpp setting; the OpenVINO engine chooses its attention kernels itself, so it is refused with --engine openvino");
   }
-  const plugin = f["pluginConfig"] as Record<string, unknown> | undefined;
+  const plugin = f.pluginConfig;
   const inexact = ["INFERENCE_PRECISION_HINT", "KV_CACHE_PRECISION", "DYNAMIC_QUANTIZATION_GROUP_SIZE"].filter((k) => plugin?.[k] !== undefined);
-  if (f["deterministic"] === true && inexact.length > 0) {
+  if (f.deterministic && inexact.length > 0) {
     // The engine's exact numerics are those three keys' defaults: setting one would silently void --deterministic.
     problems.push(`--deterministic true needs the OpenVINO engine's exact numerics; --plugin_config ${inexact.join(", ")} contradicts it`);
   }
@@ -94,34 +88,13 @@ export function engineFlagProblems(engine: EngineName, f: Record<string, unknown
  * deterministic, and the engine-side cache directory. None of them for llama.cpp (it refuses kvBlocks and never
  * receives the raw plugin config: the CLI maps the keys it understands).
  */
-export function openvinoConfigFields(engine: EngineName, f: Record<string, unknown>, env: NodeJS.ProcessEnv = process.env): Partial<EngineConfig> {
+export function openvinoConfigFields(engine: EngineName, f: ServeOptions, env: NodeJS.ProcessEnv = process.env): Partial<EngineConfig> {
   if (engine !== "openvino") return {};
-  const out: Partial<EngineConfig> = { deterministic: f["deterministic"] === true, cacheDir: path.dirname(modelCacheDir(env)) };
-  if (f["num_kv_blocks"] !== undefined) out.kvBlocks = f["num_kv_blocks"] as number;
-  if ((f["cache_size"] as number | undefined) !== undefined && (f["cache_size"] as number) > 0) out.cacheGb = f["cache_size"] as number;
-  if (f["pluginConfig"] !== undefined) out.pluginConfig = f["pluginConfig"] as Record<string, string | number | boolean>;
+  const out: Partial<EngineConfig> = { deterministic: f.deterministic, cacheDir: path.dirname(modelCacheDir(env)) };
+  if (f.num_kv_blocks !== undefined) out.kvBlocks = f.num_kv_blocks;
+  if (f.cache_size > 0) out.cacheGb = f.cache_size;
+  if (f.pluginConfig !== undefined) out.pluginConfig = f.pluginConfig as Record<string, string | number | boolean>;
   return out;
-}
-
-/** Bytes per KV element of OpenVINO's KV precisions. */
-const OPENVINO_KV_BYTES: Record<string, number> = { f32: 4, f16: 2, bf16: 2, u8: 1, u4: 0.5 };
-
-/**
- * Bytes per KV element the OpenVINO engine will use, to turn `--cache_size` GB into pool tokens the way the engine
- * does (src/engine-openvino/worker.py compile_properties): on CPU f32 (its exact numerics), elsewhere the KV cache
- * type; a `KV_CACHE_PRECISION` in `--plugin_config` wins.
- */
-export function openvinoKvElementBytes(device: EngineConfig["device"], kvCacheType: EngineConfig["kvCacheType"], pluginConfig?: Record<string, unknown>): number {
-  const fromType = { f16: "f16", f32: "f32", q8_0: "u8", q4_0: "u4" }[kvCacheType];
-  const fromPlugin = pluginConfig?.["KV_CACHE_PRECISION"];
-  // CPU: f32 unless --kv_cache_precision u8 (the worker's exact default; compile_properties in worker.py).
-  const kv = typeof fromPlugin === "string" ? fromPlugin.toLowerCase() : device === "cpu" && fromType !== "u8" ? "f32" : fromType;
-  return OPENVINO_KV_BYTES[kv] ?? 2;
-}
-
-/** Tokens in one KV block of OpenVINO GenAI: 32 on CPU, 16 on GPU (openvino-engine.md §1). */
-export function kvBlockTokens(device: EngineConfig["device"]): number {
-  return device === "gpu" ? 16 : 32;
 }
 
 /**
@@ -137,25 +110,24 @@ export async function engineCommandFor(engine: EngineName, override: EngineComma
 
 /**
  * The engine-neutral start configuration (protocol/engine-config.ts) from parsed `keel serve` flags, for one model
- * served by `engine` — the one place both the flags path (cli.ts) and `--config_path` (cli/serve-config.ts) build it;
+ * served by `engine` — the one place both the flags path (cli/serve.ts) and `--config_path` (cli/serve-config.ts) build it;
  * maxModelLen is settled by the caller (kvCapacity) once the model's metadata is known.
  */
-export function engineBaseConfig(f: Record<string, unknown>, modelPath: string, engine: EngineName): Omit<EngineConfig, "mode" | "maxModelLen"> {
-  const u8 = f["kv_cache_precision"] === "u8";
+export function engineBaseConfig(f: ServeOptions, modelPath: string, engine: EngineName): Omit<EngineConfig, "mode" | "maxModelLen"> {
+  const u8 = f.kv_cache_precision === "u8";
   return {
     modelPath,
-    maxNumSeqs: f["max_num_seqs"] as number,
-    maxNumBatchedTokens: f["max_num_batched_tokens"] as number,
-    threads: f["engine_threads"] as number,
+    maxNumSeqs: f.max_num_seqs,
+    maxNumBatchedTokens: f.max_num_batched_tokens,
+    threads: f.engine_threads,
     // A quantized V cache needs flash attention in llama.cpp (docs/upstream.md).
-    flashAttention: u8 ? true : (f["flash_attention"] as boolean),
+    flashAttention: u8 ? true : f.flash_attention,
     kvCacheType: u8 ? "q8_0" : "f16",
     // --deterministic turns prefix reuse off (parseServeFlags already does for the flags path).
-    prefixCaching: f["deterministic"] === true ? false : (f["enable_prefix_caching"] as boolean),
+    prefixCaching: f.deterministic ? false : f.enable_prefix_caching,
     // Split-fuse off (OVMS): a prompt must fit one step.
-    ...(f["dynamic_split_fuse"] === false ? { maxPromptLen: f["max_num_batched_tokens"] as number } : {}),
-    // Parsed by the flag's own parser (parseTargetDevice: CPU → "cpu", GPU → "gpu", AUTO → "auto").
-    device: f["target_device"] as "cpu" | "gpu" | "auto",
+    ...(f.dynamic_split_fuse === false ? { maxPromptLen: f.max_num_batched_tokens } : {}),
+    device: f.target_device,
     ...openvinoConfigFields(engine, f),
   };
 }

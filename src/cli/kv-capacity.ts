@@ -7,7 +7,10 @@
  * sequences (`num_kv_blocks` blocks, else `cache_size` GB, else max_model_len × max_num_seqs): one sequence may use all of it,
  * never more, so max_model_len defaults to min(trained context, 4096, pool) and a longer explicit one is refused —
  * a sequence outgrowing the pool would turn every request in flight IGNORED (openvino-engine.md §7).
+ *
+ * @module
  */
+import { kvBytesPerToken, llamaKvElementBytes, OPENVINO_KV_ELEMENT_BYTES } from "../model/kv-bytes.js";
 
 /** What the rule reads from the model (the startup model check). */
 export interface CapacityModel {
@@ -45,7 +48,7 @@ export function kvCapacity(
   }
   // Split the KV budget evenly across sequences (node-llama-cpp gives each sequence its own KV partition).
   if (meta.kvElementsPerToken === null) throw new Error("cache_size needs the model's KV shape, which its GGUF metadata does not give");
-  const bytesPerToken = meta.kvElementsPerToken * (opts.u8 ? 34 / 32 : 2); // q8_0 blocks: 32 values in 34 bytes
+  const bytesPerToken = kvBytesPerToken(meta.kvElementsPerToken, llamaKvElementBytes(opts.u8 ? "q8_0" : "f16"));
   const perSequence = Math.floor((opts.cacheGb * 1e9) / opts.maxNumSeqs / bytesPerToken);
   if (perSequence < 16) {
     throw new Error(`cache_size ${opts.cacheGb} GB gives ${perSequence} tokens per sequence for ${opts.maxNumSeqs} sequences (${bytesPerToken} bytes per token); raise it or lower max_num_seqs`);
@@ -79,7 +82,7 @@ function sharedPoolCapacity(
     flag = `num_kv_blocks ${opts.kvBlocks}`;
   } else if (opts.cacheGb > 0) {
     if (meta.kvElementsPerToken === null) throw new Error("cache_size needs the model's KV shape, which its metadata does not give; use num_kv_blocks");
-    const bytesPerToken = meta.kvElementsPerToken * (opts.kvElementBytes ?? (opts.u8 ? 1 : 2));
+    const bytesPerToken = kvBytesPerToken(meta.kvElementsPerToken, opts.kvElementBytes ?? OPENVINO_KV_ELEMENT_BYTES[opts.u8 ? "u8" : "f16"]!);
     // Whole blocks (the engine allocates blocks, never more than the budget).
     pool = Math.floor((opts.cacheGb * 1e9) / bytesPerToken / blockTokens) * blockTokens;
     what = `--cache_size ${opts.cacheGb} GB / ${bytesPerToken.toFixed(0)} bytes per token`;

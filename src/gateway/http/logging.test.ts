@@ -5,7 +5,7 @@ import pino from "pino";
 import { afterAll, describe, expect, it } from "vitest";
 import type { ReadyMessage } from "../../protocol/messages.js";
 import { defaultLogFormat, formatLogLine, logDestination } from "./logging.js";
-import { describeReady } from "../supervision/supervisor.js";
+import { describeReady } from "../supervision/ready-line.js";
 
 describe("log format", () => {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), "keel-log-"));

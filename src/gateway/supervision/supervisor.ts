@@ -13,6 +13,7 @@ import { CHATML_TEMPLATE } from "../../model/tiny-model.js";
 import { ChatTemplate } from "../models/chat-template.js";
 import { EngineClient } from "./engine-client.js";
 import { IsolatedPrompts, isolationKey } from "./isolated-prompts.js";
+import { describeReady } from "./ready-line.js";
 import type { Metrics } from "../metrics/metrics.js";
 import type { StepObserver } from "../metrics/metrics-observer.js";
 import type { RequestRegistry } from "../requests/registry.js";
@@ -283,28 +284,4 @@ export class EngineSupervisor {
     }, Math.min(500, Math.max(50, stallMs / 4)));
     this.watchdog.unref();
   }
-}
-
-/** Bytes per KV element of each KV cache type (q8_0: blocks of 32 values in 34 bytes; q4_0: 32 in 18). */
-const KV_BYTES_PER_ELEMENT = { f16: 2, f32: 4, q8_0: 34 / 32, q4_0: 18 / 32 } as const;
-
-/**
- * The "engine ready" log line: load time, backend and devices, KV capacity (tokens per sequence × sequences, and
- * bytes when the model gives its KV shape).
- */
-export function describeReady(msg: ReadyMessage, kvCacheType: keyof typeof KV_BYTES_PER_ELEMENT): { text: string; fields: Record<string, unknown> } {
-  const { maxModelLen, maxNumSeqs, kvPoolTokens } = msg.limits;
-  const perToken = msg.model.kvElementsPerToken;
-  // A shared pool (the OpenVINO engine) is sized by the engine itself, whose element type the gateway does not know.
-  const kvBytes = perToken === null || kvPoolTokens !== undefined ? null : Math.round(perToken * KV_BYTES_PER_ELEMENT[kvCacheType] * maxModelLen * maxNumSeqs);
-  const backend = msg.backend ? (msg.backend.gpu === false ? "cpu" : msg.backend.gpu) : "unknown";
-  const devices = msg.backend?.devices ?? [];
-  const parts = [
-    msg.loadMs !== undefined ? `in ${(msg.loadMs / 1000).toFixed(1)} s` : null,
-    `backend ${backend}${devices.length > 0 ? ` (${devices.join(", ")})` : ""}`,
-    kvPoolTokens !== undefined
-      ? `KV pool ${kvPoolTokens} tokens shared by ${maxNumSeqs} sequences (up to ${maxModelLen} per sequence)`
-      : `KV capacity ${maxModelLen} tokens per sequence x ${maxNumSeqs} sequences${kvBytes !== null ? ` (${(kvBytes / 1e6).toFixed(1)} MB ${kvCacheType})` : ""}`,
-  ].filter((p) => p !== null);
-  return { text: `engine ready ${parts.join("; ")}`, fields: { loadMs: msg.loadMs ?? null, backend, devices, ...(msg.backend?.addon ? { addon: msg.backend.addon } : {}), kvBytes, ...(kvPoolTokens !== undefined ? { kvPoolTokens } : {}) } };
 }

@@ -1,16 +1,15 @@
-import fs from "node:fs";
-import os from "node:os";
-import path from "node:path";
-import { afterAll, describe, expect, it } from "vitest";
-import { defaultEngineThreads, physicalCoresFromCpuinfo } from "./cli/engine-threads.js";
-import { parsePluginConfig } from "./cli/plugin-config.js";
-import { engineFlagProblems } from "./cli/engine-choice.js";
-import { checkModelFile, METRIC_FAMILIES, parseServeFlags, parseTargetDevice, ShutdownSignals, type FlagNote } from "./cli.js";
+import { describe, expect, it } from "vitest";
+import { engineFlagProblems } from "./engine-choice.js";
+import { defaultEngineThreads, physicalCoresFromCpuinfo } from "./engine-threads.js";
+import { METRIC_FAMILIES } from "./flag-table.js";
+import { parseTargetDevice } from "./flag-values.js";
+import { FlagError, parseServeCommand, parseServeFlags, withSettings, type ServeOptions } from "./flags.js";
+import { parsePluginConfig } from "./plugin-config.js";
 
 /** A 16-core host without hyper-threads, so that defaults do not depend on the machine running the tests. */
 const HOST = { logicalCpus: 16, physicalCores: 16 };
-const parse = (...argv: string[]): Record<string, unknown> => parseServeFlags(argv, HOST);
-const notes = (f: Record<string, unknown>): string[] => (f["notes"] as FlagNote[]).map((n) => `${n.level}: ${n.msg}`);
+const parse = (...argv: string[]): ServeOptions => parseServeFlags(argv, HOST);
+const notes = (f: ServeOptions): string[] => f.notes.map((n) => `${n.level}: ${n.msg}`);
 
 /** The seed's command line (issue #10), as a shell passes it. */
 const SEED = ["--task=text_generation", "--target_device=GPU", '--plugin_config={"ENABLE_CPU_PINNING":false}', "--tool_parser", "qwen3coder", "--enable_tool_guided_generation", "true", "--reasoning_parser", "qwen3", "--kv_cache_precision", "u8", "--cache_size", "4", "--enable_prefix_caching", "true", "--cache_interval_multiplier", "64", "--max_num_seqs", "16", "--max_num_batched_tokens", "4096"];
@@ -28,7 +27,7 @@ describe("the seed's command line", () => {
   it("--flag=value and --flag value give the same result", () => {
     const spaced = parse("--max_num_seqs", "4", "--target_device", "CPU", "--plugin_config", '{"KV_CACHE_PRECISION":"u8"}');
     const inline = parse("--max_num_seqs=4", "--target_device=CPU", '--plugin_config={"KV_CACHE_PRECISION":"u8"}');
-    for (const k of ["max_num_seqs", "target_device", "kv_cache_precision"]) expect(inline[k]).toEqual(spaced[k]);
+    for (const k of ["max_num_seqs", "target_device", "kv_cache_precision"] as const) expect(inline[k]).toEqual(spaced[k]);
     expect([spaced["max_num_seqs"], spaced["target_device"], spaced["kv_cache_precision"]]).toEqual([4, "cpu", "u8"]);
   });
 });
@@ -166,7 +165,7 @@ describe("engine threads default", () => {
   });
 
   it("the thread count is always said at start; more threads than CPUs is a warning", () => {
-    const notes = (argv: string[]) => (parseServeFlags(argv, { logicalCpus: 2, physicalCores: 2 })["notes"] as { level: string; msg: string }[]).filter((n) => n.msg.startsWith("engine threads"));
+    const notes = (argv: string[]) => parseServeFlags(argv, { logicalCpus: 2, physicalCores: 2 }).notes.filter((n) => n.msg.startsWith("engine threads"));
     expect(notes([])).toEqual([{ level: "info", msg: expect.stringContaining("engine threads: 1 (") }]);
     expect(notes(["--engine_threads", "2"])).toEqual([{ level: "info", msg: expect.stringContaining("engine threads: 2 (set;") }]);
     expect(notes(["--engine_threads=3"])).toEqual([{ level: "warn", msg: expect.stringContaining("more than this host's 2 CPUs") }]);
@@ -230,46 +229,27 @@ describe("agent flags", () => {
   });
 });
 
-describe("checkModelFile", () => {
-  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "keel-modelfile-"));
-  afterAll(() => fs.rmSync(dir, { recursive: true, force: true }));
-
-  it("a directory gets a clear message (not EISDIR)", () => {
-    expect(checkModelFile(dir)).toBe(`${dir} is a directory; --model_path needs a GGUF model file`);
+describe("parseServeCommand: the command line parsed once into typed options", () => {
+  it("--help wins over bad values, not over a command line that cannot be read", () => {
+    expect(parseServeCommand(["--help", "--max_num_seqs", "0"], HOST)).toEqual({ help: true });
+    expect(parseServeCommand(["-h"], HOST)).toEqual({ help: true });
+    expect(() => parseServeCommand(["--help", "--bogus"], HOST)).toThrow(new FlagError("unknown flag --bogus"));
+    expect(() => parseServeFlags(["--help"], HOST)).toThrow(FlagError);
   });
 
-  it("a missing file, a file that is not GGUF, and an empty file are named as such", () => {
-    const missing = path.join(dir, "missing.gguf");
-    expect(checkModelFile(missing)).toBe(`the model file ${missing} does not exist`);
-    const text = path.join(dir, "text.gguf");
-    fs.writeFileSync(text, "hello world");
-    expect(checkModelFile(text)).toMatch(/is not a GGUF file/);
-    const empty = path.join(dir, "empty.gguf");
-    fs.writeFileSync(empty, "");
-    expect(checkModelFile(empty)).toMatch(/is not a GGUF file/);
+  it("defaults are typed values; a bad value and a bad --plugin_config are reported together", () => {
+    const { options } = parseServeCommand([], HOST) as { options: ServeOptions };
+    expect([options.rest_port, options.rest_bind_address, options.kv_cache_precision, options.engine_threads, options.allowedOrigins, options.pull]).toEqual([8000, "0.0.0.0", "f16", 15, ["*"], undefined]);
+    expect(() => parse("--max_num_seqs", "0", "--plugin_config", "{oops")).toThrow(/^--max_num_seqs must be an integer between 1 and 256, got "0"; --plugin_config is not valid JSON/);
   });
 
-  it("a file starting with the GGUF magic passes the cheap check (the engine's load decides the rest)", () => {
-    const f = path.join(dir, "magic.gguf");
-    fs.writeFileSync(f, Buffer.from("GGUF\x03\x00\x00\x00", "latin1"));
-    expect(checkModelFile(f)).toBeNull();
-  });
-});
-
-describe("ShutdownSignals", () => {
-  it("a signal repeated within 100 ms (npm forwarding the terminal's Ctrl-C) counts once", () => {
-    const s = new ShutdownSignals(100);
-    expect(s.receive(1000)).toBe("drain");
-    expect(s.receive(1003)).toBe("same");
-    expect(s.receive(1099)).toBe("same");
-    expect(s.count).toBe(1);
-  });
-
-  it("a later signal means hurry", () => {
-    const s = new ShutdownSignals(100);
-    expect(s.receive(1000)).toBe("drain");
-    expect(s.receive(1100)).toBe("hurry");
-    expect(s.receive(5000)).toBe("hurry");
-    expect(s.count).toBe(3);
+  it("a --config_path entry's settings go through the same schemas; their messages drop the dashes", () => {
+    const { options, problems } = withSettings(parse("--max_num_seqs", "6"), { max_num_seqs: "2", kv_cache_precision: "u8", target_device: "GPU" });
+    expect(problems).toEqual([]);
+    expect([options.max_num_seqs, options.kv_cache_precision, options.target_device]).toEqual([2, "u8", "gpu"]);
+    expect(withSettings(parse(), { max_num_seqs: "0", tool_parser: "x" }).problems).toEqual([
+      'max_num_seqs must be an integer between 1 and 256, got "0"',
+      'tool_parser must be one of hermes3, qwen3coder, llama3, auto, got "x"',
+    ]);
   });
 });
