@@ -1,7 +1,7 @@
 /**
  * The default number of engine (llama.cpp) CPU threads for this host.
  *
- * Measured with bench/threads.mjs (README, Benchmarks): on a 2-core machine one thread gives 2,302 / 2,711 / 2,262
+ * Measured with bench/threads.mjs (docs/benchmarks.md): on a 2-core machine one thread gives 2,302 / 2,711 / 2,262
  * tok/s at concurrency 1 / 4 / 8 and two threads 61 / 17 / 46 — ggml's threads busy-wait on each other when no core
  * is spare, so the gateway (and anything else) must keep a core. Hence: 1 thread on up to 2 logical CPUs; otherwise
  * one thread per physical core minus one core for the gateway (hyper-threads share a core's arithmetic units and

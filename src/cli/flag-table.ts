@@ -76,7 +76,7 @@ export const SERVE_FLAGS = [
   flag("tool_parser", "tool-call format to parse (and guide): hermes3, qwen3coder, llama3, or auto (from the model's chat template); unset = requests with tools are refused", undefined, oneOf("tool_parser", [...TOOL_PARSERS, "auto"] as const)),
   flag("reasoning_parser", "reasoning format to split into reasoning_content: qwen3 (<think>…</think>); unset = reasoning stays in content", undefined, oneOf("reasoning_parser", REASONING_PARSERS)),
   flag("enable_tool_guided_generation", "constrain tool calls with a grammar under tool_choice auto too (required and a named function are always guided)", "false", bool("enable_tool_guided_generation")),
-  flag("deterministic", "same request + seed → same text on every run: prefix reuse off, flash attention off, f16 KV (see README)", "false", bool("deterministic")),
+  flag("deterministic", "same request + seed → same text on every run: prefix reuse off, flash attention off, f16 KV (see docs/api.md)", "false", bool("deterministic")),
   // OVMS flags with their OVMS meaning (ovms-compat.md §1).
   flag("task", "text_generation (the only task Keel serves)", "text_generation", checked((v) => {
     if (v === "text_generation") return v;
@@ -115,7 +115,7 @@ export const SERVE_FLAGS = [
   flag("weight-format", "refused: GGUF files carry their quantization", undefined, refused("weight-format", "Keel serves GGUF files whose quantization is fixed in the file; choose a quantized file (--gguf_filename)")),
   flag("extra_quantization_params", "refused: GGUF files carry their quantization", undefined, refused("extra_quantization_params", "Keel does not quantize models; choose a quantized GGUF file (--gguf_filename)")),
   // OVMS flags whose values other modules serve (multi-model config, hub pull, auth, CORS), under camelCase fields.
-  { ...flag("config_path", "OVMS JSON config listing several models, each served by its own engine (README, \"Several models\")", undefined, text), field: "configPath" },
+  { ...flag("config_path", "OVMS JSON config listing several models, each served by its own engine (docs/models.md, \"Several models\")", undefined, text), field: "configPath" },
   { ...flag("source_model", "Hugging Face hub repository ORG/NAME to pull a GGUF from (HF_ENDPOINT, HF_TOKEN honoured) into --model_repository_path/ORG/NAME; served as ORG/NAME unless --model_name", undefined, text), field: "sourceModel" },
   { ...flag("model_repository_path", "directory models are pulled into (default: $OVMS_MODEL_REPOSITORY_PATH)", undefined, text), field: "modelRepositoryPath" },
   switchFlag("pull", "download the --source_model and exit (without it: download if missing, then serve)", "pull"),
