@@ -18,7 +18,8 @@ import { registryObserver, StepObserver } from "../metrics/metrics-observer.js";
 import { pickToolParser } from "../parsers/index.js";
 import { RequestRegistry } from "../requests/registry.js";
 import { MAX_UNREAD_BYTES, type RouteContext } from "../http/route-context.js";
-import { EngineSupervisor, ISOLATED_PROMPT_TTL_MS } from "../supervision/supervisor.js";
+import { ISOLATED_PROMPT_TTL_MS } from "../supervision/recovery.js";
+import { EngineSupervisor } from "../supervision/supervisor.js";
 
 /** One model to serve: its name, engine start configuration and parsers. */
 export interface ModelSpec {

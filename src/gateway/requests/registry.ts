@@ -7,7 +7,8 @@
 import type { AddMessage, PositionLogprobs, RequestErrorMessage, SamplingParams, StepMessage } from "../../protocol/messages.js";
 import { PROTOCOL_VERSION } from "../../protocol/messages.js";
 import * as lc from "./lifecycle.js";
-import { engineErrorToHttp, engineFault, shuttingDown, type KeelHttpError } from "../http/errors.js";
+import { SuspectTests, type ExitDecision } from "../supervision/recovery.js";
+import { engineErrorToHttp, engineFault, SHUTTING_DOWN_MESSAGE, shuttingDown, type KeelHttpError } from "../http/errors.js";
 /** Token counts of a request (tokens). */
 export interface Usage {
   promptTokens: number;
@@ -92,26 +93,15 @@ export interface RegistryObserver {
 export class RequestRegistry {
   /** Live requests by id. */
   private readonly live = new Map<string, Entry>();
+  /** Culprit isolation's test plan (supervision/recovery.ts decides; this table applies its decisions). */
+  private readonly tests = new SuspectTests();
   /**
-   * Culprit isolation is group testing (it stays correct when several requests kill the engine). A suspect is a
-   * request that was in flight at a death once deaths repeat; suspects are held back (`recovering`) until they are
-   * tested in a group of their own, never resumed beside another test, so one culprit cannot frame another request.
-   * `pool`: the suspects under test, in order; when `poolGuilty` it is known to hold a culprit (it died) and is
-   * tested half at a time, else it is tested whole. `deferred`: suspects waiting until the pool is resolved (held
-   * back when a group died, or in flight beside a group when it died). `group`: the suspects in flight as the current
-   * test. A group that dies narrows the pool to its members in flight; a group that ends cleanly clears its members
-   * (they finished); when the pool empties, the deferred suspects become the next pool. All empty when no
-   * bisection runs.
+   * Set when a test group ended cleanly during the current operation: the next test is released once the operation
+   * is over (never while the table is being updated).
    */
-  private pool: string[] = [];
-  /** The pool died as a whole (it holds a culprit), so halving it finds one. */
-  private poolGuilty = false;
-  /** Suspects not in the pool, tested after it (a group of their own), in order. */
-  private deferred: string[] = [];
-  /** The suspects resubmitted as the current test (a subset of `pool`). */
-  private readonly group = new Set<string>();
-  /** Deaths after which an isolated request is failed with `engine_fault`. */
-  faultThreshold = 2;
+  private releaseNextTest = false;
+  /** Operations in progress (a sink may call back into the table); decisions wait until the outermost one ends. */
+  private depth = 0;
 
   constructor(
     private readonly send: (msg: AddMessage | { v: number; type: "abort"; ids: string[] }) => boolean,
@@ -175,35 +165,39 @@ export class RequestRegistry {
    * that is already cancelling or finished is left alone.
    */
   cancel(id: string, cause: lc.CancelCause): void {
-    const e = this.live.get(id);
-    if (!e) return;
-    const phase = lc.phaseOf(e.lifecycle);
-    const next = lc.cancel(e.lifecycle, cause);
-    if (!next || phase === null) return;
-    this.observer.onCancel?.(id, phase, cause);
-    if (next.state === "finished") {
-      // No engine holds it (recovering): released at once; the client gave up or is being ended, so no sink call.
-      this.close(e, next, phase, { promptTokens: e.promptTokens.length, completionTokens: e.generated.length }, { notifySink: false });
-      return;
-    }
-    // An engine holds it: send one abort and wait for the engine's confirmation.
-    e.lifecycle = next;
-    e.cancelledAtStep = this.currentStep();
-    this.send({ v: PROTOCOL_VERSION, type: "abort", ids: [id] });
+    return this.operation(() => {
+      const e = this.live.get(id);
+      if (!e) return;
+      const phase = lc.phaseOf(e.lifecycle);
+      const next = lc.cancel(e.lifecycle, cause);
+      if (!next || phase === null) return;
+      this.observer.onCancel?.(id, phase, cause);
+      if (next.state === "finished") {
+        // No engine holds it (recovering): released at once; the client gave up or is being ended, so no sink call.
+        this.close(e, next, phase, { promptTokens: e.promptTokens.length, completionTokens: e.generated.length }, { notifySink: false });
+        return;
+      }
+      // An engine holds it: send one abort and wait for the engine's confirmation.
+      e.lifecycle = next;
+      e.cancelledAtStep = this.currentStep();
+      this.send({ v: PROTOCOL_VERSION, type: "abort", ids: [id] });
+    });
   }
 
   /** Apply one engine step output. */
   handleStep(msg: StepMessage): void {
-    for (const o of msg.outputs) {
-      const e = this.live.get(o.id);
-      if (!e) continue; // late output for a request we no longer know: ignore
-      try {
-        this.applyOutput(e, o);
-      } catch (err) {
-        // An exception while serving one request fails only that request (the engine releases it on abort).
-        this.failLocally(e, err);
+    return this.operation(() => {
+      for (const o of msg.outputs) {
+        const e = this.live.get(o.id);
+        if (!e) continue; // late output for a request we no longer know: ignore
+        try {
+          this.applyOutput(e, o);
+        } catch (err) {
+          // An exception while serving one request fails only that request (the engine releases it on abort).
+          this.failLocally(e, err);
+        }
       }
-    }
+    });
   }
 
   /** Fail one request after a gateway-side exception: abort it in the engine and tell its sink, guarded. */
@@ -263,11 +257,13 @@ export class RequestRegistry {
 
   /** The engine refused an add. Its code maps to HTTP once (errors.ts engineErrorToHttp). */
   handleRequestError(msg: RequestErrorMessage): void {
-    const e = this.live.get(msg.id);
-    if (!e) return;
-    const httpError = engineErrorToHttp(msg.code, msg.message);
-    // A 4xx is a refusal of a bad request (e.g. context length), not a finished request; a 5xx is an engine failure.
-    this.end(e, "error", { promptTokens: 0, completionTokens: 0 }, { code: httpError.code, message: msg.message, httpError }, undefined, httpError.status < 500);
+    return this.operation(() => {
+      const e = this.live.get(msg.id);
+      if (!e) return;
+      const httpError = engineErrorToHttp(msg.code, msg.message);
+      // A 4xx is a refusal of a bad request (e.g. context length), not a finished request; a 5xx is an engine failure.
+      this.end(e, "error", { promptTokens: 0, completionTokens: 0 }, { code: httpError.code, message: msg.message, httpError }, undefined, httpError.status < 500);
+    });
   }
 
   /**
@@ -275,18 +271,20 @@ export class RequestRegistry {
    * and each request is aborted in the engine. Returns how many were ended.
    */
   endAll(message: string): number {
-    let n = 0;
-    for (const e of [...this.live.values()]) {
-      if (e.lifecycle.state === "cancelling" || e.lifecycle.state === "finished") continue;
-      n += 1;
-      try {
-        e.sink.onFinish("error", { promptTokens: e.promptTokens.length, completionTokens: e.generated.length }, { code: "shutting_down", message, httpError: shuttingDown(message) });
-      } catch {
-        /* a broken sink must not stop the shutdown */
+    return this.operation(() => {
+      let n = 0;
+      for (const e of [...this.live.values()]) {
+        if (e.lifecycle.state === "cancelling" || e.lifecycle.state === "finished") continue;
+        n += 1;
+        try {
+          e.sink.onFinish("error", { promptTokens: e.promptTokens.length, completionTokens: e.generated.length }, { code: "shutting_down", message, httpError: shuttingDown(message) });
+        } catch {
+          /* a broken sink must not stop the shutdown */
+        }
+        this.cancel(e.id, "shutdown");
       }
-      this.cancel(e.id, "shutdown");
-    }
-    return n;
+      return n;
+    });
   }
 
   /**
@@ -294,81 +292,73 @@ export class RequestRegistry {
    * every one ends with an error — `httpError` is what its client sees (the code it is counted under follows it).
    */
   handleEngineExit(description: string, httpError: KeelHttpError = engineFault(description)): void {
-    for (const e of [...this.live.values()]) {
-      this.end(e, "error", { promptTokens: e.promptTokens.length, completionTokens: e.generated.length }, { code: httpError.code, message: description, httpError });
+    return this.operation(() => {
+      for (const e of [...this.live.values()]) {
+        this.end(e, "error", { promptTokens: e.promptTokens.length, completionTokens: e.generated.length }, { code: httpError.code, message: description, httpError });
+      }
+    });
+  }
+
+  /**
+   * Apply recovery's decision about an engine exit (supervision/recovery.ts exitDecision): the shutdown's exit ends
+   * everything with `shutting_down`; an engine that cannot start fails every waiting request (`engine_fault`); a
+   * restart keeps the requests for their resumption. Returns the requests isolated as culprits.
+   */
+  applyEngineExit(d: ExitDecision): { id: string; prompt: AddMessage["prompt"]; params: SamplingParams }[] {
+    switch (d.kind) {
+      case "shutdown":
+        this.handleEngineExit(SHUTTING_DOWN_MESSAGE, shuttingDown());
+        return [];
+      case "unrecoverable":
+        this.handleEngineExit(d.description);
+        return [];
+      case "restart":
+        return this.handleEngineDeath(d.description, { blame: d.verdict.blame });
     }
   }
 
   /**
    * The engine process died and is being restarted. Requests it held move to `recovering` (cancelling ones are
-   * released by the death). Culprit isolation: blame must be earned — only a death the requests could have caused
-   * (`opts.blame`, decided by the supervisor from how the engine died) counts one more death for them. Once deaths
-   * repeat, everyone in flight is a suspect and is tested in groups (see `pool`); a request that was alone in
-   * flight when the engine died, after `faultThreshold` deaths, is failed with `engine_fault`; everyone else is
-   * resumed (suspects when their test comes). Returns the ids failed as culprits.
+   * released by the death). Culprit isolation (supervision/recovery.ts, SuspectTests): blame must be earned — only a
+   * death the requests could have caused (`opts.blame`, recovery's death verdict) counts one more death for them.
+   * Once deaths repeat, everyone in flight is a `suspect` and is tested in groups; a request that was alone in flight
+   * when the engine died, after repeated deaths, is failed with `engine_fault`; everyone else is resumed (suspects
+   * when their test comes). Returns the requests failed as culprits.
    */
   handleEngineDeath(description: string, opts: { blame: boolean } = { blame: true }): { id: string; prompt: AddMessage["prompt"]; params: SamplingParams }[] {
-    const inFlight = [...this.live.values()].filter((e) => lc.heldByEngine(e.lifecycle));
-    const culprits: { id: string; prompt: AddMessage["prompt"]; params: SamplingParams }[] = [];
-    const died: Entry[] = [];
-    const bisecting = this.pool.length > 0 || this.deferred.length > 0;
-    for (const e of inFlight) {
-      const phase = lc.phaseOf(e.lifecycle);
-      // A death Keel caused itself (the watchdog's kill) or one from outside is nobody's fault. While a bisection
-      // runs the death is charged to the group only: requests in flight beside it become suspects, uncharged.
-      const blamed = opts.blame && (!bisecting || this.group.has(e.id));
-      const next = lc.engineDied(e.lifecycle, blamed);
-      if (!next) continue;
-      if (next.state === "finished") {
-        // It was cancelling: the death released it.
-        this.close(e, next, phase, { promptTokens: e.promptTokens.length, completionTokens: e.generated.length }, { notifySink: false });
-        continue;
+    return this.operation(() => {
+      const died: Entry[] = [];
+      for (const e of [...this.live.values()].filter((x) => lc.heldByEngine(x.lifecycle))) {
+        const phase = lc.phaseOf(e.lifecycle);
+        const next = lc.engineDied(e.lifecycle, this.tests.charged(e.id, opts.blame));
+        if (!next) continue;
+        if (next.state === "finished") {
+          // It was cancelling: the death released it.
+          this.close(e, next, phase, { promptTokens: e.promptTokens.length, completionTokens: e.generated.length }, { notifySink: false });
+          continue;
+        }
+        e.lifecycle = next;
+        died.push(e);
       }
-      e.lifecycle = next;
-      died.push(e);
-    }
-    if (!opts.blame) {
-      // Nobody's fault: the running test proves nothing and is run again (its members are still in the pool).
-      this.group.clear();
+      const { culprit } = this.tests.afterDeath(
+        died.map((e) => ({ id: e.id, deaths: lc.deathsOf(e.lifecycle) })),
+        opts.blame,
+      );
+      // Suspects wait for a test of their own (lifecycle `suspect`); everyone else is resumed at the next ready.
+      for (const e of died) {
+        if (e.id === culprit || !this.tests.isSuspect(e.id)) continue;
+        const next = lc.suspect(e.lifecycle);
+        if (next) e.lifecycle = next;
+      }
+      const culprits: { id: string; prompt: AddMessage["prompt"]; params: SamplingParams }[] = [];
+      const lone = culprit === null ? undefined : this.live.get(culprit);
+      if (lone) {
+        culprits.push({ id: lone.id, prompt: lone.prompt, params: lone.params });
+        this.observer.onCulprit?.(lone.id, lc.deathsOf(lone.lifecycle));
+        this.failCulprit(lone, description);
+      }
       return culprits;
-    }
-    if (!bisecting) {
-      // Start a bisection when deaths repeat: everyone in flight is a suspect, and one of them is guilty.
-      if (died.some((e) => lc.deathsOf(e.lifecycle) >= this.faultThreshold)) this.startPool(died.map((e) => e.id), true);
-      return culprits;
-    }
-    // 1. Who was in flight: members of the test, and others (in flight beside it, so possibly a culprit too).
-    const members = died.filter((e) => this.group.has(e.id));
-    const others = died.filter((e) => !this.group.has(e.id)).map((e) => e.id);
-    this.group.clear();
-    this.deferred.push(...others.filter((id) => !this.deferred.includes(id)));
-    if (members.length === 0) return culprits;
-    // 2. A lone member that died with nothing else in flight is a culprit (after repeated deaths).
-    const lone = members.length === 1 && others.length === 0 ? members[0]! : null;
-    if (lone && lc.deathsOf(lone.lifecycle) >= this.faultThreshold) {
-      culprits.push({ id: lone.id, prompt: lone.prompt, params: lone.params });
-      this.observer.onCulprit?.(lone.id, lc.deathsOf(lone.lifecycle));
-      // The rest of the pool is no longer known to hold a culprit: it is tested again with the deferred suspects.
-      this.startPool([...this.pool.filter((id) => id !== lone.id), ...this.deferred], false);
-      this.failCulprit(lone, description);
-      return culprits;
-    }
-    // 3. Otherwise narrow to the members in flight; the rest of the pool waits, still suspect, with the deferred.
-    const memberIds = members.map((e) => e.id);
-    const rest = this.pool.filter((id) => !memberIds.includes(id));
-    this.deferred = [...rest, ...this.deferred.filter((id) => !rest.includes(id))];
-    // Known guilty only if nothing else was in flight: with others beside it, the culprit may be among them.
-    this.pool = memberIds;
-    this.poolGuilty = others.length === 0;
-    return culprits;
-  }
-
-  /** Make `ids` the pool under test (guilty: it died as a whole), with nothing deferred. */
-  private startPool(ids: string[], guilty: boolean): void {
-    this.pool = ids;
-    this.poolGuilty = guilty;
-    this.deferred = [];
-    this.group.clear();
+    });
   }
 
   /** Fail a request isolated as the engine's killer with an OpenAI-shaped `engine_fault` error. */
@@ -383,33 +373,35 @@ export class RequestRegistry {
   }
 
   /**
-   * A (re)started engine is ready: resubmit recovering requests as continuations (prompt token ids + generated
-   * token ids; the engine prefills both and emits only new text). Everyone who is not a suspect goes at once;
-   * suspects go one test group at a time (see `pool`).
+   * A (re)started engine is ready: resubmit waiting requests as continuations (prompt token ids + generated token
+   * ids; the engine prefills both and emits only new text). Everyone who is not a suspect goes at once; suspects go
+   * one test group at a time, as recovery's plan says.
    */
   resumeRecovering(): void {
-    const suspects = new Set([...this.pool, ...this.deferred]);
+    this.releaseNextTest = false;
     for (const e of [...this.live.values()]) {
-      if (e.lifecycle.state === "recovering" && !suspects.has(e.id)) this.resubmit(e);
+      if (e.lifecycle.state === "recovering") this.resubmit(e);
     }
-    if (this.group.size > 0) return;
-    // 1. Forget suspects that are gone (finished, cancelled); the pool empties into the deferred suspects.
-    const waiting = (id: string) => this.live.get(id)?.lifecycle.state === "recovering";
-    this.pool = this.pool.filter(waiting);
-    this.deferred = this.deferred.filter(waiting);
-    if (this.pool.length === 0) this.startPool(this.deferred, false);
-    // 2. A guilty pool is halved; one not known to be guilty is tested whole (no death if it is clean).
-    const next = this.poolGuilty ? this.pool.slice(0, Math.ceil(this.pool.length / 2)) : this.pool;
-    for (const id of [...next]) {
-      const e = this.live.get(id)!;
-      if (this.resubmit(e)) this.group.add(id);
+    for (const id of this.tests.nextTest((x) => this.live.get(x)?.lifecycle.state === "suspect")) {
+      if (this.resubmit(this.live.get(id)!)) this.tests.testing(id);
+    }
+  }
+
+  /** Run one operation on the table; the next suspect test, if one ended meanwhile, is released after the outermost. */
+  private operation<T>(run: () => T): T {
+    this.depth += 1;
+    try {
+      return run();
+    } finally {
+      this.depth -= 1;
+      if (this.depth === 0 && this.releaseNextTest) this.resumeRecovering();
     }
   }
 
   /** Requests waiting to be resubmitted after an engine death. */
   get recoveringCount(): number {
     let n = 0;
-    for (const e of this.live.values()) if (e.lifecycle.state === "recovering") n += 1;
+    for (const e of this.live.values()) if (lc.awaitingResubmit(e.lifecycle)) n += 1;
     return n;
   }
 
@@ -460,13 +452,9 @@ export class RequestRegistry {
     const { error, stepsAfterAbort, refused = false, notifySink = true } = how;
     e.lifecycle = next;
     this.live.delete(e.id);
-    // A suspect that ended is cleared; a test group that has fully ended releases the next test.
-    this.pool = this.pool.filter((id) => id !== e.id);
-    this.deferred = this.deferred.filter((id) => id !== e.id);
-    if (this.group.delete(e.id) && this.group.size === 0) {
-      // The group ended without killing the engine: none of it is a culprit; release the next test.
-      queueMicrotask(() => this.resumeRecovering());
-    }
+    // A suspect that ended is cleared; a test group that ended without killing the engine holds no culprit: the
+    // next test is released once the current operation is over.
+    if (this.tests.ended(e.id)) this.releaseNextTest = true;
     // Abort latency in engine steps: measured by the engine from the abort's arrival when it reports it, else
     // from the gateway's view of the step counter (which lags by the messages in flight).
     const latency = stepsAfterAbort !== undefined ? { abortLatencySteps: stepsAfterAbort } : e.cancelledAtStep === null ? {} : { abortLatencySteps: this.currentStep() - e.cancelledAtStep };

@@ -1,8 +1,8 @@
 /**
  * Engine supervision, apart from the HTTP app: starts the engine process (through the configurable
  * {@link EngineCommand}), restarts it when it dies, kills it when it is stuck (watchdog), answers for readiness,
- * routes its messages to the request registry, decides whom an engine death can be charged to, and remembers the
- * prompts isolated as engine killers (for a bounded time).
+ * routes its messages to the request registry, and feeds engine exits to recovery (supervision/recovery.ts), whose
+ * decisions the request table applies; it keeps recovery's memory of prompts isolated as engine killers.
  */
 import { SHUTTING_DOWN_MESSAGE, shuttingDown } from "../http/errors.js";
 import { TokenizeClient } from "./tokenize-client.js";
@@ -12,37 +12,17 @@ import type { GuideSpec, ReadyMessage } from "../../protocol/messages.js";
 import { CHATML_TEMPLATE } from "../../model/tiny-model.js";
 import { ChatTemplate } from "../models/chat-template.js";
 import { EngineClient } from "./engine-client.js";
-import { IsolatedPrompts, isolationKey } from "./isolated-prompts.js";
+import { exitDecision, IsolatedPrompts, type ExitDecision } from "./recovery.js";
 import type { Metrics } from "../metrics/metrics.js";
 import type { StepObserver } from "../metrics/metrics-observer.js";
 import type { RequestRegistry } from "../requests/registry.js";
 
-/** Engine processes in a row that die before reporting ready, after which waiting requests are failed. */
-export const MAX_FAILED_STARTS = 5;
-
-/** Default time a prompt isolated as an engine killer stays refused (ms). */
-export const ISOLATED_PROMPT_TTL_MS = 10 * 60_000;
-
-/** Signals that come from outside the engine's own code (an operator, an OOM killer, a shutdown). */
-const EXTERNAL_SIGNALS = new Set<string>(["SIGKILL", "SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT"]);
-
-/** Why an engine process died, for the restart metric, and whether the requests it held can be charged with it. */
-export interface DeathVerdict {
-  reason: "watchdog" | "signal" | "exit";
-  /**
-   * True when a request in the batch can have caused the death: the engine aborted or crashed by itself (SIGABRT
-   * from a GGML_ASSERT, SIGSEGV, SIGBUS, SIGFPE, SIGILL, or a non-zero exit after an uncaught error). False for the
-   * watchdog's own kill, for signals sent from outside (SIGKILL — what an OOM killer sends —, SIGTERM, SIGINT,
-   * SIGHUP, SIGQUIT) and for a clean exit: no request can earn a refusal from those.
-   */
-  blame: boolean;
-}
-
-/** Classify an engine exit (see {@link DeathVerdict}). */
-export function deathVerdict(exit: { code: number | null; signal: NodeJS.Signals | null }, byWatchdog: boolean): DeathVerdict {
-  if (byWatchdog) return { reason: "watchdog", blame: false };
-  if (exit.signal) return { reason: "signal", blame: !EXTERNAL_SIGNALS.has(exit.signal) };
-  return { reason: "exit", blame: exit.code !== 0 && exit.code !== null };
+/**
+ * Apply recovery's decision about an engine exit to the request table, and remember the prompts it isolated as
+ * culprits (bounded in number and time) so that resending one is refused at admission without another crash.
+ */
+export function recoverFromExit(table: Pick<RequestRegistry, "applyEngineExit">, isolated: IsolatedPrompts, decision: ExitDecision, now = Date.now()): void {
+  isolated.addCulprits(table.applyEngineExit(decision), now);
 }
 
 /** Supervisor options. */
@@ -179,7 +159,7 @@ export class EngineSupervisor {
 
   /** True when this rendered prompt (with this guide) was isolated as an engine killer recently (answered without the engine). */
   isKnownCulprit(prompt: string, guide?: GuideSpec): boolean {
-    return this.isolated.has(isolationKey(prompt, guide));
+    return this.isolated.isKnownCulprit(prompt, guide);
   }
 
   /** Stop watching for stalls (a drain stops the engine itself). */
@@ -235,24 +215,21 @@ export class EngineSupervisor {
     this.steps.engineGone();
     this.tokenizer.failAll("the engine process exited");
     this.loadLogged = -1; // the next engine's load is logged from 0%, even if this one died while loading
-    if (this.stopping) {
-      this.registry.handleEngineExit(SHUTTING_DOWN_MESSAGE, shuttingDown());
+    // Recovery decides what the exit means (supervision/recovery.ts); the request table applies it.
+    const decision = exitDecision({ stopping: this.stopping, failedStarts: this.engine.failedStarts, exit, byWatchdog: this.killedByWatchdog });
+    if (decision.kind === "shutdown") {
+      this.registry.applyEngineExit(decision);
       return;
     }
-    const verdict = deathVerdict(exit, this.killedByWatchdog);
+    const { verdict } = decision;
     this.killedByWatchdog = false;
     this.diedAt = Date.now();
     this.log.error({ event: "engine_exit", code: exit.code, signal: exit.signal, reason: verdict.reason, blame: verdict.blame, inFlight: this.registry.size }, "engine process exited; restarting and resuming");
     this.metrics.engineRestarts.inc({ reason: verdict.reason });
-    // An engine that keeps dying before it is ready will not resume anyone: end what waits, clearly.
-    if (this.engine.failedStarts >= MAX_FAILED_STARTS) {
-      this.log.error({ event: "engine_unrecoverable", failedStarts: this.engine.failedStarts }, "the engine keeps failing to start; failing in-flight requests");
-      this.registry.handleEngineExit(`the engine failed to start ${this.engine.failedStarts} times in a row`);
-      return;
+    if (decision.kind === "unrecoverable") {
+      this.log.error({ event: "engine_unrecoverable", failedStarts: decision.failedStarts }, "the engine keeps failing to start; failing in-flight requests");
     }
-    const culprits = this.registry.handleEngineDeath(`the engine process exited (${exit.signal ?? `code ${exit.code}`})`, { blame: verdict.blame });
-    // Remember isolated prompts (bounded in number and time) so that resending one is refused without a crash.
-    for (const c of culprits) if ("text" in c.prompt) this.isolated.add(isolationKey(c.prompt.text, c.params.guide));
+    recoverFromExit(this.registry, this.isolated, decision);
   }
 
   /**
