@@ -8,16 +8,16 @@ import type { EngineCapabilities, GuideSpec } from "../../protocol/messages.js";
 import type { AgentSettings } from "../models/agent-config.js";
 import type { ChatMessage, ChatTemplate } from "../models/chat-template.js";
 import { contextLengthExceeded, type KeelHttpError } from "./errors.js";
-import type { Phase } from "../requests/lifecycle.js";
 import type { ServedModelView } from "../models/model-set.js";
-import type { RequestRegistry } from "../requests/registry.js";
+import type { ModelRequests } from "../requests/model-requests.js";
 import type { ToolSpec } from "../tools.js";
 
 /** Default bytes of stream output a client may leave unread before it is treated as gone (per stream). */
 export const MAX_UNREAD_BYTES = 1024 * 1024;
 
 export interface RouteContext {
-  registry: RequestRegistry;
+  /** This model's request path (requests/model-requests.ts): where a generation is opened and its client's leaving reported. */
+  requests: ModelRequests;
   /** Served model name. */
   modelName: string;
   /** When the server started (unix seconds), the `created` of the model object. */
@@ -59,10 +59,7 @@ export interface RouteContext {
   onRejected(reason: "queue_full" | "not_ready"): void;
   /** Tool/reasoning parsing and guidance for the current engine's model (`auto` resolved from its template). */
   agents(): AgentSettings;
-  /** The engine stopped constraining a request (`RequestOutput.guideDropped`): counted in keel_guided_dropped_total. */
-  onGuideDropped(): void;
   log: Logger;
-  onDisconnect(phase: Phase): void;
 }
 
 /**

@@ -74,8 +74,8 @@ describe("ModelSet: one engine per model, reloads", () => {
     await Promise.all(set.servingUnits().map((u) => u.supervisor.firstReady));
     const [a, oldB, gone] = [set.get("a")!, set.get("b")!, set.get("gone")!];
     // 1. A request in flight on b's engine and one on the removed model's (the fake engine holds them).
-    expect(oldB.registry.submit("r-b", { text: "hello" }, params, sink)).toBe(true);
-    expect(gone.registry.submit("r-gone", { text: "hello" }, params, sink)).toBe(true);
+    expect(oldB.registry.submit("r-b", { text: "hello" }, params)).toBe(true);
+    expect(gone.registry.submit("r-gone", { text: "hello" }, params)).toBe(true);
     const summary = await set.apply([spec("a"), spec("b", 2), spec("c")]);
     expect(summary).toEqual({ added: ["c"], removed: ["gone"], replaced: ["b"], unchanged: ["a"] });
     // 2. New requests go to the new engines; the old ones are retired but still hold their requests.

@@ -14,9 +14,10 @@ import { NO_AGENT_FLAGS, resolveAgentSettings, type AgentFlags, type AgentSettin
 import type { ChatTemplate } from "./chat-template.js";
 import { engineRestarting, notReady, shuttingDown } from "../http/errors.js";
 import type { Metrics } from "../metrics/metrics.js";
-import { registryObserver, StepObserver } from "../metrics/metrics-observer.js";
+import { requestObserver, StepObserver } from "../metrics/metrics-observer.js";
 import { pickToolParser } from "../parsers/index.js";
-import { RequestRegistry } from "../requests/registry.js";
+import { ModelRequests } from "../requests/model-requests.js";
+import type { RequestRegistry } from "../requests/registry.js";
 import { MAX_UNREAD_BYTES, type RouteContext } from "../http/route-context.js";
 import { ISOLATED_PROMPT_TTL_MS } from "../supervision/recovery.js";
 import { EngineSupervisor } from "../supervision/supervisor.js";
@@ -56,8 +57,14 @@ export interface ModelSetShared {
 /** Where a unit is in its life: serving (reachable by name) or retired (finishing its streams, then stopped). */
 export type UnitState = { kind: "serving" } | { kind: "retired"; since: number } | { kind: "stopped" };
 
-/** A model's own engine, supervisor and registry, and the route context requests for it use. */
+/** A model's own engine, supervisor and request path, and the route context requests for it use. */
 export class ModelUnit {
+  /**
+   * This model's request path: its request table and output processor; it applies each outcome — events to the
+   * writers and metrics, then the aborts, after the whole step.
+   */
+  readonly requests: ModelRequests;
+  /** This model's request table (what gauges and the drain read). */
   readonly registry: RequestRegistry;
   readonly supervisor: EngineSupervisor;
   readonly steps: StepObserver;
@@ -82,12 +89,13 @@ export class ModelUnit {
     const log = shared.labelLogs ? shared.log.child({ model_name: spec.name }) : shared.log;
     this.agents = resolveAgentSettings(spec.agents, null, pickToolParser);
     this.steps = new StepObserver(metrics, spec.name);
-    const registry: RequestRegistry = new RequestRegistry(
+    const requests: ModelRequests = new ModelRequests(
       (msg) => this.supervisor.engine.send(msg),
-      registryObserver(metrics, log, () => registry.counts().waiting, spec.name),
+      requestObserver(metrics, log, () => requests.counts().waiting, spec.name),
       () => this.steps.lastStep,
     );
-    this.registry = registry;
+    this.requests = requests;
+    this.registry = requests.table;
     this.supervisor = new EngineSupervisor(
       {
         engine: spec.engine,
@@ -98,7 +106,7 @@ export class ModelUnit {
         isolatedPromptTtlMs: shared.isolatedPromptTtlMs ?? ISOLATED_PROMPT_TTL_MS,
         onEngineReady: (s) => this.setTemplate(s.template, log),
       },
-      registry,
+      requests,
       this.steps,
       metrics,
       log,
@@ -106,7 +114,7 @@ export class ModelUnit {
     const engine = this.supervisor.engine;
     const supervisor = this.supervisor;
     this.ctx = {
-      registry,
+      requests,
       modelName: spec.name,
       modelCreated: set.startedAt,
       servedModels: () => set.names(),
@@ -127,9 +135,7 @@ export class ModelUnit {
         metrics.ovmsRejected.inc({ name: spec.name });
       },
       agents: () => this.agents,
-      onGuideDropped: () => metrics.guidedDropped.inc(),
       log,
-      onDisconnect: (phase) => metrics.clientDisconnects.inc({ phase }),
     };
   }
 
@@ -353,7 +359,7 @@ export class ModelSet {
   /** End every unit's requests with `message` (drain timeout); returns how many were ended. */
   endAll(message: string): number {
     let n = 0;
-    for (const u of this.all()) n += u.registry.endAll(message);
+    for (const u of this.all()) n += u.requests.endAll(message);
     return n;
   }
 

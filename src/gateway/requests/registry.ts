@@ -1,49 +1,32 @@
 /**
- * The request registry: one entry per request the gateway has handed to the engine, from `add` until the engine's
- * terminal event. It records what is needed to resume a generation (prompt token ids, generated token ids,
- * sampling parameters and seed), drives each request's {@link Lifecycle}, and routes engine outputs to the HTTP
- * handler's sink. Outputs for ids it does not know are dropped silently (docs/design-rules.md, rule 5).
+ * The request table: one entry per engine request the gateway has handed to the engine, from `add` until the
+ * engine's terminal event. It records what is needed to resume a generation (prompt token ids, generated token ids,
+ * sampling parameters and seed), drives each request's {@link Lifecycle} through its named transitions, and applies
+ * recovery's decisions (supervision/recovery.ts). It reports what happened as {@link TableEvent}s, which the caller
+ * drains after each operation ({@link RequestRegistry.drain}); it never calls a layer above it. Outputs for ids it
+ * does not know are dropped silently (late events are ignored).
  */
-import type { AddMessage, PositionLogprobs, RequestErrorMessage, SamplingParams, StepMessage } from "../../protocol/messages.js";
+import type { AddMessage, RequestErrorMessage, SamplingParams, StepMessage } from "../../protocol/messages.js";
 import { PROTOCOL_VERSION } from "../../protocol/messages.js";
 import * as lc from "./lifecycle.js";
+import type { RequestError, TableEvent, Usage } from "./events.js";
 import { SuspectTests, type ExitDecision } from "../supervision/recovery.js";
 import { engineErrorToHttp, engineFault, SHUTTING_DOWN_MESSAGE, shuttingDown, type KeelHttpError } from "../http/errors.js";
-/** Token counts of a request (tokens). */
-export interface Usage {
-  promptTokens: number;
-  completionTokens: number;
+
+export type { Usage };
+
+/** A request isolated as the engine's killer: what recovery's memory needs to refuse it at admission. */
+export interface Culprit {
+  id: string;
+  prompt: AddMessage["prompt"];
+  params: SamplingParams;
 }
 
-/** Where the registry delivers a request's events; implemented by the chat route. */
-export interface RequestSink {
-  /** The engine admitted the request (its prefill starts). */
-  onAdmitted(): void;
-  /**
-   * New tokens and the text they completed (text may be "" while a character is incomplete), with their log
-   * probabilities when the request asked for them.
-   */
-  onOutput(tokens: number[], text: string, logprobs?: PositionLogprobs[]): void;
-  /** The request ended. Not called for a request the gateway cancelled itself. */
-  onFinish(reason: lc.FinishReason, usage: Usage, error?: { code: string; message: string; httpError?: KeelHttpError }): void;
-  /**
-   * A request the gateway cancelled was released (the engine confirmed, or no engine held it), with the phase it
-   * had reached — known only now when the abort arrived during the step that admitted it.
-   */
-  onReleased?(phase: lc.Phase | null): void;
-  /**
-   * The engine stopped constraining this request (`RequestOutput.guideDropped`, once): it goes on unconstrained.
-   * Delivered before the same step's output.
-   */
-  onGuideDropped?(reason: string): void;
-}
-
-/** Registry-side record of one request. */
+/** Table record of one engine request. */
 interface Entry {
   readonly id: string;
   /** Current lifecycle state. */
   lifecycle: lc.Lifecycle;
-  readonly sink: RequestSink;
   /** Prompt token ids, known once the engine admitted the request. */
   promptTokens: number[];
   /** Token ids generated so far. */
@@ -64,32 +47,6 @@ interface Entry {
 /** Tokens of progress after a resume that clear a request's death count (see lifecycle.generated). */
 export const FORGIVE_AFTER_TOKENS = lc.FORGIVE_AFTER_TOKENS;
 
-/** Events the registry reports for metrics and logs. */
-export interface RegistryObserver {
-  onCancel?(id: string, phase: lc.Phase, cause: lc.CancelCause): void;
-  onFinished?(
-    id: string,
-    reason: lc.FinishReason,
-    usage: Usage,
-    info: { phase: lc.Phase | null; error?: string; errorCode?: string; abortLatencySteps?: number; e2eMs: number },
-  ): void;
-  /** First admission to a sequence: queue time (ms) and prompt tokens reused from the prefix cache. */
-  onAdmitted?(id: string, promptTokens: number, info: { queueMs: number; cachedTokens: number }): void;
-  /** First generated token: time to first token from acceptance (ms). */
-  onFirstToken?(id: string, ttftMs: number): void;
-  /** Later tokens: how many, and the mean inter-token latency over them (ms). */
-  onTokens?(id: string, count: number, itlMs: number): void;
-  /** The request was handed to the engine's queue. */
-  onQueued?(id: string): void;
-  /** The engine refused the request as invalid (e.g. context length); it is not counted as finished. */
-  onRefused?(id: string, code: string): void;
-  onInternalError?(id: string, message: string): void;
-  /** A request was resubmitted to a restarted engine as a continuation. */
-  onResumed?(id: string, generatedTokens: number, deaths: number): void;
-  /** A request was isolated as the one whose presence kills the engine. */
-  onCulprit?(id: string, deaths: number): void;
-}
-
 export class RequestRegistry {
   /** Live requests by id. */
   private readonly live = new Map<string, Entry>();
@@ -100,12 +57,13 @@ export class RequestRegistry {
    * is over (never while the table is being updated).
    */
   private releaseNextTest = false;
-  /** Operations in progress (a sink may call back into the table); decisions wait until the outermost one ends. */
+  /** Operations in progress (one may run another); the next suspect test waits until the outermost one ends. */
   private depth = 0;
+  /** Events of the operations since the last {@link drain}, in order. */
+  private events: TableEvent[] = [];
 
   constructor(
     private readonly send: (msg: AddMessage | { v: number; type: "abort"; ids: string[] }) => boolean,
-    private readonly observer: RegistryObserver = {},
     /** The engine's step counter as last reported (0 when unknown). */
     private readonly currentStep: () => number = () => 0,
   ) {}
@@ -138,15 +96,21 @@ export class RequestRegistry {
     return this.live.get(id)?.promptTokens.length ?? 0;
   }
 
+  /** The events of every operation since the last call, in order (and forget them). */
+  drain(): TableEvent[] {
+    const out = this.events;
+    this.events = [];
+    return out;
+  }
+
   /** Hand a request to the engine. Returns false when no engine is connected (nothing is recorded then). */
-  submit(id: string, prompt: AddMessage["prompt"], params: SamplingParams, sink: RequestSink): boolean {
+  submit(id: string, prompt: AddMessage["prompt"], params: SamplingParams): boolean {
     if (this.live.has(id)) throw new Error(`request id ${id} is already live`);
     const ok = this.send({ v: PROTOCOL_VERSION, type: "add", id, prompt, params });
     if (!ok) return false;
     this.live.set(id, {
       id,
       lifecycle: lc.initial,
-      sink,
       promptTokens: [],
       generated: [],
       params,
@@ -156,7 +120,7 @@ export class RequestRegistry {
       admittedAt: null,
       lastTokenAt: null,
     });
-    this.observer.onQueued?.(id);
+    this.events.push({ type: "queued", id });
     return true;
   }
 
@@ -171,10 +135,10 @@ export class RequestRegistry {
       const phase = lc.phaseOf(e.lifecycle);
       const next = lc.cancel(e.lifecycle, cause);
       if (!next || phase === null) return;
-      this.observer.onCancel?.(id, phase, cause);
+      this.events.push({ type: "cancelled", id, phase, cause });
       if (next.state === "finished") {
-        // No engine holds it (recovering): released at once; the client gave up or is being ended, so no sink call.
-        this.close(e, next, phase, { promptTokens: e.promptTokens.length, completionTokens: e.generated.length }, { notifySink: false });
+        // No engine holds it (recovering): released at once; the client gave up or is being ended, so it is not told.
+        this.close(e, next, phase, { promptTokens: e.promptTokens.length, completionTokens: e.generated.length }, { released: true });
         return;
       }
       // An engine holds it: send one abort and wait for the engine's confirmation.
@@ -193,27 +157,24 @@ export class RequestRegistry {
         try {
           this.applyOutput(e, o);
         } catch (err) {
-          // An exception while serving one request fails only that request (the engine releases it on abort).
+          // An exception while applying one request's output fails only that request (the engine releases it on abort).
           this.failLocally(e, err);
         }
       }
     });
   }
 
-  /** Fail one request after a gateway-side exception: abort it in the engine and tell its sink, guarded. */
+  /** Fail one request after a gateway-side exception: its client is told, and it is aborted in the engine. */
   private failLocally(e: Entry, err: unknown): void {
     const message = `internal error while serving the request: ${(err as Error)?.message ?? String(err)}`;
-    this.observer.onInternalError?.(e.id, message);
-    const sink = e.sink;
-    const wasLive = e.lifecycle.state !== "cancelling" && e.lifecycle.state !== "finished";
+    this.events.push({ type: "internal_error", id: e.id, message });
+    if (e.lifecycle.state !== "cancelling" && e.lifecycle.state !== "finished") this.endForClient(e, { code: "internal_error", message });
     this.cancel(e.id, "internal_error");
-    if (wasLive) {
-      try {
-        sink.onFinish("error", { promptTokens: e.promptTokens.length, completionTokens: e.generated.length }, { code: "internal_error", message });
-      } catch {
-        /* the sink is broken; the abort already went out */
-      }
-    }
+  }
+
+  /** The gateway ends a live request for its client (an error answer); its release from the engine follows. */
+  private endForClient(e: Entry, error: RequestError): void {
+    this.events.push({ type: "ended", id: e.id, usage: { promptTokens: e.promptTokens.length, completionTokens: e.generated.length }, error });
   }
 
   private applyOutput(e: Entry, o: StepMessage["outputs"][number]): void {
@@ -224,17 +185,19 @@ export class RequestRegistry {
       if (next) {
         e.lifecycle = next;
         // Timings are reported once per request: a resumed request is admitted again but queued only once.
+        let first: { queueMs: number; cachedTokens: number } | null = null;
         if (e.admittedAt === null) {
           e.admittedAt = now;
           // Queue time ends at admission, not after the first prefill chunk: the engine's own measure when it sends
           // one (the add left the gateway at acceptance), else up to this step's output.
           const queueMs = o.admitted.queueMs ?? now - e.acceptedAt;
-          this.observer.onAdmitted?.(e.id, e.promptTokens.length, { queueMs, cachedTokens: o.admitted.cachedTokens });
+          first = { queueMs, cachedTokens: o.admitted.cachedTokens };
         }
-        if (next.state !== "cancelling") e.sink.onAdmitted();
+        this.events.push({ type: "admitted", id: e.id, promptTokens: e.promptTokens.length, first, live: next.state !== "cancelling" });
       }
     }
-    if (o.guideDropped !== undefined && e.lifecycle.state !== "cancelling") e.sink.onGuideDropped?.(o.guideDropped);
+    // Delivered before the same step's output; a request being cancelled has no client to tell.
+    if (o.guideDropped !== undefined && e.lifecycle.state !== "cancelling") this.events.push({ type: "guide_dropped", id: e.id, reason: o.guideDropped });
     if (o.tokens.length > 0 || o.text.length > 0) {
       const before = e.generated.length;
       e.generated.push(...o.tokens);
@@ -242,11 +205,11 @@ export class RequestRegistry {
       const next = lc.generated(e.lifecycle, o.tokens.length);
       if (next) e.lifecycle = next;
       if (o.tokens.length > 0) {
-        if (before === 0) this.observer.onFirstToken?.(e.id, now - e.acceptedAt);
-        else if (e.lastTokenAt !== null) this.observer.onTokens?.(e.id, o.tokens.length, (now - e.lastTokenAt) / o.tokens.length);
+        if (before === 0) this.events.push({ type: "first_token", id: e.id, ttftMs: now - e.acceptedAt });
+        else if (e.lastTokenAt !== null) this.events.push({ type: "tokens", id: e.id, count: o.tokens.length, itlMs: (now - e.lastTokenAt) / o.tokens.length });
         e.lastTokenAt = now;
       }
-      if (e.lifecycle.state !== "cancelling") e.sink.onOutput(o.tokens, o.text, o.logprobs);
+      if (e.lifecycle.state !== "cancelling") this.events.push({ type: "output", id: e.id, tokens: o.tokens, text: o.text, ...(o.logprobs ? { logprobs: o.logprobs } : {}) });
     }
     if (o.finish) {
       const usage = { promptTokens: e.promptTokens.length > 0 ? e.promptTokens.length : o.finish.promptTokens, completionTokens: e.generated.length };
@@ -276,11 +239,7 @@ export class RequestRegistry {
       for (const e of [...this.live.values()]) {
         if (e.lifecycle.state === "cancelling" || e.lifecycle.state === "finished") continue;
         n += 1;
-        try {
-          e.sink.onFinish("error", { promptTokens: e.promptTokens.length, completionTokens: e.generated.length }, { code: "shutting_down", message, httpError: shuttingDown(message) });
-        } catch {
-          /* a broken sink must not stop the shutdown */
-        }
+        this.endForClient(e, { code: "shutting_down", message, httpError: shuttingDown(message) });
         this.cancel(e.id, "shutdown");
       }
       return n;
@@ -304,7 +263,7 @@ export class RequestRegistry {
    * everything with `shutting_down`; an engine that cannot start fails every waiting request (`engine_fault`); a
    * restart keeps the requests for their resumption. Returns the requests isolated as culprits.
    */
-  applyEngineExit(d: ExitDecision): { id: string; prompt: AddMessage["prompt"]; params: SamplingParams }[] {
+  applyEngineExit(d: ExitDecision): Culprit[] {
     switch (d.kind) {
       case "shutdown":
         this.handleEngineExit(SHUTTING_DOWN_MESSAGE, shuttingDown());
@@ -325,7 +284,7 @@ export class RequestRegistry {
    * when the engine died, after repeated deaths, is failed with `engine_fault`; everyone else is resumed (suspects
    * when their test comes). Returns the requests failed as culprits.
    */
-  handleEngineDeath(description: string, opts: { blame: boolean } = { blame: true }): { id: string; prompt: AddMessage["prompt"]; params: SamplingParams }[] {
+  handleEngineDeath(description: string, opts: { blame: boolean } = { blame: true }): Culprit[] {
     return this.operation(() => {
       const died: Entry[] = [];
       for (const e of [...this.live.values()].filter((x) => lc.heldByEngine(x.lifecycle))) {
@@ -334,7 +293,7 @@ export class RequestRegistry {
         if (!next) continue;
         if (next.state === "finished") {
           // It was cancelling: the death released it.
-          this.close(e, next, phase, { promptTokens: e.promptTokens.length, completionTokens: e.generated.length }, { notifySink: false });
+          this.close(e, next, phase, { promptTokens: e.promptTokens.length, completionTokens: e.generated.length }, { released: true });
           continue;
         }
         e.lifecycle = next;
@@ -350,11 +309,11 @@ export class RequestRegistry {
         const next = lc.suspect(e.lifecycle);
         if (next) e.lifecycle = next;
       }
-      const culprits: { id: string; prompt: AddMessage["prompt"]; params: SamplingParams }[] = [];
+      const culprits: Culprit[] = [];
       const lone = culprit === null ? undefined : this.live.get(culprit);
       if (lone) {
         culprits.push({ id: lone.id, prompt: lone.prompt, params: lone.params });
-        this.observer.onCulprit?.(lone.id, lc.deathsOf(lone.lifecycle));
+        this.events.push({ type: "culprit", id: lone.id, deaths: lc.deathsOf(lone.lifecycle) });
         this.failCulprit(lone, description);
       }
       return culprits;
@@ -412,7 +371,7 @@ export class RequestRegistry {
     const ok = this.send({ v: PROTOCOL_VERSION, type: "add", id: e.id, prompt, params: e.params, ...(e.generated.length > 0 ? { generated: [...e.generated] } : {}) });
     if (!ok) return false;
     e.lifecycle = next;
-    this.observer.onResumed?.(e.id, e.generated.length, lc.deathsOf(next));
+    this.events.push({ type: "resumed", id: e.id, generatedTokens: e.generated.length, deaths: lc.deathsOf(next) });
     return true;
   }
 
@@ -421,7 +380,7 @@ export class RequestRegistry {
     e: Entry,
     reason: lc.FinishReason,
     usage: Usage,
-    error?: { code: string; message: string; httpError?: KeelHttpError },
+    error?: RequestError,
     stepsAfterAbort?: number,
     refused = false,
   ): void {
@@ -430,7 +389,7 @@ export class RequestRegistry {
     const next = lc.finish(e.lifecycle, reason);
     if (!next) return;
     this.close(e, next, phase, usage, {
-      notifySink: !wasCancelling,
+      released: wasCancelling,
       ...(error ? { error } : {}),
       ...(stepsAfterAbort !== undefined ? { stepsAfterAbort } : {}),
       refused,
@@ -438,18 +397,18 @@ export class RequestRegistry {
   }
 
   /**
-   * Record a finished state for an entry and forget it: the sink (unless the gateway itself ended the request, e.g.
-   * a cancel), then metrics and logs through the observer.
+   * Record a finished state for an entry and forget it, reporting how it ended (`released`: the gateway had
+   * cancelled it itself, so its client is not told).
    */
   private close(
     e: Entry,
     next: lc.Lifecycle,
     phase: lc.Phase | null,
     usage: Usage,
-    how: { notifySink?: boolean; error?: { code: string; message: string; httpError?: KeelHttpError }; stepsAfterAbort?: number; refused?: boolean },
+    how: { released?: boolean; error?: RequestError; stepsAfterAbort?: number; refused?: boolean },
   ): void {
     if (next.state !== "finished") return;
-    const { error, stepsAfterAbort, refused = false, notifySink = true } = how;
+    const { error, stepsAfterAbort, refused = false, released = false } = how;
     e.lifecycle = next;
     this.live.delete(e.id);
     // A suspect that ended is cleared; a test group that ended without killing the engine holds no culprit: the
@@ -458,19 +417,6 @@ export class RequestRegistry {
     // Abort latency in engine steps: measured by the engine from the abort's arrival when it reports it, else
     // from the gateway's view of the step counter (which lags by the messages in flight).
     const latency = stepsAfterAbort !== undefined ? { abortLatencySteps: stepsAfterAbort } : e.cancelledAtStep === null ? {} : { abortLatencySteps: this.currentStep() - e.cancelledAtStep };
-    // The client first, then metrics and logs; neither may stop the other or the caller (an engine exit, a step).
-    try {
-      // A request the gateway cancelled itself is told only that it was released (and in which phase).
-      if (notifySink) e.sink.onFinish(next.reason, usage, error);
-      else e.sink.onReleased?.(phase);
-    } catch (err) {
-      this.observer.onInternalError?.(e.id, `sink failed: ${(err as Error)?.message ?? String(err)}`);
-    }
-    try {
-      if (refused) this.observer.onRefused?.(e.id, error?.code ?? "invalid_request");
-      else this.observer.onFinished?.(e.id, next.reason, usage, { phase, e2eMs: Date.now() - e.acceptedAt, ...latency, ...(error ? { error: error.message, errorCode: error.code } : {}) });
-    } catch {
-      /* metrics/logging must never take a request or the gateway down */
-    }
+    this.events.push({ type: "finished", id: e.id, reason: next.reason, usage, phase, e2eMs: Date.now() - e.acceptedAt, ...latency, ...(error ? { error } : {}), released, refused });
   }
 }

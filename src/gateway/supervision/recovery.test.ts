@@ -11,7 +11,7 @@ import { notReady } from "../http/errors.js";
 import type { RouteContext } from "../http/route-context.js";
 import { admissionError } from "../requests/generate.js";
 import type { FinishReason } from "../requests/lifecycle.js";
-import { RequestRegistry, type RequestSink } from "../requests/registry.js";
+import { SinkTable, type RequestSink } from "../../../test/support/table-sinks.js";
 import { deathVerdict, exitDecision, FAULT_THRESHOLD, IsolatedPrompts, isolationKey, MAX_FAILED_STARTS, SuspectTests } from "./recovery.js";
 import { recoverFromExit } from "./supervisor.js";
 
@@ -21,7 +21,7 @@ const SIGABRT = { code: null, signal: "SIGABRT" as const };
 /** A request table whose engine accepts everything; what each request's client was told. */
 function table() {
   const sent: (AddMessage | { type: "abort"; ids: string[] })[] = [];
-  const reg = new RequestRegistry((m) => {
+  const reg = new SinkTable((m) => {
     sent.push(m);
     return true;
   });
@@ -220,7 +220,7 @@ describe("promise: a prompt isolated as a culprit is refused at admission withou
   const killer: GuideSpec = { grammar: 'root ::= "a"', start: { kind: "rule", rule: "root", then: "end" } };
   const ctxOver = (isolated: IsolatedPrompts, now: () => number, t: ReturnType<typeof table>): RouteContext =>
     ({
-      registry: t.reg,
+      requests: t.reg,
       isReady: () => true,
       maxNumSeqs: () => 4,
       maxQueuedRequests: 10,

@@ -3,7 +3,7 @@ import pino from "pino";
 import { afterEach, describe, expect, it } from "vitest";
 import { Metrics } from "../metrics/metrics.js";
 import { StepObserver } from "../metrics/metrics-observer.js";
-import { RequestRegistry } from "../requests/registry.js";
+import { SinkTable } from "../../../test/support/table-sinks.js";
 import { EngineSupervisor } from "./supervisor.js";
 
 describe("EngineSupervisor with a fake engine (test/support/fake-engine.mjs)", () => {
@@ -32,7 +32,7 @@ describe("EngineSupervisor with a fake engine (test/support/fake-engine.mjs)", (
       },
     });
     const next = (event: string) => new Promise<void>((resolve) => waiters.push({ event, resolve }));
-    const registry: RequestRegistry = new RequestRegistry((m) => sup.engine.send(m), { onResumed: (id, _g, deaths) => resumed.push([id, deaths]) });
+    const registry: SinkTable = new SinkTable((m) => sup.engine.send(m), { onResumed: (id, _g, deaths) => resumed.push([id, deaths]) });
     const sup: EngineSupervisor = new EngineSupervisor(
       {
         engine: config,

@@ -4,24 +4,37 @@
  * routes its messages to the request registry, and feeds engine exits to recovery (supervision/recovery.ts), whose
  * decisions the request table applies; it keeps recovery's memory of prompts isolated as engine killers.
  */
-import { SHUTTING_DOWN_MESSAGE, shuttingDown } from "../http/errors.js";
 import { TokenizeClient } from "./tokenize-client.js";
 import type { Logger } from "pino";
 import type { EngineCommand, EngineConfig } from "../../protocol/engine-config.js";
-import type { GuideSpec, ReadyMessage } from "../../protocol/messages.js";
+import type { GuideSpec, ReadyMessage, RequestErrorMessage, StepMessage } from "../../protocol/messages.js";
 import { CHATML_TEMPLATE } from "../../model/tiny-model.js";
 import { ChatTemplate } from "../models/chat-template.js";
 import { EngineClient } from "./engine-client.js";
 import { exitDecision, IsolatedPrompts, type ExitDecision } from "./recovery.js";
 import type { Metrics } from "../metrics/metrics.js";
 import type { StepObserver } from "../metrics/metrics-observer.js";
-import type { RequestRegistry } from "../requests/registry.js";
+import type { Culprit } from "../requests/registry.js";
+
+/** The request path the supervisor feeds with the engine's messages and exits (requests/model-requests.ts). */
+export interface SupervisedRequests {
+  handleStep(msg: StepMessage): void;
+  handleRequestError(msg: RequestErrorMessage): void;
+  /** Apply recovery's decision about an engine exit; returns the requests isolated as culprits. */
+  applyEngineExit(d: ExitDecision): Culprit[];
+  /** A (re)started engine is ready: resubmit what waits. */
+  resumeRecovering(): void;
+  /** Live engine requests. */
+  readonly size: number;
+  /** Engine requests waiting to be resubmitted. */
+  readonly recoveringCount: number;
+}
 
 /**
  * Apply recovery's decision about an engine exit to the request table, and remember the prompts it isolated as
  * culprits (bounded in number and time) so that resending one is refused at admission without another crash.
  */
-export function recoverFromExit(table: Pick<RequestRegistry, "applyEngineExit">, isolated: IsolatedPrompts, decision: ExitDecision, now = Date.now()): void {
+export function recoverFromExit(table: Pick<SupervisedRequests, "applyEngineExit">, isolated: IsolatedPrompts, decision: ExitDecision, now = Date.now()): void {
   isolated.addCulprits(table.applyEngineExit(decision), now);
 }
 
@@ -67,7 +80,7 @@ export class EngineSupervisor {
 
   constructor(
     private readonly opts: SupervisorOptions,
-    private readonly registry: RequestRegistry,
+    private readonly registry: SupervisedRequests,
     private readonly steps: StepObserver,
     private readonly metrics: Metrics,
     private readonly log: Logger,
@@ -174,7 +187,7 @@ export class EngineSupervisor {
     this.stopWatchdog();
     await this.engine.stop();
     // Whatever the engine did not release (e.g. no engine was running) ends now, so no response stays open.
-    this.registry.handleEngineExit(SHUTTING_DOWN_MESSAGE, shuttingDown());
+    this.registry.applyEngineExit({ kind: "shutdown" });
   }
 
   /** Decile of load progress last logged (-1 before the first), so that a load is logged at most every 10%. */
