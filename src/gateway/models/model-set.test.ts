@@ -48,11 +48,11 @@ describe("ModelSet: one engine per model, reloads", () => {
     const { set } = makeSet();
     set.startAll([spec("a"), spec("b")]);
     await Promise.all(set.servingUnits().map((u) => u.supervisor.firstReady));
-    expect(set.contextFor({ model: "b" }).modelName).toBe("b");
-    expect(set.contextFor({ model: "a" }).modelName).toBe("a");
-    expect(set.contextFor({ model: "zzz" }).modelName).toBe("a");
-    expect(set.contextFor(undefined).modelName).toBe("a");
-    expect(set.contextFor({ model: "b" }).servedModels()).toEqual(["a", "b"]);
+    expect(set.contextFor({ model: "b" }).model.name).toBe("b");
+    expect(set.contextFor({ model: "a" }).model.name).toBe("a");
+    expect(set.contextFor({ model: "zzz" }).model.name).toBe("a");
+    expect(set.contextFor(undefined).model.name).toBe("a");
+    expect(set.contextFor({ model: "b" }).model.served()).toEqual(["a", "b"]);
     expect(set.get("a")!.supervisor.engine.pid).not.toBe(set.get("b")!.supervisor.engine.pid);
   });
 

@@ -18,7 +18,7 @@ import { requestObserver, StepObserver } from "../metrics/metrics-observer.js";
 import { pickToolParser } from "../parsers/index.js";
 import { ModelRequests } from "../requests/model-requests.js";
 import type { RequestRegistry } from "../requests/registry.js";
-import { MAX_UNREAD_BYTES, type RouteContext } from "../http/route-context.js";
+import { MAX_UNREAD_BYTES, type ReadyEngine, type RouteContext } from "../http/route-context.js";
 import { ISOLATED_PROMPT_TTL_MS } from "../supervision/recovery.js";
 import { EngineSupervisor } from "../supervision/supervisor.js";
 
@@ -111,30 +111,24 @@ export class ModelUnit {
       metrics,
       log,
     );
-    const engine = this.supervisor.engine;
     const supervisor = this.supervisor;
     this.ctx = {
-      requests,
-      modelName: spec.name,
-      modelCreated: set.startedAt,
-      servedModels: () => set.names(),
-      models: () => set.list(),
-      template: () => this.template,
-      isReady: () => engine.isReady && set.stopping === null,
-      maxModelLen: () => engine.ready?.limits.maxModelLen ?? null,
-      vocabSize: () => engine.ready?.model.vocabSize ?? 0,
-      capabilities: () => engine.ready?.capabilities ?? null,
-      maxQueuedRequests: spec.maxQueuedRequests,
-      maxUnreadBytes: shared.maxUnreadBytes ?? MAX_UNREAD_BYTES,
-      maxNumSeqs: () => engine.ready?.limits.maxNumSeqs ?? 0,
+      model: {
+        name: spec.name,
+        created: set.startedAt,
+        served: () => set.names(),
+        agents: () => this.agents,
+        requests,
+        maxQueuedRequests: spec.maxQueuedRequests,
+        maxUnreadBytes: shared.maxUnreadBytes ?? MAX_UNREAD_BYTES,
+        isKnownCulprit: (prompt: string, guide?: GuideSpec) => supervisor.isKnownCulprit(prompt, guide),
+      },
+      engine: () => this.readyEngine(set),
       unavailable: () => this.unavailable(set),
-      isKnownCulprit: (prompt: string, guide?: GuideSpec) => supervisor.isKnownCulprit(prompt, guide),
-      tokenize: (text, addSpecialTokens) => supervisor.tokenizer.tokenize(text, addSpecialTokens),
-      onRejected: (reason: "queue_full" | "not_ready") => {
+      rejected: (reason) => {
         metrics.requestsRejected.inc({ reason });
         metrics.ovmsRejected.inc({ name: spec.name });
       },
-      agents: () => this.agents,
       log,
     };
   }
@@ -142,6 +136,21 @@ export class ModelUnit {
   /** This model's engine reported ready and answered a ping recently, and the server is not stopping. */
   isReady(set: ModelSet): boolean {
     return this.supervisor.isReady && set.stopping === null;
+  }
+
+  /** This model's engine as a route needs it while it is ready (and the server is not stopping), else null. */
+  private readyEngine(set: ModelSet): ReadyEngine | null {
+    const ready = this.supervisor.engine.ready;
+    if (!this.isReady(set) || !ready || !this.template) return null;
+    const tokenizer = this.supervisor.tokenizer;
+    return {
+      template: this.template,
+      capabilities: ready.capabilities,
+      maxModelLen: ready.limits.maxModelLen,
+      maxNumSeqs: ready.limits.maxNumSeqs,
+      vocabSize: ready.model.vocabSize,
+      tokenize: (text, addSpecialTokens) => tokenizer.tokenize(text, addSpecialTokens),
+    };
   }
 
   /** The 503 to answer while this model is not ready: loading, restarting after an engine fault, or shutting down. */

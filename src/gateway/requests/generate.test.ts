@@ -12,10 +12,11 @@ import { EventEmitter } from "node:events";
 import pino from "pino";
 import { describe, expect, it } from "vitest";
 import type { FastifyReply, FastifyRequest } from "fastify";
-import { PROTOCOL_VERSION, type FinishInfo, type GatewayMessage, type SamplingParams, type StepMessage } from "../../protocol/messages.js";
+import { PROTOCOL_VERSION, type EngineCapabilities, type FinishInfo, type GatewayMessage, type SamplingParams, type StepMessage } from "../../protocol/messages.js";
 import { CHATML_TEMPLATE } from "../../model/tiny-model.js";
 import { handleChat } from "../api/chat.js";
 import type { RouteContext } from "../http/route-context.js";
+import type { AgentSettings } from "../models/agent-config.js";
 import { ChatTemplate } from "../models/chat-template.js";
 import { engineFault, notReady, type KeelHttpError } from "../http/errors.js";
 import { admissionError, childIds, runGeneration, type Encoder, type GenerationPlan } from "./generate.js";
@@ -47,7 +48,33 @@ class StalledResponse extends EventEmitter {
   }
 }
 
-function setup(maxUnreadBytes: number, body: Record<string, unknown> = {}, over: Partial<RouteContext> = {}, refuseSubmitOf: string | null = null) {
+/** The server's answers a test may change, one field each (built into a {@link RouteContext} by {@link contextOf}). */
+interface Server {
+  requests: ModelRequests;
+  vocabSize: number;
+  capabilities: EngineCapabilities;
+  isReady: () => boolean;
+  maxNumSeqs: number;
+  maxQueuedRequests: number;
+  maxUnreadBytes: number;
+  isKnownCulprit: (prompt: string) => boolean;
+  rejected: (why: "queue_full" | "not_ready") => void;
+  agents: () => AgentSettings;
+}
+
+/** The route context of a model named "m" whose engine answers as `s` says. */
+function contextOf(s: Server): RouteContext {
+  const template = new ChatTemplate(CHATML_TEMPLATE, { bosToken: "", eosToken: "" });
+  return {
+    model: { name: "m", created: 0, served: () => ["m"], agents: s.agents, requests: s.requests, maxQueuedRequests: s.maxQueuedRequests, maxUnreadBytes: s.maxUnreadBytes, isKnownCulprit: s.isKnownCulprit },
+    engine: () => (s.isReady() ? { template, capabilities: s.capabilities, maxModelLen: 1000, maxNumSeqs: s.maxNumSeqs, vocabSize: s.vocabSize, tokenize: async () => [] } : null),
+    unavailable: () => notReady(),
+    rejected: (why) => s.rejected(why),
+    log: pino({ level: "silent" }),
+  };
+}
+
+function setup(maxUnreadBytes: number, body: Record<string, unknown> = {}, over: Partial<Server> = {}, refuseSubmitOf: string | null = null) {
   const sent: GatewayMessage[] = [];
   /** What metrics read: disconnects counted (in their phase), guides dropped, and every cancel with its cause. */
   const disconnects: string[] = [];
@@ -63,33 +90,25 @@ function setup(maxUnreadBytes: number, body: Record<string, unknown> = {}, over:
       if (ev.type === "client_disconnect_released" && ev.phase) disconnects.push(ev.phase);
     },
   );
-  const ctx: RouteContext = {
+  const server: Server = {
     requests: registry,
-    modelName: "m",
-    modelCreated: 0,
-    servedModels: () => ["m"],
-    models: () => [],
-    vocabSize: () => 100,
-    capabilities: () => ({ exactSeededResume: true, maxTopLogprobs: 5, extendedSampling: true, grammars: false, sharedPrefill: false }),
-    tokenize: async () => [],
-    template: () => new ChatTemplate(CHATML_TEMPLATE, { bosToken: "", eosToken: "" }),
+    vocabSize: 100,
+    capabilities: { exactSeededResume: true, maxTopLogprobs: 5, extendedSampling: true, grammars: false, sharedPrefill: false },
     isReady: () => true,
-    maxModelLen: () => 1000,
-    maxNumSeqs: () => 4,
+    maxNumSeqs: 4,
     maxQueuedRequests: 10,
     maxUnreadBytes,
-    unavailable: () => notReady(),
     isKnownCulprit: () => false,
-    onRejected: () => undefined,
+    rejected: () => undefined,
     agents: () => ({ toolParser: null, reasoningParser: null, guideAuto: false, toolParserSource: "none" }),
-    log: pino({ level: "silent" }),
     ...over,
   };
+  const ctx = contextOf(server);
   const res = new StalledResponse();
   const reply = { hijack() {}, raw: res, header() { return reply; } } as unknown as FastifyReply;
   const reqSocket = Object.assign(new EventEmitter(), { destroyed: false });
   const req = { body: { model: "m", messages: [{ role: "user", content: "hi" }], stream: true, temperature: 0, ...body }, raw: { socket: reqSocket, destroyed: false } } as unknown as FastifyRequest;
-  return { ctx, res, reply, req, sent, disconnects, observed, registry };
+  return { ctx, server, res, reply, req, sent, disconnects, observed, registry };
 }
 
 const step = (n: number, outputs: StepMessage["outputs"]): StepMessage => ({
@@ -181,7 +200,7 @@ describe("n > 1", () => {
     const t = setup(1 << 20, { logprobs: true, top_logprobs: 6 });
     await expect(handleChat(t.ctx, t.req, t.reply)).rejects.toMatchObject({ status: 400, param: "top_logprobs" });
     const caps = { exactSeededResume: true, maxTopLogprobs: -1, extendedSampling: false, grammars: false, sharedPrefill: false };
-    const u = setup(1 << 20, { min_p: 0.1 }, { capabilities: () => caps });
+    const u = setup(1 << 20, { min_p: 0.1 }, { capabilities: caps });
     await expect(handleChat(u.ctx, u.req, u.reply)).rejects.toMatchObject({ status: 400, code: "unsupported_field", param: "min_p" });
     const v = setup(1 << 20, { logit_bias: { "100": 1 } });
     await expect(handleChat(v.ctx, v.req, v.reply)).rejects.toMatchObject({ status: 400, param: "logit_bias" });
@@ -270,7 +289,7 @@ describe("disconnect phase", () => {
 
 let stepNo = 0;
 
-function direct(over: Partial<RouteContext> = {}, refuseSubmitOf: string | null = null) {
+function direct(over: Partial<Server> = {}, refuseSubmitOf: string | null = null) {
   const t = setup(1 << 20, {}, over, refuseSubmitOf);
   const submitted = (): { id: string; text: string; params: SamplingParams }[] =>
     t.sent.flatMap((m) => (m.type === "add" && "text" in m.prompt ? [{ id: m.id, text: m.prompt.text, params: m.params }] : []));
@@ -288,7 +307,7 @@ function direct(over: Partial<RouteContext> = {}, refuseSubmitOf: string | null 
     onGuideDropped: (reason: string) => one({ id, tokens: [], text: "", guideDropped: reason }),
   });
   const rejected: string[] = [];
-  if (!over.onRejected) t.ctx.onRejected = (why) => void rejected.push(why);
+  if (!over.rejected) t.server.rejected = (why) => void rejected.push(why);
   const headers: Record<string, string> = {};
   (t.reply as unknown as { header: (k: string, v: string) => unknown }).header = (k, v) => {
     headers[k] = v;
@@ -358,20 +377,20 @@ describe("admission", () => {
 
   it("the queue bound subtracts only the sequences that are free: 429 with retry-after, counted as queue_full", () => {
     // 4 sequences all running, queue bound 2: 3 choices would wait 3 > 2.
-    const t = direct({ maxNumSeqs: () => 4, maxQueuedRequests: 2 });
-    (t.ctx.requests as unknown as { counts: () => unknown }).counts = () => ({ waiting: 0, running: 4 });
+    const t = direct({ maxNumSeqs: 4, maxQueuedRequests: 2 });
+    (t.ctx.model.requests as unknown as { counts: () => unknown }).counts = () => ({ waiting: 0, running: 4 });
     expect(() => runGeneration(t.ctx, t.req, t.reply, plan({ n: 3 }), recordingEncoder().encoder)).toThrow(expect.objectContaining({ status: 429, code: "queue_full" }));
     expect(t.headers).toEqual({ "retry-after": "1" });
     expect(t.rejected).toEqual(["queue_full"]);
     expect(t.submitted()).toEqual([]);
     // Two of the four sequences free: 3 choices leave 1 waiting, within the bound; exactly at the bound also fits.
-    (t.ctx.requests as unknown as { counts: () => unknown }).counts = () => ({ waiting: 1, running: 2 });
+    (t.ctx.model.requests as unknown as { counts: () => unknown }).counts = () => ({ waiting: 1, running: 2 });
     expect(admissionError(t.ctx, { n: 3, prompts: ["p"] })).toBeNull();
     expect(admissionError(t.ctx, { n: 4, prompts: ["p"] })).toMatchObject({ status: 429 });
   });
 
   it("n counts once per prompt of a prompt list: over every sequence plus the queue is a 400 naming n, without retry-after", () => {
-    const t = direct({ maxNumSeqs: () => 4, maxQueuedRequests: 1 });
+    const t = direct({ maxNumSeqs: 4, maxQueuedRequests: 1 });
     // 3 × 2 prompts = 6 > 4 + 1.
     const err = admissionError(t.ctx, { n: 3, prompts: ["a", "b"] });
     expect(err).toMatchObject({ status: 400, param: "n" });
@@ -555,7 +574,7 @@ describe("client gone", () => {
     const t = direct();
     runGeneration(t.ctx, t.req, t.reply, plan(), recordingEncoder().encoder);
     t.child("req").onAdmitted();
-    t.ctx.requests.applyEngineExit({ kind: "restart", verdict: { reason: "signal", blame: false }, description: "killed" });
+    t.ctx.model.requests.applyEngineExit({ kind: "restart", verdict: { reason: "signal", blame: false }, description: "killed" });
     t.res.destroy();
     // No engine held it: released at once, no abort sent.
     expect(aborted(t.sent)).toEqual([]);
@@ -586,7 +605,7 @@ describe("guided generation at the route", () => {
   });
 
   it("a chat request with a JSON response_format sends the guide to an engine with grammars, and is a 400 without", async () => {
-    const caps = (grammars: boolean) => () => ({ exactSeededResume: true, maxTopLogprobs: 5, extendedSampling: true, grammars, sharedPrefill: false });
+    const caps = (grammars: boolean) => ({ exactSeededResume: true, maxTopLogprobs: 5, extendedSampling: true, grammars, sharedPrefill: false });
     const rf = { response_format: { type: "json_object" } };
     const yes = setup(1 << 20, rf, { capabilities: caps(true) });
     await handleChat(yes.ctx, yes.req, yes.reply);

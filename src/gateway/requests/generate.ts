@@ -80,28 +80,30 @@ export function childIds(id: string, choices: number): string[] {
  * requests the engine will admit into free sequences at its next step are not "waiting"), an isolated prompt.
  */
 export function admissionError(ctx: RouteContext, plan: Pick<GenerationPlan, "n" | "prompts"> & Partial<Pick<GenerationPlan, "params">>): KeelHttpError | null {
-  if (!ctx.isReady()) {
-    ctx.onRejected("not_ready");
+  const engine = ctx.engine();
+  if (!engine) {
+    ctx.rejected("not_ready");
     return ctx.unavailable();
   }
-  const { waiting, running } = ctx.requests.counts();
-  const freeSequences = Math.max(0, ctx.maxNumSeqs() - running);
+  const { maxQueuedRequests } = ctx.model;
+  const { waiting, running } = ctx.model.requests.counts();
+  const freeSequences = Math.max(0, engine.maxNumSeqs - running);
   const choices = plan.n * plan.prompts.length;
   // More choices than the server can ever hold at once (every sequence plus the whole queue) is a 400, not a 429
   // that a retry could never get past.
-  if (choices > ctx.maxNumSeqs() + ctx.maxQueuedRequests) {
+  if (choices > engine.maxNumSeqs + maxQueuedRequests) {
     return invalidValue(
       "n",
-      `Invalid value for 'n': this request needs ${choices} sequences (n × prompts), more than the server can hold at once (${ctx.maxNumSeqs()} sequences + ${ctx.maxQueuedRequests} queued).`,
+      `Invalid value for 'n': this request needs ${choices} sequences (n × prompts), more than the server can hold at once (${engine.maxNumSeqs} sequences + ${maxQueuedRequests} queued).`,
     );
   }
-  if (waiting + choices - freeSequences > ctx.maxQueuedRequests) {
-    ctx.onRejected("queue_full");
+  if (waiting + choices - freeSequences > maxQueuedRequests) {
+    ctx.rejected("queue_full");
     return queueFull();
   }
   // A prompt already isolated as an engine killer is refused here, so a client resending it cannot keep
   // restarting the engine (and pausing everyone else).
-  if (plan.prompts.some((p) => ctx.isKnownCulprit(p, plan.params?.guide))) {
+  if (plan.prompts.some((p) => ctx.model.isKnownCulprit(p, plan.params?.guide))) {
     return engineFault("This request crashed the engine before and was isolated; it is refused without running it.");
   }
   return null;
@@ -132,7 +134,7 @@ export function runGeneration(ctx: RouteContext, req: FastifyRequest, reply: Fas
   const socket = req.raw.socket;
   const writer = new ResponseWriter(reply.raw, {
     requestId: plan.id,
-    maxUnreadBytes: ctx.maxUnreadBytes,
+    maxUnreadBytes: ctx.model.maxUnreadBytes,
     log,
     // The request's socket, not the response's: a pipelined response has no socket until the one before it ends.
     isSocketGone: () => req.raw.destroyed || socket === null || socket.destroyed,
@@ -165,13 +167,13 @@ export function runGeneration(ctx: RouteContext, req: FastifyRequest, reply: Fas
   const children = ids.map((id, c) => ({ id, prompt: { text: plan.prompts[promptOf[c]!]! }, params: { ...plan.params, seed: childSeed(seed, c % plan.n) } }));
   const unavailable = (): KeelHttpError => {
     // The engine went away between the readiness check and now: the siblings already submitted are released.
-    ctx.onRejected("not_ready");
+    ctx.rejected("not_ready");
     return ctx.unavailable();
   };
-  if (!ctx.requests.open(plan.id, session, children, (events) => events.forEach(emit), unavailable)) return;
+  if (!ctx.model.requests.open(plan.id, session, children, (events) => events.forEach(emit), unavailable)) return;
   log.info({ event: "accepted", stream: plan.stream, n: plan.n, maxTokens: plan.params.maxTokens, temperature: plan.params.temperature, guided: plan.params.guide !== undefined, parsed: plan.parser !== undefined }, "request accepted");
 
   // 2. The client leaving is an input of the request path: it releases every child still in the engine (vLLM
   //    #14326). The disconnect is counted once they are all released, in the furthest phase they had reached.
-  writer.onGone(() => ctx.requests.clientGone(plan.id));
+  writer.onGone(() => ctx.model.requests.clientGone(plan.id));
 }

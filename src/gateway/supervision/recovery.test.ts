@@ -220,13 +220,11 @@ describe("promise: a prompt isolated as a culprit is refused at admission withou
   const killer: GuideSpec = { grammar: 'root ::= "a"', start: { kind: "rule", rule: "root", then: "end" } };
   const ctxOver = (isolated: IsolatedPrompts, now: () => number, t: ReturnType<typeof table>): RouteContext =>
     ({
-      requests: t.reg,
-      isReady: () => true,
-      maxNumSeqs: () => 4,
-      maxQueuedRequests: 10,
+      // Admission reads the queue (the table's counts), the engine's sequences and recovery's memory.
+      model: { name: "m", requests: t.reg, maxQueuedRequests: 10, isKnownCulprit: (prompt: string, guide?: GuideSpec) => isolated.isKnownCulprit(prompt, guide, now()) },
+      engine: () => ({ maxNumSeqs: 4 }),
       unavailable: () => notReady(),
-      onRejected: () => undefined,
-      isKnownCulprit: (prompt: string, guide?: GuideSpec) => isolated.isKnownCulprit(prompt, guide, now()),
+      rejected: () => undefined,
       log: pino({ level: "silent" }),
     }) as unknown as RouteContext;
 
