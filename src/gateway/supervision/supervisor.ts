@@ -1,7 +1,7 @@
 /**
  * Engine supervision, apart from the HTTP app: starts the engine process (through the configurable
  * {@link EngineCommand}), restarts it when it dies, kills it when it is stuck (watchdog), answers for readiness,
- * routes its messages to the request registry, and feeds engine exits to recovery (supervision/recovery.ts), whose
+ * routes its messages to the model's request path, and feeds engine exits to recovery (supervision/recovery.ts), whose
  * decisions the request table applies; it keeps recovery's memory of prompts isolated as engine killers.
  */
 import { TokenizeClient } from "./tokenize-client.js";
@@ -80,7 +80,7 @@ export class EngineSupervisor {
 
   constructor(
     private readonly opts: SupervisorOptions,
-    private readonly registry: SupervisedRequests,
+    private readonly requests: SupervisedRequests,
     private readonly steps: StepObserver,
     private readonly metrics: Metrics,
     private readonly log: Logger,
@@ -108,10 +108,10 @@ export class EngineSupervisor {
             case "step":
               this.lastProgressAt = Date.now();
               this.steps.observe(msg);
-              this.registry.handleStep(msg);
+              this.requests.handleStep(msg);
               break;
             case "request_error":
-              this.registry.handleRequestError(msg);
+              this.requests.handleRequestError(msg);
               break;
             case "tokenized":
               this.tokenizer.handle(msg);
@@ -187,7 +187,7 @@ export class EngineSupervisor {
     this.stopWatchdog();
     await this.engine.stop();
     // Whatever the engine did not release (e.g. no engine was running) ends now, so no response stays open.
-    this.registry.applyEngineExit({ kind: "shutdown" });
+    this.requests.applyEngineExit({ kind: "shutdown" });
   }
 
   /** Decile of load progress last logged (-1 before the first), so that a load is logged at most every 10%. */
@@ -213,7 +213,7 @@ export class EngineSupervisor {
     this.wasReady = true;
     this.lastProgressAt = Date.now();
     this.opts.onEngineReady?.(this);
-    const recovering = this.registry.recoveringCount;
+    const recovering = this.requests.recoveringCount;
     this.loadLogged = -1;
     const ready = describeReady(msg, this.opts.engine.kvCacheType);
     this.log.info({ event: "engine_ready", enginePid: msg.pid, model: m.path, limits: msg.limits, engine: msg.engine, capabilities: msg.capabilities, recovering, ...ready.fields }, ready.text);
@@ -221,7 +221,7 @@ export class EngineSupervisor {
       this.log.info({ event: "engine_recovered", downtimeMs: Date.now() - this.diedAt, resuming: recovering }, "engine restarted; resuming in-flight requests");
       this.diedAt = null;
     }
-    this.registry.resumeRecovering();
+    this.requests.resumeRecovering();
   }
 
   private onExit(exit: { code: number | null; signal: NodeJS.Signals | null }): void {
@@ -231,18 +231,18 @@ export class EngineSupervisor {
     // Recovery decides what the exit means (supervision/recovery.ts); the request table applies it.
     const decision = exitDecision({ stopping: this.stopping, failedStarts: this.engine.failedStarts, exit, byWatchdog: this.killedByWatchdog });
     if (decision.kind === "shutdown") {
-      this.registry.applyEngineExit(decision);
+      this.requests.applyEngineExit(decision);
       return;
     }
     const { verdict } = decision;
     this.killedByWatchdog = false;
     this.diedAt = Date.now();
-    this.log.error({ event: "engine_exit", code: exit.code, signal: exit.signal, reason: verdict.reason, blame: verdict.blame, inFlight: this.registry.size }, "engine process exited; restarting and resuming");
+    this.log.error({ event: "engine_exit", code: exit.code, signal: exit.signal, reason: verdict.reason, blame: verdict.blame, inFlight: this.requests.size }, "engine process exited; restarting and resuming");
     this.metrics.engineRestarts.inc({ reason: verdict.reason });
     if (decision.kind === "unrecoverable") {
       this.log.error({ event: "engine_unrecoverable", failedStarts: decision.failedStarts }, "the engine keeps failing to start; failing in-flight requests");
     }
-    recoverFromExit(this.registry, this.isolated, decision);
+    recoverFromExit(this.requests, this.isolated, decision);
   }
 
   /**
@@ -258,7 +258,7 @@ export class EngineSupervisor {
     this.watchdog = setInterval(() => {
       const engine = this.engine;
       const now = Date.now();
-      const work = this.registry.size > this.registry.recoveringCount;
+      const work = this.requests.size > this.requests.recoveringCount;
       if (!engine.ready || !work) this.lastProgressAt = now;
       const stalled = engine.ready !== null && work && now - this.lastProgressAt > stallMs;
       const deaf = engine.ready !== null && now - engine.lastPong > Math.max(stallMs, 10_000);
