@@ -157,7 +157,16 @@ export class ModelRequests {
       try {
         write(events);
       } catch (err) {
-        this.observe({ type: "internal_error", id, message: `writer failed: ${(err as Error)?.message ?? String(err)}` });
+        // A gateway-side exception while writing fails this request alone: its children are aborted with the rest.
+        this.writers.delete(id);
+        const failed = this.processor.writerFailed(id, err);
+        for (const ev of failed.observed) this.observe(ev);
+        try {
+          write(failed.deliveries.get(id) ?? []);
+        } catch {
+          /* the writer is broken: the client cannot be told */
+        }
+        this.pending.push(...failed.aborts);
       }
     }
   }

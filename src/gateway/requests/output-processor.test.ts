@@ -134,15 +134,24 @@ describe("a gateway-side failure serving one request", () => {
     expect(t.observed.filter((e) => e.type === "internal_error")).toEqual([]);
   });
 
-  it("a writer that throws is reported and fails nobody else", () => {
+  it("a writer that throws fails its own request alone: its children are aborted after the step, the others go on", () => {
     const t = setup();
-    t.requests.open("w", new GenerationSession({ childIds: ["w"], stop: [], includeStopStr: false, logprobs: false }), [{ id: "w", prompt: { text: "w" }, params }], () => {
+    const given: SessionEvent[][] = [];
+    t.requests.open("w", new GenerationSession({ childIds: ["w-0", "w-1"], stop: [], includeStopStr: false, logprobs: false }), ["w-0", "w-1"].map((id) => ({ id, prompt: { text: "w" }, params })), (evs) => {
+      given.push([...evs]);
       throw new Error("EPIPE");
     }, () => notReady());
     t.open("ok", 1);
-    t.requests.handleStep(step(out("w", { admitted }), out("ok", { admitted })));
+    t.log.length = 0;
+    t.requests.handleStep(step(out("w-0", { admitted }), out("ok", { admitted })));
     expect(t.delivered.get("ok")!.map((e) => e.type)).toEqual(["started"]);
-    expect(t.observed).toContainEqual({ type: "internal_error", id: "w", message: "writer failed: EPIPE" });
+    expect(t.observed).toContainEqual({ type: "internal_error", id: "w", message: "internal error while serving the request: EPIPE" });
+    // The writer was offered the failure once, then dropped; both children were released after the step.
+    expect(given.map((evs) => evs.map((e) => e.type))).toEqual([["started"], ["failed"]]);
+    expect(t.log).toEqual(["deliver ok started", "abort w-0", "abort w-1"]);
+    expect(t.cancels()).toEqual(["w-0 internal_error", "w-1 internal_error"]);
+    t.requests.handleStep(step(out("w-0", { tokens: [1], text: "late" })));
+    expect(given).toHaveLength(2);
   });
 });
 

@@ -10,7 +10,7 @@
  * delivers the outcome's events and then applies its aborts ({@link OutputProcessor.abort}), after the whole step.
  */
 import type { AddMessage, RequestErrorMessage, SamplingParams, StepMessage } from "../../protocol/messages.js";
-import type { KeelHttpError } from "../http/errors.js";
+import { engineError, type KeelHttpError } from "../http/errors.js";
 import type { ExitDecision } from "../supervision/recovery.js";
 import type { ObservedEvent, TableEvent } from "./events.js";
 import type { CancelCause, Phase } from "./lifecycle.js";
@@ -138,6 +138,19 @@ export class OutputProcessor {
     req.client = { state: "gone", releasing: new Set(step.abort), phases: [] };
     out.observed.push({ type: "client_disconnect", requestId: id, children: step.abort.length });
     this.take(out, req, step, "client_disconnect");
+    return out;
+  }
+
+  /**
+   * Writing HTTP request `id`'s events failed (a gateway-side exception): the request fails alone — its client is
+   * told if it still can be, and every child still in the engine is aborted.
+   */
+  writerFailed(id: string, err: unknown): Outcome {
+    const out = empty();
+    const message = `internal error while serving the request: ${(err as Error)?.message ?? String(err)}`;
+    out.observed.push({ type: "internal_error", id, message });
+    const req = this.requests.get(id);
+    if (req) this.take(out, req, req.session.fail(engineError(message)), "internal_error");
     return out;
   }
 
