@@ -102,9 +102,19 @@ export class SinkTable {
     return this.table.promptLength(id);
   }
 
-  /** Hand every event the table reported to its request's sink and to the observer. */
+  /**
+   * Hand every event the table reported to its request's sink and to the observer; then, as the output processor
+   * does, abort what the table ended for its client (after the events), and hand on what that reported.
+   */
   private flush(): void {
-    for (const ev of this.table.drain()) this.dispatch(ev);
+    for (let events = this.table.drain(); events.length > 0; events = this.table.drain()) {
+      const ended: { id: string; cause: CancelCause }[] = [];
+      for (const ev of events) {
+        if (ev.type === "ended") ended.push({ id: ev.id, cause: ev.cause });
+        this.dispatch(ev);
+      }
+      for (const e of ended) this.table.cancel(e.id, e.cause);
+    }
   }
 
   private dispatch(ev: TableEvent): void {

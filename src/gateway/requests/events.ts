@@ -59,10 +59,11 @@ export type TableEvent =
       refused: boolean;
     }
   /**
-   * The gateway ends the live request for its client with `error` (a shutdown, an internal error); it is cancelled
-   * in the same operation, and its release from the engine follows as a `finished` with `released`.
+   * The gateway ends the live request for its client with `error` (a shutdown, an internal error): it is to be
+   * aborted for `cause` (the output processor decides it, applied after the operation), and its release from the
+   * engine follows as a `finished` with `released`.
    */
-  | { type: "ended"; id: string; usage: Usage; error: RequestError }
+  | { type: "ended"; id: string; usage: Usage; error: RequestError; cause: CancelCause }
   /** The request was resubmitted to a restarted engine as a continuation. */
   | { type: "resumed"; id: string; generatedTokens: number; deaths: number }
   /** The request was isolated as the one whose presence kills the engine. */

@@ -174,3 +174,39 @@ describe("opening a request", () => {
     expect(t.cancels()).toEqual(["r-0 sibling_failed"]);
   });
 });
+
+describe("recovery's decisions reach the clients through the same path", () => {
+  const failedWith = (evs: SessionEvent[] | undefined) => evs?.filter((e) => e.type === "failed").map((e) => (e.type === "failed" ? [e.error.status, e.error.code] : []));
+
+  it("an engine that cannot start fails every open request (500 engine_fault); the shutdown's exit answers 503 shutting_down", () => {
+    const t = setup();
+    t.open("a", 2);
+    t.requests.applyEngineExit({ kind: "unrecoverable", verdict: { reason: "exit", blame: true }, failedStarts: 5, description: "the engine failed to start 5 times in a row" });
+    expect(failedWith(t.delivered.get("a"))).toEqual([[500, "engine_fault"]]);
+    expect(t.requests.size).toBe(0);
+    t.open("b", 1);
+    t.requests.applyEngineExit({ kind: "shutdown" });
+    expect(failedWith(t.delivered.get("b"))).toEqual([[503, "shutting_down"]]);
+  });
+
+  it("a culprit isolated by group testing fails alone with engine_fault; its bystander is resumed and finishes", () => {
+    const t = setup();
+    t.open("killer", 1);
+    const death = { kind: "restart", verdict: { reason: "signal", blame: true }, description: "SIGABRT" } as const;
+    for (let i = 0; i < 3 && !t.delivered.get("killer")?.some((e) => e.type === "failed"); i++) {
+      t.requests.applyEngineExit(death);
+      t.requests.resumeRecovering();
+    }
+    expect(failedWith(t.delivered.get("killer"))).toEqual([[500, "engine_fault"]]);
+    expect(t.observed.filter((e) => e.type === "culprit").map((e) => e.id)).toEqual(["killer"]);
+  });
+
+  it("a drain's end answers every open request 503 and aborts each child once, after the events", () => {
+    const t = setup();
+    t.open("d", 2);
+    t.log.length = 0;
+    expect(t.requests.endAll("The server is shutting down.")).toBe(2);
+    expect(t.log).toEqual(["deliver d failed", "abort d-0", "abort d-1"]);
+    expect(failedWith(t.delivered.get("d"))).toEqual([[503, "shutting_down"]]);
+  });
+});

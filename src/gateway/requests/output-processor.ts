@@ -191,6 +191,7 @@ export class OutputProcessor {
         this.take(out, req, req.session.output(ev.id, ev.tokens, ev.text, ev.logprobs), "stop_string");
         return;
       case "ended":
+        out.aborts.push({ id: ev.id, cause: ev.cause });
         this.take(out, req, req.session.finish(ev.id, "error", ev.usage, ev.error), "sibling_failed");
         return;
       case "finished":

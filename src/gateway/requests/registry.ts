@@ -168,13 +168,12 @@ export class RequestRegistry {
   private failLocally(e: Entry, err: unknown): void {
     const message = `internal error while serving the request: ${(err as Error)?.message ?? String(err)}`;
     this.events.push({ type: "internal_error", id: e.id, message });
-    if (e.lifecycle.state !== "cancelling" && e.lifecycle.state !== "finished") this.endForClient(e, { code: "internal_error", message });
-    this.cancel(e.id, "internal_error");
+    if (e.lifecycle.state !== "cancelling" && e.lifecycle.state !== "finished") this.endForClient(e, { code: "internal_error", message }, "internal_error");
   }
 
-  /** The gateway ends a live request for its client (an error answer); its release from the engine follows. */
-  private endForClient(e: Entry, error: RequestError): void {
-    this.events.push({ type: "ended", id: e.id, usage: { promptTokens: e.promptTokens.length, completionTokens: e.generated.length }, error });
+  /** The gateway ends a live request for its client (an error answer); its abort for `cause` is decided from it. */
+  private endForClient(e: Entry, error: RequestError, cause: lc.CancelCause): void {
+    this.events.push({ type: "ended", id: e.id, usage: { promptTokens: e.promptTokens.length, completionTokens: e.generated.length }, error, cause });
   }
 
   private applyOutput(e: Entry, o: StepMessage["outputs"][number]): void {
@@ -231,7 +230,7 @@ export class RequestRegistry {
 
   /**
    * End every live request now (shutdown): each client gets a 503-shaped error (a final stream event, or a 503),
-   * and each request is aborted in the engine. Returns how many were ended.
+   * and each request is to be aborted in the engine (`ended` events, applied by the caller). Returns how many.
    */
   endAll(message: string): number {
     return this.operation(() => {
@@ -239,8 +238,7 @@ export class RequestRegistry {
       for (const e of [...this.live.values()]) {
         if (e.lifecycle.state === "cancelling" || e.lifecycle.state === "finished") continue;
         n += 1;
-        this.endForClient(e, { code: "shutting_down", message, httpError: shuttingDown(message) });
-        this.cancel(e.id, "shutdown");
+        this.endForClient(e, { code: "shutting_down", message, httpError: shuttingDown(message) }, "shutdown");
       }
       return n;
     });
