@@ -130,14 +130,15 @@ function withGuide<T extends { params: object }>(opts: T, guide: GuideSpec | nul
 /** Handle one chat completion request. */
 export async function handleChat(ctx: RouteContext, req: FastifyRequest, reply: FastifyReply): Promise<void> {
   const body = parseChatRequest(req.body);
-  if (body.model !== ctx.modelName) throw modelNotFound(body.model, ctx.servedModels());
-  const { template, capabilities: caps } = readyEngine(ctx, reply);
-  const refused = checkCapabilities(body.sampling, body.logprobs === null ? null : { param: body.logprobs > 0 ? "top_logprobs" : "logprobs", n: body.logprobs }, caps, ctx.vocabSize());
+  if (body.model !== ctx.model.name) throw modelNotFound(body.model, ctx.model.served());
+  const engine = readyEngine(ctx, reply);
+  const caps = engine.capabilities;
+  const refused = checkCapabilities(body.sampling, body.logprobs === null ? null : { param: body.logprobs > 0 ? "top_logprobs" : "logprobs", n: body.logprobs }, caps, engine.vocabSize);
   if (refused) throw refused;
-  const agents = ctx.agents();
+  const agents = ctx.model.agents();
   // Tools asked for but no parser to read the calls: refused before rendering (never accepted and ignored).
   const toolParser = requestToolParser(body, agents);
-  const prompt = renderMessages(ctx, template, body.messages, body.templateKwargs, toolsForTemplate(body));
+  const prompt = renderMessages(engine, body.messages, body.templateKwargs, toolsForTemplate(body));
   const parser = outputParserFactory(body, toolParser, agents, prompt);
   // A bad schema, or a guide this engine cannot apply, is a 400 here, before the engine sees the request.
   const guide = requestGuide(buildGuide, body, toolParser, agents, prompt, caps);
@@ -153,6 +154,6 @@ export async function handleChat(ctx: RouteContext, req: FastifyRequest, reply: 
       ...withGuide(generationOptions(body, body.maxTokens ?? null), guide),
       ...(parser ? { parser } : {}),
     },
-    chatEncoder(body, id, ctx.modelName, created),
+    chatEncoder(body, id, ctx.model.name, created),
   );
 }

@@ -165,9 +165,10 @@ export function completionEncoder(body: CompletionRequest, id: string, model: st
 /** Handle one completions request. */
 export async function handleCompletion(ctx: RouteContext, req: FastifyRequest, reply: FastifyReply): Promise<void> {
   const body = parseCompletionRequest(req.body);
-  if (body.model !== ctx.modelName) throw modelNotFound(body.model, ctx.servedModels());
-  const { capabilities: caps } = readyEngine(ctx, reply);
-  const refused = checkCapabilities(body.sampling, body.logprobs === null ? null : { param: "logprobs", n: body.logprobs }, caps, ctx.vocabSize());
+  if (body.model !== ctx.model.name) throw modelNotFound(body.model, ctx.model.served());
+  const engine = readyEngine(ctx, reply);
+  const caps = engine.capabilities;
+  const refused = checkCapabilities(body.sampling, body.logprobs === null ? null : { param: "logprobs", n: body.logprobs }, caps, engine.vocabSize);
   if (refused) throw refused;
   const id = `cmpl-${randomUUID().replaceAll("-", "")}`;
   runGeneration(
@@ -179,6 +180,6 @@ export async function handleCompletion(ctx: RouteContext, req: FastifyRequest, r
       prompts: body.prompts,
       ...generationOptions(body, body.maxTokens),
     },
-    completionEncoder(body, id, ctx.modelName, Math.floor(Date.now() / 1000)),
+    completionEncoder(body, id, ctx.model.name, Math.floor(Date.now() / 1000)),
   );
 }

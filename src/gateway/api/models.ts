@@ -7,17 +7,17 @@ import { modelNotFound } from "../http/errors.js";
 import type { RouteContext } from "../http/route-context.js";
 
 function modelObject(ctx: RouteContext, id: string) {
-  return { id, object: "model", created: ctx.modelCreated, owned_by: "keel" };
+  return { id, object: "model", created: ctx.model.created, owned_by: "keel" };
 }
 
 export function listModels(ctx: RouteContext): unknown {
-  return { object: "list", data: ctx.servedModels().map((id) => modelObject(ctx, id)) };
+  return { object: "list", data: ctx.model.served().map((id) => modelObject(ctx, id)) };
 }
 
 export function getModel(ctx: RouteContext, req: FastifyRequest): unknown {
   // A wildcard, so ids with slashes ("org/model") match too.
   const id = decodeURIComponent((req.params as { "*": string })["*"]);
-  const served = ctx.servedModels();
+  const served = ctx.model.served();
   if (!served.includes(id)) throw modelNotFound(id, served);
   return modelObject(ctx, id);
 }

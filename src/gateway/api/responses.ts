@@ -349,12 +349,13 @@ export function responsesEncoder(body: ResponsesRequest, id: string, model: stri
 /** Handle one Responses request. */
 export async function handleResponses(ctx: RouteContext, req: FastifyRequest, reply: FastifyReply): Promise<void> {
   const body = parseResponsesRequest(req.body);
-  if (body.model !== ctx.modelName) throw modelNotFound(body.model, ctx.servedModels());
-  const { template, capabilities: caps } = readyEngine(ctx, reply);
+  if (body.model !== ctx.model.name) throw modelNotFound(body.model, ctx.model.served());
+  const engine = readyEngine(ctx, reply);
+  const caps = engine.capabilities;
   // Reasoning stays in the text here (Responses reasoning items are not produced); tool calls are parsed as in chat.
-  const agents = { ...ctx.agents(), reasoningParser: null };
+  const agents = { ...ctx.model.agents(), reasoningParser: null };
   const toolParser = requestToolParser(body, agents);
-  const prompt = renderMessages(ctx, template, body.messages, undefined, toolsForTemplate(body));
+  const prompt = renderMessages(engine, body.messages, undefined, toolsForTemplate(body));
   const parser = outputParserFactory(body, toolParser, agents, prompt);
   const guide = requestGuide(buildGuide, { ...body, responseFormat: { kind: "text" } }, toolParser, agents, prompt, caps);
   const id = `resp_${randomUUID().replaceAll("-", "")}`;
@@ -372,6 +373,6 @@ export async function handleResponses(ctx: RouteContext, req: FastifyRequest, re
       includeStopStr: false,
       ...(parser ? { parser } : {}),
     },
-    responsesEncoder(body, id, ctx.modelName, Math.floor(Date.now() / 1000)),
+    responsesEncoder(body, id, ctx.model.name, Math.floor(Date.now() / 1000)),
   );
 }

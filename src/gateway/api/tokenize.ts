@@ -44,19 +44,19 @@ export async function handleTokenize(ctx: RouteContext, req: FastifyRequest, rep
   const parsed = tokenizeBodySchema.safeParse(req.body, { reportInput: true });
   if (!parsed.success) throw issueToError(parsed.error.issues[0]!);
   const b = parsed.data;
-  if (b.model !== ctx.modelName) throw modelNotFound(b.model, ctx.servedModels());
-  readyEngine(ctx, reply);
+  if (b.model !== ctx.model.name) throw modelNotFound(b.model, ctx.model.served());
+  const engine = readyEngine(ctx, reply);
   const texts = typeof b.text === "string" ? [b.text] : b.text;
-  const limit = (ctx.maxModelLen() ?? 0) * TOKENIZE_CHARS_PER_CONTEXT_TOKEN;
+  const limit = engine.maxModelLen * TOKENIZE_CHARS_PER_CONTEXT_TOKEN;
   const total = texts.reduce((n, t) => n + t.length, 0);
   if (total > limit) {
-    throw invalidValue("text", `Invalid value for 'text': ${total} characters is more than this model's context can hold (at most ${limit} characters per request: ${TOKENIZE_CHARS_PER_CONTEXT_TOKEN} per token of the ${ctx.maxModelLen()}-token context).`);
+    throw invalidValue("text", `Invalid value for 'text': ${total} characters is more than this model's context can hold (at most ${limit} characters per request: ${TOKENIZE_CHARS_PER_CONTEXT_TOKEN} per token of the ${engine.maxModelLen}-token context).`);
   }
   let results: number[][];
   try {
-    results = await Promise.all(texts.map((t) => ctx.tokenize(t, b.add_special_tokens ?? true)));
+    results = await Promise.all(texts.map((t) => engine.tokenize(t, b.add_special_tokens ?? true)));
   } catch (err) {
-    if (!ctx.isReady()) {
+    if (ctx.engine() === null) {
       void reply.header("retry-after", "1");
       throw ctx.unavailable();
     }

@@ -3,7 +3,7 @@ import { describe, expect, it } from "vitest";
 import { PROTOCOL_VERSION, type StepMessage } from "../../protocol/messages.js";
 import { Scheduler } from "../../engine/scheduler.js";
 import { kvUsage, Metrics, type ModelGauges } from "./metrics.js";
-import { registryObserver, StepObserver } from "./metrics-observer.js";
+import { requestObserver, StepObserver } from "./metrics-observer.js";
 
 /** Metrics whose per-model gauges read `models` (mutable between scrapes). */
 function setup(models: ModelGauges[]) {
@@ -49,16 +49,16 @@ describe("OVMS request families follow the registry", () => {
   it("accepted on queue; success for stop/length, fail for error/abort; processing time in µs", async () => {
     const t = setup([]);
     const log = pino({ level: "silent" });
-    const obs = registryObserver(t.metrics, log, () => 0, "m1");
+    const observe = requestObserver(t.metrics, log, () => 0, "m1");
     expect(await t.series("ovms_requests_success")).toEqual(['ovms_requests_success{name="m1"} 0']);
-    const info = (e2eMs: number) => ({ phase: "decode" as const, e2eMs });
-    const usage = { promptTokens: 1, completionTokens: 1, totalTokens: 2 };
-    for (const id of ["a", "b", "c", "d"]) obs.onQueued!(id);
-    obs.onFinished!("a", "stop", usage, info(2));
-    obs.onFinished!("b", "length", usage, info(2));
-    obs.onFinished!("c", "error", usage, { ...info(2), errorCode: "engine_error", error: "x" });
-    obs.onFinished!("d", "abort", usage, info(2));
-    obs.onRefused!("e", "context_length_exceeded");
+    const info = (e2eMs: number) => ({ phase: "decode" as const, e2eMs, released: false, refused: false });
+    const usage = { promptTokens: 1, completionTokens: 1 };
+    for (const id of ["a", "b", "c", "d"]) observe({ type: "queued", id });
+    observe({ type: "finished", id: "a", reason: "stop", usage, ...info(2) });
+    observe({ type: "finished", id: "b", reason: "length", usage, ...info(2) });
+    observe({ type: "finished", id: "c", reason: "error", usage, ...info(2), error: { code: "engine_error", message: "x" } });
+    observe({ type: "finished", id: "d", reason: "abort", usage, ...info(2) });
+    observe({ type: "finished", id: "e", reason: "error", usage, ...info(2), refused: true, error: { code: "context_length_exceeded", message: "too long" } });
     expect(await t.series("ovms_requests_accepted")).toEqual(['ovms_requests_accepted{name="m1"} 4']);
     expect(await t.series("ovms_requests_success")).toEqual(['ovms_requests_success{name="m1"} 2']);
     expect(await t.series("ovms_requests_fail")).toEqual(['ovms_requests_fail{name="m1"} 2']);

@@ -2,7 +2,7 @@ import pino from "pino";
 import { describe, expect, it } from "vitest";
 import { PROTOCOL_VERSION, type StepMessage } from "../../protocol/messages.js";
 import { Metrics } from "./metrics.js";
-import { registryObserver, StepObserver } from "./metrics-observer.js";
+import { requestObserver, StepObserver } from "./metrics-observer.js";
 
 function setup() {
   const lines: { level: number; event?: string; requestId?: string; [k: string]: unknown }[] = [];
@@ -13,7 +13,7 @@ function setup() {
     const line = text.split("\n").find((l) => l.startsWith(`${name}${labels} `));
     return Number(line?.split(" ")[1]);
   };
-  return { lines, metrics, value, observer: registryObserver(metrics, log, () => 4) };
+  return { lines, metrics, value, observe: requestObserver(metrics, log, () => 4) };
 }
 
 const stepMsg = (step: number, hits: number, active = 1): StepMessage => ({
@@ -25,19 +25,19 @@ const stepMsg = (step: number, hits: number, active = 1): StepMessage => ({
   stats: { waiting: 0, running: 1, activeSequences: active, cachedSequences: 2, prefixCacheHitTokens: hits },
 });
 
-describe("registryObserver: every registry hook reaches metrics and the log", () => {
+describe("requestObserver: every request event reaches metrics and the log", () => {
   it("an internal error while serving one request is logged at error level with its request id", () => {
     const t = setup();
-    t.observer.onInternalError!("req-1", "sink failed: boom");
+    t.observe({ type: "internal_error", id: "req-1", message: "sink failed: boom" });
     expect(t.lines).toEqual([expect.objectContaining({ level: 50, event: "internal_error", requestId: "req-1", error: "sink failed: boom" })]);
   });
 
   it("cancel, culprit, resume and refusal are logged with the request id", async () => {
     const t = setup();
-    t.observer.onCancel!("a", "decode", "client_disconnect");
-    t.observer.onCulprit!("b", 3);
-    t.observer.onResumed!("c", 5, 1);
-    t.observer.onRefused!("d", "context_length_exceeded");
+    t.observe({ type: "cancelled", id: "a", phase: "decode", cause: "client_disconnect" });
+    t.observe({ type: "culprit", id: "b", deaths: 3 });
+    t.observe({ type: "resumed", id: "c", generatedTokens: 5, deaths: 1 });
+    t.observe({ type: "finished", id: "d", reason: "error", usage: { promptTokens: 0, completionTokens: 0 }, phase: "queued", e2eMs: 1, error: { code: "context_length_exceeded", message: "too long" }, released: false, refused: true });
     expect(t.lines.map((l) => [l.event, l.requestId])).toEqual([
       ["cancelled", "a"],
       ["culprit_isolated", "b"],
@@ -48,11 +48,28 @@ describe("registryObserver: every registry hook reaches metrics and the log", ()
     expect(await t.value("keel_requests_rejected_total", '{reason="invalid_request"}')).toBe(1);
   });
 
+  it("a dropped guide is counted and warned about; a disconnect is counted once its children are released, in its phase", async () => {
+    const t = setup();
+    t.observe({ type: "guide_dropped", id: "g", reason: "trigger replay rejected" });
+    t.observe({ type: "client_disconnect", requestId: "r", children: 2 });
+    t.observe({ type: "client_disconnect_released", requestId: "r", phase: "prefill" });
+    t.observe({ type: "client_disconnect_released", requestId: "s", phase: null }); // no engine held it: not counted
+    expect(await t.value("keel_guided_dropped_total")).toBe(1);
+    expect(await t.value("keel_client_disconnects_total", '{phase="prefill"}')).toBe(1);
+    expect(t.lines.map((l) => [l.level, l.event, l.requestId])).toEqual([
+      [40, "guide_dropped", "g"],
+      [30, "client_disconnect", "r"],
+      [30, "client_disconnect_released", "r"],
+      [30, "client_disconnect_released", "s"],
+    ]);
+  });
+
   it("a finished request counts by reason; errors count by cause", async () => {
     const t = setup();
-    t.observer.onFinished!("a", "error", { promptTokens: 3, completionTokens: 2 }, { phase: "decode", errorCode: "engine_fault", error: "x", e2eMs: 10 });
-    t.observer.onFinished!("b", "error", { promptTokens: 1, completionTokens: 0 }, { phase: "queued", errorCode: "shutting_down", error: "y", e2eMs: 5 });
-    t.observer.onFinished!("c", "stop", { promptTokens: 4, completionTokens: 6 }, { phase: "decode", e2eMs: 7 });
+    const done = { released: false, refused: false } as const;
+    t.observe({ type: "finished", id: "a", reason: "error", usage: { promptTokens: 3, completionTokens: 2 }, phase: "decode", error: { code: "engine_fault", message: "x" }, e2eMs: 10, ...done });
+    t.observe({ type: "finished", id: "b", reason: "error", usage: { promptTokens: 1, completionTokens: 0 }, phase: "queued", error: { code: "shutting_down", message: "y" }, e2eMs: 5, ...done });
+    t.observe({ type: "finished", id: "c", reason: "stop", usage: { promptTokens: 4, completionTokens: 6 }, phase: "decode", e2eMs: 7, ...done });
     expect(await t.value("keel_requests_finished_total", '{finish_reason="error"}')).toBe(2);
     expect(await t.value("keel_requests_failed_total", '{reason="engine_fault"}')).toBe(1);
     expect(await t.value("keel_requests_failed_total", '{reason="shutdown"}')).toBe(1);

@@ -1,12 +1,12 @@
 /**
- * The one place where metrics and request logs follow the engine: the registry's observer (every hook connected:
- * queue, admission, tokens, finish, refusal, cancel, resume, culprit, internal error) and the engine's step
- * outputs (steps, prefix-cache hits, sequence gauges).
+ * The one place where metrics and request logs follow the engine: the consumer of every request event (queue,
+ * admission, tokens, a dropped guide, finish, refusal, cancel, resume, culprit, internal error, a client that left)
+ * and the engine's step outputs (steps, prefix-cache hits, sequence gauges).
  */
 import type { Logger } from "pino";
 import type { StepMessage } from "../../protocol/messages.js";
 import type { Metrics } from "./metrics.js";
-import type { RegistryObserver } from "../requests/registry.js";
+import type { ObservedEvent } from "../requests/events.js";
 
 /** Counters derived from the current engine's cumulative step stats. */
 export class StepObserver {
@@ -79,62 +79,87 @@ export class StepObserver {
 }
 
 /**
- * Registry observer that updates `metrics` and logs each request event with its request id. `modelName` labels the
- * OVMS families (one registry per served model).
+ * The consumer of a model's request events (requests/events.ts): it updates `metrics` and logs each event with its
+ * request id. `modelName` labels the OVMS families (one request table per served model); `waiting` is the table's
+ * queue length at the time (for the `queued` line).
  */
-export function registryObserver(metrics: Metrics, log: Logger, waiting: () => number, modelName = ""): RegistryObserver {
+export function requestObserver(metrics: Metrics, log: Logger, waiting: () => number, modelName = ""): (ev: ObservedEvent) => void {
   const name = { name: modelName };
   metrics.registerModel(modelName);
-  return {
-    onQueued(id) {
-      metrics.requestsQueued.inc();
-      metrics.ovmsAccepted.inc(name);
-      log.info({ requestId: id, event: "queued", waiting: waiting() }, "request queued");
-    },
-    onAdmitted(id, promptTokens, info) {
-      metrics.queueTime.observe(info.queueMs / 1000);
-      log.info({ requestId: id, event: "prefill_started", promptTokens, cachedTokens: info.cachedTokens, queueMs: info.queueMs }, "prefill started");
-    },
-    onFirstToken(id, ttftMs) {
-      metrics.timeToFirstToken.observe(ttftMs / 1000);
-      log.info({ requestId: id, event: "first_token", ttftMs }, "first token");
-    },
-    onTokens(_id, count, itlMs) {
-      for (let i = 0; i < count; i++) metrics.interTokenLatency.observe(itlMs / 1000);
-    },
-    onCancel(id, phase, cause) {
-      log.info({ requestId: id, event: "cancelled", phase, cause }, "request cancelled");
-    },
-    onRefused(id, code) {
+  return (ev) => {
+    switch (ev.type) {
+      case "queued":
+        metrics.requestsQueued.inc();
+        metrics.ovmsAccepted.inc(name);
+        log.info({ requestId: ev.id, event: "queued", waiting: waiting() }, "request queued");
+        return;
+      case "admitted":
+        if (!ev.first) return; // timings are reported once per request (a resumed request is admitted again)
+        metrics.queueTime.observe(ev.first.queueMs / 1000);
+        log.info({ requestId: ev.id, event: "prefill_started", promptTokens: ev.promptTokens, cachedTokens: ev.first.cachedTokens, queueMs: ev.first.queueMs }, "prefill started");
+        return;
+      case "first_token":
+        metrics.timeToFirstToken.observe(ev.ttftMs / 1000);
+        log.info({ requestId: ev.id, event: "first_token", ttftMs: ev.ttftMs }, "first token");
+        return;
+      case "tokens":
+        for (let i = 0; i < ev.count; i++) metrics.interTokenLatency.observe(ev.itlMs / 1000);
+        return;
+      case "guide_dropped":
+        // The engine stopped constraining this request: a schema is no longer guaranteed — counted and logged, never silent.
+        metrics.guidedDropped.inc();
+        log.warn({ requestId: ev.id, event: "guide_dropped", child: ev.id, reason: ev.reason }, "guided generation dropped; the request continues unconstrained");
+        return;
+      case "cancelled":
+        log.info({ requestId: ev.id, event: "cancelled", phase: ev.phase, cause: ev.cause }, "request cancelled");
+        return;
+      case "resumed":
+        metrics.requestsResumed.inc();
+        log.info({ requestId: ev.id, event: "resumed", generatedTokens: ev.generatedTokens, deaths: ev.deaths }, "request resumed on the restarted engine");
+        return;
+      case "culprit":
+        log.error({ requestId: ev.id, event: "culprit_isolated", deaths: ev.deaths }, "request isolated as the engine's killer and failed");
+        return;
+      case "internal_error":
+        // A gateway bug while serving one request: it fails alone; this is the line that makes it visible.
+        log.error({ requestId: ev.id, event: "internal_error", error: ev.message }, "internal error while serving a request");
+        return;
+      case "client_disconnect":
+        log.info({ requestId: ev.requestId, event: "client_disconnect", children: ev.children }, "client disconnected");
+        return;
+      case "client_disconnect_released":
+        // Counted once every child is released, in the furthest phase they had reached.
+        if (ev.phase) metrics.clientDisconnects.inc({ phase: ev.phase });
+        log.info({ requestId: ev.requestId, event: "client_disconnect_released", phase: ev.phase }, "disconnected client's requests released");
+        return;
+      case "finished":
+        finished(ev);
+        return;
+      default:
+        return;
+    }
+  };
+
+  function finished(ev: Extract<ObservedEvent, { type: "finished" }>): void {
+    const { id, reason, usage, error } = ev;
+    if (ev.refused) {
       metrics.requestsRejected.inc({ reason: "invalid_request" });
       metrics.ovmsRejected.inc(name);
-      log.info({ requestId: id, event: "rejected", code }, "request refused by the engine");
-    },
-    onResumed(id, generatedTokens, deaths) {
-      metrics.requestsResumed.inc();
-      log.info({ requestId: id, event: "resumed", generatedTokens, deaths }, "request resumed on the restarted engine");
-    },
-    onCulprit(id, deaths) {
-      log.error({ requestId: id, event: "culprit_isolated", deaths }, "request isolated as the engine's killer and failed");
-    },
-    onInternalError(id, message) {
-      // A gateway bug while serving one request: it fails alone; this is the line that makes it visible.
-      log.error({ requestId: id, event: "internal_error", error: message }, "internal error while serving a request");
-    },
-    onFinished(id, reason, usage, info) {
-      metrics.requestsFinished.inc({ finish_reason: reason });
-      metrics.promptTokens.inc(usage.promptTokens);
-      metrics.generationTokens.inc(usage.completionTokens);
-      metrics.e2eLatency.observe(info.e2eMs / 1000);
-      metrics.ovmsProcessingTime.observe(name, info.e2eMs * 1000);
-      (reason === "stop" || reason === "length" ? metrics.ovmsSuccess : metrics.ovmsFail).inc(name);
-      if (reason === "error") {
-        log.warn({ requestId: id, event: "failed", phase: info.phase, code: info.errorCode, error: info.error, e2eMs: info.e2eMs, ...usage }, "request failed");
-        metrics.requestsFailed.inc({ reason: info.errorCode === "engine_fault" ? "engine_fault" : info.errorCode === "shutting_down" ? "shutdown" : "engine_error" });
-      }
-      if (reason === "abort") {
-        log.info({ requestId: id, event: "aborted", phase: info.phase, abortLatencySteps: info.abortLatencySteps, e2eMs: info.e2eMs, ...usage }, "request aborted");
-      }
-    },
-  };
+      log.info({ requestId: id, event: "rejected", code: error?.code ?? "invalid_request" }, "request refused by the engine");
+      return;
+    }
+    metrics.requestsFinished.inc({ finish_reason: reason });
+    metrics.promptTokens.inc(usage.promptTokens);
+    metrics.generationTokens.inc(usage.completionTokens);
+    metrics.e2eLatency.observe(ev.e2eMs / 1000);
+    metrics.ovmsProcessingTime.observe(name, ev.e2eMs * 1000);
+    (reason === "stop" || reason === "length" ? metrics.ovmsSuccess : metrics.ovmsFail).inc(name);
+    if (reason === "error") {
+      log.warn({ requestId: id, event: "failed", phase: ev.phase, code: error?.code, error: error?.message, e2eMs: ev.e2eMs, ...usage }, "request failed");
+      metrics.requestsFailed.inc({ reason: error?.code === "engine_fault" ? "engine_fault" : error?.code === "shutting_down" ? "shutdown" : "engine_error" });
+    }
+    if (reason === "abort") {
+      log.info({ requestId: id, event: "aborted", phase: ev.phase, abortLatencySteps: ev.abortLatencySteps, e2eMs: ev.e2eMs, ...usage }, "request aborted");
+    }
+  }
 }

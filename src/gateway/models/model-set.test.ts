@@ -48,11 +48,11 @@ describe("ModelSet: one engine per model, reloads", () => {
     const { set } = makeSet();
     set.startAll([spec("a"), spec("b")]);
     await Promise.all(set.servingUnits().map((u) => u.supervisor.firstReady));
-    expect(set.contextFor({ model: "b" }).modelName).toBe("b");
-    expect(set.contextFor({ model: "a" }).modelName).toBe("a");
-    expect(set.contextFor({ model: "zzz" }).modelName).toBe("a");
-    expect(set.contextFor(undefined).modelName).toBe("a");
-    expect(set.contextFor({ model: "b" }).servedModels()).toEqual(["a", "b"]);
+    expect(set.contextFor({ model: "b" }).model.name).toBe("b");
+    expect(set.contextFor({ model: "a" }).model.name).toBe("a");
+    expect(set.contextFor({ model: "zzz" }).model.name).toBe("a");
+    expect(set.contextFor(undefined).model.name).toBe("a");
+    expect(set.contextFor({ model: "b" }).model.served()).toEqual(["a", "b"]);
     expect(set.get("a")!.supervisor.engine.pid).not.toBe(set.get("b")!.supervisor.engine.pid);
   });
 
@@ -74,8 +74,8 @@ describe("ModelSet: one engine per model, reloads", () => {
     await Promise.all(set.servingUnits().map((u) => u.supervisor.firstReady));
     const [a, oldB, gone] = [set.get("a")!, set.get("b")!, set.get("gone")!];
     // 1. A request in flight on b's engine and one on the removed model's (the fake engine holds them).
-    expect(oldB.registry.submit("r-b", { text: "hello" }, params, sink)).toBe(true);
-    expect(gone.registry.submit("r-gone", { text: "hello" }, params, sink)).toBe(true);
+    expect(oldB.registry.submit("r-b", { text: "hello" }, params)).toBe(true);
+    expect(gone.registry.submit("r-gone", { text: "hello" }, params)).toBe(true);
     const summary = await set.apply([spec("a"), spec("b", 2), spec("c")]);
     expect(summary).toEqual({ added: ["c"], removed: ["gone"], replaced: ["b"], unchanged: ["a"] });
     // 2. New requests go to the new engines; the old ones are retired but still hold their requests.

@@ -14,11 +14,13 @@ import { NO_AGENT_FLAGS, resolveAgentSettings, type AgentFlags, type AgentSettin
 import type { ChatTemplate } from "./chat-template.js";
 import { engineRestarting, notReady, shuttingDown } from "../http/errors.js";
 import type { Metrics } from "../metrics/metrics.js";
-import { registryObserver, StepObserver } from "../metrics/metrics-observer.js";
+import { requestObserver, StepObserver } from "../metrics/metrics-observer.js";
 import { pickToolParser } from "../parsers/index.js";
-import { RequestRegistry } from "../requests/registry.js";
-import { MAX_UNREAD_BYTES, type RouteContext } from "../http/route-context.js";
-import { EngineSupervisor, ISOLATED_PROMPT_TTL_MS } from "../supervision/supervisor.js";
+import { ModelRequests } from "../requests/model-requests.js";
+import type { RequestRegistry } from "../requests/registry.js";
+import { MAX_UNREAD_BYTES, type ReadyEngine, type RouteContext } from "../http/route-context.js";
+import { ISOLATED_PROMPT_TTL_MS } from "../supervision/recovery.js";
+import { EngineSupervisor } from "../supervision/supervisor.js";
 
 /** One model to serve: its name, engine start configuration and parsers. */
 export interface ModelSpec {
@@ -55,8 +57,14 @@ export interface ModelSetShared {
 /** Where a unit is in its life: serving (reachable by name) or retired (finishing its streams, then stopped). */
 export type UnitState = { kind: "serving" } | { kind: "retired"; since: number } | { kind: "stopped" };
 
-/** A model's own engine, supervisor and registry, and the route context requests for it use. */
+/** A model's own engine, supervisor and request path, and the route context requests for it use. */
 export class ModelUnit {
+  /**
+   * This model's request path: its request table and output processor; it applies each outcome — events to the
+   * writers and metrics, then the aborts, after the whole step.
+   */
+  readonly requests: ModelRequests;
+  /** This model's request table (what gauges and the drain read). */
   readonly registry: RequestRegistry;
   readonly supervisor: EngineSupervisor;
   readonly steps: StepObserver;
@@ -81,12 +89,13 @@ export class ModelUnit {
     const log = shared.labelLogs ? shared.log.child({ model_name: spec.name }) : shared.log;
     this.agents = resolveAgentSettings(spec.agents, null, pickToolParser);
     this.steps = new StepObserver(metrics, spec.name);
-    const registry: RequestRegistry = new RequestRegistry(
+    const requests: ModelRequests = new ModelRequests(
       (msg) => this.supervisor.engine.send(msg),
-      registryObserver(metrics, log, () => registry.counts().waiting, spec.name),
+      requestObserver(metrics, log, () => requests.counts().waiting, spec.name),
       () => this.steps.lastStep,
     );
-    this.registry = registry;
+    this.requests = requests;
+    this.registry = requests.table;
     this.supervisor = new EngineSupervisor(
       {
         engine: spec.engine,
@@ -97,44 +106,51 @@ export class ModelUnit {
         isolatedPromptTtlMs: shared.isolatedPromptTtlMs ?? ISOLATED_PROMPT_TTL_MS,
         onEngineReady: (s) => this.setTemplate(s.template, log),
       },
-      registry,
+      requests,
       this.steps,
       metrics,
       log,
     );
-    const engine = this.supervisor.engine;
     const supervisor = this.supervisor;
     this.ctx = {
-      registry,
-      modelName: spec.name,
-      modelCreated: set.startedAt,
-      servedModels: () => set.names(),
-      models: () => set.list(),
-      template: () => this.template,
-      isReady: () => engine.isReady && set.stopping === null,
-      maxModelLen: () => engine.ready?.limits.maxModelLen ?? null,
-      vocabSize: () => engine.ready?.model.vocabSize ?? 0,
-      capabilities: () => engine.ready?.capabilities ?? null,
-      maxQueuedRequests: spec.maxQueuedRequests,
-      maxUnreadBytes: shared.maxUnreadBytes ?? MAX_UNREAD_BYTES,
-      maxNumSeqs: () => engine.ready?.limits.maxNumSeqs ?? 0,
+      model: {
+        name: spec.name,
+        created: set.startedAt,
+        served: () => set.names(),
+        agents: () => this.agents,
+        requests,
+        maxQueuedRequests: spec.maxQueuedRequests,
+        maxUnreadBytes: shared.maxUnreadBytes ?? MAX_UNREAD_BYTES,
+        isKnownCulprit: (prompt: string, guide?: GuideSpec) => supervisor.isKnownCulprit(prompt, guide),
+      },
+      engine: () => this.readyEngine(set),
       unavailable: () => this.unavailable(set),
-      isKnownCulprit: (prompt: string, guide?: GuideSpec) => supervisor.isKnownCulprit(prompt, guide),
-      tokenize: (text, addSpecialTokens) => supervisor.tokenizer.tokenize(text, addSpecialTokens),
-      onRejected: (reason: "queue_full" | "not_ready") => {
+      rejected: (reason) => {
         metrics.requestsRejected.inc({ reason });
         metrics.ovmsRejected.inc({ name: spec.name });
       },
-      agents: () => this.agents,
-      onGuideDropped: () => metrics.guidedDropped.inc(),
       log,
-      onDisconnect: (phase) => metrics.clientDisconnects.inc({ phase }),
     };
   }
 
   /** This model's engine reported ready and answered a ping recently, and the server is not stopping. */
   isReady(set: ModelSet): boolean {
     return this.supervisor.isReady && set.stopping === null;
+  }
+
+  /** This model's engine as a route needs it while it is ready (and the server is not stopping), else null. */
+  private readyEngine(set: ModelSet): ReadyEngine | null {
+    const ready = this.supervisor.engine.ready;
+    if (!this.isReady(set) || !ready || !this.template) return null;
+    const tokenizer = this.supervisor.tokenizer;
+    return {
+      template: this.template,
+      capabilities: ready.capabilities,
+      maxModelLen: ready.limits.maxModelLen,
+      maxNumSeqs: ready.limits.maxNumSeqs,
+      vocabSize: ready.model.vocabSize,
+      tokenize: (text, addSpecialTokens) => tokenizer.tokenize(text, addSpecialTokens),
+    };
   }
 
   /** The 503 to answer while this model is not ready: loading, restarting after an engine fault, or shutting down. */
@@ -352,7 +368,7 @@ export class ModelSet {
   /** End every unit's requests with `message` (drain timeout); returns how many were ended. */
   endAll(message: string): number {
     let n = 0;
-    for (const u of this.all()) n += u.registry.endAll(message);
+    for (const u of this.all()) n += u.requests.endAll(message);
     return n;
   }
 

@@ -12,15 +12,18 @@ import { EventEmitter } from "node:events";
 import pino from "pino";
 import { describe, expect, it } from "vitest";
 import type { FastifyReply, FastifyRequest } from "fastify";
-import { PROTOCOL_VERSION, type GatewayMessage, type SamplingParams, type StepMessage } from "../../protocol/messages.js";
+import { PROTOCOL_VERSION, type EngineCapabilities, type FinishInfo, type GatewayMessage, type SamplingParams, type StepMessage } from "../../protocol/messages.js";
 import { CHATML_TEMPLATE } from "../../model/tiny-model.js";
 import { handleChat } from "../api/chat.js";
 import type { RouteContext } from "../http/route-context.js";
+import type { AgentSettings } from "../models/agent-config.js";
 import { ChatTemplate } from "../models/chat-template.js";
 import { engineFault, notReady, type KeelHttpError } from "../http/errors.js";
 import { admissionError, childIds, runGeneration, type Encoder, type GenerationPlan } from "./generate.js";
 import type { SessionEvent } from "./session/events.js";
-import { RequestRegistry } from "./registry.js";
+import type { FinishReason, Phase } from "./lifecycle.js";
+import { ModelRequests } from "./model-requests.js";
+import type { ObservedEvent } from "./events.js";
 
 /** A response whose client never reads: every write stays in the unsent buffer. */
 class StalledResponse extends EventEmitter {
@@ -45,42 +48,67 @@ class StalledResponse extends EventEmitter {
   }
 }
 
-function setup(maxUnreadBytes: number, body: Record<string, unknown> = {}, over: Partial<RouteContext> = {}) {
+/** The server's answers a test may change, one field each (built into a {@link RouteContext} by {@link contextOf}). */
+interface Server {
+  requests: ModelRequests;
+  vocabSize: number;
+  capabilities: EngineCapabilities;
+  isReady: () => boolean;
+  maxNumSeqs: number;
+  maxQueuedRequests: number;
+  maxUnreadBytes: number;
+  isKnownCulprit: (prompt: string) => boolean;
+  rejected: (why: "queue_full" | "not_ready") => void;
+  agents: () => AgentSettings;
+}
+
+/** The route context of a model named "m" whose engine answers as `s` says. */
+function contextOf(s: Server): RouteContext {
+  const template = new ChatTemplate(CHATML_TEMPLATE, { bosToken: "", eosToken: "" });
+  return {
+    model: { name: "m", created: 0, served: () => ["m"], agents: s.agents, requests: s.requests, maxQueuedRequests: s.maxQueuedRequests, maxUnreadBytes: s.maxUnreadBytes, isKnownCulprit: s.isKnownCulprit },
+    engine: () => (s.isReady() ? { template, capabilities: s.capabilities, maxModelLen: 1000, maxNumSeqs: s.maxNumSeqs, vocabSize: s.vocabSize, tokenize: async () => [] } : null),
+    unavailable: () => notReady(),
+    rejected: (why) => s.rejected(why),
+    log: pino({ level: "silent" }),
+  };
+}
+
+function setup(maxUnreadBytes: number, body: Record<string, unknown> = {}, over: Partial<Server> = {}, refuseSubmitOf: string | null = null) {
   const sent: GatewayMessage[] = [];
-  const registry = new RequestRegistry((m) => {
-    sent.push(m);
-    return true;
-  });
+  /** What metrics read: disconnects counted (in their phase), guides dropped, and every cancel with its cause. */
   const disconnects: string[] = [];
-  const ctx: RouteContext = {
-    registry,
-    modelName: "m",
-    modelCreated: 0,
-    servedModels: () => ["m"],
-    models: () => [],
-    vocabSize: () => 100,
-    capabilities: () => ({ exactSeededResume: true, maxTopLogprobs: 5, extendedSampling: true, grammars: false, sharedPrefill: false }),
-    tokenize: async () => [],
-    template: () => new ChatTemplate(CHATML_TEMPLATE, { bosToken: "", eosToken: "" }),
+  const observed: ObservedEvent[] = [];
+  const registry = new ModelRequests(
+    (m) => {
+      if (m.type === "add" && m.id === refuseSubmitOf) return false;
+      sent.push(m);
+      return true;
+    },
+    (ev) => {
+      observed.push(ev);
+      if (ev.type === "client_disconnect_released" && ev.phase) disconnects.push(ev.phase);
+    },
+  );
+  const server: Server = {
+    requests: registry,
+    vocabSize: 100,
+    capabilities: { exactSeededResume: true, maxTopLogprobs: 5, extendedSampling: true, grammars: false, sharedPrefill: false },
     isReady: () => true,
-    maxModelLen: () => 1000,
-    maxNumSeqs: () => 4,
+    maxNumSeqs: 4,
     maxQueuedRequests: 10,
     maxUnreadBytes,
-    unavailable: () => notReady(),
     isKnownCulprit: () => false,
-    onRejected: () => undefined,
-    onDisconnect: (phase) => void disconnects.push(phase),
+    rejected: () => undefined,
     agents: () => ({ toolParser: null, reasoningParser: null, guideAuto: false, toolParserSource: "none" }),
-    onGuideDropped: () => undefined,
-    log: pino({ level: "silent" }),
     ...over,
   };
+  const ctx = contextOf(server);
   const res = new StalledResponse();
   const reply = { hijack() {}, raw: res, header() { return reply; } } as unknown as FastifyReply;
   const reqSocket = Object.assign(new EventEmitter(), { destroyed: false });
   const req = { body: { model: "m", messages: [{ role: "user", content: "hi" }], stream: true, temperature: 0, ...body }, raw: { socket: reqSocket, destroyed: false } } as unknown as FastifyRequest;
-  return { ctx, res, reply, req, sent, disconnects, registry };
+  return { ctx, server, res, reply, req, sent, disconnects, observed, registry };
 }
 
 const step = (n: number, outputs: StepMessage["outputs"]): StepMessage => ({
@@ -159,7 +187,7 @@ describe("n > 1", () => {
     await expect(handleChat(fits.ctx, fits.req, fits.reply)).resolves.toBeUndefined();
     // With those 14 waiting, one more request of 1 choice is over the bound: 429 (a retry can get in later).
     const sentBefore = fits.sent.length;
-    const next = setup(1 << 20, { n: 1 }, { maxQueuedRequests: 10, registry: fits.registry });
+    const next = setup(1 << 20, { n: 1 }, { maxQueuedRequests: 10, requests: fits.registry });
     await expect(handleChat(next.ctx, next.req, next.reply)).rejects.toMatchObject({ status: 429, code: "queue_full" });
     expect(fits.sent.length).toBe(sentBefore);
     // 15 choices can never be held at once (4 sequences + 10 queued): a 400 naming n, not a 429 forever.
@@ -172,7 +200,7 @@ describe("n > 1", () => {
     const t = setup(1 << 20, { logprobs: true, top_logprobs: 6 });
     await expect(handleChat(t.ctx, t.req, t.reply)).rejects.toMatchObject({ status: 400, param: "top_logprobs" });
     const caps = { exactSeededResume: true, maxTopLogprobs: -1, extendedSampling: false, grammars: false, sharedPrefill: false };
-    const u = setup(1 << 20, { min_p: 0.1 }, { capabilities: () => caps });
+    const u = setup(1 << 20, { min_p: 0.1 }, { capabilities: caps });
     await expect(handleChat(u.ctx, u.req, u.reply)).rejects.toMatchObject({ status: 400, code: "unsupported_field", param: "min_p" });
     const v = setup(1 << 20, { logit_bias: { "100": 1 } });
     await expect(handleChat(v.ctx, v.req, v.reply)).rejects.toMatchObject({ status: 400, param: "logit_bias" });
@@ -255,31 +283,31 @@ describe("disconnect phase", () => {
 
 // ---------------------------------------------------------------- runGeneration driven directly
 //
-// A fake registry hands each child's sink to the test, records every submit and cancel (with its cause), and can
-// refuse a submit (the engine went away); a recording encoder shows which events reach the wire and how.
+// The model's real request path with a fake engine channel: each child is driven by engine step outputs (admitted,
+// output, finish, guide dropped), every submit and cancel (with its cause) is recorded, a submit can be refused (the
+// engine went away); a recording encoder shows which events reach the wire and how.
 
-type Sink = Parameters<RequestRegistry["submit"]>[3];
+let stepNo = 0;
 
-function direct(over: Partial<RouteContext> = {}, refuseSubmitOf: string | null = null) {
-  const sinks = new Map<string, Sink>();
-  const submitted: { id: string; text: string; params: SamplingParams }[] = [];
-  const cancelled: [string, string][] = [];
-  const registry = {
-    counts: () => ({ waiting: 0, running: 0 }),
-    promptLength: () => 5,
-    submit(id: string, prompt: { text: string }, params: SamplingParams, sink: Sink): boolean {
-      if (id === refuseSubmitOf) return false;
-      submitted.push({ id, text: prompt.text, params });
-      sinks.set(id, sink);
-      return true;
-    },
-    cancel(id: string, cause: string): void {
-      cancelled.push([id, cause]);
-    },
-  };
-  const t = setup(1 << 20, {}, { registry: registry as unknown as RequestRegistry, ...over });
+function direct(over: Partial<Server> = {}, refuseSubmitOf: string | null = null) {
+  const t = setup(1 << 20, {}, over, refuseSubmitOf);
+  const submitted = (): { id: string; text: string; params: SamplingParams }[] =>
+    t.sent.flatMap((m) => (m.type === "add" && "text" in m.prompt ? [{ id: m.id, text: m.prompt.text, params: m.params }] : []));
+  const cancelled = (): [string, string][] => t.observed.flatMap((e): [string, string][] => (e.type === "cancelled" ? [[e.id, e.cause]] : []));
+  const one = (o: StepMessage["outputs"][number]): void => t.registry.handleStep(step(++stepNo, [o]));
+  /** The engine's side of child `id`. */
+  const child = (id: string) => ({
+    onAdmitted: () => one({ id, admitted: { promptTokens: [1, 2, 3, 4, 5], cachedTokens: 0 }, tokens: [], text: "" }),
+    onOutput: (tokens: number[], text: string, logprobs?: NonNullable<StepMessage["outputs"][number]["logprobs"]>) => one({ id, tokens, text, ...(logprobs ? { logprobs } : {}) }),
+    onFinish: (reason: FinishReason, u: { promptTokens: number; completionTokens: number }, error?: NonNullable<FinishInfo["error"]>) =>
+      one({ id, tokens: [], text: "", finish: { reason, promptTokens: u.promptTokens, completionTokens: u.completionTokens, ...(error ? { error } : {}) } }),
+    /** The engine confirms an abort; a request cancelled while queued and admitted in that step was in prefill. */
+    onReleased: (phase: Phase) =>
+      one({ id, ...(phase === "prefill" ? { admitted: { promptTokens: [1, 2], cachedTokens: 0 } } : {}), tokens: [], text: "", finish: { reason: "abort", promptTokens: 2, completionTokens: 0 } }),
+    onGuideDropped: (reason: string) => one({ id, tokens: [], text: "", guideDropped: reason }),
+  });
   const rejected: string[] = [];
-  if (!over.onRejected) t.ctx.onRejected = (why) => void rejected.push(why);
+  if (!over.rejected) t.server.rejected = (why) => void rejected.push(why);
   const headers: Record<string, string> = {};
   (t.reply as unknown as { header: (k: string, v: string) => unknown }).header = (k, v) => {
     headers[k] = v;
@@ -299,7 +327,7 @@ function direct(over: Partial<RouteContext> = {}, refuseSubmitOf: string | null 
     wire.ended = true;
     end();
   }) as StalledResponse["end"];
-  return { ...t, sinks, submitted, cancelled, rejected, headers, wire };
+  return { ...t, child, submitted, cancelled, rejected, headers, wire };
 }
 
 /** An encoder that writes each event's type (and content) as one SSE data line and records what it was given. */
@@ -344,25 +372,25 @@ describe("admission", () => {
     expect(() => runGeneration(t.ctx, t.req, t.reply, plan(), enc.encoder)).toThrow(expect.objectContaining({ status: 503, code: "not_ready" }));
     expect(t.headers).toEqual({ "retry-after": "1" });
     expect(t.rejected).toEqual(["not_ready"]);
-    expect(t.submitted).toEqual([]);
+    expect(t.submitted()).toEqual([]);
   });
 
   it("the queue bound subtracts only the sequences that are free: 429 with retry-after, counted as queue_full", () => {
     // 4 sequences all running, queue bound 2: 3 choices would wait 3 > 2.
-    const t = direct({ maxNumSeqs: () => 4, maxQueuedRequests: 2 });
-    (t.ctx.registry as unknown as { counts: () => unknown }).counts = () => ({ waiting: 0, running: 4 });
+    const t = direct({ maxNumSeqs: 4, maxQueuedRequests: 2 });
+    (t.ctx.model.requests as unknown as { counts: () => unknown }).counts = () => ({ waiting: 0, running: 4 });
     expect(() => runGeneration(t.ctx, t.req, t.reply, plan({ n: 3 }), recordingEncoder().encoder)).toThrow(expect.objectContaining({ status: 429, code: "queue_full" }));
     expect(t.headers).toEqual({ "retry-after": "1" });
     expect(t.rejected).toEqual(["queue_full"]);
-    expect(t.submitted).toEqual([]);
+    expect(t.submitted()).toEqual([]);
     // Two of the four sequences free: 3 choices leave 1 waiting, within the bound; exactly at the bound also fits.
-    (t.ctx.registry as unknown as { counts: () => unknown }).counts = () => ({ waiting: 1, running: 2 });
+    (t.ctx.model.requests as unknown as { counts: () => unknown }).counts = () => ({ waiting: 1, running: 2 });
     expect(admissionError(t.ctx, { n: 3, prompts: ["p"] })).toBeNull();
     expect(admissionError(t.ctx, { n: 4, prompts: ["p"] })).toMatchObject({ status: 429 });
   });
 
   it("n counts once per prompt of a prompt list: over every sequence plus the queue is a 400 naming n, without retry-after", () => {
-    const t = direct({ maxNumSeqs: () => 4, maxQueuedRequests: 1 });
+    const t = direct({ maxNumSeqs: 4, maxQueuedRequests: 1 });
     // 3 × 2 prompts = 6 > 4 + 1.
     const err = admissionError(t.ctx, { n: 3, prompts: ["a", "b"] });
     expect(err).toMatchObject({ status: 400, param: "n" });
@@ -378,7 +406,7 @@ describe("admission", () => {
     expect(admissionError(t.ctx, { n: 1, prompts: ["ok"] })).toBeNull();
     expect(() => runGeneration(t.ctx, t.req, t.reply, plan({ prompts: ["ok", "bad"] }), recordingEncoder().encoder)).toThrow(expect.objectContaining({ status: 500, code: "engine_fault", message: expect.stringContaining("isolated") }));
     expect(t.headers).toEqual({});
-    expect(t.submitted).toEqual([]);
+    expect(t.submitted()).toEqual([]);
   });
 });
 
@@ -388,31 +416,33 @@ describe("children", () => {
     expect(childIds("x", 3)).toEqual(["x-0", "x-1", "x-2"]);
     const t = direct();
     runGeneration(t.ctx, t.req, t.reply, plan(), recordingEncoder().encoder);
-    expect(t.submitted.map((s) => s.id)).toEqual(["req"]);
+    expect(t.submitted().map((s) => s.id)).toEqual(["req"]);
   });
 
   it("a prompt list with n > 1: choices in prompt order, each prompt's n seeds repeat, the logprobs flag reaches the engine", () => {
     const t = direct();
     runGeneration(t.ctx, t.req, t.reply, plan({ prompts: ["a", "b"], n: 2, params: { ...plan().params, logprobs: 2 } }), recordingEncoder().encoder);
-    expect(t.submitted.map((s) => [s.id, s.text])).toEqual([
+    expect(t.submitted().map((s) => [s.id, s.text])).toEqual([
       ["req-0", "a"],
       ["req-1", "a"],
       ["req-2", "b"],
       ["req-3", "b"],
     ]);
-    const seeds = t.submitted.map((s) => s.params.seed);
+    const seeds = t.submitted().map((s) => s.params.seed);
     expect(seeds[0]).toBe(7);
     expect(seeds[1]).not.toBe(7);
     expect(seeds.slice(2)).toEqual(seeds.slice(0, 2));
-    expect(t.submitted.every((s) => s.params.logprobs === 2 && s.params.maxTokens === 8)).toBe(true);
+    expect(t.submitted().every((s) => s.params.logprobs === 2 && s.params.maxTokens === 8)).toBe(true);
   });
 
   it("a submit refused midway (the engine went away): the siblings already submitted are released and the answer is 503", () => {
     const t = direct({}, "req-1");
     const enc = recordingEncoder();
     runGeneration(t.ctx, t.req, t.reply, plan({ n: 3 }), enc.encoder);
-    expect(t.submitted.map((s) => s.id)).toEqual(["req-0"]);
-    expect(t.cancelled).toEqual([["req-0", "sibling_failed"], ["req-1", "sibling_failed"], ["req-2", "sibling_failed"]]);
+    expect(t.submitted().map((s) => s.id)).toEqual(["req-0"]);
+    // The session releases every child it started; only req-0 ever reached the engine.
+    expect(t.cancelled()).toEqual([["req-0", "sibling_failed"]]);
+    expect(aborted(t.sent)).toEqual(["req-0"]);
     expect(t.rejected).toEqual(["not_ready"]);
     expect(t.wire.status).toBe(503);
     expect(t.wire.headers["retry-after"]).toBe("1");
@@ -426,12 +456,12 @@ describe("events to the wire", () => {
     const t = direct();
     const enc = recordingEncoder();
     runGeneration(t.ctx, t.req, t.reply, plan({ stop: ["!"] }), enc.encoder);
-    const sink = t.sinks.get("req")!;
+    const sink = t.child("req")!;
     sink.onAdmitted();
     expect(t.wire.status).toBe(200);
     expect(enc.streamed).toEqual([{ type: "started" }]);
     sink.onOutput([1], "hi!");
-    expect(t.cancelled).toEqual([["req", "stop_string"]]);
+    expect(t.cancelled()).toEqual([["req", "stop_string"]]);
     expect(enc.streamed.map((e) => e.type)).toEqual(["started", "delta", "choice_finished", "finished"]);
     expect(enc.streamed.at(-1)).toMatchObject({ usage: { promptTokens: 5, completionTokens: 1 } });
     expect(t.wire.body.endsWith("data: [DONE]\n\n")).toBe(true);
@@ -446,7 +476,7 @@ describe("events to the wire", () => {
       const t = direct();
       const enc = recordingEncoder();
       runGeneration(t.ctx, t.req, t.reply, plan({ params: { ...plan().params, ...(logprobs !== undefined ? { logprobs } : {}) } }), enc.encoder);
-      t.sinks.get("req")!.onOutput([1], "a", lp);
+      t.child("req").onOutput([1], "a", lp);
       const delta = enc.streamed.find((e) => e.type === "delta");
       expect(delta).toMatchObject({ logprobs: logprobs === undefined ? [] : [{ token: "token_id:1", logprob: -0.5 }] });
     }
@@ -456,11 +486,12 @@ describe("events to the wire", () => {
     const t = direct();
     const enc = recordingEncoder();
     runGeneration(t.ctx, t.req, t.reply, plan({ stream: false, n: 2 }), enc.encoder);
-    for (const id of ["req-0", "req-1"]) t.sinks.get(id)!.onAdmitted();
-    t.sinks.get("req-0")!.onOutput([1], "x");
-    t.sinks.get("req-0")!.onFinish("stop", usage(1));
+    for (const id of ["req-0", "req-1"]) t.child(id).onAdmitted();
+    t.child("req-0").onOutput([1], "x");
+    t.child("req-0").onFinish("stop", usage(1));
     expect(t.wire.status).toBe(0);
-    t.sinks.get("req-1")!.onFinish("length", usage(3));
+    t.child("req-1").onOutput([2, 3, 4], "");
+    t.child("req-1").onFinish("length", usage(3));
     expect(enc.streamed).toEqual([]);
     expect(t.wire.status).toBe(200);
     expect(JSON.parse(t.wire.body)).toEqual({ text: ["x", ""], usage: { promptTokens: 5, completionTokens: 4 } });
@@ -470,12 +501,13 @@ describe("events to the wire", () => {
     const t = direct();
     const enc = recordingEncoder();
     runGeneration(t.ctx, t.req, t.reply, plan({ stream: false, n: 2 }), enc.encoder);
-    t.sinks.get("req-0")!.onAdmitted();
-    t.sinks.get("req-0")!.onOutput([1], "x");
-    t.sinks.get("req-1")!.onFinish("error", usage(0), { code: "engine_error", message: "boom", httpError: engineFault("boom") });
-    expect(t.cancelled).toEqual([["req-0", "sibling_failed"]]);
+    t.child("req-0").onAdmitted();
+    t.child("req-0").onOutput([1], "x");
+    t.child("req-1").onFinish("error", usage(0), { code: "engine_error", message: "boom" });
+    expect(t.cancelled()).toEqual([["req-0", "sibling_failed"]]);
+    expect(aborted(t.sent)).toEqual(["req-0"]);
     expect(t.wire.status).toBe(500);
-    expect(JSON.parse(t.wire.body)).toMatchObject({ error: { code: "engine_fault", message: "boom" } });
+    expect(JSON.parse(t.wire.body)).toMatchObject({ error: { code: "engine_error", message: expect.stringContaining("boom") } });
     expect(enc.errors).toEqual([]);
     expect(enc.streamed).toEqual([]);
   });
@@ -485,8 +517,8 @@ describe("events to the wire", () => {
       const t = direct();
       const enc = recordingEncoder(doneAfterError);
       runGeneration(t.ctx, t.req, t.reply, plan(), enc.encoder);
-      t.sinks.get("req")!.onAdmitted();
-      t.sinks.get("req")!.onFinish("error", usage(0), { code: "engine_error", message: "boom" });
+      t.child("req").onAdmitted();
+      t.child("req").onFinish("error", usage(0), { code: "engine_error", message: "boom" });
       expect(enc.errors.map((e) => [e.status, e.code])).toEqual([[500, "engine_error"]]);
       expect(enc.errors[0]!.message).toContain("boom");
       expect(t.wire.status).toBe(200);
@@ -500,7 +532,7 @@ describe("events to the wire", () => {
     const t = direct();
     const enc = recordingEncoder();
     runGeneration(t.ctx, t.req, t.reply, plan(), enc.encoder);
-    t.sinks.get("req")!.onFinish("error", usage(0), { code: "engine_error", message: "boom" });
+    t.child("req").onFinish("error", usage(0), { code: "engine_error", message: "boom" });
     expect(enc.errors).toEqual([]);
     expect(t.wire.status).toBe(500);
     expect(JSON.parse(t.wire.body)).toMatchObject({ error: { code: "engine_error", message: expect.stringContaining("boom") } });
@@ -517,7 +549,7 @@ describe("client gone", () => {
       const t = direct();
       leave(t);
       runGeneration(t.ctx, t.req, t.reply, plan({ n: 2 }), recordingEncoder().encoder);
-      expect(t.cancelled).toEqual([["req-0", "client_disconnect"], ["req-1", "client_disconnect"]]);
+      expect(t.cancelled()).toEqual([["req-0", "client_disconnect"], ["req-1", "client_disconnect"]]);
     });
   }
 
@@ -525,53 +557,55 @@ describe("client gone", () => {
     const t = direct();
     runGeneration(t.ctx, t.req, t.reply, plan({ n: 3, stop: ["!"] }), recordingEncoder().encoder);
     // Child 0 ends by a stop string (released for that reason, not the client's).
-    t.sinks.get("req-0")!.onOutput([1], "!");
+    t.child("req-0").onOutput([1], "!");
     t.res.destroy();
-    expect(t.cancelled).toEqual([["req-0", "stop_string"], ["req-1", "client_disconnect"], ["req-2", "client_disconnect"]]);
-    t.sinks.get("req-0")!.onReleased!("decode");
-    t.sinks.get("req-1")!.onReleased!("queued");
+    expect(t.cancelled()).toEqual([["req-0", "stop_string"], ["req-1", "client_disconnect"], ["req-2", "client_disconnect"]]);
+    t.child("req-0").onReleased("decode");
+    t.child("req-1").onReleased("queued");
     expect(t.disconnects).toEqual([]);
-    t.sinks.get("req-2")!.onReleased!("prefill");
+    t.child("req-2").onReleased("prefill");
     expect(t.disconnects).toEqual(["prefill"]);
     // A late duplicate release is not counted again.
-    t.sinks.get("req-2")!.onReleased!("prefill");
+    t.child("req-2").onReleased("prefill");
     expect(t.disconnects).toEqual(["prefill"]);
   });
 
-  it("children released with no phase (no engine held them) count no disconnect", () => {
+  it("a child released by an engine death while its client was gone counts the disconnect in the phase it died in", () => {
     const t = direct();
     runGeneration(t.ctx, t.req, t.reply, plan(), recordingEncoder().encoder);
+    t.child("req").onAdmitted();
+    t.ctx.model.requests.applyEngineExit({ kind: "restart", verdict: { reason: "signal", blame: false }, description: "killed" });
     t.res.destroy();
-    t.sinks.get("req")!.onReleased!(null);
-    expect(t.disconnects).toEqual([]);
+    // No engine held it: released at once, no abort sent.
+    expect(aborted(t.sent)).toEqual([]);
+    expect(t.disconnects).toEqual(["prefill"]);
   });
 
   it("a client leaving after the response ended releases nothing", () => {
     const t = direct();
     runGeneration(t.ctx, t.req, t.reply, plan(), recordingEncoder().encoder);
-    t.sinks.get("req")!.onFinish("stop", usage(1));
+    t.child("req").onFinish("stop", usage(1));
     t.res.destroy();
-    expect(t.cancelled).toEqual([]);
+    expect(t.cancelled()).toEqual([]);
   });
 });
 
 describe("guided generation at the route", () => {
   it("the engine dropping a child's guide is counted once and the request goes on", () => {
-    let dropped = 0;
-    const t = direct({ onGuideDropped: () => void (dropped += 1) });
+    const t = direct();
     const enc = recordingEncoder();
     runGeneration(t.ctx, t.req, t.reply, plan({ stream: false }), enc.encoder);
-    const sink = t.sinks.get("req")!;
+    const sink = t.child("req")!;
     sink.onAdmitted();
     sink.onGuideDropped!("trigger replay rejected");
     sink.onOutput([1], "x");
     sink.onFinish("stop", usage(1));
-    expect(dropped).toBe(1);
+    expect(t.observed.filter((e) => e.type === "guide_dropped")).toEqual([{ type: "guide_dropped", id: "req", reason: "trigger replay rejected" }]);
     expect(t.wire.status).toBe(200);
   });
 
   it("a chat request with a JSON response_format sends the guide to an engine with grammars, and is a 400 without", async () => {
-    const caps = (grammars: boolean) => () => ({ exactSeededResume: true, maxTopLogprobs: 5, extendedSampling: true, grammars, sharedPrefill: false });
+    const caps = (grammars: boolean) => ({ exactSeededResume: true, maxTopLogprobs: 5, extendedSampling: true, grammars, sharedPrefill: false });
     const rf = { response_format: { type: "json_object" } };
     const yes = setup(1 << 20, rf, { capabilities: caps(true) });
     await handleChat(yes.ctx, yes.req, yes.reply);

@@ -1,12 +1,13 @@
 /**
  * The one generation pipeline every generating route (chat, completions, responses) runs after validating its
  * body: admission (readiness, the queue bound counting every choice, the isolated-prompt memory, engine
- * capabilities), one engine request per choice, a {@link GenerationSession} fed by the registry, and an
- * {@link Encoder} that turns the session's events into the API's wire shape through the one {@link ResponseWriter}.
+ * capabilities), one engine request per choice under a {@link GenerationSession} opened in the model's request
+ * path, and an {@link Encoder} that turns the session's events into the API's wire shape through the one
+ * {@link ResponseWriter}.
  *
- * Hops of one request: route (api/*.ts: parse) → runGeneration (admit, submit children) → registry.submit → engine
- * → registry.handleStep → sink here → session.output → encoder → writer. Decisions the session returns (abort a
- * child) are executed here, never inside the session.
+ * Hops of one request: route (api/*.ts: parse) → runGeneration (admit, open) → the model's request path
+ * (model-requests.ts) → table.submit → engine → output processor (table + session) → this request's events →
+ * encoder → writer; then the step's aborts. Nothing here decides an abort: a client that left is reported as data.
  */
 import { randomBytes } from "node:crypto";
 import type { FastifyReply, FastifyRequest } from "fastify";
@@ -14,10 +15,9 @@ import type { SamplingParams } from "../../protocol/messages.js";
 import { childSeed } from "../api/sampling.js";
 import { engineFault, invalidValue, queueFull, toErrorBody, type KeelHttpError } from "../http/errors.js";
 import type { GenerationFields } from "../api/chat-request.js";
-import type { CancelCause, Phase } from "./lifecycle.js";
 import type { RouteContext } from "../http/route-context.js";
 import { GenerationSession } from "./session/session.js";
-import type { SessionEvent, SessionStep } from "./session/events.js";
+import type { SessionEvent } from "./session/events.js";
 import { ResponseWriter } from "../http/sse.js";
 import type { OutputParser } from "../parsers/types.js";
 
@@ -75,39 +75,35 @@ export function childIds(id: string, choices: number): string[] {
   return choices === 1 ? [id] : Array.from({ length: choices }, (_, i) => `${id}-${i}`);
 }
 
-/** The most advanced phase among children (for the disconnect metric). */
-function furthest(phases: (Phase | null)[]): Phase | null {
-  for (const p of ["decode", "prefill", "queued"] as const) if (phases.includes(p)) return p;
-  return null;
-}
-
 /**
  * Refuse at the door what cannot run now: not ready (503), the queue bound (429, counting all `n` choices;
  * requests the engine will admit into free sequences at its next step are not "waiting"), an isolated prompt.
  */
 export function admissionError(ctx: RouteContext, plan: Pick<GenerationPlan, "n" | "prompts"> & Partial<Pick<GenerationPlan, "params">>): KeelHttpError | null {
-  if (!ctx.isReady()) {
-    ctx.onRejected("not_ready");
+  const engine = ctx.engine();
+  if (!engine) {
+    ctx.rejected("not_ready");
     return ctx.unavailable();
   }
-  const { waiting, running } = ctx.registry.counts();
-  const freeSequences = Math.max(0, ctx.maxNumSeqs() - running);
+  const { maxQueuedRequests } = ctx.model;
+  const { waiting, running } = ctx.model.requests.counts();
+  const freeSequences = Math.max(0, engine.maxNumSeqs - running);
   const choices = plan.n * plan.prompts.length;
   // More choices than the server can ever hold at once (every sequence plus the whole queue) is a 400, not a 429
   // that a retry could never get past.
-  if (choices > ctx.maxNumSeqs() + ctx.maxQueuedRequests) {
+  if (choices > engine.maxNumSeqs + maxQueuedRequests) {
     return invalidValue(
       "n",
-      `Invalid value for 'n': this request needs ${choices} sequences (n × prompts), more than the server can hold at once (${ctx.maxNumSeqs()} sequences + ${ctx.maxQueuedRequests} queued).`,
+      `Invalid value for 'n': this request needs ${choices} sequences (n × prompts), more than the server can hold at once (${engine.maxNumSeqs} sequences + ${maxQueuedRequests} queued).`,
     );
   }
-  if (waiting + choices - freeSequences > ctx.maxQueuedRequests) {
-    ctx.onRejected("queue_full");
+  if (waiting + choices - freeSequences > maxQueuedRequests) {
+    ctx.rejected("queue_full");
     return queueFull();
   }
   // A prompt already isolated as an engine killer is refused here, so a client resending it cannot keep
   // restarting the engine (and pausing everyone else).
-  if (plan.prompts.some((p) => ctx.isKnownCulprit(p, plan.params?.guide))) {
+  if (plan.prompts.some((p) => ctx.model.isKnownCulprit(p, plan.params?.guide))) {
     return engineFault("This request crashed the engine before and was isolated; it is refused without running it.");
   }
   return null;
@@ -138,29 +134,13 @@ export function runGeneration(ctx: RouteContext, req: FastifyRequest, reply: Fas
   const socket = req.raw.socket;
   const writer = new ResponseWriter(reply.raw, {
     requestId: plan.id,
-    maxUnreadBytes: ctx.maxUnreadBytes,
+    maxUnreadBytes: ctx.model.maxUnreadBytes,
     log,
     // The request's socket, not the response's: a pipelined response has no socket until the one before it ends.
     isSocketGone: () => req.raw.destroyed || socket === null || socket.destroyed,
     socket,
   });
 
-  /** Set when the client left: the children being released and the phases they were released in. */
-  let gone: { releasing: Set<string>; phases: (Phase | null)[] } | null = null;
-  const released = (id: string, phase: Phase | null): void => {
-    if (!gone || !gone.releasing.delete(id)) return;
-    gone.phases.push(phase);
-    if (gone.releasing.size > 0) return;
-    const where = furthest(gone.phases);
-    if (where) ctx.onDisconnect(where);
-    log.info({ event: "client_disconnect_released", phase: where }, "disconnected client's requests released");
-  };
-
-  /** Execute a session step: cancel what it says, then encode its events. */
-  const apply = (step: SessionStep, cause: CancelCause): void => {
-    for (const id of step.abort) ctx.registry.cancel(id, cause);
-    for (const ev of step.events) emit(ev);
-  };
   const emit = (ev: SessionEvent): void => {
     if (ev.type === "failed") {
       if (writer.streaming) {
@@ -182,39 +162,18 @@ export function runGeneration(ctx: RouteContext, req: FastifyRequest, reply: Fas
     }
   };
 
-  // 1. Submit one engine request per choice; each child's sink feeds the session.
-  for (const [c, id] of ids.entries()) {
-    const params: SamplingParams = { ...plan.params, seed: childSeed(seed, c % plan.n) };
-    const accepted = ctx.registry.submit(id, { text: plan.prompts[promptOf[c]!]! }, params, {
-      onAdmitted: () => apply(session.admitted(id, ctx.registry.promptLength(id)), "stop_string"),
-      onOutput: (tokens, text, logprobs) => apply(session.output(id, tokens, text, logprobs), "stop_string"),
-      onFinish: (reason, usage, error) => apply(session.finish(id, reason, usage, error), "sibling_failed"),
-      onReleased: (phase) => released(id, phase),
-      // The engine stopped constraining this child (its grammar could not go on): it continues unconstrained, so
-      // a schema is no longer guaranteed — logged with the request id and counted, never silent.
-      onGuideDropped: (reason) => {
-        ctx.onGuideDropped();
-        log.warn({ event: "guide_dropped", child: id, reason }, "guided generation dropped; the request continues unconstrained");
-      },
-    });
-    if (!accepted) {
-      // The engine went away between the readiness check and now: release the siblings already submitted.
-      ctx.onRejected("not_ready");
-      apply(session.fail(ctx.unavailable()), "sibling_failed");
-      return;
-    }
-  }
+  // 1. Open the request: one engine request per choice. The model's request path hands this writer the request's
+  //    events after each step, then applies the step's aborts.
+  const children = ids.map((id, c) => ({ id, prompt: { text: plan.prompts[promptOf[c]!]! }, params: { ...plan.params, seed: childSeed(seed, c % plan.n) } }));
+  const unavailable = (): KeelHttpError => {
+    // The engine went away between the readiness check and now: the siblings already submitted are released.
+    ctx.rejected("not_ready");
+    return ctx.unavailable();
+  };
+  if (!ctx.model.requests.open(plan.id, session, children, (events) => events.forEach(emit), unavailable)) return;
   log.info({ event: "accepted", stream: plan.stream, n: plan.n, maxTokens: plan.params.maxTokens, temperature: plan.params.temperature, guided: plan.params.guide !== undefined, parsed: plan.parser !== undefined }, "request accepted");
 
-  // 2. The client leaving releases every child still in the engine (vLLM #14326). The disconnect is counted once
-  //    they are all released, in the furthest phase they had reached: the engine reports an admission only after
-  //    the step that began the prefill, so a client that leaves during a long first prefill chunk is known to
-  //    have been in prefill only then.
-  writer.onGone(() => {
-    if (session.ended) return;
-    const step = session.clientGone();
-    gone = { releasing: new Set(step.abort), phases: [] };
-    log.info({ event: "client_disconnect", children: step.abort.length }, "client disconnected");
-    apply(step, "client_disconnect");
-  });
+  // 2. The client leaving is an input of the request path: it releases every child still in the engine (vLLM
+  //    #14326). The disconnect is counted once they are all released, in the furthest phase they had reached.
+  writer.onGone(() => ctx.model.requests.clientGone(plan.id));
 }

@@ -13,6 +13,7 @@ import {
   isolate,
   phaseOf,
   resubmit,
+  suspect,
   type CancelCause,
   type FinishReason,
   type Lifecycle,
@@ -23,6 +24,7 @@ const queued: Lifecycle = { state: "queued", deaths: 1 };
 const prefill: Lifecycle = { state: "prefill", deaths: 1 };
 const decode: Lifecycle = { state: "decode", deaths: 1, sinceSubmit: 2 };
 const recovering: Lifecycle = { state: "recovering", phase: "prefill", deaths: 2 };
+const suspected: Lifecycle = { state: "suspect", phase: "decode", deaths: 3 };
 const cancellingDisconnect: Lifecycle = { state: "cancelling", phase: "prefill", cause: "client_disconnect" };
 const cancellingStop: Lifecycle = { state: "cancelling", phase: "decode", cause: "stop_string" };
 const cancellingShutdown: Lifecycle = { state: "cancelling", phase: "queued", cause: "shutdown" };
@@ -34,6 +36,7 @@ const states: [string, Lifecycle][] = [
   ["prefill", prefill],
   ["decode", decode],
   ["recovering", recovering],
+  ["suspect", suspected],
   ["cancelling(client_disconnect)", cancellingDisconnect],
   ["cancelling(stop_string)", cancellingStop],
   ["cancelling(shutdown)", cancellingShutdown],
@@ -116,12 +119,17 @@ describe("lifecycle", () => {
     expect(engineDied(s, false)).toEqual(diedUnblamed(name));
   });
 
-  const resubmitTo = table({ recovering: { state: "queued", deaths: 2 } });
+  const suspectTo = table({ recovering: { state: "suspect", phase: "prefill", deaths: 2 } });
+  it.each(states)("suspect from %s", (name, s) => {
+    expect(suspect(s)).toEqual(suspectTo(name));
+  });
+
+  const resubmitTo = table({ recovering: { state: "queued", deaths: 2 }, suspect: { state: "queued", deaths: 3 } });
   it.each(states)("resubmit from %s", (name, s) => {
     expect(resubmit(s)).toEqual(resubmitTo(name));
   });
 
-  const isolateTo = table({ recovering: { state: "finished", reason: "error" } });
+  const isolateTo = table({ recovering: { state: "finished", reason: "error" }, suspect: { state: "finished", reason: "error" } });
   it.each(states)("isolate from %s", (name, s) => {
     expect(isolate(s)).toEqual(isolateTo(name));
   });
@@ -130,8 +138,8 @@ describe("lifecycle", () => {
     for (const cause of causes) {
       const next = cancel(s, cause);
       if (name === "queued" || name === "prefill" || name === "decode") expect(next).toEqual({ state: "cancelling", phase: name, cause });
-      // No engine holds a recovering request: a cancel releases it at once, as its cause says.
-      else if (name === "recovering") expect(next).toEqual({ state: "finished", reason: cancelledReason[cause] });
+      // No engine holds a recovering or suspect request: a cancel releases it at once, as its cause says.
+      else if (name === "recovering" || name === "suspect") expect(next).toEqual({ state: "finished", reason: cancelledReason[cause] });
       else expect(next).toBeNull();
     }
   });
@@ -161,6 +169,7 @@ describe("lifecycle", () => {
     prefill: "prefill",
     decode: "decode",
     recovering: "prefill",
+    suspect: "decode",
     "cancelling(client_disconnect)": "prefill",
     "cancelling(stop_string)": "decode",
     "cancelling(shutdown)": "queued",
@@ -174,7 +183,7 @@ describe("lifecycle", () => {
   it.each(states)("heldByEngine and deathsOf for %s", (name, s) => {
     const held = name === "queued" || name === "prefill" || name === "decode" || cancelling.has(name);
     expect(heldByEngine(s)).toBe(held);
-    const deaths: Record<string, number> = { queued: 1, prefill: 1, decode: 1, recovering: 2 };
+    const deaths: Record<string, number> = { queued: 1, prefill: 1, decode: 1, recovering: 2, suspect: 3 };
     expect(deathsOf(s)).toBe(deaths[name] ?? 0);
   });
 
@@ -190,6 +199,7 @@ describe("lifecycle", () => {
     resubmit(r);
     isolate(r);
     cancel(r, "client_disconnect");
+    suspect(r);
     expect(s).toEqual({ state: "decode", deaths: 1, sinceSubmit: 7 });
     expect(r).toEqual({ state: "recovering", phase: "decode", deaths: 2 });
   });

@@ -8,8 +8,11 @@
  *     └──── cancel ─────┴──────── cancel ───────┘──▶ cancelling ──finish / engineDied──▶ finished
  *     │                 │                       │
  *     └── engineDied ───┴────── engineDied ─────┘──▶ recovering ──resubmit──▶ queued
- *                                                      ├── cancel ──▶ finished (no engine holds it)
- *                                                      └── isolate ──▶ finished(error) (the engine's killer)
+ *                                                      │  ├── cancel ──▶ finished (no engine holds it)
+ *                                                      │  └── isolate ──▶ finished(error) (the engine's killer)
+ *                                                      └── suspect ──▶ suspect ──resubmit (its test)──▶ queued
+ *                                                                         ├── cancel ──▶ finished
+ *                                                                         └── isolate ──▶ finished(error)
  *
  * `recovering` means the engine died while it held the request; the gateway kept what it needs (prompt and
  * generated token ids, sampling parameters, seed) and resubmits it as a continuation to the restarted engine.
@@ -17,7 +20,10 @@
  * (SGLang #36876: the front end must not drop state before the engine does). A transition that does not apply to
  * the current state returns null and the caller ignores the event (late events are never asserted on).
  *
- * Death accounting (culprit isolation, registry.ts): `deaths` counts engine deaths the request was in flight for
+ * `suspect` means deaths repeated while the request was in flight: it waits, held by no engine, until recovery's
+ * group testing (supervision/recovery.ts) resubmits it as part of a test of its own.
+ *
+ * Death accounting (culprit isolation, supervision/recovery.ts): `deaths` counts engine deaths the request was in flight for
  * and could have caused. It is carried by the states in which it means something (an engine holds the request, or
  * it waits to be resubmitted) and forgotten by {@link generated} once the request made {@link FORGIVE_AFTER_TOKENS}
  * tokens of progress since its last (re)submission: a culprit dies again before making progress.
@@ -67,6 +73,17 @@ export type Lifecycle =
       /** Engine deaths this request is suspected of, including the last one when it was blamed. */
       deaths: number;
     }
+  /**
+   * Like `recovering`, but suspected of killing the engine while a bisection runs: held back until recovery's group
+   * testing resubmits it in a test of its own (never beside another test, so one culprit cannot frame it).
+   */
+  | {
+      state: "suspect";
+      /** Phase it was in when the engine died. */
+      phase: Phase;
+      /** Engine deaths this request is suspected of. */
+      deaths: number;
+    }
   /** Abort sent in `phase` because of `cause`; the engine still holds it until its terminal event. */
   | {
       state: "cancelling";
@@ -93,7 +110,7 @@ export function heldByEngine(s: Lifecycle): boolean {
 
 /** Deaths a live request is suspected of (0 for cancelling and finished requests, which are never suspects). */
 export function deathsOf(s: Lifecycle): number {
-  return s.state === "queued" || s.state === "prefill" || s.state === "decode" || s.state === "recovering" ? s.deaths : 0;
+  return s.state === "queued" || s.state === "prefill" || s.state === "decode" || s.state === "recovering" || s.state === "suspect" ? s.deaths : 0;
 }
 
 /**
@@ -132,14 +149,24 @@ export function engineDied(s: Lifecycle, blamed: boolean): Lifecycle | null {
   return null;
 }
 
-/** The request was resubmitted to a restarted engine as a continuation. Its progress count starts again. */
-export function resubmit(s: Lifecycle): Lifecycle | null {
-  return s.state === "recovering" ? { state: "queued", deaths: s.deaths } : null;
+/** True while the request waits, held by no engine, to be resubmitted (`recovering` or `suspect`). */
+export function awaitingResubmit(s: Lifecycle): boolean {
+  return s.state === "recovering" || s.state === "suspect";
 }
 
-/** A recovering request was isolated as the one whose presence kills the engine: it ends with an error. */
+/** Recovery holds a recovering request back as a suspect until its group test. */
+export function suspect(s: Lifecycle): Lifecycle | null {
+  return s.state === "recovering" ? { state: "suspect", phase: s.phase, deaths: s.deaths } : null;
+}
+
+/** The request was resubmitted to a restarted engine as a continuation. Its progress count starts again. */
+export function resubmit(s: Lifecycle): Lifecycle | null {
+  return awaitingResubmit(s) ? { state: "queued", deaths: deathsOf(s) } : null;
+}
+
+/** A waiting request was isolated as the one whose presence kills the engine: it ends with an error. */
 export function isolate(s: Lifecycle): Lifecycle | null {
-  return s.state === "recovering" ? { state: "finished", reason: "error" } : null;
+  return awaitingResubmit(s) ? { state: "finished", reason: "error" } : null;
 }
 
 /** Reason a request cancelled for `cause` ends with (OpenAI reports a stop string as `stop`). */
@@ -149,12 +176,12 @@ export function cancelledReason(cause: CancelCause): FinishReason {
 
 /**
  * The gateway decided to abort the request. A request an engine holds goes to `cancelling` (the abort is sent and
- * its confirmation awaited); a recovering one is held by no engine, so it finishes at once. Cancelling or finished
+ * its confirmation awaited); a recovering or suspect one is held by no engine, so it finishes at once. Cancelling or finished
  * requests are left alone.
  */
 export function cancel(s: Lifecycle, cause: CancelCause): Lifecycle | null {
   if (s.state === "queued" || s.state === "prefill" || s.state === "decode") return { state: "cancelling", phase: s.state, cause };
-  if (s.state === "recovering") return { state: "finished", reason: cancelledReason(cause) };
+  if (awaitingResubmit(s)) return { state: "finished", reason: cancelledReason(cause) };
   return null;
 }
 
@@ -175,6 +202,7 @@ export function phaseOf(s: Lifecycle): Phase | null {
       return s.state;
     case "cancelling":
     case "recovering":
+    case "suspect":
       return s.phase;
     case "finished":
       return null;

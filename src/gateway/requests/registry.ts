@@ -1,48 +1,32 @@
 /**
- * The request registry: one entry per request the gateway has handed to the engine, from `add` until the engine's
- * terminal event. It records what is needed to resume a generation (prompt token ids, generated token ids,
- * sampling parameters and seed), drives each request's {@link Lifecycle}, and routes engine outputs to the HTTP
- * handler's sink. Outputs for ids it does not know are dropped silently (docs/design-rules.md, rule 5).
+ * The request table: one entry per engine request the gateway has handed to the engine, from `add` until the
+ * engine's terminal event. It records what is needed to resume a generation (prompt token ids, generated token ids,
+ * sampling parameters and seed), drives each request's {@link Lifecycle} through its named transitions, and applies
+ * recovery's decisions (supervision/recovery.ts). It reports what happened as {@link TableEvent}s, which the caller
+ * drains after each operation ({@link RequestRegistry.drain}); it never calls a layer above it. Outputs for ids it
+ * does not know are dropped silently (late events are ignored).
  */
-import type { AddMessage, PositionLogprobs, RequestErrorMessage, SamplingParams, StepMessage } from "../../protocol/messages.js";
+import type { AddMessage, RequestErrorMessage, SamplingParams, StepMessage } from "../../protocol/messages.js";
 import { PROTOCOL_VERSION } from "../../protocol/messages.js";
 import * as lc from "./lifecycle.js";
-import { engineErrorToHttp, engineFault, shuttingDown, type KeelHttpError } from "../http/errors.js";
-/** Token counts of a request (tokens). */
-export interface Usage {
-  promptTokens: number;
-  completionTokens: number;
+import type { RequestError, TableEvent, Usage } from "./events.js";
+import { SuspectTests, type ExitDecision } from "../supervision/recovery.js";
+import { engineErrorToHttp, engineFault, SHUTTING_DOWN_MESSAGE, shuttingDown, type KeelHttpError } from "../http/errors.js";
+
+export type { Usage };
+
+/** A request isolated as the engine's killer: what recovery's memory needs to refuse it at admission. */
+export interface Culprit {
+  id: string;
+  prompt: AddMessage["prompt"];
+  params: SamplingParams;
 }
 
-/** Where the registry delivers a request's events; implemented by the chat route. */
-export interface RequestSink {
-  /** The engine admitted the request (its prefill starts). */
-  onAdmitted(): void;
-  /**
-   * New tokens and the text they completed (text may be "" while a character is incomplete), with their log
-   * probabilities when the request asked for them.
-   */
-  onOutput(tokens: number[], text: string, logprobs?: PositionLogprobs[]): void;
-  /** The request ended. Not called for a request the gateway cancelled itself. */
-  onFinish(reason: lc.FinishReason, usage: Usage, error?: { code: string; message: string; httpError?: KeelHttpError }): void;
-  /**
-   * A request the gateway cancelled was released (the engine confirmed, or no engine held it), with the phase it
-   * had reached — known only now when the abort arrived during the step that admitted it.
-   */
-  onReleased?(phase: lc.Phase | null): void;
-  /**
-   * The engine stopped constraining this request (`RequestOutput.guideDropped`, once): it goes on unconstrained.
-   * Delivered before the same step's output.
-   */
-  onGuideDropped?(reason: string): void;
-}
-
-/** Registry-side record of one request. */
+/** Table record of one engine request. */
 interface Entry {
   readonly id: string;
   /** Current lifecycle state. */
   lifecycle: lc.Lifecycle;
-  readonly sink: RequestSink;
   /** Prompt token ids, known once the engine admitted the request. */
   promptTokens: number[];
   /** Token ids generated so far. */
@@ -63,59 +47,23 @@ interface Entry {
 /** Tokens of progress after a resume that clear a request's death count (see lifecycle.generated). */
 export const FORGIVE_AFTER_TOKENS = lc.FORGIVE_AFTER_TOKENS;
 
-/** Events the registry reports for metrics and logs. */
-export interface RegistryObserver {
-  onCancel?(id: string, phase: lc.Phase, cause: lc.CancelCause): void;
-  onFinished?(
-    id: string,
-    reason: lc.FinishReason,
-    usage: Usage,
-    info: { phase: lc.Phase | null; error?: string; errorCode?: string; abortLatencySteps?: number; e2eMs: number },
-  ): void;
-  /** First admission to a sequence: queue time (ms) and prompt tokens reused from the prefix cache. */
-  onAdmitted?(id: string, promptTokens: number, info: { queueMs: number; cachedTokens: number }): void;
-  /** First generated token: time to first token from acceptance (ms). */
-  onFirstToken?(id: string, ttftMs: number): void;
-  /** Later tokens: how many, and the mean inter-token latency over them (ms). */
-  onTokens?(id: string, count: number, itlMs: number): void;
-  /** The request was handed to the engine's queue. */
-  onQueued?(id: string): void;
-  /** The engine refused the request as invalid (e.g. context length); it is not counted as finished. */
-  onRefused?(id: string, code: string): void;
-  onInternalError?(id: string, message: string): void;
-  /** A request was resubmitted to a restarted engine as a continuation. */
-  onResumed?(id: string, generatedTokens: number, deaths: number): void;
-  /** A request was isolated as the one whose presence kills the engine. */
-  onCulprit?(id: string, deaths: number): void;
-}
-
 export class RequestRegistry {
   /** Live requests by id. */
   private readonly live = new Map<string, Entry>();
+  /** Culprit isolation's test plan (supervision/recovery.ts decides; this table applies its decisions). */
+  private readonly tests = new SuspectTests();
   /**
-   * Culprit isolation is group testing (it stays correct when several requests kill the engine). A suspect is a
-   * request that was in flight at a death once deaths repeat; suspects are held back (`recovering`) until they are
-   * tested in a group of their own, never resumed beside another test, so one culprit cannot frame another request.
-   * `pool`: the suspects under test, in order; when `poolGuilty` it is known to hold a culprit (it died) and is
-   * tested half at a time, else it is tested whole. `deferred`: suspects waiting until the pool is resolved (held
-   * back when a group died, or in flight beside a group when it died). `group`: the suspects in flight as the current
-   * test. A group that dies narrows the pool to its members in flight; a group that ends cleanly clears its members
-   * (they finished); when the pool empties, the deferred suspects become the next pool. All empty when no
-   * bisection runs.
+   * Set when a test group ended cleanly during the current operation: the next test is released once the operation
+   * is over (never while the table is being updated).
    */
-  private pool: string[] = [];
-  /** The pool died as a whole (it holds a culprit), so halving it finds one. */
-  private poolGuilty = false;
-  /** Suspects not in the pool, tested after it (a group of their own), in order. */
-  private deferred: string[] = [];
-  /** The suspects resubmitted as the current test (a subset of `pool`). */
-  private readonly group = new Set<string>();
-  /** Deaths after which an isolated request is failed with `engine_fault`. */
-  faultThreshold = 2;
+  private releaseNextTest = false;
+  /** Operations in progress (one may run another); the next suspect test waits until the outermost one ends. */
+  private depth = 0;
+  /** Events of the operations since the last {@link drain}, in order. */
+  private events: TableEvent[] = [];
 
   constructor(
     private readonly send: (msg: AddMessage | { v: number; type: "abort"; ids: string[] }) => boolean,
-    private readonly observer: RegistryObserver = {},
     /** The engine's step counter as last reported (0 when unknown). */
     private readonly currentStep: () => number = () => 0,
   ) {}
@@ -148,15 +96,21 @@ export class RequestRegistry {
     return this.live.get(id)?.promptTokens.length ?? 0;
   }
 
+  /** The events of every operation since the last call, in order (and forget them). */
+  drain(): TableEvent[] {
+    const out = this.events;
+    this.events = [];
+    return out;
+  }
+
   /** Hand a request to the engine. Returns false when no engine is connected (nothing is recorded then). */
-  submit(id: string, prompt: AddMessage["prompt"], params: SamplingParams, sink: RequestSink): boolean {
+  submit(id: string, prompt: AddMessage["prompt"], params: SamplingParams): boolean {
     if (this.live.has(id)) throw new Error(`request id ${id} is already live`);
     const ok = this.send({ v: PROTOCOL_VERSION, type: "add", id, prompt, params });
     if (!ok) return false;
     this.live.set(id, {
       id,
       lifecycle: lc.initial,
-      sink,
       promptTokens: [],
       generated: [],
       params,
@@ -166,7 +120,7 @@ export class RequestRegistry {
       admittedAt: null,
       lastTokenAt: null,
     });
-    this.observer.onQueued?.(id);
+    this.events.push({ type: "queued", id });
     return true;
   }
 
@@ -175,51 +129,51 @@ export class RequestRegistry {
    * that is already cancelling or finished is left alone.
    */
   cancel(id: string, cause: lc.CancelCause): void {
-    const e = this.live.get(id);
-    if (!e) return;
-    const phase = lc.phaseOf(e.lifecycle);
-    const next = lc.cancel(e.lifecycle, cause);
-    if (!next || phase === null) return;
-    this.observer.onCancel?.(id, phase, cause);
-    if (next.state === "finished") {
-      // No engine holds it (recovering): released at once; the client gave up or is being ended, so no sink call.
-      this.close(e, next, phase, { promptTokens: e.promptTokens.length, completionTokens: e.generated.length }, { notifySink: false });
-      return;
-    }
-    // An engine holds it: send one abort and wait for the engine's confirmation.
-    e.lifecycle = next;
-    e.cancelledAtStep = this.currentStep();
-    this.send({ v: PROTOCOL_VERSION, type: "abort", ids: [id] });
+    return this.operation(() => {
+      const e = this.live.get(id);
+      if (!e) return;
+      const phase = lc.phaseOf(e.lifecycle);
+      const next = lc.cancel(e.lifecycle, cause);
+      if (!next || phase === null) return;
+      this.events.push({ type: "cancelled", id, phase, cause });
+      if (next.state === "finished") {
+        // No engine holds it (recovering): released at once; the client gave up or is being ended, so it is not told.
+        this.close(e, next, phase, { promptTokens: e.promptTokens.length, completionTokens: e.generated.length }, { released: true });
+        return;
+      }
+      // An engine holds it: send one abort and wait for the engine's confirmation.
+      e.lifecycle = next;
+      e.cancelledAtStep = this.currentStep();
+      this.send({ v: PROTOCOL_VERSION, type: "abort", ids: [id] });
+    });
   }
 
   /** Apply one engine step output. */
   handleStep(msg: StepMessage): void {
-    for (const o of msg.outputs) {
-      const e = this.live.get(o.id);
-      if (!e) continue; // late output for a request we no longer know: ignore
-      try {
-        this.applyOutput(e, o);
-      } catch (err) {
-        // An exception while serving one request fails only that request (the engine releases it on abort).
-        this.failLocally(e, err);
+    return this.operation(() => {
+      for (const o of msg.outputs) {
+        const e = this.live.get(o.id);
+        if (!e) continue; // late output for a request we no longer know: ignore
+        try {
+          this.applyOutput(e, o);
+        } catch (err) {
+          // An exception while applying one request's output fails only that request (the engine releases it on abort).
+          this.failLocally(e, err);
+        }
       }
-    }
+    });
   }
 
-  /** Fail one request after a gateway-side exception: abort it in the engine and tell its sink, guarded. */
+  /** Fail one request after a gateway-side exception: its client is told, and it is aborted in the engine. */
   private failLocally(e: Entry, err: unknown): void {
     const message = `internal error while serving the request: ${(err as Error)?.message ?? String(err)}`;
-    this.observer.onInternalError?.(e.id, message);
-    const sink = e.sink;
-    const wasLive = e.lifecycle.state !== "cancelling" && e.lifecycle.state !== "finished";
-    this.cancel(e.id, "internal_error");
-    if (wasLive) {
-      try {
-        sink.onFinish("error", { promptTokens: e.promptTokens.length, completionTokens: e.generated.length }, { code: "internal_error", message });
-      } catch {
-        /* the sink is broken; the abort already went out */
-      }
-    }
+    this.events.push({ type: "internal_error", id: e.id, message });
+    if (e.lifecycle.state !== "cancelling" && e.lifecycle.state !== "finished") this.endForClient(e, { code: "internal_error", message }, "internal_error");
+  }
+
+  /** The gateway ends a live request for its client (an error answer); its abort for `cause` is decided from it. */
+  private endForClient(e: Entry, error: RequestError, cause: lc.CancelCause): void {
+    this.events.push({ type: "ended", id: e.id, usage: { promptTokens: e.promptTokens.length, completionTokens: e.generated.length }, error, cause });
   }
 
   private applyOutput(e: Entry, o: StepMessage["outputs"][number]): void {
@@ -230,17 +184,19 @@ export class RequestRegistry {
       if (next) {
         e.lifecycle = next;
         // Timings are reported once per request: a resumed request is admitted again but queued only once.
+        let first: { queueMs: number; cachedTokens: number } | null = null;
         if (e.admittedAt === null) {
           e.admittedAt = now;
           // Queue time ends at admission, not after the first prefill chunk: the engine's own measure when it sends
           // one (the add left the gateway at acceptance), else up to this step's output.
           const queueMs = o.admitted.queueMs ?? now - e.acceptedAt;
-          this.observer.onAdmitted?.(e.id, e.promptTokens.length, { queueMs, cachedTokens: o.admitted.cachedTokens });
+          first = { queueMs, cachedTokens: o.admitted.cachedTokens };
         }
-        if (next.state !== "cancelling") e.sink.onAdmitted();
+        this.events.push({ type: "admitted", id: e.id, promptTokens: e.promptTokens.length, first, live: next.state !== "cancelling" });
       }
     }
-    if (o.guideDropped !== undefined && e.lifecycle.state !== "cancelling") e.sink.onGuideDropped?.(o.guideDropped);
+    // Delivered before the same step's output; a request being cancelled has no client to tell.
+    if (o.guideDropped !== undefined && e.lifecycle.state !== "cancelling") this.events.push({ type: "guide_dropped", id: e.id, reason: o.guideDropped });
     if (o.tokens.length > 0 || o.text.length > 0) {
       const before = e.generated.length;
       e.generated.push(...o.tokens);
@@ -248,11 +204,11 @@ export class RequestRegistry {
       const next = lc.generated(e.lifecycle, o.tokens.length);
       if (next) e.lifecycle = next;
       if (o.tokens.length > 0) {
-        if (before === 0) this.observer.onFirstToken?.(e.id, now - e.acceptedAt);
-        else if (e.lastTokenAt !== null) this.observer.onTokens?.(e.id, o.tokens.length, (now - e.lastTokenAt) / o.tokens.length);
+        if (before === 0) this.events.push({ type: "first_token", id: e.id, ttftMs: now - e.acceptedAt });
+        else if (e.lastTokenAt !== null) this.events.push({ type: "tokens", id: e.id, count: o.tokens.length, itlMs: (now - e.lastTokenAt) / o.tokens.length });
         e.lastTokenAt = now;
       }
-      if (e.lifecycle.state !== "cancelling") e.sink.onOutput(o.tokens, o.text, o.logprobs);
+      if (e.lifecycle.state !== "cancelling") this.events.push({ type: "output", id: e.id, tokens: o.tokens, text: o.text, ...(o.logprobs ? { logprobs: o.logprobs } : {}) });
     }
     if (o.finish) {
       const usage = { promptTokens: e.promptTokens.length > 0 ? e.promptTokens.length : o.finish.promptTokens, completionTokens: e.generated.length };
@@ -263,30 +219,29 @@ export class RequestRegistry {
 
   /** The engine refused an add. Its code maps to HTTP once (errors.ts engineErrorToHttp). */
   handleRequestError(msg: RequestErrorMessage): void {
-    const e = this.live.get(msg.id);
-    if (!e) return;
-    const httpError = engineErrorToHttp(msg.code, msg.message);
-    // A 4xx is a refusal of a bad request (e.g. context length), not a finished request; a 5xx is an engine failure.
-    this.end(e, "error", { promptTokens: 0, completionTokens: 0 }, { code: httpError.code, message: msg.message, httpError }, undefined, httpError.status < 500);
+    return this.operation(() => {
+      const e = this.live.get(msg.id);
+      if (!e) return;
+      const httpError = engineErrorToHttp(msg.code, msg.message);
+      // A 4xx is a refusal of a bad request (e.g. context length), not a finished request; a 5xx is an engine failure.
+      this.end(e, "error", { promptTokens: 0, completionTokens: 0 }, { code: httpError.code, message: msg.message, httpError }, undefined, httpError.status < 500);
+    });
   }
 
   /**
    * End every live request now (shutdown): each client gets a 503-shaped error (a final stream event, or a 503),
-   * and each request is aborted in the engine. Returns how many were ended.
+   * and each request is to be aborted in the engine (`ended` events, applied by the caller). Returns how many.
    */
   endAll(message: string): number {
-    let n = 0;
-    for (const e of [...this.live.values()]) {
-      if (e.lifecycle.state === "cancelling" || e.lifecycle.state === "finished") continue;
-      n += 1;
-      try {
-        e.sink.onFinish("error", { promptTokens: e.promptTokens.length, completionTokens: e.generated.length }, { code: "shutting_down", message, httpError: shuttingDown(message) });
-      } catch {
-        /* a broken sink must not stop the shutdown */
+    return this.operation(() => {
+      let n = 0;
+      for (const e of [...this.live.values()]) {
+        if (e.lifecycle.state === "cancelling" || e.lifecycle.state === "finished") continue;
+        n += 1;
+        this.endForClient(e, { code: "shutting_down", message, httpError: shuttingDown(message) }, "shutdown");
       }
-      this.cancel(e.id, "shutdown");
-    }
-    return n;
+      return n;
+    });
   }
 
   /**
@@ -294,81 +249,73 @@ export class RequestRegistry {
    * every one ends with an error — `httpError` is what its client sees (the code it is counted under follows it).
    */
   handleEngineExit(description: string, httpError: KeelHttpError = engineFault(description)): void {
-    for (const e of [...this.live.values()]) {
-      this.end(e, "error", { promptTokens: e.promptTokens.length, completionTokens: e.generated.length }, { code: httpError.code, message: description, httpError });
+    return this.operation(() => {
+      for (const e of [...this.live.values()]) {
+        this.end(e, "error", { promptTokens: e.promptTokens.length, completionTokens: e.generated.length }, { code: httpError.code, message: description, httpError });
+      }
+    });
+  }
+
+  /**
+   * Apply recovery's decision about an engine exit (supervision/recovery.ts exitDecision): the shutdown's exit ends
+   * everything with `shutting_down`; an engine that cannot start fails every waiting request (`engine_fault`); a
+   * restart keeps the requests for their resumption. Returns the requests isolated as culprits.
+   */
+  applyEngineExit(d: ExitDecision): Culprit[] {
+    switch (d.kind) {
+      case "shutdown":
+        this.handleEngineExit(SHUTTING_DOWN_MESSAGE, shuttingDown());
+        return [];
+      case "unrecoverable":
+        this.handleEngineExit(d.description);
+        return [];
+      case "restart":
+        return this.handleEngineDeath(d.description, { blame: d.verdict.blame });
     }
   }
 
   /**
    * The engine process died and is being restarted. Requests it held move to `recovering` (cancelling ones are
-   * released by the death). Culprit isolation: blame must be earned — only a death the requests could have caused
-   * (`opts.blame`, decided by the supervisor from how the engine died) counts one more death for them. Once deaths
-   * repeat, everyone in flight is a suspect and is tested in groups (see `pool`); a request that was alone in
-   * flight when the engine died, after `faultThreshold` deaths, is failed with `engine_fault`; everyone else is
-   * resumed (suspects when their test comes). Returns the ids failed as culprits.
+   * released by the death). Culprit isolation (supervision/recovery.ts, SuspectTests): blame must be earned — only a
+   * death the requests could have caused (`opts.blame`, recovery's death verdict) counts one more death for them.
+   * Once deaths repeat, everyone in flight is a `suspect` and is tested in groups; a request that was alone in flight
+   * when the engine died, after repeated deaths, is failed with `engine_fault`; everyone else is resumed (suspects
+   * when their test comes). Returns the requests failed as culprits.
    */
-  handleEngineDeath(description: string, opts: { blame: boolean } = { blame: true }): { id: string; prompt: AddMessage["prompt"]; params: SamplingParams }[] {
-    const inFlight = [...this.live.values()].filter((e) => lc.heldByEngine(e.lifecycle));
-    const culprits: { id: string; prompt: AddMessage["prompt"]; params: SamplingParams }[] = [];
-    const died: Entry[] = [];
-    const bisecting = this.pool.length > 0 || this.deferred.length > 0;
-    for (const e of inFlight) {
-      const phase = lc.phaseOf(e.lifecycle);
-      // A death Keel caused itself (the watchdog's kill) or one from outside is nobody's fault. While a bisection
-      // runs the death is charged to the group only: requests in flight beside it become suspects, uncharged.
-      const blamed = opts.blame && (!bisecting || this.group.has(e.id));
-      const next = lc.engineDied(e.lifecycle, blamed);
-      if (!next) continue;
-      if (next.state === "finished") {
-        // It was cancelling: the death released it.
-        this.close(e, next, phase, { promptTokens: e.promptTokens.length, completionTokens: e.generated.length }, { notifySink: false });
-        continue;
+  handleEngineDeath(description: string, opts: { blame: boolean } = { blame: true }): Culprit[] {
+    return this.operation(() => {
+      const died: Entry[] = [];
+      for (const e of [...this.live.values()].filter((x) => lc.heldByEngine(x.lifecycle))) {
+        const phase = lc.phaseOf(e.lifecycle);
+        const next = lc.engineDied(e.lifecycle, this.tests.charged(e.id, opts.blame));
+        if (!next) continue;
+        if (next.state === "finished") {
+          // It was cancelling: the death released it.
+          this.close(e, next, phase, { promptTokens: e.promptTokens.length, completionTokens: e.generated.length }, { released: true });
+          continue;
+        }
+        e.lifecycle = next;
+        died.push(e);
       }
-      e.lifecycle = next;
-      died.push(e);
-    }
-    if (!opts.blame) {
-      // Nobody's fault: the running test proves nothing and is run again (its members are still in the pool).
-      this.group.clear();
+      const { culprit } = this.tests.afterDeath(
+        died.map((e) => ({ id: e.id, deaths: lc.deathsOf(e.lifecycle) })),
+        opts.blame,
+      );
+      // Suspects wait for a test of their own (lifecycle `suspect`); everyone else is resumed at the next ready.
+      for (const e of died) {
+        if (e.id === culprit || !this.tests.isSuspect(e.id)) continue;
+        const next = lc.suspect(e.lifecycle);
+        if (next) e.lifecycle = next;
+      }
+      const culprits: Culprit[] = [];
+      const lone = culprit === null ? undefined : this.live.get(culprit);
+      if (lone) {
+        culprits.push({ id: lone.id, prompt: lone.prompt, params: lone.params });
+        this.events.push({ type: "culprit", id: lone.id, deaths: lc.deathsOf(lone.lifecycle) });
+        this.failCulprit(lone, description);
+      }
       return culprits;
-    }
-    if (!bisecting) {
-      // Start a bisection when deaths repeat: everyone in flight is a suspect, and one of them is guilty.
-      if (died.some((e) => lc.deathsOf(e.lifecycle) >= this.faultThreshold)) this.startPool(died.map((e) => e.id), true);
-      return culprits;
-    }
-    // 1. Who was in flight: members of the test, and others (in flight beside it, so possibly a culprit too).
-    const members = died.filter((e) => this.group.has(e.id));
-    const others = died.filter((e) => !this.group.has(e.id)).map((e) => e.id);
-    this.group.clear();
-    this.deferred.push(...others.filter((id) => !this.deferred.includes(id)));
-    if (members.length === 0) return culprits;
-    // 2. A lone member that died with nothing else in flight is a culprit (after repeated deaths).
-    const lone = members.length === 1 && others.length === 0 ? members[0]! : null;
-    if (lone && lc.deathsOf(lone.lifecycle) >= this.faultThreshold) {
-      culprits.push({ id: lone.id, prompt: lone.prompt, params: lone.params });
-      this.observer.onCulprit?.(lone.id, lc.deathsOf(lone.lifecycle));
-      // The rest of the pool is no longer known to hold a culprit: it is tested again with the deferred suspects.
-      this.startPool([...this.pool.filter((id) => id !== lone.id), ...this.deferred], false);
-      this.failCulprit(lone, description);
-      return culprits;
-    }
-    // 3. Otherwise narrow to the members in flight; the rest of the pool waits, still suspect, with the deferred.
-    const memberIds = members.map((e) => e.id);
-    const rest = this.pool.filter((id) => !memberIds.includes(id));
-    this.deferred = [...rest, ...this.deferred.filter((id) => !rest.includes(id))];
-    // Known guilty only if nothing else was in flight: with others beside it, the culprit may be among them.
-    this.pool = memberIds;
-    this.poolGuilty = others.length === 0;
-    return culprits;
-  }
-
-  /** Make `ids` the pool under test (guilty: it died as a whole), with nothing deferred. */
-  private startPool(ids: string[], guilty: boolean): void {
-    this.pool = ids;
-    this.poolGuilty = guilty;
-    this.deferred = [];
-    this.group.clear();
+    });
   }
 
   /** Fail a request isolated as the engine's killer with an OpenAI-shaped `engine_fault` error. */
@@ -383,33 +330,35 @@ export class RequestRegistry {
   }
 
   /**
-   * A (re)started engine is ready: resubmit recovering requests as continuations (prompt token ids + generated
-   * token ids; the engine prefills both and emits only new text). Everyone who is not a suspect goes at once;
-   * suspects go one test group at a time (see `pool`).
+   * A (re)started engine is ready: resubmit waiting requests as continuations (prompt token ids + generated token
+   * ids; the engine prefills both and emits only new text). Everyone who is not a suspect goes at once; suspects go
+   * one test group at a time, as recovery's plan says.
    */
   resumeRecovering(): void {
-    const suspects = new Set([...this.pool, ...this.deferred]);
+    this.releaseNextTest = false;
     for (const e of [...this.live.values()]) {
-      if (e.lifecycle.state === "recovering" && !suspects.has(e.id)) this.resubmit(e);
+      if (e.lifecycle.state === "recovering") this.resubmit(e);
     }
-    if (this.group.size > 0) return;
-    // 1. Forget suspects that are gone (finished, cancelled); the pool empties into the deferred suspects.
-    const waiting = (id: string) => this.live.get(id)?.lifecycle.state === "recovering";
-    this.pool = this.pool.filter(waiting);
-    this.deferred = this.deferred.filter(waiting);
-    if (this.pool.length === 0) this.startPool(this.deferred, false);
-    // 2. A guilty pool is halved; one not known to be guilty is tested whole (no death if it is clean).
-    const next = this.poolGuilty ? this.pool.slice(0, Math.ceil(this.pool.length / 2)) : this.pool;
-    for (const id of [...next]) {
-      const e = this.live.get(id)!;
-      if (this.resubmit(e)) this.group.add(id);
+    for (const id of this.tests.nextTest((x) => this.live.get(x)?.lifecycle.state === "suspect")) {
+      if (this.resubmit(this.live.get(id)!)) this.tests.testing(id);
+    }
+  }
+
+  /** Run one operation on the table; the next suspect test, if one ended meanwhile, is released after the outermost. */
+  private operation<T>(run: () => T): T {
+    this.depth += 1;
+    try {
+      return run();
+    } finally {
+      this.depth -= 1;
+      if (this.depth === 0 && this.releaseNextTest) this.resumeRecovering();
     }
   }
 
   /** Requests waiting to be resubmitted after an engine death. */
   get recoveringCount(): number {
     let n = 0;
-    for (const e of this.live.values()) if (e.lifecycle.state === "recovering") n += 1;
+    for (const e of this.live.values()) if (lc.awaitingResubmit(e.lifecycle)) n += 1;
     return n;
   }
 
@@ -420,7 +369,7 @@ export class RequestRegistry {
     const ok = this.send({ v: PROTOCOL_VERSION, type: "add", id: e.id, prompt, params: e.params, ...(e.generated.length > 0 ? { generated: [...e.generated] } : {}) });
     if (!ok) return false;
     e.lifecycle = next;
-    this.observer.onResumed?.(e.id, e.generated.length, lc.deathsOf(next));
+    this.events.push({ type: "resumed", id: e.id, generatedTokens: e.generated.length, deaths: lc.deathsOf(next) });
     return true;
   }
 
@@ -429,7 +378,7 @@ export class RequestRegistry {
     e: Entry,
     reason: lc.FinishReason,
     usage: Usage,
-    error?: { code: string; message: string; httpError?: KeelHttpError },
+    error?: RequestError,
     stepsAfterAbort?: number,
     refused = false,
   ): void {
@@ -438,7 +387,7 @@ export class RequestRegistry {
     const next = lc.finish(e.lifecycle, reason);
     if (!next) return;
     this.close(e, next, phase, usage, {
-      notifySink: !wasCancelling,
+      released: wasCancelling,
       ...(error ? { error } : {}),
       ...(stepsAfterAbort !== undefined ? { stepsAfterAbort } : {}),
       refused,
@@ -446,43 +395,26 @@ export class RequestRegistry {
   }
 
   /**
-   * Record a finished state for an entry and forget it: the sink (unless the gateway itself ended the request, e.g.
-   * a cancel), then metrics and logs through the observer.
+   * Record a finished state for an entry and forget it, reporting how it ended (`released`: the gateway had
+   * cancelled it itself, so its client is not told).
    */
   private close(
     e: Entry,
     next: lc.Lifecycle,
     phase: lc.Phase | null,
     usage: Usage,
-    how: { notifySink?: boolean; error?: { code: string; message: string; httpError?: KeelHttpError }; stepsAfterAbort?: number; refused?: boolean },
+    how: { released?: boolean; error?: RequestError; stepsAfterAbort?: number; refused?: boolean },
   ): void {
     if (next.state !== "finished") return;
-    const { error, stepsAfterAbort, refused = false, notifySink = true } = how;
+    const { error, stepsAfterAbort, refused = false, released = false } = how;
     e.lifecycle = next;
     this.live.delete(e.id);
-    // A suspect that ended is cleared; a test group that has fully ended releases the next test.
-    this.pool = this.pool.filter((id) => id !== e.id);
-    this.deferred = this.deferred.filter((id) => id !== e.id);
-    if (this.group.delete(e.id) && this.group.size === 0) {
-      // The group ended without killing the engine: none of it is a culprit; release the next test.
-      queueMicrotask(() => this.resumeRecovering());
-    }
+    // A suspect that ended is cleared; a test group that ended without killing the engine holds no culprit: the
+    // next test is released once the current operation is over.
+    if (this.tests.ended(e.id)) this.releaseNextTest = true;
     // Abort latency in engine steps: measured by the engine from the abort's arrival when it reports it, else
     // from the gateway's view of the step counter (which lags by the messages in flight).
     const latency = stepsAfterAbort !== undefined ? { abortLatencySteps: stepsAfterAbort } : e.cancelledAtStep === null ? {} : { abortLatencySteps: this.currentStep() - e.cancelledAtStep };
-    // The client first, then metrics and logs; neither may stop the other or the caller (an engine exit, a step).
-    try {
-      // A request the gateway cancelled itself is told only that it was released (and in which phase).
-      if (notifySink) e.sink.onFinish(next.reason, usage, error);
-      else e.sink.onReleased?.(phase);
-    } catch (err) {
-      this.observer.onInternalError?.(e.id, `sink failed: ${(err as Error)?.message ?? String(err)}`);
-    }
-    try {
-      if (refused) this.observer.onRefused?.(e.id, error?.code ?? "invalid_request");
-      else this.observer.onFinished?.(e.id, next.reason, usage, { phase, e2eMs: Date.now() - e.acceptedAt, ...latency, ...(error ? { error: error.message, errorCode: error.code } : {}) });
-    } catch {
-      /* metrics/logging must never take a request or the gateway down */
-    }
+    this.events.push({ type: "finished", id: e.id, reason: next.reason, usage, phase, e2eMs: Date.now() - e.acceptedAt, ...latency, ...(error ? { error } : {}), released, refused });
   }
 }

@@ -3,32 +3,8 @@ import pino from "pino";
 import { afterEach, describe, expect, it } from "vitest";
 import { Metrics } from "../metrics/metrics.js";
 import { StepObserver } from "../metrics/metrics-observer.js";
-import { RequestRegistry } from "../requests/registry.js";
-import { deathVerdict, EngineSupervisor } from "./supervisor.js";
-
-describe("deathVerdict: whom an engine death can be charged to", () => {
-  it("signals from outside (an OOM killer's SIGKILL, an operator's SIGTERM/SIGINT/SIGHUP/SIGQUIT) blame nobody", () => {
-    for (const signal of ["SIGKILL", "SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT"] as const) {
-      expect([signal, deathVerdict({ code: null, signal }, false)]).toEqual([signal, { reason: "signal", blame: false }]);
-    }
-  });
-
-  it("the engine crashing by itself (GGML abort, segfault, bus error, FPE, illegal instruction) can be a request's doing", () => {
-    for (const signal of ["SIGABRT", "SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL"] as const) {
-      expect([signal, deathVerdict({ code: null, signal }, false)]).toEqual([signal, { reason: "signal", blame: true }]);
-    }
-  });
-
-  it("a non-zero exit (uncaught error) is blamable; a clean exit is not", () => {
-    expect(deathVerdict({ code: 1, signal: null }, false)).toEqual({ reason: "exit", blame: true });
-    expect(deathVerdict({ code: 0, signal: null }, false)).toEqual({ reason: "exit", blame: false });
-  });
-
-  it("the watchdog's own kill blames nobody, whatever the signal", () => {
-    expect(deathVerdict({ code: null, signal: "SIGKILL" }, true)).toEqual({ reason: "watchdog", blame: false });
-    expect(deathVerdict({ code: null, signal: "SIGABRT" }, true)).toEqual({ reason: "watchdog", blame: false });
-  });
-});
+import { SinkTable } from "../../../test/support/table-sinks.js";
+import { EngineSupervisor } from "./supervisor.js";
 
 describe("EngineSupervisor with a fake engine (test/support/fake-engine.mjs)", () => {
   const FAKE = fileURLToPath(new URL("../../../test/support/fake-engine.mjs", import.meta.url));
@@ -56,7 +32,7 @@ describe("EngineSupervisor with a fake engine (test/support/fake-engine.mjs)", (
       },
     });
     const next = (event: string) => new Promise<void>((resolve) => waiters.push({ event, resolve }));
-    const registry: RequestRegistry = new RequestRegistry((m) => sup.engine.send(m), { onResumed: (id, _g, deaths) => resumed.push([id, deaths]) });
+    const registry: SinkTable = new SinkTable((m) => sup.engine.send(m), { onResumed: (id, _g, deaths) => resumed.push([id, deaths]) });
     const sup: EngineSupervisor = new EngineSupervisor(
       {
         engine: config,

@@ -1,49 +1,42 @@
 /**
  * Engine supervision, apart from the HTTP app: starts the engine process (through the configurable
  * {@link EngineCommand}), restarts it when it dies, kills it when it is stuck (watchdog), answers for readiness,
- * routes its messages to the request registry, decides whom an engine death can be charged to, and remembers the
- * prompts isolated as engine killers (for a bounded time).
+ * routes its messages to the model's request path, and feeds engine exits to recovery (supervision/recovery.ts), whose
+ * decisions the request table applies; it keeps recovery's memory of prompts isolated as engine killers.
  */
-import { SHUTTING_DOWN_MESSAGE, shuttingDown } from "../http/errors.js";
 import { TokenizeClient } from "./tokenize-client.js";
 import type { Logger } from "pino";
 import type { EngineCommand, EngineConfig } from "../../protocol/engine-config.js";
-import type { GuideSpec, ReadyMessage } from "../../protocol/messages.js";
-import { CHATML_TEMPLATE } from "../../model/tiny-model.js";
+import type { GuideSpec, ReadyMessage, RequestErrorMessage, StepMessage } from "../../protocol/messages.js";
+import { CHATML_TEMPLATE } from "../../model/chat-templates.js";
 import { ChatTemplate } from "../models/chat-template.js";
 import { EngineClient } from "./engine-client.js";
-import { IsolatedPrompts, isolationKey } from "./isolated-prompts.js";
+import { exitDecision, IsolatedPrompts, type ExitDecision } from "./recovery.js";
 import { describeReady } from "./ready-line.js";
 import type { Metrics } from "../metrics/metrics.js";
 import type { StepObserver } from "../metrics/metrics-observer.js";
-import type { RequestRegistry } from "../requests/registry.js";
+import type { Culprit } from "../requests/registry.js";
 
-/** Engine processes in a row that die before reporting ready, after which waiting requests are failed. */
-export const MAX_FAILED_STARTS = 5;
-
-/** Default time a prompt isolated as an engine killer stays refused (ms). */
-export const ISOLATED_PROMPT_TTL_MS = 10 * 60_000;
-
-/** Signals that come from outside the engine's own code (an operator, an OOM killer, a shutdown). */
-const EXTERNAL_SIGNALS = new Set<string>(["SIGKILL", "SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT"]);
-
-/** Why an engine process died, for the restart metric, and whether the requests it held can be charged with it. */
-export interface DeathVerdict {
-  reason: "watchdog" | "signal" | "exit";
-  /**
-   * True when a request in the batch can have caused the death: the engine aborted or crashed by itself (SIGABRT
-   * from a GGML_ASSERT, SIGSEGV, SIGBUS, SIGFPE, SIGILL, or a non-zero exit after an uncaught error). False for the
-   * watchdog's own kill, for signals sent from outside (SIGKILL — what an OOM killer sends —, SIGTERM, SIGINT,
-   * SIGHUP, SIGQUIT) and for a clean exit: no request can earn a refusal from those.
-   */
-  blame: boolean;
+/** The request path the supervisor feeds with the engine's messages and exits (requests/model-requests.ts). */
+export interface SupervisedRequests {
+  handleStep(msg: StepMessage): void;
+  handleRequestError(msg: RequestErrorMessage): void;
+  /** Apply recovery's decision about an engine exit; returns the requests isolated as culprits. */
+  applyEngineExit(d: ExitDecision): Culprit[];
+  /** A (re)started engine is ready: resubmit what waits. */
+  resumeRecovering(): void;
+  /** Live engine requests. */
+  readonly size: number;
+  /** Engine requests waiting to be resubmitted. */
+  readonly recoveringCount: number;
 }
 
-/** Classify an engine exit (see {@link DeathVerdict}). */
-export function deathVerdict(exit: { code: number | null; signal: NodeJS.Signals | null }, byWatchdog: boolean): DeathVerdict {
-  if (byWatchdog) return { reason: "watchdog", blame: false };
-  if (exit.signal) return { reason: "signal", blame: !EXTERNAL_SIGNALS.has(exit.signal) };
-  return { reason: "exit", blame: exit.code !== 0 && exit.code !== null };
+/**
+ * Apply recovery's decision about an engine exit to the request table, and remember the prompts it isolated as
+ * culprits (bounded in number and time) so that resending one is refused at admission without another crash.
+ */
+export function recoverFromExit(table: Pick<SupervisedRequests, "applyEngineExit">, isolated: IsolatedPrompts, decision: ExitDecision, now = Date.now()): void {
+  isolated.addCulprits(table.applyEngineExit(decision), now);
 }
 
 /** Supervisor options. */
@@ -88,7 +81,7 @@ export class EngineSupervisor {
 
   constructor(
     private readonly opts: SupervisorOptions,
-    private readonly registry: RequestRegistry,
+    private readonly requests: SupervisedRequests,
     private readonly steps: StepObserver,
     private readonly metrics: Metrics,
     private readonly log: Logger,
@@ -116,10 +109,10 @@ export class EngineSupervisor {
             case "step":
               this.lastProgressAt = Date.now();
               this.steps.observe(msg);
-              this.registry.handleStep(msg);
+              this.requests.handleStep(msg);
               break;
             case "request_error":
-              this.registry.handleRequestError(msg);
+              this.requests.handleRequestError(msg);
               break;
             case "tokenized":
               this.tokenizer.handle(msg);
@@ -180,7 +173,7 @@ export class EngineSupervisor {
 
   /** True when this rendered prompt (with this guide) was isolated as an engine killer recently (answered without the engine). */
   isKnownCulprit(prompt: string, guide?: GuideSpec): boolean {
-    return this.isolated.has(isolationKey(prompt, guide));
+    return this.isolated.isKnownCulprit(prompt, guide);
   }
 
   /** Stop watching for stalls (a drain stops the engine itself). */
@@ -195,7 +188,7 @@ export class EngineSupervisor {
     this.stopWatchdog();
     await this.engine.stop();
     // Whatever the engine did not release (e.g. no engine was running) ends now, so no response stays open.
-    this.registry.handleEngineExit(SHUTTING_DOWN_MESSAGE, shuttingDown());
+    this.requests.applyEngineExit({ kind: "shutdown" });
   }
 
   /** Decile of load progress last logged (-1 before the first), so that a load is logged at most every 10%. */
@@ -221,7 +214,7 @@ export class EngineSupervisor {
     this.wasReady = true;
     this.lastProgressAt = Date.now();
     this.opts.onEngineReady?.(this);
-    const recovering = this.registry.recoveringCount;
+    const recovering = this.requests.recoveringCount;
     this.loadLogged = -1;
     const ready = describeReady(msg, this.opts.engine.kvCacheType);
     this.log.info({ event: "engine_ready", enginePid: msg.pid, model: m.path, limits: msg.limits, engine: msg.engine, capabilities: msg.capabilities, recovering, ...ready.fields }, ready.text);
@@ -229,31 +222,28 @@ export class EngineSupervisor {
       this.log.info({ event: "engine_recovered", downtimeMs: Date.now() - this.diedAt, resuming: recovering }, "engine restarted; resuming in-flight requests");
       this.diedAt = null;
     }
-    this.registry.resumeRecovering();
+    this.requests.resumeRecovering();
   }
 
   private onExit(exit: { code: number | null; signal: NodeJS.Signals | null }): void {
     this.steps.engineGone();
     this.tokenizer.failAll("the engine process exited");
     this.loadLogged = -1; // the next engine's load is logged from 0%, even if this one died while loading
-    if (this.stopping) {
-      this.registry.handleEngineExit(SHUTTING_DOWN_MESSAGE, shuttingDown());
+    // Recovery decides what the exit means (supervision/recovery.ts); the request table applies it.
+    const decision = exitDecision({ stopping: this.stopping, failedStarts: this.engine.failedStarts, exit, byWatchdog: this.killedByWatchdog });
+    if (decision.kind === "shutdown") {
+      this.requests.applyEngineExit(decision);
       return;
     }
-    const verdict = deathVerdict(exit, this.killedByWatchdog);
+    const { verdict } = decision;
     this.killedByWatchdog = false;
     this.diedAt = Date.now();
-    this.log.error({ event: "engine_exit", code: exit.code, signal: exit.signal, reason: verdict.reason, blame: verdict.blame, inFlight: this.registry.size }, "engine process exited; restarting and resuming");
+    this.log.error({ event: "engine_exit", code: exit.code, signal: exit.signal, reason: verdict.reason, blame: verdict.blame, inFlight: this.requests.size }, "engine process exited; restarting and resuming");
     this.metrics.engineRestarts.inc({ reason: verdict.reason });
-    // An engine that keeps dying before it is ready will not resume anyone: end what waits, clearly.
-    if (this.engine.failedStarts >= MAX_FAILED_STARTS) {
-      this.log.error({ event: "engine_unrecoverable", failedStarts: this.engine.failedStarts }, "the engine keeps failing to start; failing in-flight requests");
-      this.registry.handleEngineExit(`the engine failed to start ${this.engine.failedStarts} times in a row`);
-      return;
+    if (decision.kind === "unrecoverable") {
+      this.log.error({ event: "engine_unrecoverable", failedStarts: decision.failedStarts }, "the engine keeps failing to start; failing in-flight requests");
     }
-    const culprits = this.registry.handleEngineDeath(`the engine process exited (${exit.signal ?? `code ${exit.code}`})`, { blame: verdict.blame });
-    // Remember isolated prompts (bounded in number and time) so that resending one is refused without a crash.
-    for (const c of culprits) if ("text" in c.prompt) this.isolated.add(isolationKey(c.prompt.text, c.params.guide));
+    recoverFromExit(this.requests, this.isolated, decision);
   }
 
   /**
@@ -269,7 +259,7 @@ export class EngineSupervisor {
     this.watchdog = setInterval(() => {
       const engine = this.engine;
       const now = Date.now();
-      const work = this.registry.size > this.registry.recoveringCount;
+      const work = this.requests.size > this.requests.recoveringCount;
       if (!engine.ready || !work) this.lastProgressAt = now;
       const stalled = engine.ready !== null && work && now - this.lastProgressAt > stallMs;
       const deaf = engine.ready !== null && now - engine.lastPong > Math.max(stallMs, 10_000);

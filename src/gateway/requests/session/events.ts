@@ -1,11 +1,11 @@
 /**
  * The typed event stream of one generation session (src/gateway/requests/session/session.ts) — what every API encoder
  * (chat, completions, responses) turns into its wire shape. The session never writes to a client and never calls
- * the registry; it returns these events and the decisions the route executes.
+ * the request table; it returns these events and the aborts the model's request path applies after the step.
  */
 import type { KeelHttpError } from "../../http/errors.js";
 import type { ToolCallDelta } from "../../parsers/types.js";
-import type { Usage } from "../registry.js";
+import type { Usage } from "../events.js";
 import type { ToolCall } from "../../tools.js";
 
 /** One generated token's log probability as the APIs show it. */

@@ -1,17 +1,18 @@
 /**
- * One generation session per admitted HTTP request: it owns everything between the registry's per-request events
- * and an API encoder — the `n` children (one engine request per choice), stop strings (and
+ * One generation session per admitted HTTP request, held by the output processor (../output-processor.ts) as the
+ * request's state: it owns everything between the request table's per-child events and an API encoder — the `n` children (one engine request per choice), stop strings (and
  * `include_stop_str_in_output`), text accumulation for unary answers, logprob views, usage summed over children,
  * and the request's end (all children finished, one failed, or the client left).
  *
  * It is a pure state machine: each input (admitted / output / finish / clientGone) returns a {@link SessionStep}
- * — the events to encode and the child ids the route must cancel in the registry. It never calls the registry
- * back (issue #8: control does not go back up a layer), which is what makes it testable with plain inputs.
+ * — the events to encode and the child ids to abort, which the model's request path applies after the step. It
+ * never calls the table back (control does not go back up a layer), which is what makes it testable with plain
+ * inputs.
  */
 import type { PositionLogprobs, TokenLogprob } from "../../../protocol/messages.js";
 import { engineError, type KeelHttpError } from "../../http/errors.js";
 import type { FinishReason } from "../lifecycle.js";
-import type { Usage } from "../registry.js";
+import type { Usage } from "../events.js";
 import type { OutputParser, ParsedDelta } from "../../parsers/types.js";
 import { StopMatcher } from "../stop-strings.js";
 import type { ChoiceFinishReason, ChoiceResult, PositionLogprobView, SessionEvent, SessionStep, TokenLogprobView } from "./events.js";
@@ -65,7 +66,7 @@ interface Choice {
 
 /**
  * Session state: `open` while choices generate; `ended` after `finished`, `failed` or the client leaving — from
- * then on every input returns nothing (late engine events are ignored, docs/design-rules.md rule 5).
+ * then on every input returns nothing (late events are ignored: docs/design-rules.md, "Late events").
  */
 type SessionState = { state: "open"; started: boolean } | { state: "ended"; how: "finished" | "failed" | "client_gone" };
 
