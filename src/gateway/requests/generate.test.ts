@@ -13,7 +13,7 @@ import pino from "pino";
 import { describe, expect, it } from "vitest";
 import type { FastifyReply, FastifyRequest } from "fastify";
 import { PROTOCOL_VERSION, type EngineCapabilities, type FinishInfo, type GatewayMessage, type SamplingParams, type StepMessage } from "../../protocol/messages.js";
-import { CHATML_TEMPLATE } from "../../model/tiny-model.js";
+import { CHATML_TEMPLATE } from "../../model/chat-templates.js";
 import { handleChat } from "../api/chat.js";
 import type { RouteContext } from "../http/route-context.js";
 import type { AgentSettings } from "../models/agent-config.js";
