@@ -2,9 +2,10 @@ import { describe, expect, it } from "vitest";
 import fc from "fast-check";
 import type { AddMessage, EngineMessage, RequestErrorMessage, RequestOutput, SamplingParams, StepMessage } from "../protocol/messages.js";
 import { PROTOCOL_VERSION } from "../protocol/messages.js";
-import type { DecodeItem, RawLogprobs, SamplerConfig, SamplerHandle } from "./llama-adapter.js";
+import type { DecodeItem, RawLogprobs, SamplerConfig, SamplerHandle, ModelBackend } from "./backend.js";
 import type { SchedulerConfig } from "./scheduler.js";
-import { StepLoop, tokenSeed, type ModelBackend } from "./step-loop.js";
+import { tokenSeed } from "./request-state.js";
+import { StepLoop } from "./step-loop.js";
 
 /** End-of-generation token of the fake vocabulary (tokens 0..255 are raw bytes). */
 const EOG = 300;
@@ -56,7 +57,8 @@ class FakeSampler implements SamplerHandle {
 class FakeBackend implements ModelBackend {
   readonly eogTokens = [EOG, EOT];
   readonly vocabSize = 512;
-  readonly batches: DecodeItem[][] = [];
+  /** Every decoded batch, as llama.cpp would see it (slots and positions, no request ids). */
+  readonly batches: Omit<DecodeItem, "id">[][] = [];
   readonly samplers: FakeSampler[] = [];
   readonly cleared: { slot: number; duringDecode: boolean }[] = [];
   /** Next decode rejects with this error. */
@@ -163,9 +165,8 @@ function add(id: string, text: string, p: Partial<SamplingParams> = {}, extra: P
 function setup(cfg: Partial<SchedulerConfig> = {}) {
   const backend = new FakeBackend();
   const messages: EngineMessage[] = [];
-  const loop = new StepLoop(backend, { maxNumSeqs: 2, maxNumBatchedTokens: 16, maxModelLen: 32, ...cfg }, (m) => messages.push(structuredClone(m)));
   const violations: string[][] = [];
-  loop.onInvariantViolation = (v) => violations.push(v);
+  const loop = new StepLoop(backend, { maxNumSeqs: 2, maxNumBatchedTokens: 16, maxModelLen: 32, ...cfg }, (m) => messages.push(structuredClone(m)), { onInvariantViolation: (v) => violations.push(v) });
   const steps = (): StepMessage[] => messages.filter((m): m is StepMessage => m.type === "step");
   const outputsOf = (id: string): RequestOutput[] => steps().flatMap((m) => m.outputs.filter((o) => o.id === id));
   /** Step and return the step messages that step emitted. */
