@@ -67,15 +67,15 @@ describe("admission", () => {
   it("admits FCFS into max_num_seqs slots and the rest wait", () => {
     const s = mk({ maxNumSeqs: 2, maxNumBatchedTokens: 16 });
     for (const id of ["a", "b", "c", "d"]) expect(s.add(seq(id, 3, { maxNewTokens: 1 }))).toBeNull();
-    expect(s.waitingCount).toBe(4);
+    expect(s.queuedCount).toBe(4);
     const plan = s.schedule();
     expect(plan.admitted.map((a) => a.id)).toEqual(["a", "b"]);
     expect(plan.admitted[0]!.promptTokens).toEqual([10, 11, 12]);
-    expect(s.waitingCount).toBe(2);
+    expect(s.queuedCount).toBe(2);
     expect(s.runningCount).toBe(2);
     expect(s.activeSlots).toBe(2);
     expect(s.phaseOf("a")).toBe("prefill");
-    expect(s.phaseOf("c")).toBe("waiting");
+    expect(s.phaseOf("c")).toBe("queued");
     expect(new Set(plan.items.map((it) => it.slot)).size).toBe(2);
     // maxNewTokens 1: both finish at the first sampled token and free their slots.
     const out = s.commit(plan, sampleAll(plan), isEog);
@@ -256,13 +256,13 @@ describe("commit", () => {
     const s = mk({ maxNumSeqs: 1, maxNumBatchedTokens: 4 });
     s.add(seq("a", 6, { maxNewTokens: 2 }));
     s.add(seq("b", 2));
-    expect([s.phaseOf("a"), s.phaseOf("b")]).toEqual(["waiting", "waiting"]);
+    expect([s.phaseOf("a"), s.phaseOf("b")]).toEqual(["queued", "queued"]);
     step(s); // a: 4 of 6 prefilled
-    expect([s.phaseOf("a"), s.phaseOf("b")]).toEqual(["prefill", "waiting"]);
+    expect([s.phaseOf("a"), s.phaseOf("b")]).toEqual(["prefill", "queued"]);
     step(s); // a: prefill done, first token sampled
     expect(s.phaseOf("a")).toBe("decode");
     step(s); // a: second token → length; b is admitted next step
-    expect([s.phaseOf("a"), s.phaseOf("b")]).toEqual([null, "waiting"]);
+    expect([s.phaseOf("a"), s.phaseOf("b")]).toEqual([null, "queued"]);
     s.schedule();
     expect(s.phaseOf("b")).toBe("prefill");
   });
@@ -326,7 +326,7 @@ describe("commit", () => {
     s.add(seq("a", 4));
     const out = s.commit(plan, sampleAll(plan, EOG), isEog);
     expect(out.finished).toEqual([]);
-    expect(s.phaseOf("a")).toBe("waiting");
+    expect(s.phaseOf("a")).toBe("queued");
     expect(s.checkInvariants()).toEqual([]);
     expect(s.schedule().items[0]).toMatchObject({ id: "a", pos: 0, tokens: [10, 11, 12, 13] });
   });
@@ -338,7 +338,7 @@ describe("refusals", () => {
     expect(s.add(seq("a", 8))).toMatchObject({ id: "a", code: "context_length_exceeded" });
     expect(s.add(seq("b", 9))?.code).toBe("context_length_exceeded");
     expect(s.add(seq("c", 7))).toBeNull();
-    expect(s.waitingCount).toBe(1);
+    expect(s.queuedCount).toBe(1);
     expect(s.phaseOf("a")).toBeNull();
   });
 
@@ -359,14 +359,14 @@ describe("refusals", () => {
     expect(r).toMatchObject({ id: "a", code: "context_length_exceeded" });
     expect(r!.message).toContain("8");
     expect(s.add(seq("b", 5, { maxNewTokens: 3 }))).toBeNull();
-    expect(s.waitingCount).toBe(1);
+    expect(s.queuedCount).toBe(1);
   });
 
   it("refuses a duplicate live id, and accepts the id again after it finished", () => {
     const s = mk();
     expect(s.add(seq("a", 2, { maxNewTokens: 1 }))).toBeNull();
     expect(s.add(seq("a", 3))).toMatchObject({ id: "a", code: "duplicate_id" });
-    expect(s.waitingCount).toBe(1);
+    expect(s.queuedCount).toBe(1);
     step(s);
     expect(s.phaseOf("a")).toBeNull();
     expect(s.add(seq("a", 3))).toBeNull();
@@ -385,10 +385,10 @@ describe("abort", () => {
     s.add(seq("a", 2));
     s.add(seq("b", 2));
     step(s);
-    expect(s.phaseOf("b")).toBe("waiting");
+    expect(s.phaseOf("b")).toBe("queued");
     const out = s.abort(["b"]);
     expect(out).toEqual({ finished: [{ id: "b", reason: "abort", promptTokens: 2, completionTokens: 0 }], freedSlots: [] });
-    expect(s.waitingCount).toBe(0);
+    expect(s.queuedCount).toBe(0);
     expect(s.activeSlots).toBe(1);
     expect(s.checkInvariants()).toEqual([]);
   });
@@ -455,7 +455,7 @@ describe("failStep", () => {
     expect(out.finished).toEqual([{ id: "a", reason: "error", promptTokens: 4, completionTokens: 0, error: err }]);
     expect(out.freedSlots).toEqual([0]);
     expect(s.phaseOf("b")).toBe("prefill");
-    expect(s.phaseOf("w")).toBe("waiting");
+    expect(s.phaseOf("w")).toBe("queued");
     expect(s.checkInvariants()).toEqual([]);
     // The loop goes on: w takes the freed slot.
     const next = s.schedule();
@@ -553,14 +553,14 @@ describe("scheduler property: random interleavings at saturation", () => {
 
           const checkState = (): void => {
             expect(s.checkInvariants()).toEqual([]);
-            expect(s.waitingCount).toBe(waiting().length);
+            expect(s.queuedCount).toBe(waiting().length);
             expect(s.runningCount).toBe(running().length);
             expect(s.activeSlots).toBe(running().length);
             expect(s.activeSlots).toBeLessThanOrEqual(maxNumSeqs);
             for (const r of reqs) {
               const phase = s.phaseOf(r.id);
               if (!r.live) expect(phase).toBeNull();
-              else if (!r.admitted) expect(phase).toBe("waiting");
+              else if (!r.admitted) expect(phase).toBe("queued");
               else expect(phase === "prefill" || phase === "decode").toBe(true);
             }
           };
@@ -759,7 +759,7 @@ describe("prefix cache", () => {
 
 describe("invariant repair (production containment)", () => {
   /** Reach into the scheduler's private state to corrupt it the way a bug would. */
-  const internals = (s: Scheduler) => s as unknown as { waiting: unknown[]; running: { id: string; status: { processed: number } }[]; slots: unknown[] };
+  const internals = (s: Scheduler) => s as unknown as { queued: unknown[]; running: { id: string; status: { processed: number } }[]; slots: unknown[] };
 
   it("a request queued twice is failed alone; the others and the invariants are fine afterwards", () => {
     const s = mk({ maxNumSeqs: 1 });
@@ -767,13 +767,13 @@ describe("invariant repair (production containment)", () => {
     s.add(seq("b", 2));
     s.add(seq("c", 2));
     s.schedule(); // a runs; b and c wait
-    internals(s).waiting.push(internals(s).waiting[0]); // b twice
+    internals(s).queued.push(internals(s).queued[0]); // b twice
     expect(s.checkInvariants()).not.toEqual([]);
     const out = s.repairInvariants();
     expect(out.finished.map((f) => [f.id, f.reason, f.error?.code])).toEqual([["b", "error", "invariant_violation"]]);
     expect(s.checkInvariants()).toEqual([]);
     expect(s.phaseOf("a")).toBe("prefill");
-    expect(s.phaseOf("c")).toBe("waiting");
+    expect(s.phaseOf("c")).toBe("queued");
   });
 
   it("a slot owned by a request that is not live is emptied (its KV cleared); nobody fails", () => {

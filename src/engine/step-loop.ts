@@ -215,7 +215,7 @@ export class StepLoop {
       batchTokens,
       outputs: [...outputs.byId.values()],
       stats: {
-        waiting: this.scheduler.waitingCount,
+        waiting: this.scheduler.queuedCount,
         running: this.scheduler.runningCount,
         activeSequences: this.scheduler.activeSlots,
         cachedSequences: this.scheduler.cachedSlots,
