@@ -30,7 +30,10 @@ export interface FaultSwitches {
   failOnPrompt?: string;
 }
 
-/** Every switch name either engine reads (the OpenVINO worker adds `ignoreAtStep`; test/conformance checks both lists). */
+/**
+ * Every switch name this engine reads; the OpenVINO worker reads the same and adds `ignoreAtStep`
+ * (src/engine-openvino/faults.test.ts checks both lists).
+ */
 export const FAULT_SWITCHES = ["crashAtStep", "crashOnPrompt", "throwAtStep", "hangAtStep", "failOnPrompt"] as const satisfies readonly (keyof FaultSwitches)[];
 
 /** The switches of `env`, or null when fault injection is off. @throws SyntaxError on malformed JSON. */
