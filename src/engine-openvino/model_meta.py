@@ -11,7 +11,7 @@ def _gguf_fields(path: str) -> dict:
     """Scalar and string keys of a GGUF header, plus its vocabulary (token strings and types)."""
     import mmap
 
-    from prep import read_gguf_layout  # a struct reader: gguf.GGUFReader takes ~30 s on a 151k-token vocabulary
+    from gguf_layout import read_gguf_layout  # a struct reader: gguf.GGUFReader takes ~30 s on a 151k-token vocabulary
 
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
         layout = read_gguf_layout(buf, frozenset({"tokenizer.ggml.tokens", "tokenizer.ggml.token_type"}))
