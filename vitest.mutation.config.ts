@@ -4,7 +4,7 @@ import { defineConfig } from "vitest/config";
 // no model/GGUF tests (they exercise nothing the mutated modules contain).
 export default defineConfig({
   test: {
-    include: ["src/gateway/**/*.test.ts", "src/engine/scheduler*.test.ts", "src/engine/step-loop.test.ts"],
+    include: ["src/gateway/**/*.test.ts", "src/engine/scheduler*.test.ts", "src/engine/step-loop.test.ts", "src/engine/step-loop.sampling.test.ts"],
     exclude: ["test/**", "node_modules/**", "**/*.contract.test.ts"],
     pool: "forks",
     testTimeout: 20_000,

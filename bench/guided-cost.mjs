@@ -3,7 +3,7 @@
 // on the adapter (no step loop, no HTTP): unconstrained sample vs sample with a grammar attached (pick-first path,
 // and the masked path when the greedy pick is rejected), the continuation probe, canBeNext, state creation and a
 // compile. Prints a table; does not assert. Usage: node scripts/prepare.mjs && node bench/guided-cost.mjs
-import { LlamaAdapter } from "../dist/engine/llama-adapter.js";
+import { LlamaAdapter } from "../dist/engine/llama/adapter.js";
 import { ensureDefaultModel } from "../dist/model/default-model.js";
 
 const N = 2000;

@@ -26,7 +26,7 @@ export async function benchModel() {
 
 /** A LlamaAdapter on `modelPath` with `sequences` slots of `contextSize` tokens each. */
 export async function openAdapter(modelPath, { sequences, contextSize, batchSize = 256, gpu = "cpu" }) {
-  const { LlamaAdapter } = await import(path.join(ROOT, "dist/engine/llama-adapter.js"));
+  const { LlamaAdapter } = await import(path.join(ROOT, "dist/engine/llama/adapter.js"));
   return LlamaAdapter.open({ modelPath, sequences, contextSize, batchSize, threads: 1, flashAttention: false, kvCacheType: "f16", gpu });
 }
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env node
 // Usage: node scripts/prepare.mjs && nice node bench/logprobs-split.mjs MODEL.gguf
 // Splits adapter.logprobs into its native calls on one model: which one carries the cost.
-import { LlamaAdapter } from "../dist/engine/llama-adapter.js";
+import { LlamaAdapter } from "../dist/engine/llama/adapter.js";
 const adapter = await LlamaAdapter.open({ modelPath: process.argv[2], sequences: 1, contextSize: 512, batchSize: 256, threads: 1, flashAttention: false, kvCacheType: "f16", gpu: "cpu" });
 const prompt = adapter.tokenize("<|im_start|>user\nWhat is the weather in Paris today?<|im_end|>\n<|im_start|>assistant\n");
 const [at] = await adapter.decode([{ slot: 0, pos: 0, tokens: prompt, wantsLogits: true }]);

@@ -2,7 +2,7 @@
 // Benchmark: engine throughput (tok/s) for --engine_threads values at several concurrencies, straight into the
 // step loop (no HTTP). Prints a table and the ratio of each thread count to threads=1. Does not assert.
 // Usage: npm run build && node bench/threads.mjs [threads...]
-import { LlamaAdapter } from "../dist/engine/llama-adapter.js";
+import { LlamaAdapter } from "../dist/engine/llama/adapter.js";
 import { StepLoop } from "../dist/engine/step-loop.js";
 import { ensureDefaultModel } from "../dist/model/default-model.js";
 

@@ -19,7 +19,8 @@
 import { existsSync, mkdirSync } from "node:fs";
 import os from "node:os";
 import path from "node:path";
-import { LlamaAdapter, GrammarMaskedError } from "../dist/engine/llama-adapter.js";
+import { GrammarMaskedError } from "../dist/engine/backend.js";
+import { LlamaAdapter } from "../dist/engine/llama/adapter.js";
 import { buildGuide } from "../dist/gateway/guided/guide.js";
 import { AGENT_TAGS, QWEN3_STYLE_TEMPLATE } from "../dist/model/agent-templates.js";
 import { ensureTinyModel } from "../dist/model/default-model.js";

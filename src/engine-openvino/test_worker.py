@@ -9,7 +9,10 @@ import unittest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from channel import FrameDecoder, encode_frame  # noqa: E402
 from messages import parse_message, sampling_error  # noqa: E402
-from worker import ByteDetokenizer, Detokenizer, compile_properties, is_hybrid, prefix_caching_for  # noqa: E402
+from detokenize import ByteDetokenizer, Detokenizer  # noqa: E402
+from model_meta import is_hybrid  # noqa: E402
+from faults import Faults  # noqa: E402
+from ov_settings import compile_properties, prefix_caching_for  # noqa: E402
 
 BASE = {"maxTokens": 4, "temperature": 0, "topP": 1, "topK": -1, "seed": 1, "ignoreEos": False}
 
@@ -107,6 +110,26 @@ class Settings(unittest.TestCase):
             with open(os.path.join(d, "config.json"), "w") as f:
                 json.dump({"model_type": "qwen2", "layer_types": ["full_attention"] * 2}, f)
             self.assertEqual(prefix_caching_for(self.CFG, d), (True, None))
+
+
+class FaultInjection(unittest.TestCase):
+    def test_step_switches_fire_once_and_only_on_the_first_process(self):
+        f = Faults({"throwAtStep": 2, "ignoreAtStep": 3}, first_process=True)
+        self.assertEqual([f.step_raises(s) for s in (1, 2, 2)], [False, True, False])
+        self.assertEqual([f.ignores(s) for s in (3, 3)], [True, False])
+        later = Faults({"throwAtStep": 2}, first_process=False)
+        self.assertFalse(later.step_raises(2))
+
+    def test_prompt_switch_matches_running_prompts(self):
+        f = Faults({"crashOnPrompt": "POISON"}, first_process=False)
+        self.assertTrue(f.on_prompt("crashOnPrompt", lambda: ["ok", "a POISON prompt"], 1))
+        self.assertFalse(f.on_prompt("crashOnPrompt", lambda: ["ok"], 2))
+
+    def test_off_without_switches(self):
+        f = Faults(None, first_process=True)
+        f.before_step(1, lambda: [])
+        self.assertFalse(f.step_raises(1))
+        self.assertFalse(f.ignores(1))
 
 
 if __name__ == "__main__":

@@ -98,7 +98,7 @@ def detok_drops_invalid_utf8(model: str) -> dict:
     import os
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from worker import model_metadata, token_bytes_table
+    from model_meta import model_metadata, token_bytes_table
 
     model_metadata(model)
     table = token_bytes_table(model)

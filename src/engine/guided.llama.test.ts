@@ -6,7 +6,7 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { ensureDefaultModel } from "../model/default-model.js";
 import { PROTOCOL_VERSION, type EngineMessage, type GuideSpec, type RequestOutput, type SamplingParams } from "../protocol/messages.js";
-import { LlamaAdapter } from "./llama-adapter.js";
+import { LlamaAdapter } from "./llama/adapter.js";
 import { StepLoop } from "./step-loop.js";
 
 let adapter: LlamaAdapter;

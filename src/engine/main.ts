@@ -13,26 +13,11 @@ import net from "node:net";
 import { encodeFrame, FrameDecoder } from "../protocol/framing.js";
 import { PROTOCOL_VERSION, type EngineMessage } from "../protocol/messages.js";
 import { parseGatewayMessage } from "../protocol/validate.js";
-import { LlamaAdapter, NoGpuBackendError } from "./llama-adapter.js";
+import type { ModelBackend } from "./backend.js";
+import { FaultyBackend, faultSwitchesFrom } from "./faulty-backend.js";
+import { LlamaAdapter, NoGpuBackendError } from "./llama/adapter.js";
 import { parseEngineConfig, toAdapterOptions } from "./start-config.js";
 import { StepLoop } from "./step-loop.js";
-
-/**
- * Test-only fault injection, read from the KEEL_FAULT_INJECTION environment variable (JSON); off unless set.
- * See docs/fault-injection.md.
- */
-interface FaultInjection {
-  /** Abort the process (as a GGML_ASSERT would) before decoding step N — first engine process only. */
-  crashAtStep?: number;
-  /** Abort the process whenever a request whose prompt contains this text is in the batch — every process. */
-  crashOnPrompt?: string;
-  /** Make the decode of step N throw — first engine process only. */
-  throwAtStep?: number;
-  /** Make step N hang forever (for the watchdog) — first engine process only. */
-  hangAtStep?: number;
-  /** Make every decode throw while a request whose prompt contains this text is in the batch — every process. */
-  failOnPrompt?: string;
-}
 
 function logLine(level: string, msg: string, extra: Record<string, unknown> = {}): void {
   process.stderr.write(JSON.stringify({ level, time: Date.now(), component: "engine", pid: process.pid, msg, ...extra }) + "\n");
@@ -89,8 +74,18 @@ async function main(): Promise<void> {
   }
   if (!channel) throw new Error("serve mode without a channel");
 
+  // Test-only fault injection wraps the adapter (docs/fault-injection.md); off unless KEEL_FAULT_INJECTION is set.
+  const switches = faultSwitchesFrom(process.env);
+  const faulty = switches
+    ? new FaultyBackend(adapter, switches, (config.generation ?? 1) === 1, {
+        injected: (fault, step) => logLine("warn", "fault injected", { fault, step }),
+        abort: () => process.abort(),
+      })
+    : null;
+  if (switches) logLine("warn", "fault injection is ON (test-only)", { faults: switches, generation: config.generation ?? 1 });
+  const loopBackend: ModelBackend = faulty ?? adapter;
   const loop = new StepLoop(
-    adapter,
+    loopBackend,
     {
       maxNumSeqs: config.maxNumSeqs,
       maxNumBatchedTokens: config.maxNumBatchedTokens,
@@ -100,42 +95,8 @@ async function main(): Promise<void> {
       ...(config.maxPromptLen !== undefined ? { maxPromptLen: config.maxPromptLen } : {}),
     },
     send,
+    { onInvariantViolation: (v) => logLine("error", "scheduler invariant violated", { violations: v }) },
   );
-  loop.onInvariantViolation = (v) => logLine("error", "scheduler invariant violated", { violations: v });
-  const faults = process.env["KEEL_FAULT_INJECTION"] ? (JSON.parse(process.env["KEEL_FAULT_INJECTION"]) as FaultInjection) : null;
-  /** Prompt text of live requests, for crashOnPrompt. */
-  const promptText = new Map<string, string>();
-  if (faults) {
-    logLine("warn", "fault injection is ON (test-only)", { faults, generation: config.generation ?? 1 });
-    const first = (config.generation ?? 1) === 1;
-    /** Step-keyed faults fire once, on the first decode attempt of that step. */
-    const fired = new Set<string>();
-    const once = (kind: string, step: number, when: number | undefined): boolean => {
-      if (!first || when !== step || fired.has(kind)) return false;
-      fired.add(kind);
-      return true;
-    };
-    const hit = (items: { id: string }[], marker: string | undefined): boolean => marker !== undefined && items.some((it) => promptText.get(it.id)?.includes(marker));
-    const inject = (kind: string, step: number): void => logLine("warn", "fault injected", { fault: kind, step });
-    loop.beforeDecode = async (items, step) => {
-      if (once("crash", step, faults.crashAtStep) || hit(items, faults.crashOnPrompt)) {
-        inject("crash", step);
-        process.abort();
-      }
-      if (once("throw", step, faults.throwAtStep)) {
-        inject("throw", step);
-        throw new Error(`injected failure at step ${step}`);
-      }
-      if (hit(items, faults.failOnPrompt)) {
-        inject("fail", step);
-        throw new Error("injected failure: a poisoned request is in the batch");
-      }
-      if (once("hang", step, faults.hangAtStep)) {
-        inject("hang", step);
-        await new Promise<never>(() => undefined);
-      }
-    };
-  }
 
   const decoder = new FrameDecoder();
   channel.on("data", (chunk: Buffer) => {
@@ -155,10 +116,7 @@ async function main(): Promise<void> {
       if (m.type === "ping") send({ v: PROTOCOL_VERSION, type: "pong", nonce: m.nonce, step: loop.steps });
       else if (m.type === "shutdown") loop.stop();
       else {
-        if (faults && m.type === "add") {
-          const text = "text" in m.prompt ? m.prompt.text : Buffer.concat(m.prompt.tokens.map((t) => Buffer.from(adapter.bytesOf(t)))).toString("utf8");
-          promptText.set(m.id, text);
-        }
+        if (m.type === "add") faulty?.noteAdd(m);
         loop.submit(m);
       }
     }
@@ -195,7 +153,7 @@ async function main(): Promise<void> {
 
 
 // Last resort inside the engine process: report, then exit non-zero so the gateway restarts the engine. The
-// gateway process is never affected (docs/design-rules.md, rule 4).
+// gateway process is never affected (docs/design-rules.md, "contained errors").
 process.on("uncaughtException", (err) => {
   logLine("fatal", `uncaught exception in the engine: ${err?.stack ?? String(err)}`);
   process.exit(1);

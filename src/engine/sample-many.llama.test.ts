@@ -10,7 +10,8 @@
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { ensureDefaultModel } from "../model/default-model.js";
 import { buildNativeAddon, getLlamaBinDir } from "../native/build.js";
-import { LlamaAdapter, type SamplerConfig, type SamplerHandle } from "./llama-adapter.js";
+import type { SamplerConfig, SamplerHandle } from "./backend.js";
+import { LlamaAdapter } from "./llama/adapter.js";
 
 const PROMPTS = [
   "<|im_start|>user\nhello there<|im_end|>\n<|im_start|>assistant\n",
@@ -209,7 +210,7 @@ describe("LlamaAdapter.sampleMany (Keel's addon) equals sequential sample()", ()
 
   it("decode steps (one token per sequence) run on the calling thread; prefill chunks on node-llama-cpp's worker", async () => {
     // A decode on the worker is still in flight when decode() hands back its promise; one on this thread is done.
-    const inFlight = (): boolean => (adapter as unknown as { decoding: boolean }).decoding;
+    const inFlight = (): boolean => (adapter as unknown as { guard: { decoding: boolean } }).guard.decoding;
     const decodeNoting = async (items: Parameters<LlamaAdapter["decode"]>[0], where: string[]): Promise<number[]> => {
       const p = adapter.decode(items);
       where.push(inFlight() ? "worker" : "here");

@@ -1,227 +1,57 @@
 /**
  * The continuous-batching scheduler: pure logic, no I/O, no native calls.
  *
- * The engine loop owns one Scheduler and drives it once per step (docs/design-rules.md, rules 1–2):
+ * The engine loop owns one Scheduler and drives it once per step (docs/design-rules.md, "one owner of engine state",
+ * "step boundaries"):
  *   1. `add` / `abort` with the commands snapshotted at the step boundary;
- *   2. `schedule()` admits waiting requests to free sequences (FCFS) and plans ONE batch — one token per decoding
+ *   2. `schedule()` admits queued requests to free sequences (FCFS) and plans ONE batch — one token per decoding
  *      sequence first, then prefill chunks within the token budget (chunked prefill, as vLLM v1 / Sarathi);
  *   3. the loop decodes the batch and samples; `commit()` records the sampled tokens and decides who finished;
  *      or `failStep()` fails the requests of a batch that could not be decoded.
  * Every method returns the sequence slots it released, so the loop can clear their KV before the next decode.
  *
  * Terms: a *slot* is one of `maxNumSeqs` KV partitions (a llama.cpp sequence id); *processed* counts tokens whose
- * KV is in the slot; a sequence's {@link SequenceStatus} says whether it waits, prefills or decodes.
+ * KV is in the slot; a sequence's {@link SequenceStatus} says whether it is queued, in prefill or in decode (the
+ * gateway's phase names). Parts: scheduler/types.ts (the vocabulary), slots.ts (slot choice), prefill-plan.ts (the
+ * chunk plan), stop.ts (the stop decision), invariants.ts.
  */
-import type { EngineErrorCode, FinishReason } from "../protocol/messages.js";
+import type { EngineErrorCode } from "../protocol/messages.js";
+import { findViolations, type SchedulerView } from "./scheduler/invariants.js";
+import { planPrefill } from "./scheduler/prefill-plan.js";
+import { chooseSlot, processedOf, slotOf, slotOfId, type SlotState } from "./scheduler/slots.js";
+import { stopReason } from "./scheduler/stop.js";
+import {
+  validateSchedulerConfig,
+  type AddRefusal,
+  type Finished,
+  type NewSequence,
+  type Outcome,
+  type Sampled,
+  type SchedulerConfig,
+  type Sequence,
+  type SequencePhase,
+  type StepPlan,
+} from "./scheduler/types.js";
 
-/** Scheduler limits (tokens / sequences). */
-export interface SchedulerConfig {
-  /** Sequences decoded together; also the number of KV slots. */
-  maxNumSeqs: number;
-  /** Token budget of one step (decode tokens + prefill chunk tokens). Must be ≥ maxNumSeqs. */
-  maxNumBatchedTokens: number;
-  /** Capacity of one slot: input + generated tokens. */
-  maxModelLen: number;
-  /**
-   * Keep a finished request's KV in its slot and admit new requests to the free slot with the longest common
-   * token prefix, prefilling only the suffix (default false).
-   */
-  prefixCaching?: boolean;
-  /**
-   * Whether a slot's KV can be trimmed to a shorter prefix (default true). False for recurrent / hybrid models:
-   * their state is never partially evicted (docs/design-rules.md, rule 3), so a cached slot is reused only when ALL of
-   * its tokens are a prefix of the new input, and is cleared completely otherwise.
-   */
-  partialTrim?: boolean;
-  /**
-   * Longest prompt admitted (tokens); unset = only maxModelLen bounds it. Set to maxNumBatchedTokens when chunked
-   * prefill is off (OVMS `--dynamic_split_fuse false`): a prompt must then fit one step, and a longer one is refused.
-   */
-  maxPromptLen?: number;
-}
-
-/** A request as handed to the scheduler, already tokenized. */
-export interface NewSequence {
-  id: string;
-  /** Tokens to prefill: the prompt, followed by tokens generated on an earlier engine when resuming. */
-  inputTokens: number[];
-  /** Length of the prompt part of inputTokens (the rest are resumed generated tokens). */
-  promptLength: number;
-  /** Tokens still allowed to be generated, or null for "until capacity". */
-  maxNewTokens: number | null;
-  /** When true, end-of-generation tokens do not finish the request. */
-  ignoreEos: boolean;
-  /** Token ids that finish the request with reason "stop" (ignore_eos does not affect them). */
-  stopTokens?: ReadonlySet<number>;
-  /**
-   * Generated tokens, resumed ones included, before an end-of-generation or stop token may finish the request
-   * (the sampler bans them until then; this is the scheduler's half of the rule). Absent = 0.
-   */
-  minTokens?: number;
-}
-
-/**
- * Where a live sequence is. Named transitions, one place each: waiting → prefill ({@link Scheduler.admit}, in
- * schedule), prefill → prefill | decode and decode → decode ({@link Scheduler.advance}, in commit); release
- * removes the sequence whatever its status.
- */
-export type SequenceStatus =
-  /** Queued for a slot; nothing of it is in any KV. */
-  | { readonly phase: "waiting" }
-  /** Owns `slot`; `processed` (< input length) tokens of its input are in the slot's KV. */
-  | { readonly phase: "prefill"; readonly slot: number; readonly processed: number }
-  /** Owns `slot`; its input and every generated token but the last are in the KV (`processed` tokens). */
-  | { readonly phase: "decode"; readonly slot: number; readonly processed: number };
-
-/** Lifecycle phase of a sequence inside the scheduler. */
-export type SequencePhase = SequenceStatus["phase"];
-
-/** Scheduler-side state of one live request. */
-interface Sequence {
-  /** Request id (unique among live requests). */
-  readonly id: string;
-  /** Waiting, prefilling or decoding (with its slot and KV progress). Changed only by admit / advance. */
-  status: SequenceStatus;
-  /** Input tokens then generated tokens; the last generated token is not yet in the KV cache while decoding. */
-  readonly tokens: number[];
-  /** Number of input tokens (prompt + resumed). */
-  readonly inputLength: number;
-  /** Prompt tokens (without resumed ones). */
-  readonly promptLength: number;
-  /** Tokens generated by this engine. */
-  generated: number;
-  /** See {@link NewSequence.maxNewTokens}. */
-  readonly maxNewTokens: number | null;
-  readonly ignoreEos: boolean;
-  /** See {@link NewSequence.stopTokens}. */
-  readonly stopTokens: ReadonlySet<number> | null;
-  /** See {@link NewSequence.minTokens}. */
-  readonly minTokens: number;
-}
-
-/** One entry of a planned batch: `tokens` are placed at positions pos, pos+1, … of `slot`. */
-export interface BatchItem {
-  id: string;
-  slot: number;
-  /** Position of the first token in the sequence (= tokens already processed). */
-  pos: number;
-  tokens: number[];
-  /** True when logits are needed for the last token (a decode, or the final prefill chunk). */
-  wantsLogits: boolean;
-  kind: "decode" | "prefill";
-}
-
-/** A KV operation on a slot, applied before the step's decode: keep the first `keep` tokens (0 = clear all). */
-export interface KvOp {
-  slot: number;
-  keep: number;
-}
-
-/** The plan of one step. */
-export interface StepPlan {
-  /** KV trims/clears for slots reused from the prefix cache; apply before decoding `items`. */
-  kvOps: KvOp[];
-  items: BatchItem[];
-  /** Requests admitted to a slot in this step, with their prompt tokens and the tokens reused from the cache. */
-  admitted: { id: string; promptTokens: number[]; cachedTokens: number }[];
-  /** Sum of tokens over items. */
-  totalTokens: number;
-}
-
-
-/** A request that left the scheduler. */
-export interface Finished {
-  id: string;
-  reason: FinishReason;
-  promptTokens: number;
-  completionTokens: number;
-  error?: { code: EngineErrorCode; message: string };
-}
-
-/** What a scheduler call changed. */
-export interface Outcome {
-  finished: Finished[];
-  /** Slots released (their KV must be cleared before the next decode). */
-  freedSlots: number[];
-}
-
-/** A token sampled for a batch item. */
-export interface Sampled {
-  id: string;
-  token: number;
-  /**
-   * The request's guide allowed nothing but end-of-generation here (a completed `then: "end"` rule): this token
-   * ends the request with "stop" even under ignore_eos or before min_tokens.
-   */
-  guideEnd?: boolean;
-}
-
-/** Refusal of an add (the request never enters the scheduler). */
-export interface AddRefusal {
-  id: string;
-  code: "context_length_exceeded" | "duplicate_id" | "invalid_prompt";
-  message: string;
-}
-
-/** Validate a scheduler configuration. @throws RangeError naming the offending limit. */
-export function validateSchedulerConfig(cfg: SchedulerConfig): void {
-  for (const k of ["maxNumSeqs", "maxNumBatchedTokens", "maxModelLen"] as const) {
-    const v = cfg[k];
-    if (!Number.isInteger(v) || v < 1) throw new RangeError(`${k} must be a positive integer, got ${v}`);
-  }
-  if (cfg.maxNumBatchedTokens < cfg.maxNumSeqs) {
-    throw new RangeError(
-      `max_num_batched_tokens (${cfg.maxNumBatchedTokens}) must be >= max_num_seqs (${cfg.maxNumSeqs}): ` +
-        "every decoding sequence needs one token of the step budget",
-    );
-  }
-}
-
-/** What a slot holds. */
-type SlotState =
-  /** No KV. */
-  | { kind: "empty" }
-  /** Owned by a live request. */
-  | { kind: "owned"; id: string }
-  /** Idle, holding the KV of `tokens` from a finished request (the prefix cache). */
-  | { kind: "cached"; tokens: number[]; releasedAt: number };
-
-/** The slot a sequence owns, or null while it waits. */
-function slotOf(s: Sequence): number | null {
-  return s.status.phase === "waiting" ? null : s.status.slot;
-}
-
-/** The slot of a live request by id, or null (unknown or waiting). */
-function slotOfId(live: ReadonlyMap<string, Sequence>, id: string): number | null {
-  const s = live.get(id);
-  return s ? slotOf(s) : null;
-}
-
-/** Tokens of a sequence whose KV is in its slot (0 while waiting). */
-function processedOf(s: Sequence): number {
-  return s.status.phase === "waiting" ? 0 : s.status.processed;
-}
-
-/** Length of the common prefix of two token arrays. */
-function commonPrefix(a: readonly number[], b: readonly number[]): number {
-  const n = Math.min(a.length, b.length);
-  let i = 0;
-  while (i < n && a[i] === b[i]) i++;
-  return i;
-}
-
-/**
- * Largest share of a step's token budget one prefilling sequence takes while another prefill waits behind it (the
- * last one in line takes whatever is left). A quarter: a 4,000-token prompt ahead of short ones costs them a few
- * steps, not its whole length; a burst of short prompts still completes four or more per step at the default budget.
- */
-export const PREFILL_CAP_SHARE = 0.25;
-/** ...but never below this many tokens (a small budget is not cut into slivers: the cap only matters for long prompts). */
-export const PREFILL_CAP_MIN = 64;
+export { PREFILL_CAP_MIN, PREFILL_CAP_SHARE } from "./scheduler/prefill-plan.js";
+export {
+  validateSchedulerConfig,
+  type AddRefusal,
+  type BatchItem,
+  type Finished,
+  type KvOp,
+  type NewSequence,
+  type Outcome,
+  type Sampled,
+  type SchedulerConfig,
+  type SequencePhase,
+  type SequenceStatus,
+  type StepPlan,
+} from "./scheduler/types.js";
 
 export class Scheduler {
   /** Requests not yet admitted, in arrival order (FCFS). */
-  private readonly waiting: Sequence[] = [];
+  private readonly queued: Sequence[] = [];
   /** Requests owning a slot, in admission order. */
   private readonly running: Sequence[] = [];
   /** What each slot holds. */
@@ -230,7 +60,7 @@ export class Scheduler {
   private clock = 0;
   /** Prefill tokens saved by prefix reuse since start. */
   prefixHitTokens = 0;
-  /** Every live request by id (waiting or running). */
+  /** Every live request by id (queued or running). */
   private readonly live = new Map<string, Sequence>();
 
   constructor(readonly config: SchedulerConfig) {
@@ -243,9 +73,9 @@ export class Scheduler {
     return this.slots.filter((s) => s.kind === "cached").length;
   }
 
-  /** Requests waiting for a slot. */
-  get waitingCount(): number {
-    return this.waiting.length;
+  /** Requests queued for a slot (the step message's `stats.waiting`). */
+  get queuedCount(): number {
+    return this.queued.length;
   }
 
   /** Requests owning a slot. */
@@ -267,7 +97,7 @@ export class Scheduler {
 
   /** True when a step would do work. */
   get hasWork(): boolean {
-    return this.waiting.length > 0 || this.running.length > 0;
+    return this.queued.length > 0 || this.running.length > 0;
   }
 
   /** Phase of a live request, or null if unknown. */
@@ -306,7 +136,7 @@ export class Scheduler {
     }
     const seq: Sequence = {
       id: req.id,
-      status: { phase: "waiting" },
+      status: { phase: "queued" },
       tokens: [...req.inputTokens],
       inputLength: req.inputTokens.length,
       promptLength: req.promptLength,
@@ -316,14 +146,15 @@ export class Scheduler {
       stopTokens: req.stopTokens ?? null,
       minTokens: req.minTokens ?? 0,
     };
-    this.waiting.push(seq);
+    this.queued.push(seq);
     this.live.set(req.id, seq);
     return null;
   }
 
   /**
-   * Abort requests. A waiting request is removed without touching any slot; a running one frees its slot at once.
-   * Unknown ids (already finished, or never seen) are ignored: aborts are idempotent (docs/design-rules.md, rule 5).
+   * Abort requests. A queued request is removed without touching any slot; a running one frees its slot at once.
+   * Unknown ids (already finished, or never seen) are ignored: aborts are idempotent (docs/design-rules.md, "late
+   * events").
    */
   abort(ids: Iterable<string>): Outcome {
     const out: Outcome = { finished: [], freedSlots: [] };
@@ -335,15 +166,15 @@ export class Scheduler {
     return out;
   }
 
-  /** Admit waiting requests to free slots, then plan one batch. */
+  /** Admit queued requests to free slots, then plan one batch. */
   schedule(): StepPlan {
     const plan: StepPlan = { kvOps: [], items: [], admitted: [], totalTokens: 0 };
     // 1. Admission, FCFS into free slots; each goes to the free slot whose cached KV shares its longest prefix.
-    while (this.waiting.length > 0 && this.slots.some((st) => st.kind !== "owned")) {
-      const s = this.waiting[0]!;
-      const choice = this.chooseSlot(s.tokens.slice(0, s.inputLength));
+    while (this.queued.length > 0 && this.slots.some((st) => st.kind !== "owned")) {
+      const s = this.queued[0]!;
+      const choice = chooseSlot(this.slots, s.tokens.slice(0, s.inputLength), this.config.partialTrim !== false);
       if (choice === null) break;
-      this.waiting.shift();
+      this.queued.shift();
       const prev = this.slots[choice.slot]!;
       if (prev.kind === "cached" && choice.keep < prev.tokens.length) plan.kvOps.push({ slot: choice.slot, keep: choice.keep });
       this.admit(s, choice.slot, choice.keep);
@@ -360,26 +191,9 @@ export class Scheduler {
       plan.items.push({ id: s.id, slot, pos: processed, tokens: [s.tokens[processed]!], wantsLogits: true, kind: "decode" });
       budget -= 1;
     }
-    // 3. Prefill chunks from what is left, first come first served: the earliest admitted prompt is finished first
-    //    (as vLLM v1 and llama-server do), so in a burst half the requests get their first token in half the steps
-    //    — an equal share for everyone made every prompt finish together, last. While another prefill waits behind
-    //    it, no sequence takes more than PREFILL_CAP_SHARE of the step budget, so a long prompt cannot hold the short
-    //    ones back for its whole length (they still get the rest of each step).
+    // 3. Prefill chunks from what is left (the chunk plan: scheduler/prefill-plan.ts).
     const prefilling = this.running.filter((s): s is Sequence & { status: { phase: "prefill" } } => s.status.phase === "prefill");
-    const cap = Math.max(PREFILL_CAP_MIN, Math.ceil(this.config.maxNumBatchedTokens * PREFILL_CAP_SHARE));
-    const take = prefilling.map(() => 0);
-    // 3a. In admission order, each up to the cap while someone waits behind it; 3b. what is left goes to the same
-    //     order again without the cap (a long prompt alone in line still gets the whole step).
-    for (let pass = 0; pass < 2; pass++) {
-      for (let k = 0; k < prefilling.length && budget > 0; k++) {
-        const s = prefilling[k]!;
-        const left = s.inputLength - s.status.processed - take[k]!;
-        const limit = pass === 0 && k < prefilling.length - 1 ? cap : Infinity;
-        const n = Math.min(budget, left, limit);
-        take[k]! += n;
-        budget -= n;
-      }
-    }
+    const take = planPrefill(prefilling.map((s) => s.inputLength - s.status.processed), budget, this.config.maxNumBatchedTokens);
     prefilling.forEach((s, k) => {
       const n = take[k]!;
       if (n === 0) return;
@@ -399,10 +213,9 @@ export class Scheduler {
   }
 
   /**
-   * Record a decoded step: advance each item's processed count and append the sampled tokens; finish requests on
-   * an end-of-generation token (unless ignoreEos) or a stop token once minTokens were generated (resumed tokens
-   * count), at maxNewTokens, or when the slot is full. Items whose request was aborted in the
-   * meantime are skipped (late events are ignored, never asserted on).
+   * Record a decoded step: advance each item's processed count and append the sampled tokens; finish the requests
+   * the stop decision ends (scheduler/stop.ts). Items whose request was aborted in the meantime are skipped (late
+   * events are ignored, never asserted on).
    */
   commit(plan: StepPlan, sampled: Sampled[], isEndOfGeneration: (token: number) => boolean): Outcome {
     const out: Outcome = { finished: [], freedSlots: [] };
@@ -413,15 +226,11 @@ export class Scheduler {
     }
     for (const { id, token, guideEnd } of sampled) {
       const s = this.live.get(id);
-      if (!s || s.status.phase === "waiting") continue;
+      if (!s || s.status.phase === "queued") continue;
       s.tokens.push(token);
       s.generated += 1;
-      const base = { id, promptTokens: s.inputLength, completionTokens: s.generated };
-      const mayStop = s.inputLength - s.promptLength + s.generated >= s.minTokens;
-      const stops = (guideEnd === true && isEndOfGeneration(token)) || (mayStop && ((!s.ignoreEos && isEndOfGeneration(token)) || s.stopTokens?.has(token) === true));
-      if (stops) this.release(s, { ...base, reason: "stop" }, out);
-      else if (s.maxNewTokens !== null && s.generated >= s.maxNewTokens) this.release(s, { ...base, reason: "length" }, out);
-      else if (s.tokens.length >= this.config.maxModelLen) this.release(s, { ...base, reason: "length" }, out);
+      const reason = stopReason(s, token, guideEnd === true, isEndOfGeneration, this.config.maxModelLen);
+      if (reason) this.release(s, { id, reason, promptTokens: s.inputLength, completionTokens: s.generated }, out);
     }
     return out;
   }
@@ -448,7 +257,7 @@ export class Scheduler {
    * Tests call it after every step; production logs violations.
    */
   checkInvariants(): string[] {
-    return this.findViolations().map((v) => v.message);
+    return findViolations(this.view()).map((v) => v.message);
   }
 
   /**
@@ -457,7 +266,7 @@ export class Scheduler {
    */
   repairInvariants(): Outcome {
     const out: Outcome = { finished: [], freedSlots: [] };
-    const violations = this.findViolations();
+    const violations = findViolations(this.view());
     if (violations.length === 0) return out;
     const ids = new Set(violations.flatMap((v) => v.ids));
     const slots = new Set(violations.flatMap((v) => v.slots));
@@ -469,7 +278,7 @@ export class Scheduler {
       this.live.delete(id);
       if (s) out.finished.push({ id, reason: "error", promptTokens: s.inputLength, completionTokens: s.generated, error });
     }
-    for (let i = this.waiting.length - 1; i >= 0; i--) if (ids.has(this.waiting[i]!.id)) this.waiting.splice(i, 1);
+    for (let i = this.queued.length - 1; i >= 0; i--) if (ids.has(this.queued[i]!.id)) this.queued.splice(i, 1);
     for (let i = this.running.length - 1; i >= 0; i--) if (ids.has(this.running[i]!.id)) this.running.splice(i, 1);
     for (const slot of slots) {
       const st = this.slots[slot];
@@ -480,65 +289,19 @@ export class Scheduler {
     return out;
   }
 
-  /** Every violated invariant, with the requests and slots it implicates. */
-  private findViolations(): { message: string; ids: string[]; slots: number[] }[] {
-    const v: { message: string; ids: string[]; slots: number[] }[] = [];
-    const seen = new Set<string>();
-    for (const s of this.waiting) {
-      if (seen.has(s.id)) v.push({ message: `${s.id} is queued twice`, ids: [s.id], slots: [] });
-      seen.add(s.id);
-      if (s.status.phase !== "waiting") v.push({ message: `waiting ${s.id} holds slot ${s.status.slot}`, ids: [s.id], slots: [s.status.slot] });
-    }
-    for (const s of this.running) {
-      if (seen.has(s.id)) v.push({ message: `${s.id} is both waiting and running, or running twice`, ids: [s.id], slots: [] });
-      seen.add(s.id);
-      const slot = slotOf(s);
-      const st = slot === null ? null : this.slots[slot];
-      if (!st || st.kind !== "owned" || st.id !== s.id) v.push({ message: `running ${s.id} does not own its slot`, ids: [s.id], slots: slot === null ? [] : [slot] });
-      if (processedOf(s) > s.tokens.length || s.tokens.length > this.config.maxModelLen) v.push({ message: `${s.id} exceeds its capacity`, ids: [s.id], slots: [] });
-    }
-    if (seen.size !== this.live.size) {
-      const orphans = [...this.live.keys()].filter((id) => !seen.has(id));
-      v.push({ message: `live map has ${this.live.size} entries, queues hold ${seen.size}`, ids: orphans, slots: [] });
-    }
-    this.slots.forEach((st, slot) => {
-      if (st.kind === "owned" && slotOfId(this.live, st.id) !== slot) v.push({ message: `slot ${slot} owned by non-live ${st.id}`, ids: [], slots: [slot] });
-      if (st.kind === "cached" && (!this.config.prefixCaching || st.tokens.length > this.config.maxModelLen)) v.push({ message: `slot ${slot} caches KV it should not`, ids: [], slots: [slot] });
-    });
-    return v;
+  /** The state the invariants are about (scheduler/invariants.ts). */
+  private view(): SchedulerView {
+    return { config: this.config, queued: this.queued, running: this.running, slots: this.slots, live: this.live };
   }
 
-  /**
-   * The free slot for an input, and how many of its cached tokens to keep. Prefers the longest reusable prefix;
-   * on a tie an empty slot (keeps the cache), then the least recently released cached slot. Null if none is free.
-   */
-  private chooseSlot(input: readonly number[]): { slot: number; keep: number } | null {
-    let best: { slot: number; keep: number; rank: number } | null = null;
-    this.slots.forEach((st, slot) => {
-      if (st.kind === "owned") return;
-      let keep = 0;
-      if (st.kind === "cached") {
-        const common = commonPrefix(st.tokens, input);
-        // At least one input token must be prefilled to get logits for the first new token.
-        const usable = Math.min(common, input.length - 1);
-        if (this.config.partialTrim === false) keep = common === st.tokens.length && st.tokens.length < input.length ? common : 0;
-        else keep = usable;
-      }
-      // rank: longer reuse first; then empty before cached; then older cached first.
-      const rank = keep * 1e9 + (st.kind === "empty" ? 5e8 : 5e8 - Math.min(st.releasedAt, 5e8 - 1));
-      if (!best || rank > best.rank) best = { slot, keep, rank };
-    });
-    return best === null ? null : { slot: (best as { slot: number }).slot, keep: (best as { keep: number }).keep };
-  }
-
-  /** Transition waiting → prefill: `s` owns `slot`, whose first `keep` tokens already hold its input's KV. */
+  /** Transition queued → prefill (decode when all is cached): `s` owns `slot`, whose first `keep` tokens hold its KV. */
   private admit(s: Sequence, slot: number, keep: number): void {
     s.status = keep < s.inputLength ? { phase: "prefill", slot, processed: keep } : { phase: "decode", slot, processed: keep };
   }
 
   /** Transition prefill → prefill | decode, decode → decode: `processed` tokens are now in the slot's KV. */
   private advance(s: Sequence, processed: number): void {
-    if (s.status.phase === "waiting") return;
+    if (s.status.phase === "queued") return;
     const slot = s.status.slot;
     s.status = processed < s.inputLength ? { phase: "prefill", slot, processed } : { phase: "decode", slot, processed };
   }
@@ -546,9 +309,9 @@ export class Scheduler {
   /** Remove a live request from wherever it is and record its terminal event. */
   private release(s: Sequence, fin: Finished, out: Outcome): void {
     this.live.delete(s.id);
-    if (s.status.phase === "waiting") {
-      const i = this.waiting.indexOf(s);
-      if (i >= 0) this.waiting.splice(i, 1);
+    if (s.status.phase === "queued") {
+      const i = this.queued.indexOf(s);
+      if (i >= 0) this.queued.splice(i, 1);
     } else {
       const { slot, processed } = s.status;
       const i = this.running.indexOf(s);
@@ -560,7 +323,7 @@ export class Scheduler {
         this.slots[slot] = { kind: "empty" };
         out.freedSlots.push(slot);
       }
-      s.status = { phase: "waiting" }; // detached: no longer live, owns nothing
+      s.status = { phase: "queued" }; // detached: no longer live, owns nothing
     }
     out.finished.push(fin);
   }

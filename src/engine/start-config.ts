@@ -3,7 +3,7 @@
  * builds it; any engine receives the same JSON), parsed and mapped onto this engine's llama.cpp adapter.
  */
 import type { EngineConfig } from "../protocol/engine-config.js";
-import type { LlamaAdapterOptions } from "./llama-adapter.js";
+import type { LlamaAdapterOptions } from "./llama/adapter.js";
 
 /**
  * The engine-neutral start configuration (protocol/engine-config.ts) mapped onto this engine's adapter: sequences =

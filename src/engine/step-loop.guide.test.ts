@@ -6,8 +6,8 @@
 import { describe, expect, it } from "vitest";
 import type { EngineMessage, GuideSpec, RequestErrorMessage, RequestOutput, SamplingParams } from "../protocol/messages.js";
 import { PROTOCOL_VERSION } from "../protocol/messages.js";
-import type { CompiledGrammar, DecodeItem, GrammarState, SamplerConfig, SamplerHandle } from "./llama-adapter.js";
-import { StepLoop, type ModelBackend } from "./step-loop.js";
+import type { CompiledGrammar, DecodeItem, GrammarState, SamplerConfig, SamplerHandle, ModelBackend } from "./backend.js";
+import { StepLoop } from "./step-loop.js";
 
 const EOG = 300;
 const SPECIAL = 301;

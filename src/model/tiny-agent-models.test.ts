@@ -3,7 +3,7 @@ import {tmpdir} from "node:os";
 import path from "node:path";
 import {Template} from "@huggingface/jinja";
 import {afterAll, describe, expect, it} from "vitest";
-import {LlamaAdapter} from "../engine/llama-adapter.js";
+import {LlamaAdapter} from "../engine/llama/adapter.js";
 import {AGENT_TAGS} from "./agent-templates.js";
 import {ensureDefaultModel, ensureTinyModel, isDefaultModelPath, isTinyModelName, TINY_MODELS} from "./default-model.js";
 import {readGgufHeader} from "./gguf-reader.js";

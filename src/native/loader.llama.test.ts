@@ -9,7 +9,7 @@ import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { ensureDefaultModel } from "../model/default-model.js";
-import { LlamaAdapter } from "../engine/llama-adapter.js";
+import { LlamaAdapter } from "../engine/llama/adapter.js";
 import { createHash } from "node:crypto";
 import { buildNativeAddon, defaultCacheRoot, getLlamaBinDir, nativeBuildDir } from "./build.js";
 import { loadWithKeelAddon, nativeSamplingSwitch } from "./loader.js";

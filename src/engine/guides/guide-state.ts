@@ -13,8 +13,8 @@
  * All native grammar work goes through {@link GuideGrammar} (the llama.cpp adapter, or a fake in unit tests), which
  * guards the process-fatal hazards (an EOG or a rejected token is never fed to llama.cpp).
  */
-import type { GuidePhase, GuideSpec, GuideTrigger } from "../protocol/messages.js";
-import type { CompiledGrammar, GrammarState } from "./llama-adapter.js";
+import type { GuidePhase, GuideSpec, GuideTrigger } from "../../protocol/messages.js";
+import type { CompiledGrammar, GrammarState } from "../backend.js";
 
 /** What the guide needs from the backend's grammar support. */
 export interface GuideGrammar {

@@ -4,13 +4,14 @@
  * workaround for the cross-sequence token race (docs/upstream.md) makes one of these fail.
  */
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { ensureDefaultModel } from "../model/default-model.js";
+import { ensureDefaultModel } from "../../model/default-model.js";
 import { spawnSync } from "node:child_process";
 import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import path from "node:path";
 import { fileURLToPath, pathToFileURL } from "node:url";
-import { GrammarMaskedError, LlamaAdapter, slotOrder, type GrammarState, type SamplerConfig, type SamplerHandle } from "./llama-adapter.js";
+import { GrammarMaskedError, type GrammarState, type SamplerConfig, type SamplerHandle } from "../backend.js";
+import { LlamaAdapter, slotOrder } from "./adapter.js";
 
 const SEQS = 4;
 let adapter: LlamaAdapter;
@@ -192,7 +193,7 @@ describe("llama.cpp adapter contract (node-llama-cpp 3.21.1 internals)", () => {
  */
 function inChild(body: string): { status: number | null; signal: NodeJS.Signals | null; out: string } {
   // A script file, not \`node -e\`: node-llama-cpp's binary self-test re-spawns process.execArgv.
-  const pkg = pathToFileURL(path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../../node_modules/node-llama-cpp/dist/index.js")).href;
+  const pkg = pathToFileURL(path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../../../node_modules/node-llama-cpp/dist/index.js")).href;
   const script = `
     const { getLlama } = await import(${JSON.stringify(pkg)});
     const llama = await getLlama({ gpu: false, build: "never" });

@@ -4,9 +4,9 @@
  * llama-adapter.contract.test.ts; the wire behaviour in test/conformance.
  */
 import { describe, expect, it } from "vitest";
-import type { GuideSpec } from "../protocol/messages.js";
+import type { GuideSpec } from "../../protocol/messages.js";
 import { GuideState, matchTrigger, type GuideGrammar } from "./guide-state.js";
-import type { CompiledGrammar, GrammarState } from "./llama-adapter.js";
+import type { CompiledGrammar, GrammarState } from "../backend.js";
 
 const EOG = 0;
 /** Token id → text. Ids ≥ 32 below 127 are single ASCII characters; a few multi-character tokens. */

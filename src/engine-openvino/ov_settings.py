@@ -1,0 +1,66 @@
+"""OpenVINO settings from the EngineConfig: device, KV block size, prefix caching, compile properties."""
+from __future__ import annotations
+
+from typing import Optional
+
+from model_meta import is_hybrid
+
+
+def prefix_caching_for(cfg: dict, load_path: str) -> tuple[bool, Optional[str]]:
+    """Prefix caching as asked, except for hybrid models (then off, and why)."""
+    asked = bool(cfg.get("prefixCaching"))
+    if asked and is_hybrid(load_path):
+        return False, ("prefix caching is off for this hybrid (linear-attention) model: OpenVINO GenAI can assert when it "
+                       "partially preempts recurrent state with prefix caching on (the seed's crash, root-cause.md); "
+                       "with it off a preempted sequence is recomputed whole")
+    return asked, None
+
+#: KV block size of OpenVINO's paged cache (tokens): 32 on CPU, 16 on GPU (research §1).
+def block_size(device: str) -> int:
+    return 16 if device == "GPU" else 32
+
+
+def ov_device(cfg: dict) -> str:
+    return {"cpu": "CPU", "gpu": "GPU", "auto": "AUTO"}[cfg.get("device", "cpu")]
+
+
+def resolve_device(cfg: dict) -> str:
+    """CPU or GPU: AUTO takes an Intel GPU when OpenVINO sees one, else the CPU (said in `ready.backend`)."""
+    device = ov_device(cfg)
+    if device != "AUTO":
+        return device
+    import openvino as ov
+
+    return "GPU" if any(d.startswith("GPU") for d in ov.Core().available_devices) else "CPU"
+
+
+def compile_properties(cfg: dict, device: str = "CPU") -> tuple[dict, list[str]]:
+    """Properties for compile_model and the notes to log about them.
+
+    On CPU the engine is exact by default: f32 inference and KV, no dynamic quantisation (bf16 and dynamic
+    quantisation make a sequence's logits depend on its batch neighbours, research §7, so a resumed stream or a
+    bystander next to a preemption would drift). `--kv_cache_precision u8` keeps a u8 KV, and a `--plugin_config` that
+    sets any of the three keys takes over all three (OpenVINO then picks the others: bf16 inference needs a matching
+    KV type) — both trade exactness for speed or memory, with a note saying so.
+    """
+    notes: list[str] = []
+    props: dict = {"INFERENCE_NUM_THREADS": int(cfg["threads"]), "sampler_num_threads": max(1, int(cfg["threads"]))}
+    kv = {"f16": "f16", "f32": "f32", "q8_0": "u8", "q4_0": "u4"}[cfg.get("kvCacheType", "f16")]
+    plugin = cfg.get("pluginConfig") or {}
+    exact_keys = ("INFERENCE_PRECISION_HINT", "KV_CACHE_PRECISION", "DYNAMIC_QUANTIZATION_GROUP_SIZE")
+    overridden = [k for k in exact_keys if k in plugin]
+    if device == "CPU" and not overridden:
+        props.update({"INFERENCE_PRECISION_HINT": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": "0"})
+        props["KV_CACHE_PRECISION"] = "u8" if kv == "u8" else "f32"
+        if kv == "u8":
+            notes.append("--kv_cache_precision u8: a u8 KV cache makes batched and resumed streams differ slightly from an uninterrupted solo run")
+    elif not overridden:
+        props["KV_CACHE_PRECISION"] = kv
+    props.update(plugin)
+    if overridden:
+        notes.append(f"--plugin_config sets {', '.join(overridden)}: OpenVINO's own defaults apply to the rest of {', '.join(exact_keys)}; resumed and batched streams may then differ from an uninterrupted solo run")
+    return props, notes
+
+
+def kv_element_bytes(props: dict) -> float:
+    return {"f32": 4, "f16": 2, "bf16": 2, "u8": 1, "u4": 0.5}.get(str(props.get("KV_CACHE_PRECISION", "f16")).lower(), 2)

@@ -1,0 +1,49 @@
+"""One request the gateway added, as the OpenVINO worker keeps it until its finish is emitted."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Optional
+
+from detokenize import ByteDetokenizer, Detokenizer
+
+#: Where a request is; the same words as the gateway's lifecycle and the llama.cpp scheduler.
+Phase = Literal["queued", "prefill", "decode"]
+
+
+@dataclass
+class Request:
+    """One request the gateway added; it lives here until its finish is emitted."""
+
+    #: Gateway id.
+    id: str
+    #: Prompt token ids (as tokenized here; without resumed tokens).
+    prompt: list[int]
+    #: Tokens generated on earlier engines (resume); prefilled after the prompt.
+    resumed: list[int]
+    params: dict
+    #: When the add arrived (monotonic seconds), for queueMs.
+    arrived: float
+    #: The gateway's phase names (src/gateway/requests/lifecycle.ts): `queued` (in our queue, not yet in OpenVINO),
+    #: `prefill` (added to OpenVINO, `handle` set, no token sampled since it was (re)scheduled) or `decode` (sampling;
+    #: a decode that then yields nothing was preempted, and is back in prefill).
+    phase: Phase = "queued"
+    #: OpenVINO's GenerationHandle; kept alive while running (dropping the last reference stops the request).
+    handle: Any = None
+    #: Tokens this engine generated.
+    produced: list[int] = field(default_factory=list)
+    #: Streaming text state.
+    detok: Optional[ByteDetokenizer | Detokenizer] = None
+    #: The last finish reason OpenVINO reported (NONE until the end).
+    last_reason: str = "NONE"
+    #: Prefill tokens not yet computed (estimate, for batchTokens).
+    prefill_left: int = 0
+    #: OpenVINO's GenerationConfig, built and validated at add.
+    gen_config: Any = None
+    #: Tokens this engine may generate for the request (max_tokens less resumed ones, or up to the capacity).
+    max_new: int = 0
+    #: Times OpenVINO dropped the request (IGNORED) and the loop re-added it with what it had generated.
+    requeues: int = 0
+
+    @property
+    def input_len(self) -> int:
+        return len(self.prompt) + len(self.resumed)

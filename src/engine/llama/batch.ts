@@ -1,0 +1,52 @@
+/**
+ * One llama.cpp batch per step: the step's items added in slot order, decoded on this thread (Keel's addon, decode
+ * steps) or on a libuv worker (prefill chunks, or node-llama-cpp's own addon), never overlapping another native call.
+ */
+import type { DecodeItem } from "../backend.js";
+import type { Internals, NativeCallGuard } from "./internals.js";
+
+/**
+ * The order to add a batch's items to llama.cpp's batch: by slot (sequence id), stable. With one KV stream per
+ * sequence, llama.cpp splits a batch into micro-batches of consecutive increasing sequence ids only
+ * (`split_equal(..., sequential = true)`), one graph run each: a batch in admission order — slots permuted by reuse —
+ * ran as many micro-batches as it had descents, doubling the step time at 64 streams on the H200.
+ */
+export function slotOrder(items: readonly { slot: number }[]): number[] {
+  return items.map((_, i) => i).sort((a, b) => items[a]!.slot - items[b]!.slot || a - b);
+}
+
+/** What llama.cpp needs of a batch item (the port's DecodeItem without the request id). */
+export type LlamaBatchItem = Omit<DecodeItem, "id">;
+
+/**
+ * Decode one batch. Returns, per item, the batch logit index of its last token (or -1 without logits).
+ * @throws Error when llama.cpp refuses the batch (the batch is rolled back; the context stays usable).
+ */
+export async function decodeBatch(native: Internals, guard: NativeCallGuard, batchSize: number, items: readonly LlamaBatchItem[]): Promise<number[]> {
+  guard.assertIdle("decode()");
+  const total = items.reduce((a, it) => a + it.tokens.length, 0);
+  if (total === 0) return [];
+  if (total > batchSize) throw new RangeError(`batch of ${total} tokens exceeds batchSize ${batchSize}`);
+  guard.decoding = true;
+  const disposal = native.disposeGuard.createPreventDisposalHandle();
+  try {
+    native.ctx.initBatch(total);
+    // Added in slot order (docs/upstream.md, "ubatch split by sequence id"); each item keeps its own logit index.
+    const logitIdx = new Array<number>(items.length).fill(-1);
+    for (const i of slotOrder(items)) {
+      const it = items[i]!;
+      const idx = it.wantsLogits ? Uint32Array.of(it.tokens.length - 1) : new Uint32Array(0);
+      const r = native.ctx.addToBatch(it.slot, it.pos, Uint32Array.from(it.tokens), idx);
+      if (it.wantsLogits) logitIdx[i] = r[0] ?? -1;
+    }
+    // A decode step (one token per sequence) runs on this thread with Keel's addon: the worker hop and the
+    // event-loop wake-up of decodeBatch cost as much as a small model's decode. Prefill chunks stay on a worker
+    // (long; the engine keeps answering pings). Either way no other native call overlaps (guard.decoding).
+    if (native.decodeSync && items.every((it) => it.tokens.length === 1)) native.decodeSync(native.ctx);
+    else await native.ctx.decodeBatch();
+    return logitIdx;
+  } finally {
+    disposal.dispose();
+    guard.decoding = false;
+  }
+}
