@@ -12,7 +12,8 @@ import type { Same } from "./same.js";
 
 const count = z.number().int().min(0);
 const positive = z.number().int().min(1);
-const micros = z.number().min(0);
+/** A duration or another non-negative measure (not necessarily whole). */
+const nonNegative = z.number().min(0);
 
 /**
  * An error code: validated as a non-empty string although the type is the closed catalogue, because the gateway
@@ -50,7 +51,7 @@ const readyMessage = z.object({
   engine: z.string(),
   capabilities,
   backend: z.object({ gpu: z.union([z.string(), z.literal(false)]), devices: z.array(z.string()), addon: z.enum(["keel", "node-llama-cpp"]).optional() }).optional(),
-  loadMs: micros.optional(),
+  loadMs: nonNegative.optional(),
 });
 const loadingMessage = z.object({ v: z.number(), type: z.literal("loading"), progress: z.number().min(0).max(1) });
 const pongMessage = z.object({ v: z.number(), type: z.literal("pong"), nonce: z.number(), step: count });
@@ -58,7 +59,7 @@ const pongMessage = z.object({ v: z.number(), type: z.literal("pong"), nonce: z.
 const tokenLogprob = z.object({ token: tokenId, logprob: z.number(), bytes: z.array(z.number().int().min(0).max(255)).optional() });
 const requestOutput = z.object({
   id: z.string(),
-  admitted: z.object({ promptTokens: tokenIds, cachedTokens: count, queueMs: micros.optional() }).optional(),
+  admitted: z.object({ promptTokens: tokenIds, cachedTokens: count, queueMs: nonNegative.optional() }).optional(),
   tokens: tokenIds,
   logprobs: z.array(tokenLogprob.extend({ top: z.array(tokenLogprob) })).optional(),
   text: z.string(),
@@ -87,7 +88,7 @@ const stepMessage = z.object({
     prefixCacheHitTokens: count,
     kvTokensInUse: count.optional(),
     preemptions: count.optional(),
-    phaseUs: z.object({ decode: micros, sample: micros, step: micros }).optional(),
+    phaseUs: z.object({ decode: nonNegative, sample: nonNegative, step: nonNegative }).optional(),
   }),
 });
 const requestErrorMessage = z.object({ v: z.number(), type: z.literal("request_error"), id: z.string(), code: errorCode, message: z.string() });
