@@ -84,3 +84,24 @@ describe("the Python worker's validation classifies like the TypeScript one", ()
     expect(verdicts).toEqual(new Set(["ok", "protocol_error", "refuse"]));
   });
 });
+
+describe("the Python worker's reading of the schema", () => {
+  it("refuses a keyword, a type or a named check it does not implement (the worker would not start)", () => {
+    const driver = [
+      "import messages",
+      "for bad in ({'type': 'string', 'format': 'email'}, {'type': 'date'}, {'type': 'object', 'x-keel-checks': ['noSuchCheck']}, {'propertyNames': {'pattern': 'a'}}):",
+      "    try:",
+      "        messages._audit(bad)",
+      "        print('accepted')",
+      "    except RuntimeError as err:",
+      "        print('refused', str(err).split(': ', 1)[1])",
+    ].join("\n");
+    const r = spawnSync("python3", ["-c", driver], { cwd: WORKER_DIR, encoding: "utf8" });
+    expect(r.stdout.trimEnd().split("\n")).toEqual([
+      "refused keyword format is not supported by messages.py",
+      "refused type date is not supported by messages.py",
+      "refused check noSuchCheck is not implemented in messages.py",
+      "refused propertyNames other than {type: string} is not supported",
+    ]);
+  });
+});
