@@ -147,8 +147,14 @@ def _discriminator(branches: list) -> Optional[Tuple[str, list]]:
     return None
 
 
+#: Each union's discriminator, found once (keyed by the identity of its branch list, which the schema keeps alive).
+_TAGS: dict[int, Optional[Tuple[str, list]]] = {}
+
+
 def _union(branches: list, exactly_one: bool, v: Any) -> Optional[Failure]:
-    tag = _discriminator(branches)
+    if id(branches) not in _TAGS:
+        _TAGS[id(branches)] = _discriminator(branches)
+    tag = _TAGS[id(branches)]
     if tag:
         key, values = tag
         at = v.get(key, _NONE) if isinstance(v, dict) else _NONE
@@ -169,8 +175,9 @@ def validate(s: dict, v: Any) -> Optional[Failure]:
     """Check `v` against schema node `s`: None when valid, else (path, message) of the first failure."""
     # 1. Type first: every other keyword assumes it.
     if "type" in s:
-        types = [s["type"]] if isinstance(s["type"], str) else s["type"]
-        if not any(_TYPES[t](v) for t in types):
+        t = s["type"]
+        if not (_TYPES[t](v) if isinstance(t, str) else any(_TYPES[x](v) for x in t)):
+            types = [t] if isinstance(t, str) else t
             return _issue([], "must be " + " or ".join(t if t == "null" else ("an " if t[0] in "aio" else "a ") + t for t in types))
     if "const" in s and not _same(v, s["const"]):
         return _issue([], f"must be {json.dumps(s['const'])}")
@@ -178,10 +185,14 @@ def validate(s: dict, v: Any) -> Optional[Failure]:
         return _issue([], "must be one of " + ", ".join(json.dumps(e) for e in s["enum"]))
     # 2. Numbers and strings.
     if _is_number(v):
-        for key, ok, op in (("minimum", lambda b: v >= b, ">="), ("maximum", lambda b: v <= b, "<="),
-                            ("exclusiveMinimum", lambda b: v > b, ">"), ("exclusiveMaximum", lambda b: v < b, "<")):
-            if key in s and not ok(s[key]):
-                return _issue([], f"must be {op} {s[key]}")
+        if "minimum" in s and not v >= s["minimum"]:
+            return _issue([], f"must be >= {s['minimum']}")
+        if "maximum" in s and not v <= s["maximum"]:
+            return _issue([], f"must be <= {s['maximum']}")
+        if "exclusiveMinimum" in s and not v > s["exclusiveMinimum"]:
+            return _issue([], f"must be > {s['exclusiveMinimum']}")
+        if "exclusiveMaximum" in s and not v < s["exclusiveMaximum"]:
+            return _issue([], f"must be < {s['exclusiveMaximum']}")
     if isinstance(v, str):
         if "minLength" in s and len(v) < s["minLength"]:
             return _issue([], f"must have at least {s['minLength']} characters")
@@ -229,16 +240,20 @@ def validate(s: dict, v: Any) -> Optional[Failure]:
                     if f:
                         return ([k] + f[0], f[1])
     # 5. Unions.
-    for key in ("anyOf", "oneOf"):
-        if key in s:
-            f = _union(s[key], key == "oneOf", v)
-            if f:
-                return f
-    # 6. Named cross-field checks, once the shape is valid.
-    for name in s.get(_CHECKS_KEYWORD) or []:
-        f = _CHECKS[name](v)
+    if "anyOf" in s:
+        f = _union(s["anyOf"], False, v)
         if f:
             return f
+    if "oneOf" in s:
+        f = _union(s["oneOf"], True, v)
+        if f:
+            return f
+    # 6. Named cross-field checks, once the shape is valid.
+    if _CHECKS_KEYWORD in s:
+        for name in s[_CHECKS_KEYWORD]:
+            f = _CHECKS[name](v)
+            if f:
+                return f
     return None
 
 
