@@ -1,164 +1,314 @@
-"""Validation of gateway → engine messages: the same rules as src/protocol/validate.ts (docs/protocol.md §3).
+"""Validation of gateway → engine messages against the protocol's JSON Schema (docs/protocol.md §3).
+
+The rules are not written here: they are read from src/protocol/protocol.schema.json, generated from the zod
+schemas the llama.cpp engine validates with (src/protocol/gateway-schema.ts), and interpreted by the small validator
+below, which implements exactly the keywords that generator emits (src/protocol/json-schema.ts SCHEMA_KEYWORDS) with
+the semantics of zod and of the gateway's compiled validator (src/protocol/schema-validator.ts): string lengths count
+code points, "integer" is a JSON number without a fraction, a union is dispatched on its discriminating constant,
+and the named cross-field checks (`x-keel-checks`, src/protocol/checks.ts) run once an object's shape is valid. A
+schema with a keyword or a check this module does not know fails the import: the worker refuses to start rather than
+skip a rule. src/protocol/schema-parity.test.ts checks that this module and the TypeScript validation classify every
+message alike.
 
 `parse_message` returns ("ok", message), ("protocol_error", why) for something that is not a message, or
 ("refuse", id, why) for a sound `add` whose sampling parameters are unusable (answered with invalid_params).
 """
 from __future__ import annotations
 
+import json
+import math
+import os
 import re
-from typing import Any
+from typing import Any, Callable, Optional, Tuple
 
-PROTOCOL_VERSION = 1
+#: The generated schema (checked in beside the zod schemas it comes from).
+SCHEMA_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "protocol", "protocol.schema.json")
 
-_INT32_MAX = 0x7FFFFFFF
-_RULE_NAME = re.compile(r"^[A-Za-z0-9-]+$")
-_SAMPLING_KEYS = {
-    "maxTokens", "temperature", "topP", "topK", "seed", "ignoreEos", "presencePenalty", "frequencyPenalty",
-    "repetitionPenalty", "minP", "logitBias", "minTokens", "stopTokenIds", "logprobs", "guide",
+with open(SCHEMA_PATH, encoding="utf-8") as _f:
+    SCHEMA: dict = json.load(_f)
+
+PROTOCOL_VERSION: int = SCHEMA["protocolVersion"]
+_CONSTANTS: dict = SCHEMA["checkConstants"]
+_CHECKS_KEYWORD = "x-keel-checks"
+#: The keywords the generator emits (json-schema.ts SCHEMA_KEYWORDS); anything else is refused at import.
+_KEYWORDS = {
+    "type", "const", "enum", "properties", "required", "additionalProperties", "propertyNames", "items", "prefixItems",
+    "minItems", "maxItems", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "minLength", "maxLength",
+    "pattern", "anyOf", "oneOf", _CHECKS_KEYWORD, "$schema", "description",
+}
+
+#: A failure: (path from the validated value, message).
+Failure = Tuple[list, str]
+
+
+def _issue(path: list, message: str) -> Failure:
+    return (path, message)
+
+
+# The named cross-field checks (src/protocol/checks.ts CHECKS): each returns a failure or None.
+def _grammar_size(g: dict) -> Optional[Failure]:
+    limit = _CONSTANTS["maxGuideGrammarBytes"]
+    return None if len(g["grammar"].encode("utf-8", "surrogatepass")) <= limit else _issue(["grammar"], f"must be at most {limit} bytes")
+
+
+def _reserved_rule_undefined(g: dict) -> Optional[Failure]:
+    rule = _CONSTANTS["reservedRule"]
+    return _issue(["grammar"], f"defines the reserved rule {rule}") if re.search(rf"^\s*{re.escape(rule)}\s*::=", g["grammar"], re.M) else None
+
+
+def _reasoning_has_markers(g: dict) -> Optional[Failure]:
+    after = (g.get("reasoning") or {}).get("after") or {}
+    uses = g["start"]["kind"] == "reasoning" or after.get("kind") == "reasoning"
+    return _issue(["reasoning"], "a reasoning phase needs reasoning.open/close") if uses and "reasoning" not in g else None
+
+
+def _reasoning_ends(g: dict) -> Optional[Failure]:
+    return _issue(["reasoning", "after"], "must not be reasoning again") if "reasoning" in g and g["reasoning"]["after"]["kind"] == "reasoning" else None
+
+
+def _min_tokens_within_max(p: dict) -> Optional[Failure]:
+    mt, mn = p["maxTokens"], p.get("minTokens")
+    return _issue(["minTokens"], f"minTokens ({mn}) must not exceed maxTokens ({mt})") if mn is not None and mt is not None and mn > mt else None
+
+
+def _logit_bias_unique(p: dict) -> Optional[Failure]:
+    seen: set = set()
+    for token, _bias in p.get("logitBias") or []:
+        if token in seen:
+            return _issue(["logitBias"], f"token {token} is biased twice")
+        seen.add(token)
+    return None
+
+
+_CHECKS: dict[str, Callable[[Any], Optional[Failure]]] = {
+    "grammarSize": _grammar_size,
+    "reservedRuleUndefined": _reserved_rule_undefined,
+    "reasoningHasMarkers": _reasoning_has_markers,
+    "reasoningEnds": _reasoning_ends,
+    "minTokensWithinMax": _min_tokens_within_max,
+    "logitBiasUnique": _logit_bias_unique,
 }
 
 
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def _is_num(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
+_TYPES: dict[str, Callable[[Any], bool]] = {
+    "object": lambda v: isinstance(v, dict),
+    "array": lambda v: isinstance(v, list),
+    "string": lambda v: isinstance(v, str),
+    "number": _is_number,
+    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "boolean": lambda v: isinstance(v, bool),
+    "null": lambda v: v is None,
+}
 
 
-def _token_ids(v: Any, min_len: int = 0) -> bool:
-    return isinstance(v, list) and len(v) >= min_len and all(_is_int(t) and 0 <= t <= _INT32_MAX for t in v)
+def _same(a: Any, b: Any) -> bool:
+    """JavaScript's `===` on JSON values: True is not 1."""
+    return isinstance(a, bool) == isinstance(b, bool) and isinstance(a, str) == isinstance(b, str) and a == b
 
 
-def _phase_error(p: Any) -> str | None:
-    if not isinstance(p, dict) or p.get("kind") not in ("free", "reasoning", "rule"):
-        return "must be a phase {kind: free|reasoning|rule}"
-    if p["kind"] == "rule":
-        if set(p) != {"kind", "rule", "then"}:
-            return "a rule phase has exactly kind, rule and then"
-        if not isinstance(p["rule"], str) or not _RULE_NAME.match(p["rule"]):
-            return "rule must be a GBNF rule name (letters, digits, '-')"
-        if p["then"] not in ("free", "end"):
-            return "then must be free or end"
-    elif set(p) != {"kind"}:
-        return "has unknown keys"
+_PATTERNS: dict[str, re.Pattern] = {}
+
+
+def _pattern(source: str) -> re.Pattern:
+    """An ECMAScript pattern as Python reads it: `$` ends the string (Python's also matches before a final newline)."""
+    if source not in _PATTERNS:
+        _PATTERNS[source] = re.compile(re.sub(r"(?<!\\)\$", r"\\Z", source))
+    return _PATTERNS[source]
+
+
+def _const_at(s: dict, key: str) -> Any:
+    """The constant a branch requires at `key` (through nested unions that agree), or a sentinel when none."""
+    prop = (s.get("properties") or {}).get(key)
+    if prop is not None and "const" in prop and key in (s.get("required") or []):
+        return prop["const"]
+    branches = s.get("anyOf") or s.get("oneOf")
+    if not branches:
+        return _NONE
+    values = [_const_at(b, key) for b in branches]
+    return values[0] if all(v is not _NONE and _same(v, values[0]) for v in values) else _NONE
+
+
+_NONE = object()
+
+
+def _keys_of(s: dict) -> list:
+    return list(s.get("properties") or {}) + [k for b in (s.get("anyOf") or s.get("oneOf") or []) for k in _keys_of(b)]
+
+
+def _discriminator(branches: list) -> Optional[Tuple[str, list]]:
+    for key in dict.fromkeys(k for b in branches for k in _keys_of(b)):
+        values = [_const_at(b, key) for b in branches]
+        if all(v is not _NONE for v in values) and len({json.dumps(v) for v in values}) == len(values):
+            return key, values
     return None
 
 
-def _guide_error(g: Any) -> str | None:
-    """Shape of params.guide (whether its grammar compiles is the engine's business)."""
-    if not isinstance(g, dict):
-        return "guide must be an object"
-    if not isinstance(g.get("grammar"), str) or g["grammar"] == "":
-        return "guide.grammar must be a non-empty string"
-    err = _phase_error(g.get("start"))
-    if err:
-        return f"guide.start {err}"
-    for t in g.get("triggers") or []:
-        if not isinstance(t, dict) or not isinstance(t.get("text"), str) or t["text"] == "":
-            return "guide.triggers[].text must be a non-empty string"
-        if not isinstance(t.get("rule"), str) or not _RULE_NAME.match(t["rule"]):
-            return "guide.triggers[].rule must be a GBNF rule name"
+#: Each union's discriminator, found once (keyed by the identity of its branch list, which the schema keeps alive).
+_TAGS: dict[int, Optional[Tuple[str, list]]] = {}
+
+
+def _union(branches: list, exactly_one: bool, v: Any) -> Optional[Failure]:
+    if id(branches) not in _TAGS:
+        _TAGS[id(branches)] = _discriminator(branches)
+    tag = _TAGS[id(branches)]
+    if tag:
+        key, values = tag
+        at = v.get(key, _NONE) if isinstance(v, dict) else _NONE
+        for branch, value in zip(branches, values):
+            if at is not _NONE and _same(at, value):
+                return validate(branch, v)
+        return _issue([key], "must be one of " + ", ".join(json.dumps(x) for x in values))
+    failures = [validate(b, v) for b in branches]
+    matched = sum(f is None for f in failures)
+    if matched > 1 and exactly_one:
+        return _issue([], "matches more than one alternative")
+    if matched == 0:
+        return _issue([], f"matches no alternative (first: {_describe(failures[0], [])})")
     return None
+
+
+def validate(s: dict, v: Any) -> Optional[Failure]:
+    """Check `v` against schema node `s`: None when valid, else (path, message) of the first failure."""
+    # 1. Type first: every other keyword assumes it.
+    if "type" in s:
+        t = s["type"]
+        if not (_TYPES[t](v) if isinstance(t, str) else any(_TYPES[x](v) for x in t)):
+            types = [t] if isinstance(t, str) else t
+            return _issue([], "must be " + " or ".join(t if t == "null" else ("an " if t[0] in "aio" else "a ") + t for t in types))
+    if "const" in s and not _same(v, s["const"]):
+        return _issue([], f"must be {json.dumps(s['const'])}")
+    if "enum" in s and not any(_same(v, e) for e in s["enum"]):
+        return _issue([], "must be one of " + ", ".join(json.dumps(e) for e in s["enum"]))
+    # 2. Numbers and strings.
+    if _is_number(v):
+        if "minimum" in s and not v >= s["minimum"]:
+            return _issue([], f"must be >= {s['minimum']}")
+        if "maximum" in s and not v <= s["maximum"]:
+            return _issue([], f"must be <= {s['maximum']}")
+        if "exclusiveMinimum" in s and not v > s["exclusiveMinimum"]:
+            return _issue([], f"must be > {s['exclusiveMinimum']}")
+        if "exclusiveMaximum" in s and not v < s["exclusiveMaximum"]:
+            return _issue([], f"must be < {s['exclusiveMaximum']}")
+    if isinstance(v, str):
+        if "minLength" in s and len(v) < s["minLength"]:
+            return _issue([], f"must have at least {s['minLength']} characters")
+        if "maxLength" in s and len(v) > s["maxLength"]:
+            return _issue([], f"must have at most {s['maxLength']} characters")
+        if "pattern" in s and not _pattern(s["pattern"]).search(v):
+            return _issue([], f"must match {s['pattern']}")
+    # 3. Arrays: positional items, then the rest.
+    if isinstance(v, list):
+        if "minItems" in s and len(v) < s["minItems"]:
+            return _issue([], f"must have at least {s['minItems']} items")
+        if "maxItems" in s and len(v) > s["maxItems"]:
+            return _issue([], f"must have at most {s['maxItems']} items")
+        prefix = s.get("prefixItems") or []
+        items = s.get("items")
+        for i, x in enumerate(v):
+            sub = prefix[i] if i < len(prefix) else items
+            if sub is False:
+                return _issue([], f"must have at most {len(prefix)} items")
+            if sub is not None:
+                f = validate(sub, x)
+                if f:
+                    return ([i] + f[0], f[1])
+    # 4. Objects: declared properties, then undeclared ones.
+    if isinstance(v, dict):
+        props = s.get("properties") or {}
+        for k, sub in props.items():
+            if k not in v:
+                if k in (s.get("required") or []):
+                    return _issue([k], "is required")
+                continue
+            f = validate(sub, v[k])
+            if f:
+                return ([k] + f[0], f[1])
+        for k in s.get("required") or []:
+            if k not in v:
+                return _issue([k], "is required")
+        extra = s.get("additionalProperties")
+        if extra is False or extra:
+            for k in v:
+                if k not in props:
+                    if extra is False:
+                        return _issue([k], "is not a known field")
+                    f = validate(extra, v[k])
+                    if f:
+                        return ([k] + f[0], f[1])
+    # 5. Unions.
+    if "anyOf" in s:
+        f = _union(s["anyOf"], False, v)
+        if f:
+            return f
+    if "oneOf" in s:
+        f = _union(s["oneOf"], True, v)
+        if f:
+            return f
+    # 6. Named cross-field checks, once the shape is valid.
+    if _CHECKS_KEYWORD in s:
+        for name in s[_CHECKS_KEYWORD]:
+            f = _CHECKS[name](v)
+            if f:
+                return f
+    return None
+
+
+def _audit(node: Any) -> None:
+    """Refuse a schema that uses a keyword, a type or a check this validator does not implement."""
+    if isinstance(node, list):
+        for x in node:
+            _audit(x)
+        return
+    if not isinstance(node, dict):
+        return
+    for k, x in node.items():
+        if k not in _KEYWORDS:
+            raise RuntimeError(f"{SCHEMA_PATH}: keyword {k} is not supported by messages.py")
+        if k == "properties":
+            for sub in x.values():
+                _audit(sub)
+        elif k == "type":
+            for t in [x] if isinstance(x, str) else x:
+                if t not in _TYPES:
+                    raise RuntimeError(f"{SCHEMA_PATH}: type {t} is not supported by messages.py")
+        elif k == _CHECKS_KEYWORD:
+            for name in x:
+                if name not in _CHECKS:
+                    raise RuntimeError(f"{SCHEMA_PATH}: check {name} is not implemented in messages.py")
+        elif k == "propertyNames" and x != {"type": "string"}:
+            raise RuntimeError(f"{SCHEMA_PATH}: propertyNames other than {{type: string}} is not supported")
+        elif k in ("items", "prefixItems", "additionalProperties", "anyOf", "oneOf"):
+            _audit(x)
+
+
+_GATEWAY = SCHEMA["$defs"]["gatewayMessage"]
+_PARAMS = SCHEMA["$defs"]["samplingParams"]
+_audit([_GATEWAY, _PARAMS])
+
+
+def _describe(f: Failure, root: list) -> str:
+    return " ".join(p for p in (".".join(str(x) for x in root + f[0]), f[1]) if p)
 
 
 def sampling_error(p: Any) -> str | None:
     """Range checks of every sampling parameter (vocabulary-dependent checks are the engine's)."""
-    if not isinstance(p, dict):
-        return "params must be an object"
-    unknown = set(p) - _SAMPLING_KEYS
-    if unknown:
-        return f"params has unknown key {sorted(unknown)[0]}"
-    mt = p.get("maxTokens", "missing")
-    if not (mt is None or (_is_int(mt) and mt >= 1)):
-        return "params.maxTokens must be an integer >= 1 or null"
-    t = p.get("temperature")
-    if not (_is_num(t) and 0 <= t <= 2):
-        return "params.temperature must be a number in [0, 2]"
-    tp = p.get("topP")
-    if not (_is_num(tp) and 0 < tp <= 1):
-        return "params.topP must be in (0, 1]"
-    tk = p.get("topK")
-    if not (_is_int(tk) and tk >= -1):
-        return "params.topK must be an integer >= -1"
-    seed = p.get("seed")
-    if not (_is_int(seed) and 0 <= seed <= 0xFFFFFFFF):
-        return "params.seed must be a uint32"
-    if not isinstance(p.get("ignoreEos"), bool):
-        return "params.ignoreEos must be a boolean"
-    for key in ("presencePenalty", "frequencyPenalty"):
-        if key in p and not (_is_num(p[key]) and -2 <= p[key] <= 2):
-            return f"params.{key} must be in [-2, 2]"
-    if "repetitionPenalty" in p and not (_is_num(p["repetitionPenalty"]) and 0 < p["repetitionPenalty"] <= 100):
-        return "params.repetitionPenalty must be in (0, 100]"
-    if "minP" in p and not (_is_num(p["minP"]) and 0 <= p["minP"] <= 1):
-        return "params.minP must be in [0, 1]"
-    if "minTokens" in p:
-        if not (_is_int(p["minTokens"]) and p["minTokens"] >= 0):
-            return "params.minTokens must be an integer >= 0"
-        if mt is not None and p["minTokens"] > mt:
-            return f"params.minTokens ({p['minTokens']}) must not exceed maxTokens ({mt})"
-    if "logitBias" in p:
-        lb = p["logitBias"]
-        if not isinstance(lb, list):
-            return "params.logitBias must be a list of [token, bias]"
-        seen: set[int] = set()
-        for pair in lb:
-            if not (isinstance(pair, list) and len(pair) == 2 and _is_int(pair[0]) and 0 <= pair[0] <= _INT32_MAX
-                    and _is_num(pair[1]) and -100 <= pair[1] <= 100):
-                return "params.logitBias entries must be [token id, bias in [-100, 100]]"
-            if pair[0] in seen:
-                return f"params.logitBias: token {pair[0]} is biased twice"
-            seen.add(pair[0])
-    if "stopTokenIds" in p and not _token_ids(p["stopTokenIds"]):
-        return "params.stopTokenIds must be token ids"
-    lp = p.get("logprobs")
-    if lp is not None and not (_is_int(lp) and lp >= 0):
-        return "params.logprobs must be an integer >= 0 or null"
-    if "guide" in p:
-        err = _guide_error(p["guide"])
-        if err:
-            return f"params.{err}"
-    return None
+    f = validate(_PARAMS, p)
+    return _describe(f, ["params"]) if f else None
 
 
 def parse_message(raw: dict) -> tuple:
     """Classify one decoded frame (see the module doc)."""
-    if raw.get("v") != PROTOCOL_VERSION:
-        return ("protocol_error", f"unsupported protocol version {raw.get('v')!r} (expected {PROTOCOL_VERSION})")
-    kind = raw.get("type")
-    if kind == "add":
-        rid = raw.get("id")
-        if not isinstance(rid, str) or not 1 <= len(rid) <= 256:
-            return ("protocol_error", "invalid add message: id must be a string of 1..256 characters")
-        prompt = raw.get("prompt")
-        if not isinstance(prompt, dict) or not (
-            isinstance(prompt.get("text"), str) or _token_ids(prompt.get("tokens"), 1)
-        ):
-            return ("protocol_error", "invalid add message: prompt must be {text} or {tokens}")
-        if "generated" in raw and not _token_ids(raw["generated"]):
-            return ("protocol_error", "invalid add message: generated must be token ids")
-        if not isinstance(raw.get("params"), dict):
-            return ("protocol_error", "invalid add message: params must be an object")
+    if not _same(raw.get("v"), PROTOCOL_VERSION):
+        return ("protocol_error", f"unsupported protocol version {json.dumps(raw.get('v'))} (expected {PROTOCOL_VERSION})")
+    f = validate(_GATEWAY, raw)
+    if f:
+        return ("protocol_error", f"invalid {raw.get('type')} message: {_describe(f, [])}")
+    if raw["type"] == "add":
         err = sampling_error(raw["params"])
         if err:
-            return ("refuse", rid, f"invalid sampling parameters: {err}")
-        return ("ok", raw)
-    if kind == "abort":
-        ids = raw.get("ids")
-        if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
-            return ("protocol_error", "invalid abort message: ids must be strings")
-        return ("ok", raw)
-    if kind == "ping":
-        if not _is_num(raw.get("nonce")):
-            return ("protocol_error", "invalid ping message: nonce must be a number")
-        return ("ok", raw)
-    if kind == "shutdown":
-        return ("ok", raw)
-    if kind == "tokenize":
-        rid = raw.get("id")
-        if not isinstance(rid, str) or not 1 <= len(rid) <= 256 or not isinstance(raw.get("text"), str) \
-                or not isinstance(raw.get("addSpecialTokens"), bool):
-            return ("protocol_error", "invalid tokenize message: id, text and addSpecialTokens are required")
-        return ("ok", raw)
-    return ("protocol_error", f"invalid {kind} message: unknown type")
+            return ("refuse", raw["id"], f"invalid sampling parameters: {err}")
+    return ("ok", raw)

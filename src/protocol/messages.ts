@@ -2,7 +2,10 @@
  * The engine protocol: the typed messages that the gateway and an engine process exchange.
  *
  * Language-neutral by design (docs/protocol.md is the normative description; a Python OpenVINO GenAI worker speaks
- * the same JSON). Every message is one JSON object with a protocol version `v` and a discriminant `type`.
+ * the same JSON). Every message is one JSON object with a protocol version `v` and a discriminant `type`. What a
+ * message may hold is defined once, by the zod schemas of gateway-schema.ts and engine-schema.ts (from which
+ * protocol.schema.json is generated); these declarations carry the documentation and are checked against those
+ * schemas at compile time, so the two cannot drift apart.
  * Token ids are integers in the engine's vocabulary; all counts are in tokens.
  */
 

@@ -13,6 +13,7 @@ import type { EngineConfig } from "../../src/protocol/engine-config.js";
 import { spawn, type ChildProcess } from "node:child_process";
 import type { Duplex } from "node:stream";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { parseEngineMessage } from "../../src/protocol/engine-validator.js";
 import { encodeFrame, FrameDecoder } from "../../src/protocol/framing.js";
 import {
   ENGINE_ERROR_CODES,
@@ -65,7 +66,10 @@ export class EngineProcess {
     this.channel.on("data", (chunk: Buffer) => {
       for (const frame of decoder.push(chunk)) {
         if ("error" in frame) throw new Error(`engine sent a bad frame: ${frame.error}`);
-        this.messages.push(frame.message as unknown as EngineMessage);
+        // Every frame must validate against the protocol's schema, as the gateway checks it (a failure is a fault).
+        const parsed = parseEngineMessage(frame.message);
+        if (!parsed.ok) throw new Error(`engine sent a message the protocol schema rejects: ${parsed.error}`);
+        this.messages.push(parsed.message);
       }
       for (const w of this.waiters.splice(0)) w();
     });

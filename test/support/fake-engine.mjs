@@ -2,6 +2,12 @@
 // pings, holds every `add` without stepping (so requests stay in flight), and exits 0 on `shutdown`. In mode
 // "validate" it prints the model check's result line and exits 0, so `keel serve` can start with it.
 // Its start configuration (last argument) is echoed in `ready.limits`.
+//
+// FAKE_ENGINE_MALFORMED=<kind> makes its first process (generation 1) answer the first `add` with one frame that
+// breaks the protocol, as a buggy engine would (later generations behave, so a resumed request stays in flight):
+//   step     a step frame whose output has no `text` and a negative token id (valid JSON, invalid message);
+//   version  a pong of protocol version 2;
+//   junk     a frame whose payload is not JSON.
 import net from "node:net";
 
 const config = JSON.parse(process.argv.at(-1));
@@ -19,6 +25,20 @@ const send = (msg) => {
   head.writeUInt32BE(body.length);
   channel.write(Buffer.concat([head, body]));
 };
+/** The protocol fault to commit on the first add, or null. */
+let malformed = config.generation === 1 ? (process.env.FAKE_ENGINE_MALFORMED ?? null) : null;
+/** Commit the configured fault in answer to `add`. */
+const breakProtocol = (add) => {
+  if (malformed === "step") send({ v: 1, type: "step", step: 1, batchTokens: 1, outputs: [{ id: add.id, tokens: [-1] }], stats: { waiting: 0, running: 1, activeSequences: 1, cachedSequences: 0, prefixCacheHitTokens: 0 } });
+  if (malformed === "version") send({ v: 2, type: "pong", nonce: 0, step: 0 });
+  if (malformed === "junk") {
+    const body = Buffer.from("{not json", "utf8");
+    const head = Buffer.alloc(4);
+    head.writeUInt32BE(body.length);
+    channel.write(Buffer.concat([head, body]));
+  }
+  malformed = null;
+};
 let buf = Buffer.alloc(0);
 channel.on("data", (chunk) => {
   buf = Buffer.concat([buf, chunk]);
@@ -28,6 +48,7 @@ channel.on("data", (chunk) => {
     buf = buf.subarray(4 + len);
     if (msg.type === "ping") send({ v: 1, type: "pong", nonce: msg.nonce, step: 0 });
     if (msg.type === "shutdown") process.exit(0);
+    if (msg.type === "add" && malformed) breakProtocol(msg);
   }
 });
 channel.on("close", () => process.exit(0));

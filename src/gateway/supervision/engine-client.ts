@@ -1,13 +1,18 @@
 /**
- * The gateway's side of the engine channel: spawns the engine process, frames messages on its fd 3, answers for
- * its health (ready + recent pong), and restarts it with bounded exponential backoff when it dies.
+ * The gateway's side of the engine channel: spawns the engine process, frames messages on its fd 3, checks every
+ * frame against the protocol's schema, answers for its health (ready + recent pong), and restarts it with bounded
+ * exponential backoff when it dies.
  *
- * It never interprets engine state; it forwards typed messages to a listener (the request registry).
+ * It never interprets engine state; it forwards typed messages to a listener (the request registry). A frame that
+ * does not decode or does not validate is an engine fault, not a gateway crash (design rule "contained errors"): the
+ * client logs it, counts it and kills that engine (SIGKILL), whose exit then takes the path of any other engine death
+ * (restart, resume), with the fault named in the exit it reports.
  */
 import { spawn, type ChildProcess } from "node:child_process";
 import { fileURLToPath } from "node:url";
 import type { Duplex } from "node:stream";
 import { encodeFrame, FrameDecoder } from "../../protocol/framing.js";
+import { parseEngineMessage } from "../../protocol/engine-validator.js";
 import { PROTOCOL_VERSION, type EngineMessage, type GatewayMessage, type ReadyMessage } from "../../protocol/messages.js";
 import type { EngineCommand, EngineConfig } from "../../protocol/engine-config.js";
 
@@ -26,12 +31,30 @@ export function spawnEngine(command: EngineCommand, config: EngineConfig, stdio:
   });
 }
 
+/**
+ * Why the client itself killed an engine process: it broke the protocol — a frame that did not decode (framing.ts)
+ * or did not validate (engine-validator.ts). A protocol bug is the engine's, never a request's.
+ */
+export interface EngineFault {
+  kind: "protocol";
+  /** What was wrong with the frame, e.g. `invalid step message: outputs.0.text is required`. */
+  message: string;
+}
+
+/** How an engine process ended. */
+export interface EngineExit {
+  code: number | null;
+  signal: NodeJS.Signals | null;
+  /** Set when the client killed the process for a fault (then `signal` is SIGKILL); null for any other death. */
+  fault: EngineFault | null;
+}
+
 /** Callbacks of the engine client. */
 export interface EngineListener {
   onReady(msg: ReadyMessage): void;
   onMessage(msg: EngineMessage): void;
-  /** The engine process exited (code/signal); every request it held is gone. */
-  onExit(info: { code: number | null; signal: NodeJS.Signals | null }): void;
+  /** The engine process exited (code/signal, and the fault when the client killed it for one); every request it held is gone. */
+  onExit(info: EngineExit): void;
   onLog(line: string, stream: "stdout" | "stderr"): void;
 }
 
@@ -70,6 +93,8 @@ export class EngineClient {
   starts = 0;
   /** When the current engine process was spawned (ms since epoch). */
   startedAt = 0;
+  /** Engine processes killed for a protocol fault since the client was created. */
+  protocolFaults = 0;
 
   constructor(
     private readonly opts: EngineClientOptions,
@@ -142,14 +167,21 @@ export class EngineClient {
     const channel = child.stdio[3] as Duplex;
     this.channel = channel;
     const decoder = new FrameDecoder();
+    /** The fault this process was killed for; once set, its later frames are ignored (design rule "late events"). */
+    let fault: EngineFault | null = null;
     channel.on("data", (chunk: Buffer) => {
+      if (fault) return;
       for (const frame of decoder.push(chunk)) {
-        if ("error" in frame) {
-          this.listener.onLog(`engine sent a bad frame: ${frame.error}`, "stderr");
-          continue;
+        const parsed = "error" in frame ? { ok: false as const, error: `bad frame: ${frame.error}` } : parseEngineMessage(frame.message);
+        if (!parsed.ok) {
+          fault = { kind: "protocol", message: parsed.error };
+          this.protocolFaults += 1;
+          this.listener.onLog(`engine broke the protocol (${parsed.error}); killing it to restart and resume`, "stderr");
+          child.kill("SIGKILL");
+          return;
         }
         try {
-          this.handle(frame.message as unknown as EngineMessage);
+          this.handle(parsed.message);
         } catch (err) {
           // A bug in handling one message must not take the gateway down.
           this.listener.onLog(`error while handling an engine message: ${(err as Error)?.stack ?? String(err)}`, "stderr");
@@ -185,18 +217,15 @@ export class EngineClient {
         this.restartTimer.unref();
       }
       try {
-        this.listener.onExit({ code, signal });
+        this.listener.onExit({ code, signal, fault });
       } catch (err) {
         this.listener.onLog(`error while handling the engine's exit: ${(err as Error)?.stack ?? String(err)}`, "stderr");
       }
     });
   }
 
+  /** One valid message of the current process (its protocol version checked by the validator). */
   private handle(msg: EngineMessage): void {
-    if (msg.v !== PROTOCOL_VERSION) {
-      this.listener.onLog(`engine speaks protocol v${String(msg.v)}, expected v${PROTOCOL_VERSION}`, "stderr");
-      return;
-    }
     if (msg.type === "ready") {
       this.ready = msg;
       this.lastPongAt = Date.now();
