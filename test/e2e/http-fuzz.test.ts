@@ -332,7 +332,7 @@ describe("HTTP fuzz of POST /v3/chat/completions", () => {
     expect(ok.done).toBe(true);
     expect(ok.finishReason).toBe("length");
     const m = await waitForMetrics(server.baseUrl, (x) => x.get("keel_requests_running") === 0 && x.get("keel_requests_waiting") === 0 && x.get("keel_engine_sequences_active") === 0);
-    for (const reason of ["exit", "signal", "watchdog"]) expect(m.get(`keel_engine_restarts_total{reason="${reason}"}`), reason).toBe(0);
+    for (const reason of ["exit", "signal", "watchdog", "protocol"]) expect(m.get(`keel_engine_restarts_total{reason="${reason}"}`), reason).toBe(0);
     expect(m.get('keel_requests_failed_total{reason="engine_fault"}')).toBe(0);
   });
 

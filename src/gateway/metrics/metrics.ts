@@ -125,7 +125,7 @@ export class Metrics {
     });
     this.clientDisconnects = labelled("keel_client_disconnects_total", "Clients that closed their connection before their response ended, by request phase", "phase", PHASES);
     this.requestsFinished = labelled("keel_requests_finished_total", "Requests that ended, by finish_reason (stop, length, abort, error)", "finish_reason", FINISH_REASONS);
-    this.engineRestarts = labelled("keel_engine_restarts_total", "Engine processes restarted after an exit, by reason", "reason", ["exit", "signal", "watchdog"]);
+    this.engineRestarts = labelled("keel_engine_restarts_total", "Engine processes restarted after an exit, by reason", "reason", ["exit", "signal", "watchdog", "protocol"]);
     this.requestsQueued = new client.Counter({ name: "keel_requests_queued_total", help: "Requests handed to the engine's queue", registers });
     this.promptTokens = new client.Counter({ name: "keel_prompt_tokens_total", help: "Prompt tokens of finished requests", registers });
     this.generationTokens = new client.Counter({ name: "keel_generation_tokens_total", help: "Tokens generated for finished requests", registers });

@@ -10,9 +10,10 @@ import type { EngineMessage, ReadyMessage } from "../../protocol/messages.js";
 import { PROTOCOL_VERSION } from "../../protocol/messages.js";
 import { Metrics } from "../metrics/metrics.js";
 import { StepObserver } from "../metrics/metrics-observer.js";
-import { RequestRegistry } from "../requests/registry.js";
+import { SinkTable } from "../../../test/support/table-sinks.js";
 import { EngineClient, type EngineExit } from "./engine-client.js";
-import { deathVerdict, EngineSupervisor } from "./supervisor.js";
+import { deathVerdict } from "./recovery.js";
+import { EngineSupervisor } from "./supervisor.js";
 
 const FAKE = fileURLToPath(new URL("../../../test/support/fake-engine.mjs", import.meta.url));
 const config = { modelPath: "/fake.gguf", maxNumSeqs: 3, maxNumBatchedTokens: 32, maxModelLen: 128, prefixCaching: true, threads: 1, flashAttention: false, kvCacheType: "f16" as const, device: "cpu" as const };
@@ -68,8 +69,8 @@ describe("EngineClient: a frame that breaks the protocol", () => {
     expect(t.exits).toEqual([{ code: null, signal: "SIGKILL", fault: { kind: "protocol", message: expect.stringMatching(why) } }]);
     expect(t.engine.protocolFaults).toBe(1);
     expect(t.logs.filter((l) => l.includes("broke the protocol"))).toHaveLength(1);
-    // The supervisor's classification of that exit: a kill from outside the engine's code, charged to no request.
-    expect(deathVerdict(t.exits[0]!, false)).toEqual({ reason: "signal", blame: false });
+    // The supervisor's classification of that exit: a protocol fault, charged to no request.
+    expect(deathVerdict(t.exits[0]!, false)).toEqual({ reason: "protocol", blame: false });
     await restarted;
     expect(t.readies).toHaveLength(2);
     expect(t.engine.isReady).toBe(true);
@@ -92,7 +93,7 @@ describe("EngineSupervisor: an engine that breaks the protocol", () => {
       },
     });
     const next = (event: string) => new Promise<void>((resolve) => waiters.push({ event, resolve }));
-    const registry: RequestRegistry = new RequestRegistry((m) => sup.engine.send(m), { onResumed: (id, _g, deaths) => resumed.push([id, deaths]) });
+    const registry: SinkTable = new SinkTable((m) => sup.engine.send(m), { onResumed: (id, _g, deaths) => resumed.push([id, deaths]) });
     const sup: EngineSupervisor = new EngineSupervisor(
       { engine: config, engineCommand: { command: process.execPath, args: [FAKE], env: { FAKE_ENGINE_MALFORMED: "step" } }, stallMs: 30_000, pingIntervalMs: 50, readyStalenessMs: 5_000, isolatedPromptTtlMs: 60_000 },
       registry,
@@ -110,5 +111,6 @@ describe("EngineSupervisor: an engine that breaks the protocol", () => {
     expect(resumed).toEqual([["r1", 0]]);
     expect(sup.engine.protocolFaults).toBe(1);
     expect(sup.isReady).toBe(true);
+    expect(await metrics.registry.getSingleMetricAsString("keel_engine_restarts_total")).toContain('keel_engine_restarts_total{reason="protocol"} 1');
   });
 });

@@ -28,16 +28,19 @@ const EXTERNAL_SIGNALS = new Set<string>(["SIGKILL", "SIGTERM", "SIGINT", "SIGHU
 export interface EngineExit {
   code: number | null;
   signal: NodeJS.Signals | null;
+  /** Set when the engine client killed the process because it broke the protocol (engine-client.ts). */
+  fault?: { kind: "protocol"; message: string } | null;
 }
 
 /** Why an engine process died, for the restart metric, and whether the requests it held can be charged with it. */
 export interface DeathVerdict {
-  reason: "watchdog" | "signal" | "exit";
+  reason: "watchdog" | "protocol" | "signal" | "exit";
   /**
    * True when a request in the batch can have caused the death: the engine aborted or crashed by itself (SIGABRT
    * from a GGML_ASSERT, SIGSEGV, SIGBUS, SIGFPE, SIGILL, or a non-zero exit after an uncaught error). False for the
    * watchdog's own kill, for signals sent from outside (SIGKILL — what an OOM killer sends —, SIGTERM, SIGINT,
-   * SIGHUP, SIGQUIT) and for a clean exit: no request can earn a refusal from those.
+   * SIGHUP, SIGQUIT), for the kill of an engine that sent a frame breaking the protocol (`protocol`: an engine
+   * bug, not a request's), and for a clean exit: no request can earn a refusal from those.
    */
   blame: boolean;
 }
@@ -45,6 +48,7 @@ export interface DeathVerdict {
 /** Classify an engine exit (see {@link DeathVerdict}). */
 export function deathVerdict(exit: EngineExit, byWatchdog: boolean): DeathVerdict {
   if (byWatchdog) return { reason: "watchdog", blame: false };
+  if (exit.fault) return { reason: "protocol", blame: false };
   if (exit.signal) return { reason: "signal", blame: !EXTERNAL_SIGNALS.has(exit.signal) };
   return { reason: "exit", blame: exit.code !== 0 && exit.code !== null };
 }

@@ -11,7 +11,7 @@ import type { GuideSpec, ReadyMessage, RequestErrorMessage, StepMessage } from "
 import { CHATML_TEMPLATE } from "../../model/chat-templates.js";
 import { ChatTemplate } from "../models/chat-template.js";
 import { EngineClient } from "./engine-client.js";
-import { exitDecision, IsolatedPrompts, type ExitDecision } from "./recovery.js";
+import { exitDecision, IsolatedPrompts, type EngineExit, type ExitDecision } from "./recovery.js";
 import { describeReady } from "./ready-line.js";
 import type { Metrics } from "../metrics/metrics.js";
 import type { StepObserver } from "../metrics/metrics-observer.js";
@@ -225,7 +225,7 @@ export class EngineSupervisor {
     this.requests.resumeRecovering();
   }
 
-  private onExit(exit: { code: number | null; signal: NodeJS.Signals | null }): void {
+  private onExit(exit: EngineExit): void {
     this.steps.engineGone();
     this.tokenizer.failAll("the engine process exited");
     this.loadLogged = -1; // the next engine's load is logged from 0%, even if this one died while loading
