@@ -27,7 +27,7 @@ if (!fs.existsSync(stamp) || fs.readFileSync(stamp, "utf8") !== lockHash) {
 run(process.execPath, [path.join(root, "node_modules", "typescript", "bin", "tsc"), "-p", path.join(root, "tsconfig.build.json")]);
 
 // 2b. Keel's native addon (one synchronous call samples a whole step; src/native/build.ts) for the binary directories
-//     node-llama-cpp loads here, into Keel's cache outside the repository: ~30 s once on 2 cores, then a cache hit.
+//     node-llama-cpp loads here, into Keel's cache outside the repository: 25–80 s once per clone on 2 cores, then a cache hit.
 //     Not fatal: without a compiler the engine runs node-llama-cpp's own addon and says so in one log line.
 try {
   run(process.execPath, [path.join(root, "scripts", "build-native.mjs")]);

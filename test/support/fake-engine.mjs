@@ -7,7 +7,9 @@
 // breaks the protocol, as a buggy engine would (later generations behave, so a resumed request stays in flight):
 //   step     a step frame whose output has no `text` and a negative token id (valid JSON, invalid message);
 //   version  a pong of protocol version 2;
-//   junk     a frame whose payload is not JSON.
+//   junk     a frame whose payload is not JSON;
+//   ready2   a second `ready` (valid on its own, with a 1-token context): an engine may report ready once;
+//   twice    a step that reports the request twice (each entry valid on its own: its text would be applied twice).
 import net from "node:net";
 
 const config = JSON.parse(process.argv.at(-1));
@@ -31,6 +33,11 @@ let malformed = config.generation === 1 ? (process.env.FAKE_ENGINE_MALFORMED ?? 
 const breakProtocol = (add) => {
   if (malformed === "step") send({ v: 1, type: "step", step: 1, batchTokens: 1, outputs: [{ id: add.id, tokens: [-1] }], stats: { waiting: 0, running: 1, activeSequences: 1, cachedSequences: 0, prefixCacheHitTokens: 0 } });
   if (malformed === "version") send({ v: 2, type: "pong", nonce: 0, step: 0 });
+  if (malformed === "ready2") send({ ...readyMessage(), limits: { ...readyMessage().limits, maxModelLen: 1 } });
+  if (malformed === "twice") {
+    const out = { id: add.id, tokens: [5], text: "x" };
+    send({ v: 1, type: "step", step: 1, batchTokens: 1, outputs: [out, out], stats: { waiting: 0, running: 1, activeSequences: 1, cachedSequences: 0, prefixCacheHitTokens: 0 } });
+  }
   if (malformed === "junk") {
     const body = Buffer.from("{not json", "utf8");
     const head = Buffer.alloc(4);
@@ -52,13 +59,17 @@ channel.on("data", (chunk) => {
   }
 });
 channel.on("close", () => process.exit(0));
-send({
-  v: 1,
-  type: "ready",
-  pid: process.pid,
-  model,
-  // A fixed pool (kvBlocks, 32 tokens per block as on a CPU) is reported as the shared pool, as the OpenVINO engine does.
-  limits: { maxNumSeqs: config.maxNumSeqs, maxNumBatchedTokens: config.maxNumBatchedTokens, maxModelLen: config.maxModelLen, ...(config.kvBlocks ? { kvPoolTokens: config.kvBlocks * 32 } : {}) },
-  engine: "fake",
-  capabilities: { exactSeededResume: true, maxTopLogprobs: 0, extendedSampling: false, grammars: false, sharedPrefill: false },
-});
+/** The engine's `ready` message. */
+function readyMessage() {
+  return {
+    v: 1,
+    type: "ready",
+    pid: process.pid,
+    model,
+    // A fixed pool (kvBlocks, 32 tokens per block as on a CPU) is reported as the shared pool, as the OpenVINO engine does.
+    limits: { maxNumSeqs: config.maxNumSeqs, maxNumBatchedTokens: config.maxNumBatchedTokens, maxModelLen: config.maxModelLen, ...(config.kvBlocks ? { kvPoolTokens: config.kvBlocks * 32 } : {}) },
+    engine: "fake",
+    capabilities: { exactSeededResume: true, maxTopLogprobs: 0, extendedSampling: false, grammars: false, sharedPrefill: false },
+  };
+}
+send(readyMessage());

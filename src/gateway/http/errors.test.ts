@@ -67,6 +67,7 @@ describe("error factories", () => {
   it("reports both parts of an overflowing request", () => {
     expect(contextLengthExceeded(4096, 4000, 200).message).toContain("you requested 4200 tokens (4000 in the messages, 200 in the completion)");
     expect(contextLengthExceeded(4096, 5000).message).toContain("your messages resulted in 5000 tokens");
+    expect(contextLengthExceeded(4, 4, undefined, 4).message).toContain("your 4 messages render to at least 4 tokens, which leaves no room for the completion");
   });
 
   it("replaces lone surrogates in messages", () => {

@@ -147,7 +147,7 @@ export function toolsNotServed(autoFoundNone: boolean): KeelHttpError {
   const why = autoFoundNone
     ? "the server was started with --tool_parser auto, but the model's chat template shows no tool-call format Keel knows"
     : "the server was started without --tool_parser";
-  return unsupportedField("tools", `Tool calling needs a tool parser: ${why}. Start the server with --tool_parser hermes3, qwen3coder or llama3 (the model's format), or send tool_choice 'none'.`);
+  return unsupportedField("tools", `Tool calling needs a tool parser: ${why}. Start the server with --tool_parser hermes3, qwen3coder or llama3 (the model's format) or auto (read from its chat template), or send tool_choice 'none'.`);
 }
 
 /** 400 `unsupported_field`: the request needs constrained generation (`param`) and the engine cannot apply a grammar. */
@@ -171,10 +171,14 @@ export function templateError(detail: string): KeelHttpError {
  * @param contextLength - Model context size, tokens.
  * @param promptTokens - Tokens in the rendered prompt.
  * @param maxTokens - Requested completion budget, tokens, when it is what overflowed.
+ * @param messages - The number of messages, when there are more of them than the context holds tokens (each
+ *   renders to one token or more).
  */
-export function contextLengthExceeded(contextLength: number, promptTokens: number, maxTokens?: number): KeelHttpError {
+export function contextLengthExceeded(contextLength: number, promptTokens: number, maxTokens?: number, messages?: number): KeelHttpError {
   const asked =
-    maxTokens === undefined
+    messages !== undefined
+      ? `your ${messages} messages render to at least ${messages} tokens, which leaves no room for the completion`
+      : maxTokens === undefined
       ? `your messages resulted in ${promptTokens} tokens`
       : `you requested ${promptTokens + maxTokens} tokens (${promptTokens} in the messages, ${maxTokens} in the completion)`;
   return new KeelHttpError({

@@ -84,6 +84,6 @@ export function readyEngine(ctx: RouteContext, reply: FastifyReply): ReadyEngine
  */
 export function renderMessages(engine: ReadyEngine, messages: ChatMessage[], kwargs?: Record<string, unknown>, tools?: readonly ToolSpec[]): string {
   const capacity = engine.maxModelLen;
-  if (messages.length >= capacity) throw contextLengthExceeded(capacity, messages.length);
+  if (messages.length >= capacity) throw contextLengthExceeded(capacity, messages.length, undefined, messages.length);
   return engine.template.render(messages, { addGenerationPrompt: true, ...(kwargs ? { kwargs } : {}), ...(tools ? { tools } : {}) });
 }

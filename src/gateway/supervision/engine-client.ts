@@ -173,10 +173,12 @@ export class EngineClient {
       if (fault) return;
       for (const frame of decoder.push(chunk)) {
         const parsed = "error" in frame ? { ok: false as const, error: `bad frame: ${frame.error}` } : parseEngineMessage(frame.message);
-        if (!parsed.ok) {
-          fault = { kind: "protocol", message: parsed.error };
+        const problem = parsed.ok ? this.sequenceProblem(parsed.message) : parsed.error;
+        if (problem !== null || !parsed.ok) {
+          const why = problem ?? "invalid frame";
+          fault = { kind: "protocol", message: why };
           this.protocolFaults += 1;
-          this.listener.onLog(`engine broke the protocol (${parsed.error}); killing it to restart and resume`, "stderr");
+          this.listener.onLog(`engine broke the protocol (${why}); killing it to restart and resume`, "stderr");
           child.kill("SIGKILL");
           return;
         }
@@ -205,13 +207,15 @@ export class EngineClient {
     child.on("error", (err) => this.listener.onLog(`engine process error: ${err.message}`, "stderr"));
     child.on("exit", (code, signal) => {
       if (this.child !== child) return;
+      // Only a process that never reported ready is a failed start: the death of a serving engine is not.
+      const failedStart = this.ready === null;
       this.child = null;
       this.channel = null;
       this.ready = null;
       // Schedule the restart before anything else can go wrong in the listener.
       if (!this.stopping) {
         const delay = Math.min(this.opts.restartMaxMs, this.opts.restartMinMs * 2 ** this.consecutiveFailures);
-        this.consecutiveFailures += 1;
+        if (failedStart) this.consecutiveFailures += 1;
         this.starts += 1;
         this.restartTimer = setTimeout(() => this.spawnEngine(), delay);
         this.restartTimer.unref();
@@ -222,6 +226,23 @@ export class EngineClient {
         this.listener.onLog(`error while handling the engine's exit: ${(err as Error)?.stack ?? String(err)}`, "stderr");
       }
     });
+  }
+
+  /**
+   * What a frame that is valid on its own breaks in the current process's sequence, or null: a second `ready`
+   * (it would replace the limits and template the gateway serves with), or a step that reports one request twice
+   * (its tokens would be applied twice). The schema cannot say either.
+   */
+  private sequenceProblem(msg: EngineMessage): string | null {
+    if (msg.type === "ready" && this.ready !== null) return "a second ready message from an engine that is already ready";
+    if (msg.type === "step") {
+      const seen = new Set<string>();
+      for (const o of msg.outputs) {
+        if (seen.has(o.id)) return `step ${msg.step} reports request ${JSON.stringify(o.id)} twice`;
+        seen.add(o.id);
+      }
+    }
+    return null;
   }
 
   /** One valid message of the current process (its protocol version checked by the validator). */

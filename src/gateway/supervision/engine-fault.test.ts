@@ -57,6 +57,8 @@ describe("EngineClient: a frame that breaks the protocol", () => {
     ["step", /^invalid step message: outputs\.0\.tokens\.0 must be >= 0$/],
     ["version", /^unsupported protocol version 2 \(expected 1\)$/],
     ["junk", /^bad frame: frame is not valid JSON/],
+    ["ready2", /^a second ready message from an engine that is already ready$/],
+    ["twice", /^step 1 reports request "r1" twice$/],
   ])("(%s) is logged, counted, and the engine killed and restarted, the frame never delivered", async (kind, why) => {
     const t = client(kind);
     const ready = t.next("ready");
@@ -75,6 +77,40 @@ describe("EngineClient: a frame that breaks the protocol", () => {
     expect(t.readies).toHaveLength(2);
     expect(t.engine.isReady).toBe(true);
     expect(t.messages.every((m) => m.v === PROTOCOL_VERSION && m.type === "pong")).toBe(true);
+  });
+});
+
+describe("EngineClient: failed starts", () => {
+  it("count processes that died before they reported ready, not the death of an engine that was serving", async () => {
+    const t = client("");
+    const ready = t.next("ready");
+    t.engine.start();
+    await ready;
+    const exited = t.next("exit");
+    const again = exited.then(() => t.next("ready"));
+    t.engine.kill();
+    await exited;
+    expect(t.engine.failedStarts).toBe(0);
+    await again;
+    expect(t.engine.failedStarts).toBe(0);
+  });
+
+  it("one more for each process in a row that exits before it is ready", async () => {
+    const exits: EngineExit[] = [];
+    const waiters: (() => void)[] = [];
+    const engine = new EngineClient(
+      { config, command: { command: process.execPath, args: ["-e", "process.exit(3)"] }, pingIntervalMs: 50, readyStalenessMs: 5_000, restartMinMs: 1, restartMaxMs: 5 },
+      { onReady: () => undefined, onMessage: () => undefined, onExit: (e) => (exits.push(e), waiters.shift()?.()), onLog: () => undefined },
+    );
+    stop = () => engine.stop();
+    const counts: number[] = [];
+    engine.start();
+    for (let i = 0; i < 3; i++) {
+      await new Promise<void>((resolve) => waiters.push(resolve));
+      counts.push(engine.failedStarts);
+    }
+    expect(counts).toEqual([1, 2, 3]);
+    expect(exits.every((e) => e.code === 3 && e.fault === null)).toBe(true);
   });
 });
 
