@@ -1,6 +1,6 @@
 /**
  * No source file over ~450 lines (issue 18): a file that long holds more than one concern. Tests are exempt (a
- * suite reads as a list of cases); so are the files named below, each with why it is one table or one concern.
+ * suite reads as a list of cases).
  */
 import { readdirSync, readFileSync, statSync } from "node:fs";
 import path from "node:path";
@@ -9,11 +9,6 @@ import { describe, expect, it } from "vitest";
 
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "../..");
 const MAX_LINES = 450;
-
-/** Files allowed past the limit, with the reason (keep it short: each is one table or one concern). */
-const EXEMPT: Record<string, string> = {
-  "src/gateway/http/errors.ts": "the catalogue of coded HTTP errors: one constructor per code, nothing else",
-};
 
 /** Lines as `wc -l` counts them. */
 function lineCount(file: string): number {
@@ -32,17 +27,11 @@ function sources(dir: string): string[] {
 }
 
 describe("source file size", () => {
-  it(`every source file under src/ has at most ${MAX_LINES} lines, except the named table-like ones`, () => {
+  it(`every source file under src/ has at most ${MAX_LINES} lines`, () => {
     const long = sources(path.join(root, "src"))
       .map((f) => ({ file: path.relative(root, f), lines: lineCount(f) }))
-      .filter((f) => f.lines > MAX_LINES && !(f.file in EXEMPT))
+      .filter((f) => f.lines > MAX_LINES)
       .map((f) => `${f.file}: ${f.lines} lines`);
     expect(long).toEqual([]);
-  });
-
-  it("every exemption names a file that exists and is still over the limit", () => {
-    for (const file of Object.keys(EXEMPT)) {
-      expect(lineCount(path.join(root, file)), file).toBeGreaterThan(MAX_LINES);
-    }
   });
 });

@@ -9,7 +9,8 @@
 import { randomUUID } from "node:crypto";
 import type { FastifyReply, FastifyRequest } from "fastify";
 import { parseChatRequest, type ChatRequest } from "./chat-request.js";
-import { modelNotFound, toErrorBody } from "../http/errors.js";
+import { modelNotFound } from "../http/errors.js";
+import { toErrorBody } from "../http/error-envelope.js";
 import { generationOptions, runGeneration, type Encoder } from "../requests/generate.js";
 import type { Usage } from "../requests/registry.js";
 import type { ChoiceResult, SessionEvent } from "../requests/session/events.js";

@@ -5,7 +5,8 @@
  */
 import type { FastifyInstance } from "fastify";
 import type { Logger } from "pino";
-import { invalidConfig, modelNotFound, noConfigFile, shuttingDown, toErrorBody } from "../http/errors.js";
+import { invalidConfig, modelNotFound, noConfigFile, shuttingDown } from "../http/errors.js";
+import { toErrorBody } from "../http/error-envelope.js";
 import type { ModelSet, ModelSpec } from "../models/model-set.js";
 
 /** One model's entry of `GET /v1/config`, in OVMS's shape (one version, "1"). */

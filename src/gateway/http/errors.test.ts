@@ -18,11 +18,10 @@ import {
   requestTooLarge,
   routeNotFound,
   templateError,
-  toErrorBody,
-  toHttpError,
   unsupportedField,
   unsupportedMediaType,
 } from "./errors.js";
+import { toErrorBody, toHttpError } from "./error-envelope.js";
 
 describe("error factories", () => {
   it.each([
