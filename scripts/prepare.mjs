@@ -50,7 +50,8 @@ if (process.env.npm_lifecycle_event !== "serve") await fetchTestModels();
 
 // 6. The OpenVINO engine's venv (pinned in src/engine-openvino/requirements.txt) for the suites that run on both
 //    engines, in Keel's cache outside the repository. Quick when built (a stamp check). `npm run serve` skips it:
-//    `keel serve --engine openvino` builds it on first use.
+//    `keel serve --engine openvino` builds it on first use. Then the tiny hybrid IR the hybrid suites serve
+//    (src/engine-openvino/hybrid-model.ts: its own ~1.4 GB venv, once; then a file check).
 if (process.env.npm_lifecycle_event !== "serve") await ensureOpenvinoTestVenv();
 
 // 7. A headless browser for the CORS test (test/e2e/security.test.ts drives a page on another origin): Debian's
@@ -88,6 +89,16 @@ async function ensureOpenvinoTestVenv() {
     console.error(`keel: OpenVINO engine python: ${python}`);
   } catch (err) {
     console.error(`keel: cannot build the OpenVINO engine's venv: ${err.message}`);
+    process.exit(1);
+  }
+  // The tiny hybrid (linear-attention) IR of the seed's model family, made offline in its own venv (issue 19).
+  const { ensureHybridModel } = await import(path.join(root, "dist", "engine-openvino", "hybrid-model.js"));
+  try {
+    const started = Date.now();
+    const dir = await ensureHybridModel({ log: (line) => console.error(`keel: ${line}`) });
+    console.error(`keel: hybrid test model: ${dir} (${((Date.now() - started) / 1000).toFixed(0)} s)`);
+  } catch (err) {
+    console.error(`keel: cannot make the hybrid test model: ${err.message}`);
     process.exit(1);
   }
 }

@@ -31,6 +31,17 @@ export async function main(argv: string[]): Promise<void> {
     process.exitCode = await fetch(rest);
     return;
   }
+  if (cmd === "make-model" && rest[0] === "--hybrid-ir") {
+    // The tiny hybrid (linear-attention) OpenVINO IR: made once into Keel's cache; prints its folder.
+    const { ensureHybridModel } = await import("../engine-openvino/hybrid-model.js");
+    try {
+      process.stdout.write(`${await ensureHybridModel({ log: (line) => process.stderr.write(`keel: ${line}\n`) })}\n`);
+    } catch (err) {
+      process.stderr.write(`keel make-model --hybrid-ir: ${(err as Error).message}\n`);
+      process.exitCode = 1;
+    }
+    return;
+  }
   if (cmd === "make-model") {
     const { main: makeModel } = await import("../model/make-model.js");
     process.exitCode = makeModel(rest);

@@ -49,6 +49,12 @@ export interface OpenvinoVenvOptions {
   requirements?: string;
   /** Milliseconds between looks at another process's lock (default 500). */
   lockPollMs?: number;
+  /** The requirements are a complete lock (every package pinned): install them with `--no-deps`. */
+  noDeps?: boolean;
+  /** The variable naming a python to use as is (default KEEL_OPENVINO_PYTHON). */
+  overrideVar?: string;
+  /** Size said in the progress line (default "~300 MB"). */
+  sizeHint?: string;
 }
 
 /** A venv that could not be built: what was run and how it ended. */
@@ -74,7 +80,7 @@ export async function ensureOpenvinoVenv(opts: OpenvinoVenvOptions = {}): Promis
   const env = opts.env ?? process.env;
   const log = opts.log ?? (() => undefined);
   // 1. An operator's python wins, used as is (it must have the requirements installed).
-  const override = env["KEEL_OPENVINO_PYTHON"];
+  const override = env[opts.overrideVar ?? "KEEL_OPENVINO_PYTHON"];
   if (override) return override;
   const requirements = opts.requirements ?? OPENVINO_REQUIREMENTS;
   const dir = openvinoVenvDir(requirements, env);
@@ -91,10 +97,11 @@ export async function ensureOpenvinoVenv(opts: OpenvinoVenvOptions = {}): Promis
       await rm(dir, { recursive: true, force: true });
     }
     const started = Date.now();
-    log(`building the OpenVINO venv ${dir} (pinned in ${requirements}; once, ~300 MB)…`);
+    log(`building the OpenVINO venv ${dir} (pinned in ${requirements}; once, ${opts.sizeHint ?? "~300 MB"})…`);
     const python3 = opts.python3 ?? "python3";
     await runStep(python3, ["-m", "venv", dir], `${python3} was not found on PATH; the OpenVINO engine needs Python 3.10+ with its venv module (or set KEEL_OPENVINO_PYTHON to a python that has ${requirements} installed)`);
-    await runStep(python, ["-m", "pip", "install", "--disable-pip-version-check", "--no-input", "-r", requirements], `the venv ${dir} has no ${python}`);
+    const pipArgs = ["-m", "pip", "install", "--disable-pip-version-check", "--no-input", ...(opts.noDeps ? ["--no-deps"] : []), "-r", requirements];
+    await runStep(python, pipArgs, `the venv ${dir} has no ${python}`);
     // 4. The stamp last, atomically: a crash before this line leaves a directory that the next start rebuilds.
     const tmp = path.join(dir, `${VENV_STAMP}.tmp`);
     await writeFile(tmp, `${path.basename(dir)}\n`);

@@ -27,6 +27,8 @@ import {
 
 /** Usage text of the `make-model` command. */
 export const MAKE_MODEL_USAGE = `usage: keel make-model --out FILE.gguf [options]
+       keel make-model --hybrid-ir   the tiny hybrid (linear-attention) OpenVINO IR, made once into Keel's cache;
+                                     prints its folder (for --engine openvino --model_path)
   --layers N  --hidden N  --ff N  --heads N  --kv-heads N  --ctx N  --merges N  --seed N
   --vocab N                total vocabulary size: corpus merges plus generated word-like ones (e.g. 151936)
   --shape NAME             ${Object.keys(MODEL_SHAPES).join(" | ")}: that model's sizes and vocabulary

@@ -51,3 +51,9 @@ export async function prepCli(model: string, cacheDir: string): Promise<PythonRu
   const r = await runPython([PREP_SCRIPT, model, cacheDir]);
   return { ...r, path: r.status === 0 ? r.stdout.trim() : undefined };
 }
+
+/** The tiny hybrid (linear-attention + attention) IR, made once into Keel's cache (src/engine-openvino/hybrid-model.ts). */
+export async function hybridModel(): Promise<string> {
+  const { ensureHybridModel } = await import("../../src/engine-openvino/hybrid-model.js");
+  return ensureHybridModel();
+}
