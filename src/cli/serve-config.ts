@@ -10,6 +10,7 @@ import { parseConfigFile, type ConfigEntry } from "../gateway/models/config-file
 import type { ModelSpec } from "../gateway/models/model-set.js";
 import type { Gateway } from "../gateway/server.js";
 import { isTinyModelName } from "../model/default-model.js";
+import { HYBRID_MODEL_NAME } from "../engine-openvino/hybrid-model.js";
 import { kvBlockTokens, openvinoKvElementBytes } from "../model/kv-bytes.js";
 import { isCatalogueName } from "../model/model-cache.js";
 import { openvinoIrDirectory, resolveServeModel } from "../model/serve-model.js";
@@ -27,7 +28,7 @@ import { listen, type ServerSettings } from "./server-settings.js";
  * OpenVINO IR folder (served by the OpenVINO engine under `--engine auto`, as a model from flags).
  */
 async function entryModel(entry: ConfigEntry, configDir: string): Promise<ModelToServe> {
-  if (isTinyModelName(entry.basePath) || isCatalogueName(entry.basePath)) return await resolveServeModel(entry.basePath);
+  if (isTinyModelName(entry.basePath) || isCatalogueName(entry.basePath) || entry.basePath === HYBRID_MODEL_NAME) return await resolveServeModel(entry.basePath);
   // OVMS resolves a relative base_path against the config file's folder.
   const p = path.resolve(configDir, entry.basePath);
   let file = p;

@@ -81,7 +81,7 @@ async function resolveModel(o: ServeOptions): Promise<ServeModel | "pulled"> {
           // A bar redrawn in place on a terminal; one line per 10% in a log.
           { log: say, progress: (label) => (process.stderr.isTTY ? ttyProgress((s) => process.stderr.write(s), label) : logProgress(say, label)) },
         )
-      : await resolveServeModel(source.modelPath, { fetch: { log: say }, ggufFilename: source.ggufFilename });
+      : await resolveServeModel(source.modelPath, { fetch: { log: say }, ggufFilename: source.ggufFilename, log: say });
   } catch (err) {
     // A malformed --source_model/--gguf_filename is a bad flag value (2); anything else is the model's or the hub's (1).
     throw new CliError(err instanceof HubError && err.failure === "bad-request" ? 2 : 1, (err as Error).message);

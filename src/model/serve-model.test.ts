@@ -5,6 +5,7 @@ import {afterAll, describe, expect, it} from "vitest";
 import {ensureTinyModel} from "./default-model.js";
 import {cachedModelFile, catalogueModel, ModelFetchError, type WheelDownloader} from "./model-cache.js";
 import {resolveServeModel} from "./serve-model.js";
+import {HYBRID_MODEL_NAME, hybridModelDir} from "../engine-openvino/hybrid-model.js";
 
 const tmp = mkdtempSync(path.join(tmpdir(), "keel-serve-model-test-"));
 afterAll(() => rmSync(tmp, {recursive: true, force: true}));
@@ -19,6 +20,11 @@ function offline(): {download: WheelDownloader; calls: number} {
 }
 
 describe("resolveServeModel", () => {
+    it("keel-hybrid-tiny names the generated hybrid IR, an OpenVINO IR directory served under that name", async () => {
+        const got = await resolveServeModel(HYBRID_MODEL_NAME);
+        expect(got).toEqual({kind: "openvino-ir", path: hybridModelDir(), gguf: null, servedName: "keel-hybrid-tiny", source: "generated (random weights, hybrid OpenVINO IR)"});
+    }, 600_000);
+
     const tinyDir = path.join(tmp, "tiny");
 
     it("a tiny-model name is generated and served under that name, without fetching", async () => {

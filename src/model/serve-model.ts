@@ -11,6 +11,7 @@
 import {readdirSync, statSync} from "node:fs";
 import path from "node:path";
 import {DEFAULT_MODEL_NAME, ensureTinyModel, isTinyModelName} from "./default-model.js";
+import {ensureHybridModel, HYBRID_MODEL_NAME} from "../engine-openvino/hybrid-model.js";
 import {checkGgufFilename, hubEndpoint, pullHubModel, type HubOptions} from "./hub-download.js";
 import {catalogueModel, DEFAULT_SERVED_MODEL, fetchModel, isCatalogueName, type FetchOptions} from "./model-cache.js";
 
@@ -44,10 +45,10 @@ export const HOW_TO_PASS_A_MODEL =
  * @param opts.fetch options of the fetcher (cache dir, downloader, progress log)
  * @throws ModelFetchError when a catalogue model that was named explicitly cannot be fetched
  */
-export async function resolveServeModel(requested: string | undefined, opts: {fetch?: FetchOptions; tinyDir?: string; ggufFilename?: string} = {}): Promise<ServeModel> {
+export async function resolveServeModel(requested: string | undefined, opts: {fetch?: FetchOptions; tinyDir?: string; ggufFilename?: string; log?: (line: string) => void} = {}): Promise<ServeModel> {
     // 0. --gguf_filename picks a file inside a directory; with anything else it would be ignored, so it is refused.
     // Model names win over a directory of the same name in the working directory, as they did before directories.
-    const isName = requested !== undefined && (isTinyModelName(requested) || isCatalogueName(requested));
+    const isName = requested !== undefined && (isTinyModelName(requested) || isCatalogueName(requested) || requested === HYBRID_MODEL_NAME);
     const isDirectory = requested !== undefined && !isName && statSync(requested, {throwIfNoEntry: false})?.isDirectory() === true;
     if (opts.ggufFilename !== undefined && !isDirectory) {
         throw new ModelSourceError(`--gguf_filename picks a file inside a model directory or a hub repository; ${requested === undefined ? "no --model_path or --source_model names one" : `--model_path ${requested} is not a directory`}`);
@@ -62,6 +63,11 @@ export async function resolveServeModel(requested: string | undefined, opts: {fe
     // 1. A generated tiny model by name.
     if (requested !== undefined && isTinyModelName(requested)) {
         return {kind: "tiny", name: requested, path: await ensureTinyModel(requested, {dir: opts.tinyDir}), servedName: requested, source: "generated (random weights)"};
+    }
+    // 1b. The generated tiny hybrid (linear-attention) IR: only the OpenVINO engine serves it.
+    if (requested === HYBRID_MODEL_NAME) {
+        const dir = await ensureHybridModel({log: opts.log});
+        return {kind: "openvino-ir", path: dir, gguf: null, servedName: HYBRID_MODEL_NAME, source: "generated (random weights, hybrid OpenVINO IR)"};
     }
     // 2. A catalogue model by name, or the default one.
     const name = requested ?? DEFAULT_SERVED_MODEL;
