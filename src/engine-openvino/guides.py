@@ -100,8 +100,8 @@ class _Planner:
         """Rule `name` with `text` already written in it."""
         if gated:
             opener = self.reasoning["open"]
-            if text == opener:
-                return self.in_reasoning("")
+            if text.startswith(opener):
+                return self.in_reasoning(text[len(opener):])
             if text and opener.startswith(text):
                 raise self.stopped_inside("the reasoning marker")
         conts, used = self.g_derive(ref(name), text)

@@ -1,0 +1,98 @@
+"""Unit tests of the guide mapping (gbnf.py, guides.py): run by worker.unit.test.ts with the engine's venv python."""
+import os
+import sys
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gbnf import Grammar, GrammarError, ref  # noqa: E402
+from guides import GuideRefused, plan_for, to_structured_config  # noqa: E402
+
+CALL = 'call ::= "<tool_call>\\n{" [a-z]{1,4} "}\\n</tool_call>"\n'
+
+
+def rule_guide(grammar, rule="root", then="end", **extra):
+    return {"grammar": grammar, "start": {"kind": "rule", "rule": rule, "then": then}, **extra}
+
+
+class Parsing(unittest.TestCase):
+    def test_rewrites_escapes_xgrammar_reads_differently(self):
+        g = Grammar('root ::= "\\x41b" [\\^a] [^\\x0A]\n')
+        text = g.ebnf(ref("root"))
+        # \x is four-digit \u (XGrammar reads \x greedily); a class never starts with ^; negation is spelled out.
+        self.assertIn('"Ab"', text)
+        self.assertIn("[a\\u005e]", text)
+        self.assertNotIn("[^", text)
+
+    def test_refuses_what_would_wedge_or_unconstrain_the_pipeline(self):
+        for bad in ("root ::= [a-", "root ::= [z-a]", 'root ::= "a"{3,1}', "root ::= x", 'root ::= "a"\nroot ::= "b"', ""):
+            with self.assertRaises(GrammarError, msg=bad):
+                Grammar(bad)
+        empty = Grammar('root ::= x\nx ::= x "a"')
+        with self.assertRaises(GrammarError):
+            empty.check_rule("root")
+
+    def test_derivative_by_text(self):
+        g = Grammar('root ::= "ab" [0-9]+ ("x" | "y")?\n')
+        self.assertEqual(g.derive(ref("root"), "zz"), ())
+        conts = g.derive(ref("root"), "ab1")
+        self.assertTrue(any(g.seq_nullable(s) for s in conts))
+        self.assertTrue(g.derive(conts, "2x"))
+        self.assertEqual(g.derive(conts, "xx"), ())
+
+
+class Plans(unittest.TestCase):
+    def test_rule_start_is_one_grammar(self):
+        plan = plan_for(rule_guide('root ::= "yes" | "no"'))
+        self.assertEqual(plan[0], "ebnf")
+        self.assertTrue(plan[1].startswith("root ::= k-root\n"))
+
+    def test_triggers_become_triggered_tags_whose_content_follows_the_trigger_text(self):
+        guide = {"grammar": CALL, "start": {"kind": "free"}, "triggers": [{"text": "<tool_call>", "rule": "call", "then": "end"}]}
+        kind, texts, tags, stop = plan_for(guide)
+        self.assertEqual((kind, texts, stop), ("triggered", ["<tool_call>"], True))
+        self.assertEqual(tags[0][1], "<tool_call>")
+        self.assertTrue(tags[0][2][1].startswith('root ::= "\\u000a{" [a-z]{1,4}'), tags[0][2][1])
+
+    def test_gated_rule_and_reasoning(self):
+        guide = rule_guide('gate ::= "<think>" | body\nbody ::= "ok"', "gate", reasoning={"open": "<think>", "close": "</think>", "after": {"kind": "rule", "rule": "body", "then": "end"}})
+        plan = plan_for(guide)
+        self.assertEqual(plan[0], "union")
+        self.assertEqual(plan[1][0][1][0], ("tag", "<think>", ("any",), "</think>"))
+        # Resumed inside and after reasoning: the machine's state, never a restart.
+        self.assertEqual(plan_for(guide, "<think>hm")[1][0], ("tag", "", ("any",), "</think>"))
+        after = plan_for(guide, "<think>hm</think>o")
+        self.assertEqual(after[0], "ebnf")
+        self.assertTrue(after[1].startswith('root ::= "k"'), after[1])
+
+    def test_resume_inside_a_rule_continues_it(self):
+        plan = plan_for(rule_guide('root ::= "{" [a-z]{1,4} "}"'), "{ab")
+        self.assertTrue(plan[1].startswith("root ::= [a-z]{0,2} \"}\""), plan[1])
+        with self.assertRaises(GuideRefused):
+            plan_for(rule_guide('root ::= "{" [a-z]{1,4} "}"'), "x")
+
+    def test_refusals_name_the_engine(self):
+        cases = [
+            rule_guide("root ::= [a-"),
+            rule_guide('root ::= "a"', rule="missing"),
+            {"grammar": CALL, "start": {"kind": "free"}, "triggers": [{"text": "{", "rule": "call", "atStart": True}]},
+            {"grammar": CALL, "start": {"kind": "free"}, "triggers": [{"text": "<tool_call>", "rule": "call", "then": "end"}, {"text": "<tool_call>\n", "rule": "call", "then": "end"}]},
+            {"grammar": CALL, "start": {"kind": "free"}, "triggers": [{"text": "<x>", "rule": "call"}]},
+        ]
+        for guide in cases:
+            with self.assertRaises(GuideRefused, msg=str(guide)) as cm:
+                plan_for(guide)
+            self.assertIn("OpenVINO engine", str(cm.exception))
+        with self.assertRaises(GuideRefused):
+            plan_for({"grammar": CALL, "start": {"kind": "free"}, "triggers": [{"text": "<tool_call>", "rule": "call"}]}, "text <tool")
+
+    def test_plans_become_openvino_configs(self):
+        import openvino_genai as ov_genai
+
+        guide = {"grammar": CALL, "start": {"kind": "reasoning"}, "reasoning": {"open": "<think>", "close": "</think>", "after": {"kind": "free"}}, "triggers": [{"text": "<tool_call>", "rule": "call"}]}
+        config = to_structured_config(plan_for(guide), ov_genai)
+        self.assertIsNotNone(config.structural_tags_config)
+        self.assertIsNotNone(to_structured_config(plan_for(rule_guide('root ::= "a"')), ov_genai).grammar)
+
+
+if __name__ == "__main__":
+    unittest.main()
