@@ -113,10 +113,12 @@ class Grammar:
 
     # -- writing ----------------------------------------------------------------------------------------------
 
-    def ebnf(self, root: tuple) -> str:
-        """XGrammar EBNF whose `root` is the Alt `root`, with every rule of this grammar (renamed `k-NAME`)."""
+    def ebnf(self, root: tuple, extra: Optional[dict] = None) -> str:
+        """XGrammar EBNF whose `root` is the Alt `root`, with every rule of this grammar (renamed `k-NAME`) and the
+        `extra` rules (name → Alt; referenced by `("raw", name)` items)."""
         lines = [f"root ::= {_alt_text(root)}"]
         lines += [f"k-{name} ::= {_alt_text(body)}" for name, body in self.rules.items()]
+        lines += [f"{name} ::= {_alt_text(body)}" for name, body in (extra or {}).items()]
         return "\n".join(lines) + "\n"
 
 
@@ -150,6 +152,8 @@ def _item_text(item: tuple) -> str:
         return _class_text(item[2])
     if kind == "ref":
         return f"k-{item[1]}"
+    if kind == "raw":
+        return item[1]
     if kind == "grp":
         return f"({_alt_text(item[1])})"
     _, x, lo, hi = item
@@ -419,6 +423,17 @@ class _Parser:
             self.fail("a character class that matches no character")
         # Always positive (see _class_text): a negated class becomes its complement.
         return ("cls", False, tuple(merged))
+
+
+def char_class(chars) -> tuple:
+    """The class item of a set of code points."""
+    return ("cls", False, tuple(_merge([(c, c) for c in chars])))
+
+
+def class_outside(chars) -> Optional[tuple]:
+    """The class item of every code point (surrogates excluded) not in `chars`, or None."""
+    rest = _complement(_merge([(c, c) for c in chars]))
+    return ("cls", False, tuple(rest)) if rest else None
 
 
 def _merge(ranges: list) -> list:

@@ -5,28 +5,29 @@ machine. So the whole machine is written as ONE XGrammar structural tag up front
 
 - rule R, then end          → EBNF `root ::= R` (complete: only end-of-generation follows);
 - rule R, then free         → Concat(EBNF R, <free>);
-- free                      → TriggeredTags(trigger texts, one Tag(text, EBNF of R after the text, "") per trigger,
+- free (triggers anywhere)  → TriggeredTags(trigger texts, one Tag(text, EBNF of R after the text, "") per trigger,
                               stop_after_first = the triggers' `then` is "end"), or AnyText without triggers;
+- free with start-only texts (`atStart` triggers, a gate's reasoning opener), triggers nested in one another or
+  `then` mixed → an automaton over the free text in EBNF (free_text.py), which XGrammar's tags cannot express;
 - reasoning                 → Concat(Tag("", AnyText, close), <after>);
-- a gated start (reasoning set, start rule or free) → Union(Concat([whitespace,] Tag(open, AnyText, close), <after>),
-                              <start>): the model may open reasoning first, as the phase machine lets it.
+- a gated start (reasoning set) → Union(Concat([whitespace,] Tag(open, AnyText, close), <after>), <start without
+                              the opener>): the model may open reasoning first, as the phase machine lets it.
 
 A trigger's rule starts AT the trigger text (the text is part of the rule), while XGrammar emits a tag's `begin`
 first: the tag's content is the rule's derivative by the trigger text (gbnf.py). A resumed or re-added request
 continues in the state its generated text left the machine in (derivatives again), so the grammar never restarts.
 
-What this cannot do exactly is refused here (GuideRefused → `invalid_params` naming the engine), never applied loosely:
-an `atStart` trigger (XGrammar's triggers fire anywhere), triggers whose `then` differ (XGrammar has one
-stop_after_first), a resume that stopped inside a trigger text, a reasoning marker or a character.
-Known difference, documented in docs/openvino.md: after `then: "free"` XGrammar may leave a rule as soon as it is
-complete, while the llama.cpp engine leaves it once it cannot continue (the same for rules ending in a fixed text,
-as Keel's call rules do).
+Refused (GuideRefused → `invalid_params` naming the engine), never applied loosely: a grammar gbnf.py refuses, and a
+resume whose text stopped inside a trigger text, a reasoning marker or a character. Known difference (docs/openvino.md):
+after `then: "free"` XGrammar may leave a rule as soon as it is complete, while the llama.cpp engine leaves it once it
+cannot continue (the same for rules ending in a fixed text, as Keel's call rules do).
 """
 from __future__ import annotations
 
 from collections import OrderedDict
 from typing import Optional
 
+from free_text import WS, free_ebnf
 from gbnf import Grammar, GrammarError, ref
 
 ENGINE = "the OpenVINO engine"
@@ -76,14 +77,9 @@ class _Planner:
                 g.check_rule(phase["rule"])
         for t in self.triggers:
             g.check_rule(t["rule"])
-            if t.get("atStart"):
-                raise GuideRefused(f"{ENGINE} cannot apply a trigger that fires only at the start of the free text ({t['text']!r}): XGrammar's triggers fire anywhere")
-        texts = [t["text"] for t in self.triggers]
-        nested = next(((a, b) for a in texts for b in texts if a != b and b.startswith(a)), None)
-        if nested:
-            raise GuideRefused(f"{ENGINE} cannot apply trigger {nested[1]!r} beside trigger {nested[0]!r}, a prefix of it: XGrammar refuses a tag that matches two triggers")
-        if len({t.get("then", "free") for t in self.triggers}) > 1:
-            raise GuideRefused(f"{ENGINE} cannot apply triggers that continue differently (then 'free' and 'end' mixed): XGrammar ends all triggered calls alike")
+        #: Triggers that fire anywhere, and those only at the start of the free text (after whitespace).
+        self.anywhere = [t for t in self.triggers if not t.get("atStart")]
+        self.start_only = [t for t in self.triggers if t.get("atStart")]
 
     def start(self, text: str) -> tuple:
         start = self.guide["start"]
@@ -137,36 +133,50 @@ class _Planner:
 
     def free(self, text: str, gated: bool) -> tuple:
         """The free phase with `text` written since it began."""
+        s = text.lstrip(WS)
         if gated:
             opener = self.reasoning["open"]
-            s = text.lstrip()
             if s.startswith(opener):
                 return self.in_reasoning(s[len(opener):])
             if s and opener.startswith(s):
                 raise self.stopped_inside("the reasoning marker")
             if not s:
-                return ("union", [self.reasoning_first(with_ws=True), self.free_plan()])
+                return ("union", [self.reasoning_first(with_ws=True), self.free_plan(True, [opener])])
+        started = next((t for t in self.start_only if s.startswith(t["text"])), None)
+        if started is not None:
+            return self.rule(started["rule"], started.get("then", "free"), s, False)
+        if s and any(t["text"].startswith(s) for t in self.start_only):
+            raise self.stopped_inside("a trigger text")
         hit = self.first_trigger(text)
         if hit is not None:
             trigger, at = hit
             return self.rule(trigger["rule"], trigger.get("then", "free"), text[at:], False)
-        if _partial_tail(text, [t["text"] for t in self.triggers]):
+        if _partial_tail(text, [t["text"] for t in self.anywhere]):
             raise self.stopped_inside("a trigger text")
-        return self.free_plan()
+        return self.free_plan(not s)
 
     # -- pieces -------------------------------------------------------------------------------------------------
 
-    def free_plan(self) -> tuple:
-        if not self.triggers:
+    def free_plan(self, at_start: bool = True, excluded: Optional[list] = None) -> tuple:
+        """The free phase from its start (`at_start`: start-only triggers still armed; `excluded`: start-only texts
+        that may not begin it, the reasoning opener a Union alternative covers)."""
+        if at_start and (self.start_only or excluded):
+            # Start-only texts: XGrammar's triggered tags fire anywhere, so the free text is an automaton in EBNF.
+            return ("ebnf", free_ebnf(self.g, self.triggers, True, excluded or []))
+        if not self.anywhere:
             return ("any",)
+        texts = [t["text"] for t in self.anywhere]
+        nested = next(((a, b) for a in texts for b in texts if a != b and b.startswith(a)), None)
+        if nested or len({t.get("then", "free") for t in self.anywhere}) > 1:
+            # XGrammar refuses a tag that matches two triggers, and ends every triggered call alike.
+            return ("ebnf", free_ebnf(self.g, self.anywhere, False, []))
         tags = []
-        for t in self.triggers:
+        for t in self.anywhere:
             conts = self.g.derive(ref(t["rule"]), t["text"])
             if not conts:
                 raise GuideRefused(f"{ENGINE} cannot apply trigger {t['text']!r}: its rule '{t['rule']}' does not start with the trigger text")
             tags.append(("tag", t["text"], ("ebnf", self.g.ebnf(conts)), ""))
-        texts = list(dict.fromkeys(t["text"] for t in self.triggers))
-        return ("triggered", texts, tags, self.triggers[0].get("then", "free") == "end")
+        return ("triggered", texts, tags, self.anywhere[0].get("then", "free") == "end")
 
     def reasoning_first(self, with_ws: bool) -> tuple:
         r = self.reasoning
@@ -176,7 +186,7 @@ class _Planner:
     def first_trigger(self, text: str) -> Optional[tuple]:
         """The trigger whose text appears first in `text` (earliest end; list order on a tie), and where."""
         best = None
-        for t in self.triggers:
+        for t in self.anywhere:
             at = text.find(t["text"])
             if at >= 0 and (best is None or at + len(t["text"]) < best[1] + len(best[0]["text"])):
                 best = (t, at)

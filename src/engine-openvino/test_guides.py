@@ -74,8 +74,6 @@ class Plans(unittest.TestCase):
         cases = [
             rule_guide("root ::= [a-"),
             rule_guide('root ::= "a"', rule="missing"),
-            {"grammar": CALL, "start": {"kind": "free"}, "triggers": [{"text": "{", "rule": "call", "atStart": True}]},
-            {"grammar": CALL, "start": {"kind": "free"}, "triggers": [{"text": "<tool_call>", "rule": "call", "then": "end"}, {"text": "<tool_call>\n", "rule": "call", "then": "end"}]},
             {"grammar": CALL, "start": {"kind": "free"}, "triggers": [{"text": "<x>", "rule": "call"}]},
         ]
         for guide in cases:
@@ -92,6 +90,50 @@ class Plans(unittest.TestCase):
         config = to_structured_config(plan_for(guide), ov_genai)
         self.assertIsNotNone(config.structural_tags_config)
         self.assertIsNotNone(to_structured_config(plan_for(rule_guide('root ::= "a"')), ov_genai).grammar)
+
+
+def in_language(ebnf: str, text: str) -> str:
+    """'yes' (complete), 'prefix' (may go on) or 'no', reading the emitted EBNF back with Keel's GBNF reader."""
+    g = Grammar(ebnf)
+    conts = g.derive(ref("root"), text)
+    return "no" if not conts else "yes" if any(g.seq_nullable(s) for s in conts) else "prefix"
+
+
+class FreeTextAutomaton(unittest.TestCase):
+    BARE = 'bare ::= "{" [a-z]{1,3} "}"\n'
+
+    def guide(self, **extra):
+        triggers = [{"text": "<tool_call>", "rule": "call", "then": "free"}, {"text": "{", "rule": "bare", "atStart": True, "then": "free"}]
+        return {"grammar": CALL + self.BARE, "start": {"kind": "free"}, "triggers": triggers, **extra}
+
+    def test_start_only_trigger_fires_only_at_the_start(self):
+        kind, ebnf = plan_for(self.guide())
+        self.assertEqual(kind, "ebnf")
+        self.assertEqual(in_language(ebnf, " \n{ab}"), "yes")
+        self.assertEqual(in_language(ebnf, " {a"), "prefix")  # inside the call: only the rule may follow
+        self.assertEqual(in_language(ebnf, " {a!"), "no")
+        self.assertEqual(in_language(ebnf, "so {a! free text"), "yes")
+        # Anywhere triggers still constrain, and the free phase re-arms from its start after a call (then: free).
+        self.assertEqual(in_language(ebnf, "hi <tool_call>\n{ab}\n</tool_call>{cd}"), "yes")
+        self.assertEqual(in_language(ebnf, "hi <tool_call>\n{ab}\n</tool_call>{c!"), "no")
+        self.assertEqual(in_language(ebnf, "hi <tool_call>\nnope"), "no")
+
+    def test_gated_free_start_excludes_the_opener_from_the_free_alternative(self):
+        guide = self.guide(reasoning={"open": "<think>", "close": "</think>", "after": {"kind": "free"}})
+        kind, (reasoning_first, free) = plan_for(guide)
+        self.assertEqual(kind, "union")
+        self.assertEqual(reasoning_first[1][1], ("tag", "<think>", ("any",), "</think>"))
+        self.assertEqual(in_language(free[1], "  <think>"), "no")
+        self.assertEqual(in_language(free[1], "  <thin>"), "yes")
+        self.assertEqual(in_language(free[1], "a <think> later is free text"), "yes")
+
+    def test_mixed_then_is_exact_too(self):
+        triggers = [{"text": "<tool_call>", "rule": "call", "then": "end"}, {"text": "{", "rule": "bare", "then": "free"}]
+        kind, ebnf = plan_for({"grammar": CALL + self.BARE, "start": {"kind": "free"}, "triggers": triggers})
+        self.assertEqual(kind, "ebnf")
+        self.assertEqual(in_language(ebnf, "a {b} c {d} e"), "yes")
+        self.assertEqual(in_language(ebnf, "a <tool_call>\n{b}\n</tool_call>"), "yes")
+        self.assertEqual(in_language(ebnf, "a <tool_call>\n{b}\n</tool_call> more"), "no")
 
 
 if __name__ == "__main__":
