@@ -92,8 +92,8 @@ class _Planner:
 
     # -- phases -------------------------------------------------------------------------------------------------
 
-    def rule(self, name: str, then: str, text: str, gated: bool) -> tuple:
-        """Rule `name` with `text` already written in it."""
+    def rule(self, name: str, then: str, text: str, gated: bool, limited: bool = False) -> tuple:
+        """Rule `name` with `text` already written in it (`limited`: inside a Union, see free_plan)."""
         if gated:
             opener = self.reasoning["open"]
             if text.startswith(opener):
@@ -105,12 +105,12 @@ class _Planner:
             # The rule ended (complete, nothing could continue) and the free phase went on from there.
             if then != "free":
                 raise GuideRefused(f"{ENGINE} cannot resume this guide: the generated text does not follow rule '{name}'")
-            return self.free(text[used:], False)
+            return self.free(text[used:], False, limited)
         if not conts:
             raise GuideRefused(f"{ENGINE} cannot apply this guide: the text does not start rule '{name}'")
         body: tuple = ("ebnf", self.g.ebnf(conts))
         if then == "free":
-            body = ("concat", [body, self.free_plan()])
+            body = ("concat", [body, self.free_plan(limited=limited or gated)])
         if gated and text == "" and self.g.derive(ref(name), self.reasoning["open"]):
             return ("union", [self.reasoning_first(with_ws=False), body])
         return body
@@ -125,13 +125,13 @@ class _Planner:
             raise self.stopped_inside("the reasoning close marker")
         return ("concat", [("tag", "", ("any",), close), self.after("")])
 
-    def after(self, text: str) -> tuple:
+    def after(self, text: str, limited: bool = False) -> tuple:
         phase = self.reasoning["after"]
         if phase["kind"] == "rule":
-            return self.rule(phase["rule"], phase["then"], text, False)
-        return self.free(text, False)
+            return self.rule(phase["rule"], phase["then"], text, False, limited)
+        return self.free(text, False, limited)
 
-    def free(self, text: str, gated: bool) -> tuple:
+    def free(self, text: str, gated: bool, limited: bool = False) -> tuple:
         """The free phase with `text` written since it began."""
         s = text.lstrip(WS)
         if gated:
@@ -141,28 +141,29 @@ class _Planner:
             if s and opener.startswith(s):
                 raise self.stopped_inside("the reasoning marker")
             if not s:
-                return ("union", [self.reasoning_first(with_ws=True), self.free_plan(True, [opener])])
+                return ("union", [self.reasoning_first(with_ws=True), self.free_plan(True, [opener], limited=True)])
         started = next((t for t in self.start_only if s.startswith(t["text"])), None)
         if started is not None:
-            return self.rule(started["rule"], started.get("then", "free"), s, False)
+            return self.rule(started["rule"], started.get("then", "free"), s, False, limited)
         if s and any(t["text"].startswith(s) for t in self.start_only):
             raise self.stopped_inside("a trigger text")
         hit = self.first_trigger(text)
         if hit is not None:
             trigger, at = hit
-            return self.rule(trigger["rule"], trigger.get("then", "free"), text[at:], False)
+            return self.rule(trigger["rule"], trigger.get("then", "free"), text[at:], False, limited)
         if _partial_tail(text, [t["text"] for t in self.anywhere]):
             raise self.stopped_inside("a trigger text")
-        return self.free_plan(not s)
+        return self.free_plan(not s, limited=limited)
 
     # -- pieces -------------------------------------------------------------------------------------------------
 
-    def free_plan(self, at_start: bool = True, excluded: Optional[list] = None) -> tuple:
+    def free_plan(self, at_start: bool = True, excluded: Optional[list] = None, limited: bool = False) -> tuple:
         """The free phase from its start (`at_start`: start-only triggers still armed; `excluded`: start-only texts
-        that may not begin it, the reasoning opener a Union alternative covers)."""
-        if at_start and (self.start_only or excluded):
+        that may not begin it, the reasoning opener a Union alternative covers). `limited`: inside a Union, whose
+        elements XGrammar wants all open-ended (AnyText, triggered tags) or all not (docs/upstream.md): EBNF."""
+        if limited or (at_start and (self.start_only or excluded)):
             # Start-only texts: XGrammar's triggered tags fire anywhere, so the free text is an automaton in EBNF.
-            return ("ebnf", free_ebnf(self.g, self.triggers, True, excluded or []))
+            return ("ebnf", free_ebnf(self.g, self.triggers, at_start, excluded or []))
         if not self.anywhere:
             return ("any",)
         texts = [t["text"] for t in self.anywhere]
@@ -181,7 +182,7 @@ class _Planner:
     def reasoning_first(self, with_ws: bool) -> tuple:
         r = self.reasoning
         parts = [("regex", LEADING_WS)] if with_ws else []
-        return ("concat", parts + [("tag", r["open"], ("any",), r["close"]), self.after("")])
+        return ("concat", parts + [("tag", r["open"], ("any",), r["close"]), self.after("", limited=True)])
 
     def first_trigger(self, text: str) -> Optional[tuple]:
         """The trigger whose text appears first in `text` (earliest end; list order on a tie), and where."""

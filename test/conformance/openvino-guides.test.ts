@@ -73,11 +73,57 @@ describe("OpenVINO engine: guides", () => {
     }
   });
 
+  it.each(["hermes3", "qwen3coder"] as const)("gateway-built tool-guided `auto` guides (%s, reasoning qwen3: start-only and anywhere triggers) run; the text never opens a bare call that is not one", async (parser) => {
+    const tool = { name: "get_weather", parameters: { type: "object", properties: { city: { type: "string", maxLength: 8 } }, required: ["city"], additionalProperties: false } };
+    const request: GuideRequest = { tools: [tool], toolChoice: { kind: "auto" }, responseFormat: { kind: "text" }, toolParser: parser, reasoning: { parser: "qwen3", open: false }, guideAuto: true, parallelToolCalls: true };
+    const guide = buildGuide(request)!;
+    expect(guide.triggers?.some((t) => t.atStart) ?? false).toBe(parser === "hermes3");
+    for (const seed of [1, 2, 3]) {
+      const id = nextId(`auto-${parser}`);
+      add(id, "weather?", { guide, seed, maxTokens: 60 });
+      const outs = await engine.finished(id);
+      expect(outs.at(-1)!.finish!.reason).toBe("length");
+      const text = textOf(outs).trimStart();
+      if (parser === "hermes3" && text.startsWith("{")) expect(text).toMatch(/^\{\s*"name"\s*:\s*"get_weather"/);
+    }
+  });
+
+  it("every shape of the phase machine becomes a structural tag XGrammar compiles (none takes the worker down)", async () => {
+    const grammar = 'ans ::= "yes" | "no"\ngate ::= "<think>" | ans\ncall ::= "<c>" [a-z]{1,3} "</c>"\nbare ::= "{" [a-z]{1,3} "}"';
+    const R = { open: "<think>", close: "</think>" };
+    const tagged = { text: "<c>", rule: "call" };
+    const atStart = { text: "{", rule: "bare", atStart: true };
+    const free = { kind: "free" } as const;
+    const ans = { kind: "rule", rule: "ans", then: "end" } as const;
+    const shapes: GuideSpec[] = [
+      { grammar, start: { kind: "rule", rule: "ans", then: "free" }, triggers: [tagged] },
+      { grammar, start: free, triggers: [{ ...tagged, then: "end" }] },
+      { grammar, start: free, triggers: [tagged, atStart] },
+      { grammar, start: free, triggers: [{ ...tagged, then: "end" }, { text: "<c>x", rule: "call" }] },
+      { grammar, start: free, triggers: [tagged], reasoning: { ...R, after: free } },
+      { grammar, start: free, triggers: [tagged, atStart], reasoning: { ...R, after: free } },
+      { grammar, start: free, reasoning: { ...R, after: ans } },
+      { grammar, start: { kind: "reasoning" }, triggers: [tagged], reasoning: { ...R, after: free } },
+      { grammar, start: { kind: "reasoning" }, triggers: [tagged, atStart], reasoning: { ...R, after: free } },
+      { grammar, start: { kind: "reasoning" }, reasoning: { ...R, after: ans } },
+      { grammar, start: { kind: "rule", rule: "gate", then: "end" }, reasoning: { ...R, after: ans } },
+      { grammar, start: { kind: "rule", rule: "gate", then: "free" }, triggers: [tagged, atStart], reasoning: { ...R, after: free } },
+      { grammar, start: { kind: "rule", rule: "gate", then: "free" }, triggers: [tagged], reasoning: { ...R, after: { kind: "rule", rule: "ans", then: "free" } } },
+    ];
+    const ids = shapes.map((guide) => {
+      const id = nextId("shape");
+      add(id, "anything", { guide, maxTokens: 6 });
+      return id;
+    });
+    for (const [i, id] of ids.entries()) expect(["stop", "length"], `shape ${i}`).toContain((await engine.finished(id)).at(-1)!.finish!.reason);
+  });
+
   it("what OpenVINO cannot apply exactly is refused at add, naming the engine", async () => {
-    const atStart: GuideSpec = { grammar: 'obj ::= "{" [a-z]* "}"', start: { kind: "free" }, triggers: [{ text: "{", rule: "obj", atStart: true }] };
     const rule: GuideSpec = { grammar: 'root ::= "a"', start: { kind: "rule", rule: "root", then: "end" } };
+    const trigger: GuideSpec = { grammar: 'obj ::= "{" [a-z]* "}"', start: { kind: "free" }, triggers: [{ text: "{", rule: "obj" }] };
     const cases: [GuideSpec, Partial<SamplingParams>][] = [
-      [atStart, {}],
+      // A trigger whose rule cannot start with its text (the llama.cpp engine would drop the guide at that trigger).
+      [{ ...trigger, triggers: [{ text: "{{", rule: "obj" }] }, {}],
       [rule, { ignoreEos: true }],
       [rule, { minTokens: 3 }],
     ];
