@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from gbnf import Grammar, GrammarError, char_class, class_outside, ref
+from gbnf import Grammar, ref
+from gbnf_parse import GrammarError, char_class, class_outside
 
 #: Whitespace a start-only trigger may follow.
 WS = " \t\n\r"

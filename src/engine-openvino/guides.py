@@ -28,7 +28,8 @@ from collections import OrderedDict
 from typing import Optional
 
 from free_text import WS, free_ebnf
-from gbnf import Grammar, GrammarError, ref
+from gbnf import Grammar, ref
+from gbnf_parse import GrammarError
 
 ENGINE = "the OpenVINO engine"
 #: Whitespace a free start may write before it opens reasoning (the phase machine's "leading whitespace").

@@ -4,7 +4,8 @@ import sys
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gbnf import Grammar, GrammarError, ref  # noqa: E402
+from gbnf import Grammar, ref  # noqa: E402
+from gbnf_parse import GrammarError  # noqa: E402
 from guides import GuideRefused, plan_for, to_structured_config  # noqa: E402
 
 CALL = 'call ::= "<tool_call>\\n{" [a-z]{1,4} "}\\n</tool_call>"\n'
