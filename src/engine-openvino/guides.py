@@ -24,6 +24,7 @@ cannot continue (the same for rules ending in a fixed text, as Keel's call rules
 """
 from __future__ import annotations
 
+import json
 from collections import OrderedDict
 from typing import Optional
 
@@ -37,6 +38,9 @@ LEADING_WS = "[ \\t\\n\\r]*"
 #: Parsed grammars kept (LRU): agents resend the same tool grammar every turn.
 GRAMMAR_CACHE_SIZE = 32
 _cache: "OrderedDict[str, Grammar]" = OrderedDict()
+#: Plans of fresh adds by guide (LRU, as many): an agent's tools make the same guide every turn, and a gated free
+#: start with several triggers costs ~13 ms to plan (bench/openvino-guide-plan.mjs) on the loop's thread.
+_plans: "OrderedDict[str, tuple]" = OrderedDict()
 
 
 class GuideRefused(ValueError):
@@ -58,11 +62,20 @@ def parsed(text: str) -> Grammar:
 def plan_for(guide: dict, text: str = "") -> tuple:
     """The structural-tag plan (nested tuples, see to_structured_config) that constrains what follows `text` (the
     request's generated text so far) exactly as the phase machine would. Raises GuideRefused."""
+    key = json.dumps(guide, sort_keys=True) if text == "" else None
+    hit = _plans.get(key) if key is not None else None
+    if hit is not None:
+        _plans.move_to_end(key)
+        return hit
     try:
-        g = parsed(guide["grammar"])
-        return _Planner(guide, g).start(text)
+        plan = _Planner(guide, parsed(guide["grammar"])).start(text)
     except GrammarError as err:
         raise GuideRefused(f"{ENGINE} cannot apply this guide: {err}") from None
+    if key is not None:
+        _plans[key] = plan
+        if len(_plans) > GRAMMAR_CACHE_SIZE:
+            _plans.popitem(last=False)
+    return plan
 
 
 class _Planner:
