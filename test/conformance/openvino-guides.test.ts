@@ -8,6 +8,7 @@
 import { Ajv2020 } from "ajv/dist/2020.js";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { buildGuide } from "../../src/gateway/guided/guide.js";
+import { SCHEMAS, TOOLS } from "../../src/gateway/guided/samples.js";
 import type { GuideRequest } from "../../src/gateway/guided/types.js";
 import { ensureTinyModel } from "../../src/model/default-model.js";
 import { OPENVINO_WORKER } from "../../src/engine-openvino/venv.js";
@@ -116,6 +117,27 @@ describe("OpenVINO engine: guides", () => {
       return id;
     });
     for (const [i, id] of ids.entries()) expect(["stop", "length"], `shape ${i}`).toContain((await engine.finished(id)).at(-1)!.finish!.reason);
+  });
+
+  it("every guide the gateway builds from the shared sample schemas and tools (each call format, forced and auto, with and without reasoning) is applied: none refused, none takes the worker down", { timeout: 120_000 }, async () => {
+    const base: GuideRequest = { tools: [], toolChoice: { kind: "auto" }, responseFormat: { kind: "text" }, toolParser: null, reasoning: null, guideAuto: true, parallelToolCalls: true };
+    const requests: GuideRequest[] = SCHEMAS.map((schema) => ({ ...base, responseFormat: { kind: "json_schema", name: "s", schema: schema as Record<string, unknown>, strict: true } }));
+    for (const toolParser of ["hermes3", "qwen3coder", "llama3"] as const) {
+      for (const reasoning of [null, { parser: "qwen3", open: false }, { parser: "qwen3", open: true }] as const) {
+        for (const toolChoice of [{ kind: "auto" }, { kind: "required" }, { kind: "function", name: "search" }] as const) {
+          requests.push({ ...base, tools: TOOLS, toolParser, reasoning, toolChoice });
+        }
+      }
+    }
+    const ids = requests.map((r, i) => {
+      const id = nextId(`sample-${i}`);
+      add(id, "anything", { guide: buildGuide(r)!, seed: i, maxTokens: 8 });
+      return id;
+    });
+    for (const [i, id] of ids.entries()) {
+      const outs = await engine.finished(id);
+      expect(["stop", "length"], JSON.stringify(requests[i])).toContain(outs.at(-1)!.finish!.reason);
+    }
   });
 
   it("what OpenVINO cannot apply exactly is refused at add, naming the engine", async () => {
