@@ -203,6 +203,35 @@ describe.each(ENGINES_UNDER_TEST)("on the %s engine", (engine) => {
     if (ov) await Promise.all([ov.agent.stop(), ov.coder.stop(), ov.plain.stop()]);
   });
 
+  describe("tool-guided `auto` (--enable_tool_guided_generation): free text with call triggers", () => {
+    // hermes3 with reasoning: a start-only bare-JSON trigger, <tool_call> anywhere, a gated free start.
+    let hermes: ServerHandle;
+    beforeAll(async () => {
+      hermes = await startServer(["--model_path", "keel-tiny-qwen3", "--tool_parser", "hermes3", "--reasoning_parser", "qwen3", "--enable_tool_guided_generation", "true", "--max_num_seqs", "4", "--max_num_batched_tokens", "64"], {}, { engine });
+    }, 120_000);
+    afterAll(async () => {
+      await hermes?.stop();
+    });
+    const tool = { type: "function", function: { name: "get_weather", parameters: { type: "object", properties: { city: { type: "string", maxLength: 8 } }, required: ["city"], additionalProperties: false } } };
+
+    it.each([
+      ["hermes3", () => hermes, "keel-tiny-qwen3"],
+      ["qwen3coder", () => servers().coder, "keel-tiny-qwen3coder"],
+    ] as const)("%s: served (never a 400), every call it makes is schema-valid, and the stream equals the unary answer", async (_format, server, model) => {
+      for (const seed of [1, 2]) {
+        const body = { model, messages: user, tools: [tool], max_tokens: 40, temperature: 1, seed, chat_template_kwargs: { enable_thinking: false } };
+        const unary = await chat(server().baseUrl, body);
+        expect(unary.status, JSON.stringify(unary.body)).toBe(200);
+        const c = firstChoice(unary);
+        expect(["stop", "length", "tool_calls"]).toContain(c.finish_reason);
+        if (c.finish_reason === "tool_calls") expectValidCalls(c.message, [tool as Tool]);
+        const stream = collect((await chat(server().baseUrl, { ...body, stream: true })).events);
+        expect(stream.content).toBe(c.message.content ?? "");
+        expect(stream.calls.map((x) => [x.name, x.arguments])).toEqual((c.message.tool_calls ?? []).map((x) => [x.function.name, x.function.arguments]));
+      }
+    });
+  });
+
   describe("guided generation on random weights (the engine applies the grammar)", () => {
     // Bounded strings: a random-weight model inside an unbounded JSON string would write until max_tokens.
     const lookup = {
