@@ -128,6 +128,20 @@ class FreeTextAutomaton(unittest.TestCase):
         self.assertEqual(in_language(free[1], "  <thin>"), "yes")
         self.assertEqual(in_language(free[1], "a <think> later is free text"), "yes")
 
+    def test_resumed_free_text_continues_where_it_stopped(self):
+        # Past the start: the start-only trigger can no longer fire, the anywhere trigger still can.
+        kind, texts, _, _ = plan_for(self.guide(), "so far ")
+        self.assertEqual((kind, texts), ("triggered", ["<tool_call>"]))
+        # Inside a call opened by the start-only trigger, or by the anywhere one: the rule goes on from there.
+        kind, (rest, after) = plan_for(self.guide(), "  {a")
+        self.assertEqual((kind, rest[0], after[0]), ("concat", "ebnf", "ebnf"))
+        self.assertTrue(rest[1].startswith('root ::= [a-z]{0,2} "}"'), rest[1])
+        self.assertTrue(plan_for(self.guide(), "x <tool_call>\n{a")[1][0][1].startswith('root ::= [a-z]{0,3} "}'))
+        # A call completed: the free phase again from its start (then: free), start-only trigger armed.
+        kind, (rest, after) = plan_for(self.guide(), "{ab}")
+        self.assertEqual((kind, in_language(rest[1], ""), in_language(rest[1], "x")), ("concat", "yes", "no"))
+        self.assertEqual(in_language(after[1], " {cd}"), "yes")
+
     def test_mixed_then_is_exact_too(self):
         triggers = [{"text": "<tool_call>", "rule": "call", "then": "end"}, {"text": "{", "rule": "bare", "then": "free"}]
         kind, ebnf = plan_for({"grammar": CALL + self.BARE, "start": {"kind": "free"}, "triggers": triggers})
