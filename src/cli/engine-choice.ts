@@ -61,10 +61,6 @@ export function engineFlagProblems(engine: EngineName, f: ServeOptions, given: R
     }
     return problems;
   }
-  if (f.enable_tool_guided_generation) {
-    // Accepting it would make every request with tools fail (the engine cannot apply the grammar): refuse at start.
-    problems.push("--enable_tool_guided_generation true needs grammar-constrained sampling, which the OpenVINO engine does not apply yet (capability 'grammars'); without it tool calls are parsed from free text (tool_choice auto), or serve with --engine llama.cpp");
-  }
   if (f.flash_attention && given.has("flash_attention")) {
     problems.push("--flash_attention is a llama.cpp setting; the OpenVINO engine chooses its attention kernels itself, so it is refused with --engine openvino");
   }

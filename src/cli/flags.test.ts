@@ -144,9 +144,9 @@ describe("--plugin_config", () => {
     expect(bf16["pluginOpenvinoOnlyKv"]).toBe("bf16");
     expect(engineFlagProblems("llama.cpp", bf16, new Set(["plugin_config"]))).toEqual([expect.stringContaining('KV_CACHE_PRECISION "bf16" is an OpenVINO precision')]);
     expect(engineFlagProblems("openvino", bf16, new Set(["plugin_config"]))).toEqual([]);
-    // Tool-guided generation needs grammars, which the OpenVINO engine lacks: refused at start, not per request.
+    // Tool-guided generation: both engines apply guides (OpenVINO as XGrammar structural tags, issue #19).
     const guided = parse("--enable_tool_guided_generation", "true", "--tool_parser", "hermes3");
-    expect(engineFlagProblems("openvino", guided, new Set(["enable_tool_guided_generation"]))).toEqual([expect.stringContaining("--enable_tool_guided_generation true needs grammar-constrained sampling")]);
+    expect(engineFlagProblems("openvino", guided, new Set(["enable_tool_guided_generation"]))).toEqual([]);
     expect(engineFlagProblems("llama.cpp", guided, new Set(["enable_tool_guided_generation"]))).toEqual([]);
     expect(() => parse("--plugin_config", '{"INFERENCE_NUM_THREADS":-1}')).toThrow(/INFERENCE_NUM_THREADS must be an integer/);
   });

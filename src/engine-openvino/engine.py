@@ -11,6 +11,7 @@ from typing import Optional
 from channel import Channel
 from detokenize import ByteDetokenizer, Detokenizer
 from faults import Faults
+from guides import GuideRefused, plan_for, to_structured_config
 from inbox import Inbox
 from logline import log
 from messages import PROTOCOL_VERSION
@@ -139,10 +140,10 @@ class Engine:
     def capabilities(self) -> dict:
         return {
             "exactSeededResume": False,  # OpenVINO seeds a request's RNG once; a resumed sampled stream re-draws
-            "maxTopLogprobs": 0,  # the sampled token's log-probability only
-            "extendedSampling": False,  # no logit_bias
+            "maxTopLogprobs": 0,  # GenAI 2026.4 returns the sampled token's log-probability only (no alternatives)
+            "extendedSampling": False,  # no logit_bias: GenerationConfig has none, and no logits processor hook
             "samplingFields": SAMPLING_FIELDS,
-            "grammars": False,  # Keel's guides (GBNF phases with triggers) have no OpenVINO equivalent yet
+            "grammars": True,  # guides become XGrammar structural tags at add (guides.py); what cannot is refused
             "sharedPrefill": False,
         }
 
@@ -190,7 +191,22 @@ class Engine:
             c.stop_token_ids = set(int(t) for t in p["stopTokenIds"]) | self.eog
         if p.get("logprobs") is not None:
             c.logprobs = 1
+        if p.get("guide") is not None:
+            # The guide in the state the request's generated text left it (a resume or re-add continues, never restarts).
+            c.structured_output_config = to_structured_config(plan_for(p["guide"], self.generated_text(req)), self.ov)
         return c
+
+    def generated_text(self, req: Request) -> str:
+        """The text of what the request generated so far (resumed and produced tokens; end-of-generation adds none)."""
+        ids = [t for t in req.resumed + req.produced if t not in self.eog]
+        if not ids:
+            return ""
+        if not self.token_bytes:
+            return self.decode(ids)
+        try:
+            return b"".join(self.token_bytes[t] for t in ids).decode("utf-8")
+        except UnicodeDecodeError:
+            raise GuideRefused("the OpenVINO engine cannot resume a guided request whose generated text stops inside a character") from None
 
     def apply_add(self, m: dict) -> None:
         rid = m["id"]
@@ -200,8 +216,11 @@ class Engine:
         unsupported = [k for k in ("logitBias",) if k in p]
         if unsupported:
             return self.refuse(rid, "invalid_params", "the OpenVINO engine does not apply logitBias (OpenVINO GenAI has no logit bias)")
-        if p.get("guide") is not None:
-            return self.refuse(rid, "invalid_params", "this engine does not apply guides (capabilities.grammars is false)")
+        if p.get("guide") is not None and (p["ignoreEos"] or p.get("minTokens")):
+            # OpenVINO lets a completed grammar's end-of-generation be ignored (the output then runs on unconstrained)
+            # and masks everything before min_new_tokens (NUL tokens): never apply a guide loosely.
+            field = "ignoreEos" if p["ignoreEos"] else "minTokens"
+            return self.refuse(rid, "invalid_params", f"the OpenVINO engine cannot apply a guide together with {field}: after a complete grammar only end-of-generation may follow")
         if p.get("logprobs") is not None and p["logprobs"] > 0:
             return self.refuse(rid, "invalid_params", f"logprobs {p['logprobs']} exceeds the engine's maximum of 0 (OpenVINO GenAI reports the sampled token's log-probability only)")
         bad = next((t for t in p.get("stopTokenIds") or [] if t >= self.vocab), None)
@@ -249,6 +268,8 @@ class Engine:
             req.gen_config = self.generation_config(req, max_new)
             req.gen_config.validate()
             req.max_new = max_new
+        except GuideRefused as err:
+            return self.refuse(rid, "invalid_params", str(err))
         except Exception as err:  # noqa: BLE001
             return self.refuse(rid, "invalid_params", f"OpenVINO GenAI refuses these sampling parameters: {err}")
         silent = lambda t: t in self.eog  # noqa: E731

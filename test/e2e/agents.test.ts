@@ -9,18 +9,18 @@ import OpenAI from "openai";
 import type { ChatCompletionMessageParam, ChatCompletionTool } from "openai/resources/chat/completions";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { chat } from "../support/chat-client.js";
-import { startServer, type ServerHandle } from "../support/server.js";
+import { ENGINES_UNDER_TEST, TINY_MODEL_FOR, startServer, type ServerHandle } from "../support/server.js";
+
+const AGENT_FLAGS = ["--model_path", "keel-tiny-qwen3", "--tool_parser", "auto", "--reasoning_parser", "qwen3", "--max_num_seqs", "4", "--max_num_batched_tokens", "64"];
+const CODER_FLAGS = ["--model_path", "keel-tiny-qwen3coder", "--tool_parser", "qwen3coder", "--enable_tool_guided_generation", "true", "--max_num_seqs", "4", "--max_num_batched_tokens", "64"];
+const PLAIN_FLAGS = ["--max_num_seqs", "2", "--max_num_batched_tokens", "64"];
 
 let agent: ServerHandle;
 let coder: ServerHandle;
 let plain: ServerHandle;
 
 beforeAll(async () => {
-  [agent, coder, plain] = await Promise.all([
-    startServer(["--model_path", "keel-tiny-qwen3", "--tool_parser", "auto", "--reasoning_parser", "qwen3", "--max_num_seqs", "4", "--max_num_batched_tokens", "64"]),
-    startServer(["--model_path", "keel-tiny-qwen3coder", "--tool_parser", "qwen3coder", "--enable_tool_guided_generation", "true", "--max_num_seqs", "4", "--max_num_batched_tokens", "64"]),
-    startServer(["--max_num_seqs", "2", "--max_num_batched_tokens", "64"]),
-  ]);
+  [agent, coder, plain] = await Promise.all([startServer(AGENT_FLAGS), startServer(CODER_FLAGS), startServer(PLAIN_FLAGS)]);
 }, 120_000);
 afterAll(async () => {
   await Promise.all([agent?.stop(), coder?.stop(), plain?.stop()]);
@@ -183,152 +183,202 @@ function expectValidCalls(message: Message, tools: Tool[]): void {
   }
 }
 
-describe("guided generation on random weights (the engine applies the grammar)", () => {
-  // Bounded strings: a random-weight model inside an unbounded JSON string would write until max_tokens.
-  const lookup = {
-    type: "function",
-    function: {
-      name: "get_weather",
-      description: "Current weather of a city",
-      parameters: { type: "object", properties: { city: { type: "string", minLength: 1, maxLength: 10 }, days: { type: "integer", minimum: 1, maximum: 7 } }, required: ["city"], additionalProperties: false },
-    },
-  };
-  const order = {
-    type: "function",
-    function: {
-      name: "place_order",
-      description: "Order items",
-      parameters: {
-        type: "object",
-        properties: { item: { type: "string", enum: ["tea", "coffee"] }, qty: { type: "integer", minimum: 1, maximum: 9 }, note: { type: "string", maxLength: 6 } },
-        required: ["item", "qty"],
-        additionalProperties: false,
-      },
-    },
-  };
-
-  it.each([1, 2, 3])("qwen3coder, tool_choice required, one call (seed %i): a schema-valid call, finish_reason tool_calls; stream agrees", async (seed) => {
-    const body = { model: "keel-tiny-qwen3coder", messages: user, tools: [lookup, order], tool_choice: "required", parallel_tool_calls: false, max_tokens: 300, temperature: 1, seed };
-    const unary = await chat(coder.baseUrl, body);
-    expect(unary.status).toBe(200);
-    const c = firstChoice(unary);
-    expect(c.finish_reason).toBe("tool_calls");
-    expectValidCalls(c.message, [lookup, order]);
-    const stream = await chat(coder.baseUrl, { ...body, stream: true });
-    const s = collect(stream.events);
-    expect(s.calls.map((x) => [x.name, x.arguments])).toEqual(c.message.tool_calls!.map((x) => [x.function.name, x.function.arguments]));
+/**
+ * The guided and agent cases run on both engines (issue #19): the llama.cpp engine with the servers above, the
+ * OpenVINO engine (guides as XGrammar structural tags, src/engine-openvino/guides.py) with the same flags.
+ */
+describe.each(ENGINES_UNDER_TEST)("on the %s engine", (engine) => {
+  let ov: { agent: ServerHandle; coder: ServerHandle; plain: ServerHandle } | null = null;
+  const servers = () => (engine === "llama.cpp" ? { agent, coder, plain } : ov!);
+  beforeAll(async () => {
+    if (engine !== "openvino") return;
+    const [a, c, p] = await Promise.all([
+      startServer(AGENT_FLAGS, {}, { engine }),
+      startServer(CODER_FLAGS, {}, { engine }),
+      startServer(PLAIN_FLAGS, {}, { engine }),
+    ]);
+    ov = { agent: a, coder: c, plain: p };
+  }, 240_000);
+  afterAll(async () => {
+    if (ov) await Promise.all([ov.agent.stop(), ov.coder.stop(), ov.plain.stop()]);
   });
 
-  it("qwen3coder, a named function with parallel_tool_calls false: exactly one call, to that function", async () => {
-    const r = await chat(coder.baseUrl, { model: "keel-tiny-qwen3coder", messages: user, tools: [lookup, order], tool_choice: { type: "function", function: { name: "place_order" } }, parallel_tool_calls: false, max_tokens: 200, seed: 5 });
-    expect(r.status).toBe(200);
-    const c = firstChoice(r);
-    expectValidCalls(c.message, [order]);
-    expect(c.message.tool_calls!.map((t) => t.function.name)).toEqual(["place_order"]);
-    expect(c.finish_reason).toBe("tool_calls");
-  });
-
-  it("hermes3 (auto-resolved), a named function with thinking off: one schema-valid call; reasoning never in content", async () => {
-    const r = await chat(agent.baseUrl, {
-      model: "keel-tiny-qwen3",
-      messages: user,
-      tools: [lookup, order],
-      tool_choice: { type: "function", name: "get_weather" },
-      parallel_tool_calls: false,
-      chat_template_kwargs: { enable_thinking: false },
-      max_tokens: 300,
-      seed: 11,
+  describe("tool-guided `auto` (--enable_tool_guided_generation): free text with call triggers", () => {
+    // hermes3 with reasoning: a start-only bare-JSON trigger, <tool_call> anywhere, a gated free start.
+    let hermes: ServerHandle;
+    beforeAll(async () => {
+      hermes = await startServer(["--model_path", "keel-tiny-qwen3", "--tool_parser", "hermes3", "--reasoning_parser", "qwen3", "--enable_tool_guided_generation", "true", "--max_num_seqs", "4", "--max_num_batched_tokens", "64"], {}, { engine });
+    }, 120_000);
+    afterAll(async () => {
+      await hermes?.stop();
     });
-    expect(r.status).toBe(200);
-    const c = firstChoice(r);
-    expectValidCalls(c.message, [lookup]);
-    expect(c.message.tool_calls).toHaveLength(1);
-    expect(c.message.content ?? "").not.toContain("<think>");
+    const tool = { type: "function", function: { name: "get_weather", parameters: { type: "object", properties: { city: { type: "string", maxLength: 8 } }, required: ["city"], additionalProperties: false } } };
+
+    it.each([
+      ["hermes3", () => hermes, "keel-tiny-qwen3"],
+      ["qwen3coder", () => servers().coder, "keel-tiny-qwen3coder"],
+    ] as const)("%s: served (never a 400), every call it makes is schema-valid, and the stream equals the unary answer", async (_format, server, model) => {
+      for (const seed of [1, 2]) {
+        const body = { model, messages: user, tools: [tool], max_tokens: 40, temperature: 1, seed, chat_template_kwargs: { enable_thinking: false } };
+        const unary = await chat(server().baseUrl, body);
+        expect(unary.status, JSON.stringify(unary.body)).toBe(200);
+        const c = firstChoice(unary);
+        expect(["stop", "length", "tool_calls"]).toContain(c.finish_reason);
+        if (c.finish_reason === "tool_calls") expectValidCalls(c.message, [tool as Tool]);
+        const stream = collect((await chat(server().baseUrl, { ...body, stream: true })).events);
+        expect(stream.content).toBe(c.message.content ?? "");
+        expect(stream.calls.map((x) => [x.name, x.arguments])).toEqual((c.message.tool_calls ?? []).map((x) => [x.function.name, x.function.arguments]));
+      }
+    });
   });
 
-  it("named tool_choice renders only that tool (the prompt is the one-tool prompt)", async () => {
-    const usage = async (extra: Record<string, unknown>) => {
-      const r = await chat(agent.baseUrl, { model: "keel-tiny-qwen3", messages: user, max_tokens: 1, temperature: 0, ...extra });
-      expect(r.status).toBe(200);
-      return (r.body as { usage: { prompt_tokens: number } }).usage.prompt_tokens;
+  describe("guided generation on random weights (the engine applies the grammar)", () => {
+    // Bounded strings: a random-weight model inside an unbounded JSON string would write until max_tokens.
+    const lookup = {
+      type: "function",
+      function: {
+        name: "get_weather",
+        description: "Current weather of a city",
+        parameters: { type: "object", properties: { city: { type: "string", minLength: 1, maxLength: 10 }, days: { type: "integer", minimum: 1, maximum: 7 } }, required: ["city"], additionalProperties: false },
+      },
     };
-    const time = fn({ type: "object", properties: {} }, "get_time");
-    expect(await usage({ tools: [weather, time], tool_choice: { type: "function", function: { name: "get_weather" } } })).toBe(await usage({ tools: [weather] }));
+    const order = {
+      type: "function",
+      function: {
+        name: "place_order",
+        description: "Order items",
+        parameters: {
+          type: "object",
+          properties: { item: { type: "string", enum: ["tea", "coffee"] }, qty: { type: "integer", minimum: 1, maximum: 9 }, note: { type: "string", maxLength: 6 } },
+          required: ["item", "qty"],
+          additionalProperties: false,
+        },
+      },
+    };
+
+    it.each([1, 2, 3])("qwen3coder, tool_choice required, one call (seed %i): a schema-valid call, finish_reason tool_calls; stream agrees", async (seed) => {
+      const body = { model: "keel-tiny-qwen3coder", messages: user, tools: [lookup, order], tool_choice: "required", parallel_tool_calls: false, max_tokens: 300, temperature: 1, seed };
+      const unary = await chat(servers().coder.baseUrl, body);
+      expect(unary.status).toBe(200);
+      const c = firstChoice(unary);
+      expect(c.finish_reason).toBe("tool_calls");
+      expectValidCalls(c.message, [lookup, order]);
+      const stream = await chat(servers().coder.baseUrl, { ...body, stream: true });
+      const s = collect(stream.events);
+      expect(s.calls.map((x) => [x.name, x.arguments])).toEqual(c.message.tool_calls!.map((x) => [x.function.name, x.function.arguments]));
+    });
+
+    it("qwen3coder, a named function with parallel_tool_calls false: exactly one call, to that function", async () => {
+      const r = await chat(servers().coder.baseUrl, { model: "keel-tiny-qwen3coder", messages: user, tools: [lookup, order], tool_choice: { type: "function", function: { name: "place_order" } }, parallel_tool_calls: false, max_tokens: 200, seed: 5 });
+      expect(r.status).toBe(200);
+      const c = firstChoice(r);
+      expectValidCalls(c.message, [order]);
+      expect(c.message.tool_calls!.map((t) => t.function.name)).toEqual(["place_order"]);
+      expect(c.finish_reason).toBe("tool_calls");
+    });
+
+    it("hermes3 (auto-resolved), a named function with thinking off: one schema-valid call; reasoning never in content", async () => {
+      const r = await chat(servers().agent.baseUrl, {
+        model: "keel-tiny-qwen3",
+        messages: user,
+        tools: [lookup, order],
+        tool_choice: { type: "function", name: "get_weather" },
+        parallel_tool_calls: false,
+        chat_template_kwargs: { enable_thinking: false },
+        max_tokens: 300,
+        seed: 11,
+      });
+      expect(r.status).toBe(200);
+      const c = firstChoice(r);
+      expectValidCalls(c.message, [lookup]);
+      expect(c.message.tool_calls).toHaveLength(1);
+      expect(c.message.content ?? "").not.toContain("<think>");
+    });
+
+    it("named tool_choice renders only that tool (the prompt is the one-tool prompt)", async () => {
+      const usage = async (extra: Record<string, unknown>) => {
+        const r = await chat(servers().agent.baseUrl, { model: "keel-tiny-qwen3", messages: user, max_tokens: 1, temperature: 0, ...extra });
+        expect(r.status).toBe(200);
+        return (r.body as { usage: { prompt_tokens: number } }).usage.prompt_tokens;
+      };
+      const time = fn({ type: "object", properties: {} }, "get_time");
+      expect(await usage({ tools: [weather, time], tool_choice: { type: "function", function: { name: "get_weather" } } })).toBe(await usage({ tools: [weather] }));
+    });
+
+    const person = {
+      type: "object",
+      properties: { name: { type: "string", minLength: 1, maxLength: 8 }, age: { type: "integer", minimum: 0, maximum: 120 }, tags: { type: "array", items: { enum: ["a", "b"] }, maxItems: 3 } },
+      required: ["name", "age"],
+      additionalProperties: false,
+    };
+
+    it.each([1, 2, 3])("response_format json_schema (seed %i) without any server flag: the content parses and validates; stream agrees", async (seed) => {
+      const body = { model: TINY_MODEL_FOR[engine], messages: user, response_format: { type: "json_schema", json_schema: { name: "person", schema: person, strict: true } }, max_tokens: 300, temperature: 1, seed };
+      const r = await chat(servers().plain.baseUrl, body);
+      expect(r.status).toBe(200);
+      const c = firstChoice(r);
+      expect(c.finish_reason).toBe("stop");
+      const value: unknown = JSON.parse(c.message.content!);
+      const validate = ajv.compile(person);
+      expect(validate(value), ajv.errorsText(validate.errors)).toBe(true);
+      const stream = await chat(servers().plain.baseUrl, { ...body, stream: true });
+      expect(stream.text).toBe(c.message.content);
+    });
+
+    it("response_format with active tools is a 400 (the output cannot be both)", async () => {
+      const r = await chat(servers().coder.baseUrl, { model: "keel-tiny-qwen3coder", messages: user, tools: [weather], response_format: { type: "json_object" }, max_tokens: 4 });
+      expect(r.status).toBe(400);
+      expect((r.body as ErrorBody).error.param).toBe("response_format");
+    });
   });
 
-  const person = {
-    type: "object",
-    properties: { name: { type: "string", minLength: 1, maxLength: 8 }, age: { type: "integer", minimum: 0, maximum: 120 }, tags: { type: "array", items: { enum: ["a", "b"] }, maxItems: 3 } },
-    required: ["name", "age"],
-    additionalProperties: false,
-  };
-
-  it.each([1, 2, 3])("response_format json_schema (seed %i) without any server flag: the content parses and validates; stream agrees", async (seed) => {
-    const body = { model: "keel-tiny", messages: user, response_format: { type: "json_schema", json_schema: { name: "person", schema: person, strict: true } }, max_tokens: 300, temperature: 1, seed };
-    const r = await chat(plain.baseUrl, body);
-    expect(r.status).toBe(200);
-    const c = firstChoice(r);
-    expect(c.finish_reason).toBe("stop");
-    const value: unknown = JSON.parse(c.message.content!);
-    const validate = ajv.compile(person);
-    expect(validate(value), ajv.errorsText(validate.errors)).toBe(true);
-    const stream = await chat(plain.baseUrl, { ...body, stream: true });
-    expect(stream.text).toBe(c.message.content);
+  describe("an OpenAI SDK agent loop in both call formats (call, tool result, answer)", () => {
+    const tool: ChatCompletionTool = {
+      type: "function",
+      function: { name: "get_weather", parameters: { type: "object", properties: { city: { type: "string", maxLength: 8 } }, required: ["city"], additionalProperties: false } },
+    };
+    it.each([
+      ["hermes3", () => servers().agent, "keel-tiny-qwen3"],
+      ["qwen3coder", () => servers().coder, "keel-tiny-qwen3coder"],
+    ] as const)("%s: the SDK's assistant message and the tool result go back through the template and are answered", async (_format, server, model) => {
+      const sdk = new OpenAI({ baseURL: `${server().baseUrl}/v1`, apiKey: "k", maxRetries: 0 });
+      const messages: ChatCompletionMessageParam[] = [{ role: "user", content: "Weather in Rome?" }];
+      const first = await sdk.chat.completions.create({ model, messages, tools: [tool], tool_choice: "required", parallel_tool_calls: false, max_tokens: 120, seed: 3, chat_template_kwargs: { enable_thinking: false } } as never);
+      const assistant = first.choices[0]!.message;
+      expect(first.choices[0]!.finish_reason).toBe("tool_calls");
+      expect(assistant.content).toBeNull();
+      expect(assistant.tool_calls).toHaveLength(1);
+      messages.push(assistant as ChatCompletionMessageParam);
+      messages.push({ role: "tool", tool_call_id: assistant.tool_calls![0]!.id, content: '{"temp_c": 18}' });
+      const second = await sdk.chat.completions.create({ model, messages, tools: [tool], max_tokens: 8, seed: 3 });
+      expect(second.choices).toHaveLength(1);
+      expect(["stop", "length", "tool_calls"]).toContain(second.choices[0]!.finish_reason);
+      // The follow-up prompt holds the first one plus the call and its result.
+      expect(second.usage!.prompt_tokens).toBeGreaterThan(first.usage!.prompt_tokens);
+    });
   });
 
-  it("response_format with active tools is a 400 (the output cannot be both)", async () => {
-    const r = await chat(coder.baseUrl, { model: "keel-tiny-qwen3coder", messages: user, tools: [weather], response_format: { type: "json_object" }, max_tokens: 4 });
-    expect(r.status).toBe(400);
-    expect((r.body as ErrorBody).error.param).toBe("response_format");
-  });
-});
+  describe("Responses API: function tools", () => {
+    const flat = { type: "function", name: "get_weather", parameters: { type: "object", properties: { city: { type: "string", maxLength: 8 } }, required: ["city"], additionalProperties: false } };
+    const post = async (body: Record<string, unknown>) => {
+      const r = await fetch(`${servers().coder.baseUrl}/v3/responses`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body) });
+      return { status: r.status, body: (await r.json()) as { status: string; output: { type: string; call_id?: string; name?: string; arguments?: string }[]; error?: unknown } };
+    };
 
-describe("an OpenAI SDK agent loop in both call formats (call, tool result, answer)", () => {
-  const tool: ChatCompletionTool = {
-    type: "function",
-    function: { name: "get_weather", parameters: { type: "object", properties: { city: { type: "string", maxLength: 8 } }, required: ["city"], additionalProperties: false } },
-  };
-  it.each([
-    ["hermes3", () => agent, "keel-tiny-qwen3"],
-    ["qwen3coder", () => coder, "keel-tiny-qwen3coder"],
-  ] as const)("%s: the SDK's assistant message and the tool result go back through the template and are answered", async (_format, server, model) => {
-    const sdk = new OpenAI({ baseURL: `${server().baseUrl}/v1`, apiKey: "k", maxRetries: 0 });
-    const messages: ChatCompletionMessageParam[] = [{ role: "user", content: "Weather in Rome?" }];
-    const first = await sdk.chat.completions.create({ model, messages, tools: [tool], tool_choice: "required", parallel_tool_calls: false, max_tokens: 120, seed: 3, chat_template_kwargs: { enable_thinking: false } } as never);
-    const assistant = first.choices[0]!.message;
-    expect(first.choices[0]!.finish_reason).toBe("tool_calls");
-    expect(assistant.content).toBeNull();
-    expect(assistant.tool_calls).toHaveLength(1);
-    messages.push(assistant as ChatCompletionMessageParam);
-    messages.push({ role: "tool", tool_call_id: assistant.tool_calls![0]!.id, content: '{"temp_c": 18}' });
-    const second = await sdk.chat.completions.create({ model, messages, tools: [tool], max_tokens: 8, seed: 3 });
-    expect(second.choices).toHaveLength(1);
-    expect(["stop", "length", "tool_calls"]).toContain(second.choices[0]!.finish_reason);
-    // The follow-up prompt holds the first one plus the call and its result.
-    expect(second.usage!.prompt_tokens).toBeGreaterThan(first.usage!.prompt_tokens);
-  });
-});
-
-describe("Responses API: function tools", () => {
-  const flat = { type: "function", name: "get_weather", parameters: { type: "object", properties: { city: { type: "string", maxLength: 8 } }, required: ["city"], additionalProperties: false } };
-  const post = async (body: Record<string, unknown>) => {
-    const r = await fetch(`${coder.baseUrl}/v3/responses`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body) });
-    return { status: r.status, body: (await r.json()) as { status: string; output: { type: string; call_id?: string; name?: string; arguments?: string }[]; error?: unknown } };
-  };
-
-  it("required: a function_call output item with schema-valid arguments; its result goes back as function_call_output", async () => {
-    const input: unknown[] = [{ role: "user", content: "Weather in Oslo?" }];
-    const first = await post({ model: "keel-tiny-qwen3coder", input, tools: [flat], tool_choice: "required", parallel_tool_calls: false, max_output_tokens: 120 });
-    expect(first.status).toBe(200);
-    expect(first.body.status).toBe("completed");
-    const calls = first.body.output.filter((o) => o.type === "function_call");
-    expect(calls).toHaveLength(1);
-    expect(calls[0]!.name).toBe("get_weather");
-    expect(ajv.compile(flat.parameters)(JSON.parse(calls[0]!.arguments!))).toBe(true);
-    input.push({ type: "function_call", call_id: calls[0]!.call_id, name: calls[0]!.name, arguments: calls[0]!.arguments });
-    input.push({ type: "function_call_output", call_id: calls[0]!.call_id, output: '{"temp_c": 3}' });
-    const second = await post({ model: "keel-tiny-qwen3coder", input, tools: [flat], max_output_tokens: 8 });
-    expect(second.status).toBe(200);
-    expect(["completed", "incomplete"]).toContain(second.body.status);
+    it("required: a function_call output item with schema-valid arguments; its result goes back as function_call_output", async () => {
+      const input: unknown[] = [{ role: "user", content: "Weather in Oslo?" }];
+      const first = await post({ model: "keel-tiny-qwen3coder", input, tools: [flat], tool_choice: "required", parallel_tool_calls: false, max_output_tokens: 120 });
+      expect(first.status).toBe(200);
+      expect(first.body.status).toBe("completed");
+      const calls = first.body.output.filter((o) => o.type === "function_call");
+      expect(calls).toHaveLength(1);
+      expect(calls[0]!.name).toBe("get_weather");
+      expect(ajv.compile(flat.parameters)(JSON.parse(calls[0]!.arguments!))).toBe(true);
+      input.push({ type: "function_call", call_id: calls[0]!.call_id, name: calls[0]!.name, arguments: calls[0]!.arguments });
+      input.push({ type: "function_call_output", call_id: calls[0]!.call_id, output: '{"temp_c": 3}' });
+      const second = await post({ model: "keel-tiny-qwen3coder", input, tools: [flat], max_output_tokens: 8 });
+      expect(second.status).toBe(200);
+      expect(["completed", "incomplete"]).toContain(second.body.status);
+    });
   });
 });

@@ -134,7 +134,7 @@ export async function handleChat(ctx: RouteContext, req: FastifyRequest, reply: 
   if (body.model !== ctx.model.name) throw modelNotFound(body.model, ctx.model.served());
   const engine = readyEngine(ctx, reply);
   const caps = engine.capabilities;
-  const refused = checkCapabilities(body.sampling, body.logprobs === null ? null : { param: body.logprobs > 0 ? "top_logprobs" : "logprobs", n: body.logprobs }, caps, engine.vocabSize);
+  const refused = checkCapabilities(body.sampling, body.logprobs === null ? null : { param: body.logprobs > 0 ? "top_logprobs" : "logprobs", n: body.logprobs }, caps, engine.vocabSize, engine.engineName);
   if (refused) throw refused;
   const agents = ctx.model.agents();
   // Tools asked for but no parser to read the calls: refused before rendering (never accepted and ignored).

@@ -169,7 +169,7 @@ export async function handleCompletion(ctx: RouteContext, req: FastifyRequest, r
   if (body.model !== ctx.model.name) throw modelNotFound(body.model, ctx.model.served());
   const engine = readyEngine(ctx, reply);
   const caps = engine.capabilities;
-  const refused = checkCapabilities(body.sampling, body.logprobs === null ? null : { param: "logprobs", n: body.logprobs }, caps, engine.vocabSize);
+  const refused = checkCapabilities(body.sampling, body.logprobs === null ? null : { param: "logprobs", n: body.logprobs }, caps, engine.vocabSize, engine.engineName);
   if (refused) throw refused;
   const id = `cmpl-${randomUUID().replaceAll("-", "")}`;
   runGeneration(

@@ -116,18 +116,20 @@ export function checkCapabilities(
   logprobs: { param: string; n: number } | null,
   caps: EngineCapabilities,
   vocabSize: number,
+  engineName?: string,
 ): KeelHttpError | null {
+  const engine = engineName === undefined ? "The current engine" : `The current engine (${engineName})`;
   // Every extended field with extendedSampling; else only those the engine lists in samplingFields (the OpenVINO
   // engine applies penalties, min_p, min_tokens and stop ids but has no logit_bias).
   if (!caps.extendedSampling) {
     const applied = new Set(caps.samplingFields ?? []);
     const first = (Object.keys(ext) as (keyof ExtendedSampling)[]).find((k) => !applied.has(k));
-    if (first) return unsupportedField(EXTENDED_FIELD_NAMES[first], "The current engine does not apply this sampling parameter.");
+    if (first) return unsupportedField(EXTENDED_FIELD_NAMES[first], `${engine} does not apply this sampling parameter.`);
   }
   if (logprobs && logprobs.n > caps.maxTopLogprobs) {
     return caps.maxTopLogprobs < 0
-      ? unsupportedField(logprobs.param, "The current engine does not compute log probabilities.")
-      : invalidValue(logprobs.param, `Invalid value for '${logprobs.param}': the engine serves at most ${caps.maxTopLogprobs} alternatives per token (got ${logprobs.n}).`);
+      ? unsupportedField(logprobs.param, `${engine} does not compute log probabilities.`)
+      : invalidValue(logprobs.param, `Invalid value for '${logprobs.param}': ${engine.charAt(0).toLowerCase()}${engine.slice(1)} serves at most ${caps.maxTopLogprobs} alternatives per token (got ${logprobs.n}).`);
   }
   for (const [token] of ext.logitBias ?? []) {
     if (token >= vocabSize) return invalidValue("logit_bias", `Invalid value for 'logit_bias': token id ${token} is outside the vocabulary (0..${vocabSize - 1}).`);

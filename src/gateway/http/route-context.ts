@@ -48,6 +48,8 @@ export interface ReadyEngine {
   maxNumSeqs: number;
   /** Vocabulary size of the model. */
   vocabSize: number;
+  /** The engine's name and version as its `ready` said (e.g. `openvino-genai@2026.4.1`), for 400s naming it. */
+  engineName?: string;
   /** Tokenize text (`/v3/tokenize`); rejects when the engine goes away or refuses. */
   tokenize(text: string, addSpecialTokens: boolean): Promise<number[]>;
 }

@@ -149,6 +149,7 @@ export class ModelUnit {
       maxModelLen: ready.limits.maxModelLen,
       maxNumSeqs: ready.limits.maxNumSeqs,
       vocabSize: ready.model.vocabSize,
+      engineName: ready.engine,
       tokenize: (text, addSpecialTokens) => tokenizer.tokenize(text, addSpecialTokens),
     };
   }
