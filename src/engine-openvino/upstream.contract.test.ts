@@ -115,6 +115,15 @@ describe("OpenVINO GenAI on a hybrid (linear-attention) model: the seed's crash 
     for (const hit of Object.values(attention)) expect([hit.repeatSteps, hit.gap]).toEqual([1, 0]);
   });
 
+  it("the cause: the exported IR leaves position_ids unused (rotary positions from an in-graph arange); rewired by rope_positions.py the paged hybrid is batch-, chunk- and resume-invariant and matches the stateful model", async () => {
+    const r = (await check("hybrid_positions", await hybridModel())) as { positionIdsUnused: boolean; rewired: string[]; fixed: Record<string, number | boolean | null> };
+    expect(r.positionIdsUnused).toBe(true);
+    expect(r.rewired).toEqual(["__module.model.model/aten::expand/Broadcast"]);
+    expect(r.fixed).toMatchObject({ soloVsBatched: 0, sameTokens: true, serialVsSolo: 0, chunkedVsWhole: 0 });
+    expect(r.fixed["resumedVsUninterrupted"]).toBeLessThan(1e-4);
+    expect(r.fixed["prompt4"]).toBeLessThan(1e-4);
+  });
+
   it("num_linear_attention_blocks on a model without linear attention refuses to load the pipeline", async () => {
     expect((await check("la_blocks_on_attention_model")).raised).toMatch(/num_linear_attention_blocks can be set only for models with linear attention/);
   });
