@@ -124,6 +124,15 @@ describe("OpenVINO GenAI on a hybrid (linear-attention) model: the seed's crash 
     expect(r.fixed["prompt4"]).toBeLessThan(1e-4);
   });
 
+  it("a prefix-cache hit restores another prompt's linear-attention state: with 64-token checkpoints (multiplier 2), a prompt sharing A's first block but not the interval corrupts A's next hit (content-dependent); multiplier 1, or sharing <32 or >=64 tokens, is exact", async () => {
+    type Run = { gap: number; firstLogprob: number };
+    const r = (await check("prefix_checkpoint_leak", await hybridModel())) as Record<string, Run>;
+    expect(r["shared40_cim2_tail8"]!.gap).toBeGreaterThan(1e-3);
+    expect(r["shared40_cim2_tail77"]!.gap).toBeGreaterThan(1e-3);
+    expect(r["shared40_cim2_tail8"]!.firstLogprob).not.toBe(r["shared40_cim2_tail77"]!.firstLogprob); // X's content leaks into A
+    for (const k of ["shared20_cim2_tail8", "shared70_cim2_tail8", "shared40_cim1_tail8"]) expect(r[k]!.gap).toBe(0);
+  });
+
   it("num_linear_attention_blocks on a model without linear attention refuses to load the pipeline", async () => {
     expect((await check("la_blocks_on_attention_model")).raised).toMatch(/num_linear_attention_blocks can be set only for models with linear attention/);
   });

@@ -293,6 +293,25 @@ def hybrid_positions(model: str) -> dict:
         return {"positionIdsUnused": unused == [True], "rewired": rewired, "fixed": {**batch_variance(fixed), **resume_variance(fixed), **hybrid_vs_stateful(fixed)}}
 
 
+def prefix_checkpoint_leak(model: str) -> dict:
+    """Prefix caching with cache_interval_multiplier 2 (64-token checkpoints): A (100 tokens), then X sharing its
+    first `shared` tokens, then A again. A's repeat vs A's cold run (greedy log-probs), for two X tails."""
+    a, n = random_prompt(100, 1), 24
+    cold = run_greedy(hybrid_pipeline(model, prefix=False, blocks=64, seqs=4, la_blocks=None), [("A", a, 0)], n)["A"]
+
+    def repeat_after(x: list, cim: int):
+        p = hybrid_pipeline(model, prefix=True, blocks=64, seqs=4, la_blocks=None, cim=cim)
+        for ids in (a, x):
+            run_greedy(p, [("R", ids, 0)], n)
+        return run_greedy(p, [("A", a, 0)], n)["A"]
+
+    out = {}
+    for shared, cim, tail in ((40, 2, 8), (40, 2, 77), (20, 2, 8), (70, 2, 8), (40, 1, 8)):
+        again = repeat_after(a[:shared] + random_prompt(130 - shared, tail), cim)
+        out[f"shared{shared}_cim{cim}_tail{tail}"] = {"gap": abs(again[1][0] - cold[1][0]), "firstLogprob": again[1][0]}
+    return out
+
+
 def la_blocks_on_attention_model(model: str) -> dict:
     """num_linear_attention_blocks set for a model without linear attention: the pipeline refuses to load."""
     try:
@@ -322,7 +341,7 @@ def hybrid_vs_stateful(model: str) -> dict:
 
 CHECKS = {f.__name__: f for f in (
     reused_id, outgrow_pool, ignore_eos_stop_ids, detok_drops_invalid_utf8, vocab_vector_fails,
-    hybrid_seed_assert, batch_variance, resume_variance, hybrid_vs_stateful, la_blocks_on_attention_model, prefix_hits, hybrid_positions,
+    hybrid_seed_assert, batch_variance, resume_variance, hybrid_vs_stateful, la_blocks_on_attention_model, prefix_hits, hybrid_positions, prefix_checkpoint_leak,
 )}
 
 if __name__ == "__main__":
