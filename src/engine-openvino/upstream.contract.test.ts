@@ -116,9 +116,10 @@ describe("OpenVINO GenAI on a hybrid (linear-attention) model: the seed's crash 
   });
 
   it("the cause: the exported IR leaves position_ids unused (rotary positions from an in-graph arange); rewired by rope_positions.py the paged hybrid is batch-, chunk- and resume-invariant and matches the stateful model", async () => {
-    const r = (await check("hybrid_positions", await hybridModel())) as { positionIdsUnused: boolean; rewired: string[]; fixed: Record<string, number | boolean | null> };
+    const r = (await check("hybrid_positions", await hybridModel())) as { positionIdsUnused: boolean; rewired: string[]; rewiredTwice: boolean; fixed: Record<string, number | boolean | null> };
     expect(r.positionIdsUnused).toBe(true);
     expect(r.rewired).toEqual(["__module.model.model/aten::expand/Broadcast"]);
+    expect(r.rewiredTwice).toBe(false); // a rewired IR reads position_ids: nothing left to rewire
     expect(r.fixed).toMatchObject({ soloVsBatched: 0, sameTokens: true, serialVsSolo: 0, chunkedVsWhole: 0 });
     expect(r.fixed["resumedVsUninterrupted"]).toBeLessThan(1e-4);
     expect(r.fixed["prompt4"]).toBeLessThan(1e-4);

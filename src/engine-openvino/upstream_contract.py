@@ -290,7 +290,10 @@ def hybrid_positions(model: str) -> dict:
         rewired = rewire_folder(model, fixed)
         if not rewired:
             return {"positionIdsUnused": unused == [True], "rewired": []}
-        return {"positionIdsUnused": unused == [True], "rewired": rewired, "fixed": {**batch_variance(fixed), **resume_variance(fixed), **hybrid_vs_stateful(fixed)}}
+        with tempfile.TemporaryDirectory() as again:
+            idempotent = rewire_folder(fixed, again) == []
+        return {"positionIdsUnused": unused == [True], "rewired": rewired, "rewiredTwice": not idempotent,
+                "fixed": {**batch_variance(fixed), **resume_variance(fixed), **hybrid_vs_stateful(fixed)}}
 
 
 def prefix_checkpoint_leak(model: str) -> dict:
