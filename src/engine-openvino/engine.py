@@ -14,7 +14,7 @@ from faults import Faults
 from inbox import Inbox
 from logline import log
 from messages import PROTOCOL_VERSION
-from hybrid_guard import HybridGuard, hybrid_settings
+from hybrid_guard import HybridGuard, hybrid_prefix_caching, hybrid_settings
 from model_meta import is_hybrid, model_metadata, token_bytes_table
 from ov_settings import block_size, compile_properties, kv_element_bytes, resolve_device
 from request_state import Request
@@ -44,6 +44,15 @@ class Engine:
             load_path = prep.prepare(cfg["modelPath"], cache_dir, lambda m: log("info", m, event="model_prep"))
         except ImportError:
             pass
+        #: Whether a hybrid IR's rotary reads position_ids (exact batched output); False: --deterministic serialises.
+        self.exact_positions = True
+        if is_hybrid(load_path):
+            # Exact output on hybrid IRs: the rotary reads position_ids (rewired_ir.py, docs/upstream.md).
+            from rewired_ir import rewired_path
+
+            cache_root = cfg.get("cacheDir") or os.environ.get("KEEL_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "keel")
+            load_path, rewired = rewired_path(load_path, cache_root, lambda m, f: log("info", m, event="rope_positions", **f))
+            self.exact_positions = bool(rewired)
         props, notes = compile_properties(cfg, self.device)
         for note in notes:
             log("warn", note, event="plugin_config")
@@ -70,7 +79,11 @@ class Engine:
         if cfg.get("cacheIntervalMultiplier"):
             sc.cache_interval_multiplier = int(cfg["cacheIntervalMultiplier"])
         if is_hybrid(load_path):
-            hs = hybrid_settings(cfg, sc.enable_prefix_caching, self.kv_blocks, self.block, sc.dynamic_split_fuse)
+            prefix, why = hybrid_prefix_caching(cfg)
+            if why:
+                log("warn", why, event="hybrid_model")
+            sc.enable_prefix_caching = prefix
+            hs = hybrid_settings(cfg, sc.enable_prefix_caching, self.kv_blocks, self.block, sc.dynamic_split_fuse, self.exact_positions)
             sc.num_linear_attention_blocks = hs.la_blocks
             sc.max_num_seqs, sc.dynamic_split_fuse, sc.max_num_batched_tokens = hs.max_num_seqs, hs.split_fuse, hs.batched_tokens
             self.guard = HybridGuard(hs, self.kv_blocks, self.blocks_for)

@@ -37,7 +37,24 @@ class HybridSettings:
     note: str
 
 
-def hybrid_settings(cfg: dict, prefix: bool, kv_blocks: int, block: int, split_fuse: bool) -> HybridSettings:
+def hybrid_prefix_caching(cfg: dict) -> tuple[bool, Optional[str]]:
+    """Prefix caching on a hybrid model: as asked with cache_interval_multiplier 1; off (and why) with a larger one.
+
+    OpenVINO GenAI 2026.4.1 restores linear-attention state at checkpoints every block × multiplier tokens; with a
+    multiplier of 2 or more a prompt that shares a first KV block but not the whole interval with an earlier one gets
+    that other prompt's state restored (greedy text changes with another request's content: docs/upstream.md,
+    contract prefix_checkpoint_leak). A cache hit must never change output, so that combination runs without reuse.
+    """
+    asked = bool(cfg.get("prefixCaching"))
+    multiplier = int(cfg.get("cacheIntervalMultiplier") or 1)
+    if asked and multiplier > 1:
+        return False, (f"prefix caching is off for this hybrid (linear-attention) model: with --cache_interval_multiplier {multiplier} "
+                       "OpenVINO GenAI 2026.4.1 can restore another prompt's linear-attention state on a prefix-cache hit "
+                       "(docs/upstream.md); --cache_interval_multiplier 1 keeps prefix caching on and exact")
+    return asked, None
+
+
+def hybrid_settings(cfg: dict, prefix: bool, kv_blocks: int, block: int, split_fuse: bool, exact_positions: bool = True) -> HybridSettings:
     """The linear-attention pool and schedule for a hybrid model served with `cfg` and a pool of `kv_blocks`.
 
     With prefix caching the LA state is checkpointed every block × multiplier tokens and a sequence of n tokens holds
@@ -47,8 +64,9 @@ def hybrid_settings(cfg: dict, prefix: bool, kv_blocks: int, block: int, split_f
     seqs = int(cfg["maxNumSeqs"])
     mbt = int(cfg["maxNumBatchedTokens"])
     multiplier = int(cfg["cacheIntervalMultiplier"]) if cfg.get("cacheIntervalMultiplier") else None
-    if cfg.get("deterministic"):
-        # One sequence per step, whole-prompt prefill (FINDINGS of the exactness study, docs/upstream.md).
+    serial = bool(cfg.get("deterministic")) and not exact_positions
+    if serial:
+        # One sequence per step, whole-prompt prefill: the only exact schedule of an unrewired hybrid IR (docs/upstream.md).
         seqs, split_fuse, mbt = 1, False, max(mbt, int(cfg["maxModelLen"]))
     pool_tokens = kv_blocks * block
     if prefix:
@@ -61,7 +79,7 @@ def hybrid_settings(cfg: dict, prefix: bool, kv_blocks: int, block: int, split_f
         how = "prefix caching off: one fixed LA block per sequence"
     note = (f"hybrid (linear-attention) model: num_linear_attention_blocks {la_blocks} ({how}); max_num_seqs {seqs}; "
             f"the worker preempts whole requests itself so OpenVINO never partially preempts linear-attention state"
-            + ("; --deterministic: one sequence per step, prompts prefilled whole" if cfg.get("deterministic") else ""))
+            + ("; --deterministic without rewired rotary positions: one sequence per step, prompts prefilled whole" if serial else ""))
     return HybridSettings(la_block, la_blocks, multiplier, seqs, split_fuse, mbt, note)
 
 

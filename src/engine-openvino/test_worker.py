@@ -13,7 +13,7 @@ from detokenize import ByteDetokenizer, Detokenizer  # noqa: E402
 from model_meta import is_hybrid  # noqa: E402
 from faults import Faults  # noqa: E402
 from ov_settings import compile_properties  # noqa: E402
-from hybrid_guard import HybridGuard, hybrid_settings  # noqa: E402
+from hybrid_guard import HybridGuard, hybrid_prefix_caching, hybrid_settings  # noqa: E402
 from model_meta import model_metadata  # noqa: E402
 
 BASE = {"maxTokens": 4, "temperature": 0, "topP": 1, "topK": -1, "seed": 1, "ignoreEos": False}
@@ -126,9 +126,20 @@ class HybridScheduling(unittest.TestCase):
         off = hybrid_settings(self.CFG, False, 27, 32, True)
         self.assertEqual((off.la_block_tokens, off.la_blocks, off.max_num_seqs), (None, 3, 3))
 
-    def test_deterministic_is_one_sequence_per_step_with_whole_prompts(self):
-        d = hybrid_settings({**self.CFG, "deterministic": True, "maxNumBatchedTokens": 256}, False, 27, 32, True)
+    def test_prefix_caching_kept_only_with_interval_multiplier_1(self):
+        on, why = hybrid_prefix_caching({"prefixCaching": True, "cacheIntervalMultiplier": 64})
+        self.assertFalse(on)
+        self.assertIn("--cache_interval_multiplier 1", why)
+        self.assertEqual(hybrid_prefix_caching({"prefixCaching": True, "cacheIntervalMultiplier": 1}), (True, None))
+        self.assertEqual(hybrid_prefix_caching({"prefixCaching": True}), (True, None))
+        self.assertEqual(hybrid_prefix_caching({"prefixCaching": False, "cacheIntervalMultiplier": 64}), (False, None))
+
+    def test_deterministic_is_one_sequence_per_step_with_whole_prompts_when_not_rewired(self):
+        d = hybrid_settings({**self.CFG, "deterministic": True, "maxNumBatchedTokens": 256}, False, 27, 32, True, exact_positions=False)
         self.assertEqual((d.max_num_seqs, d.split_fuse, d.batched_tokens, d.la_blocks), (1, False, 864, 1))
+        # A rewired IR (rotary from position_ids) is exact batched: --deterministic keeps the schedule.
+        r = hybrid_settings({**self.CFG, "deterministic": True, "maxNumBatchedTokens": 256}, False, 27, 32, True)
+        self.assertEqual((r.max_num_seqs, r.split_fuse, r.batched_tokens), (3, True, 256))
 
     def test_guard_preempts_the_latest_admitted_whole_before_the_pool_runs_short(self):
         class R:
