@@ -217,6 +217,9 @@ def read_handles(e: Engine, outputs: dict) -> int:
             # recomputed: back in prefill).
             req.phase = "prefill"
             e.preemptions += 1
+            if e.guard:
+                # The guard's count was short of what OpenVINO allocates: the hazard it exists for (hybrid_guard.py).
+                log("warn", "OpenVINO preempted a request of a hybrid model itself (the worker's pool count was short)", event="hybrid_ov_preempted", request=req.id)
         if status == "FINISHED":
             out = e.output_for(outputs, req.id)
             reason = "length" if req.last_reason == "LENGTH" else "stop"

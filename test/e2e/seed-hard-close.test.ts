@@ -185,6 +185,10 @@ for (const target of TARGETS) describe(target.name, () => {
       expect(m.get('keel_engine_linear_attention_blocks_capacity{model="keel-tiny"}')!).toBeGreaterThan(0);
       expect(m.get('keel_engine_linear_attention_blocks_in_use{model="keel-tiny"}')).toBe(0);
       expect(m.get('keel_engine_restarts_total{reason="exit"}')).toBe(0);
+      // Every preemption was the worker's own (whole): OpenVINO never had to preempt a hybrid sequence itself.
+      const own = server.logs.filter((l) => l.includes('"event":"hybrid_preempt"')).reduce((n, l) => n + (JSON.parse(l) as { engine: { requests: string[] } }).engine.requests.length, 0);
+      expect(own).toBe(m.get('keel_engine_preemptions_total{model="keel-tiny"}'));
+      expect(server.logs.some((l) => l.includes('"event":"hybrid_ov_preempted"'))).toBe(false);
     });
   }
 });
