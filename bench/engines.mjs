@@ -14,8 +14,12 @@
 //   node bench/engines.mjs                                  # keel-tiny-f16 and SmolLM2-135M, C = 1,4,8
 //   MODELS=keel-tiny-f16 CONCURRENCY=1,8 ROUNDS=1 node bench/engines.mjs
 //   MODELS=qwen2.5-coder-0.5b-instruct TOKENS=64 node bench/engines.mjs
+//   MODELS= HYBRID=1 node bench/engines.mjs                 # only the tiny hybrid IR (OpenVINO only)
+// Then (HYBRID=1, the default) the tiny hybrid (linear-attention) IR of `keel make-model --hybrid-ir` on OpenVINO
+// only (llama.cpp cannot load an IR) with the seed's --enable_prefix_caching true --cache_interval_multiplier 64:
+// the same load, and the small-pool run (HYBRID_POOL_BLOCKS) with its preemptions.
 // Both engines run with 1 engine thread on the 2-core machine (the gateway and clients take the other core).
-import { spawn } from "node:child_process";
+import { spawn, spawnSync } from "node:child_process";
 import http from "node:http";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
@@ -24,7 +28,9 @@ const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
 const BIN = path.join(ROOT, "bin", "keel.mjs");
 const env = (name, def) => (process.env[name] ? Number(process.env[name]) : def);
 const CFG = {
-  MODELS: (process.env.MODELS ?? "keel-tiny-f16,smollm2-135m-instruct").split(","),
+  MODELS: (process.env.MODELS ?? "keel-tiny-f16,smollm2-135m-instruct").split(",").filter(Boolean),
+  HYBRID: env("HYBRID", 1),
+  HYBRID_POOL_BLOCKS: env("HYBRID_POOL_BLOCKS", 24),
   CONCURRENCY: (process.env.CONCURRENCY ?? "1,4,8").split(",").map(Number),
   TOKENS: env("TOKENS", 128),
   REQS_PER_CLIENT: env("REQS_PER_CLIENT", 2),
@@ -46,9 +52,9 @@ watchdog.unref();
 /** Servers started and not yet stopped. */
 const live = new Set();
 
-function startServer(model, engine, extra = []) {
+function startServer(model, engine, extra = [], prefixFlags = ["--enable_prefix_caching", "false"]) {
   return new Promise((resolve, reject) => {
-    const args = [BIN, "serve", "--rest_port", "0", "--rest_bind_address", "127.0.0.1", "--log_format", "json", "--model_path", model, "--model_name", "m", "--engine", engine, "--engine_threads", String(CFG.THREADS), "--max_num_seqs", "8", "--enable_prefix_caching", "false", ...extra];
+    const args = [BIN, "serve", "--rest_port", "0", "--rest_bind_address", "127.0.0.1", "--log_format", "json", "--model_path", model, "--model_name", "m", "--engine", engine, "--engine_threads", String(CFG.THREADS), "--max_num_seqs", "8", ...prefixFlags, ...extra];
     const proc = spawn(process.execPath, args, { cwd: ROOT, stdio: ["ignore", "pipe", "pipe"] });
     const server = { proc, port: 0 };
     live.add(server);
@@ -184,8 +190,12 @@ for (const model of CFG.MODELS) {
   console.log(`\n## ${model}: ${CFG.TOKENS} tokens per request, ${CFG.REQS_PER_CLIENT} requests per client, median of ${CFG.ROUNDS} rounds; server start to ready: llama.cpp ${f(loadMs["llama.cpp"] / 1000)} s, openvino ${f(loadMs.openvino / 1000)} s`);
   console.table(rows);
 
-  // Small pool on OpenVINO: preemption actually happening, streams still equal to their solo runs.
-  const s = await startServer(model, "openvino", ["--num_kv_blocks", String(CFG.SMALL_POOL_BLOCKS), "--max_model_len", String(CFG.SMALL_POOL_BLOCKS * 32 - 32)]);
+  await smallPool(model, CFG.SMALL_POOL_BLOCKS);
+}
+
+/** Small pool on OpenVINO: preemption actually happening, streams still equal to their solo runs. */
+async function smallPool(model, blocks, prefixFlags, label = model) {
+  const s = await startServer(model, "openvino", ["--num_kv_blocks", String(blocks), "--max_model_len", String(blocks * 32 - 32)], prefixFlags);
   const solo = [];
   for (const p of PROMPTS) solo.push((await streamChat(s.port, p, CFG.TOKENS)).text);
   const t0 = performance.now();
@@ -193,7 +203,7 @@ for (const model of CFG.MODELS) {
   const secs = (performance.now() - t0) / 1000;
   const preemptions = await metric(s.port, "keel_engine_preemptions_total");
   await stopServer(s);
-  console.log(`\n## ${model}: OpenVINO with a ${CFG.SMALL_POOL_BLOCKS}-block pool (${CFG.SMALL_POOL_BLOCKS * 32} tokens), ${PROMPTS.length} streams of ${CFG.TOKENS} tokens at once`);
+  console.log(`\n## ${label}: OpenVINO with a ${blocks}-block pool (${blocks * 32} tokens), ${PROMPTS.length} streams of ${CFG.TOKENS} tokens at once`);
   console.table([{
     "tok/s": f(together.reduce((a, r) => a + r.usage, 0) / secs),
     "TTFT p50/p99 ms": `${f(pct(together.map((r) => r.ttft), 50), 0)} / ${f(pct(together.map((r) => r.ttft), 99), 0)}`,
@@ -201,5 +211,32 @@ for (const model of CFG.MODELS) {
     preemptions,
     "streams equal to solo": `${together.filter((r, i) => r.text === solo[i]).length}/${PROMPTS.length}`,
   }]);
+}
+
+if (CFG.HYBRID) {
+  // The tiny hybrid IR (made once into Keel's cache; this prints its folder).
+  const made = spawnSync(process.execPath, [BIN, "make-model", "--hybrid-ir"], { cwd: ROOT, encoding: "utf8" });
+  if (made.status !== 0) throw new Error(`keel make-model --hybrid-ir failed: ${made.stderr}`);
+  const ir = made.stdout.trim().split("\n").pop();
+  const seed = ["--enable_prefix_caching", "true", "--cache_interval_multiplier", "64"];
+  const rows = [];
+  const t = performance.now();
+  const s = await startServer(ir, "openvino", [], seed);
+  const startS = (performance.now() - t) / 1000;
+  await streamChat(s.port, PROMPTS[0], 8); // warm-up
+  for (const c of CFG.CONCURRENCY) {
+    const rs = [];
+    for (let round = 0; round < CFG.ROUNDS; round++) rs.push(await load(s.port, c));
+    rows.push({
+      concurrency: c,
+      "openvino tok/s": f(median(rs.map((r) => r.tokS))),
+      "TTFT p50/p99 ms": `${f(pct(rs.flatMap((r) => r.ttfts), 50), 0)} / ${f(pct(rs.flatMap((r) => r.ttfts), 99), 0)}`,
+      "ITL p50/p99 ms": `${f(pct(rs.flatMap((r) => r.gaps), 50))} / ${f(pct(rs.flatMap((r) => r.gaps), 99))}`,
+    });
+  }
+  await stopServer(s);
+  console.log(`\n## keel-hybrid-tiny (hybrid IR, OpenVINO only, ${seed.join(" ")}): ${CFG.TOKENS} tokens per request, ${CFG.REQS_PER_CLIENT} requests per client, median of ${CFG.ROUNDS} rounds; start to ready ${f(startS)} s`);
+  console.table(rows);
+  await smallPool(ir, CFG.HYBRID_POOL_BLOCKS, seed, `keel-hybrid-tiny (${seed.join(" ")})`);
 }
 clearTimeout(watchdog);

@@ -58,12 +58,13 @@ describe("flags per engine", () => {
     expect(problems("openvino", "--plugin_config", '{"NUM_STREAMS":2,"X":{"a":1}}')).toEqual(["--plugin_config X: the OpenVINO engine passes each key to OpenVINO as a string, number or boolean, got an object"]);
   });
 
-  it("the OpenVINO fields of the engine configuration: kvBlocks, cacheGb (> 0 only), the raw plugin config, deterministic, cacheDir", () => {
+  it("the OpenVINO fields of the engine configuration: kvBlocks, cacheGb (> 0 only), cacheIntervalMultiplier, the raw plugin config, deterministic, cacheDir", () => {
     const env = { KEEL_CACHE_DIR: "/var/cache/keel" };
-    const f = parse("--num_kv_blocks", "16", "--cache_size", "2", "--plugin_config", '{"INFERENCE_PRECISION_HINT":"f32","PERFORMANCE_HINT":"LATENCY","NUM_STREAMS":1}', "--deterministic", "true");
+    const f = parse("--num_kv_blocks", "16", "--cache_size", "2", "--plugin_config", '{"INFERENCE_PRECISION_HINT":"f32","PERFORMANCE_HINT":"LATENCY","NUM_STREAMS":1}', "--deterministic", "true", "--cache_interval_multiplier", "64");
     expect(openvinoConfigFields("openvino", f, env)).toEqual({
       kvBlocks: 16,
       cacheGb: 2,
+      cacheIntervalMultiplier: 64,
       pluginConfig: { INFERENCE_PRECISION_HINT: "f32", PERFORMANCE_HINT: "LATENCY", NUM_STREAMS: 1 },
       deterministic: true,
       cacheDir: path.resolve("/var/cache/keel"),

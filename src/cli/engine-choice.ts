@@ -80,7 +80,7 @@ export function engineFlagProblems(engine: EngineName, f: ServeOptions, given: R
 
 /**
  * The OpenVINO-only fields of the engine configuration (protocol/engine-config.ts) from the flags: `--num_kv_blocks`
- * → kvBlocks, `--cache_size` > 0 → cacheGb, `--plugin_config` as given → pluginConfig, `--deterministic` →
+ * → kvBlocks, `--cache_size` > 0 → cacheGb, `--cache_interval_multiplier` → cacheIntervalMultiplier, `--plugin_config` as given → pluginConfig, `--deterministic` →
  * deterministic, and the engine-side cache directory. None of them for llama.cpp (it refuses kvBlocks and never
  * receives the raw plugin config: the CLI maps the keys it understands).
  */
@@ -89,6 +89,7 @@ export function openvinoConfigFields(engine: EngineName, f: ServeOptions, env: N
   const out: Partial<EngineConfig> = { deterministic: f.deterministic, cacheDir: path.dirname(modelCacheDir(env)) };
   if (f.num_kv_blocks !== undefined) out.kvBlocks = f.num_kv_blocks;
   if (f.cache_size > 0) out.cacheGb = f.cache_size;
+  if (f.cache_interval_multiplier !== undefined) out.cacheIntervalMultiplier = f.cache_interval_multiplier;
   if (f.pluginConfig !== undefined) out.pluginConfig = f.pluginConfig as Record<string, string | number | boolean>;
   return out;
 }

@@ -88,7 +88,7 @@ export const SERVE_FLAGS = [
     throw new Error(`--pipeline_type must be one of LM, LM_CB, AUTO, got "${v}"`);
   })),
   flag("plugin_config", "JSON: KV_CACHE_PRECISION (u8|f16), INFERENCE_NUM_THREADS (engine threads), ENABLE_CPU_PINNING (threads are not pinned: false is Keel's behaviour, true is warned), CACHE_DIR; other keys warned (llama.cpp); the OpenVINO engine passes every key to OpenVINO", undefined, text),
-  flag("cache_interval_multiplier", "OVMS: state-block interval of linear-attention models; accepted and logged: a no-op here (llama.cpp keeps full per-token KV for attention models)", undefined, int("cache_interval_multiplier", 1)),
+  flag("cache_interval_multiplier", "OVMS: state-block interval of linear-attention models (OpenVINO engine: applied, the checkpoint interval of hybrid models with prefix caching; llama.cpp: a logged no-op)", undefined, int("cache_interval_multiplier", 1)),
   flag("dynamic_split_fuse", "true: long prompts are prefilled in chunks of max_num_batched_tokens; false (as OVMS): a prompt longer than max_num_batched_tokens is refused with 400", "true", bool("dynamic_split_fuse")),
   flag("rest_workers", "OVMS HTTP worker threads (2..10000); accepted and logged: Keel's one event loop has no worker pool (concurrency is bounded by --max_num_seqs and --max_queued_requests)", undefined, int("rest_workers", 2, 10000)),
   flag("cache_dir", "cache directory: Keel keeps downloaded models in <cache_dir>/models (default: $KEEL_CACHE_DIR, else ~/.cache/keel)", undefined, text),

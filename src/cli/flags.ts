@@ -176,7 +176,7 @@ function ovmsNotes(o: ServeOptions, given: ReadonlySet<string>): FlagNote[] {
   const notes: FlagNote[] = [];
   if (given.has("cache_interval_multiplier")) {
     notes.push({ engine: "llama.cpp", level: "info", msg: `--cache_interval_multiplier ${o.cache_interval_multiplier} is a no-op here: it sets the state-block interval of linear-attention models in OpenVINO GenAI; llama.cpp keeps every token's KV for attention models and one state per sequence for recurrent ones` });
-    notes.push({ engine: "openvino", level: "info", msg: `--cache_interval_multiplier ${o.cache_interval_multiplier} is a no-op here: OpenVINO GenAI uses it only for linear-attention (hybrid) models with prefix caching, and Keel runs hybrid models without prefix caching (the seed's preemption assert)` });
+    notes.push({ engine: "openvino", level: "info", msg: `--cache_interval_multiplier ${o.cache_interval_multiplier}: applied (OpenVINO GenAI's linear-attention checkpoint interval on hybrid models with prefix caching: every KV block x ${o.cache_interval_multiplier} tokens; attention-only models do not use it)` });
   }
   if (given.has("rest_workers")) {
     notes.push({ level: "info", msg: `--rest_workers ${o.rest_workers} is a no-op here: Keel's gateway is one event loop without a worker pool; concurrency is bounded by --max_num_seqs and --max_queued_requests` });

@@ -15,8 +15,9 @@ from guides import GuideRefused, plan_for, to_structured_config
 from inbox import Inbox
 from logline import log
 from messages import PROTOCOL_VERSION
-from model_meta import model_metadata, token_bytes_table
-from ov_settings import block_size, compile_properties, kv_element_bytes, prefix_caching_for, resolve_device
+from hybrid_guard import HybridGuard, hybrid_prefix_caching, hybrid_settings
+from model_meta import is_hybrid, model_metadata, token_bytes_table
+from ov_settings import block_size, compile_properties, kv_element_bytes, resolve_device
 from request_state import Request
 
 V = PROTOCOL_VERSION
@@ -44,6 +45,15 @@ class Engine:
             load_path = prep.prepare(cfg["modelPath"], cache_dir, lambda m: log("info", m, event="model_prep"))
         except ImportError:
             pass
+        #: Whether a hybrid IR's rotary reads position_ids (exact batched output); False: --deterministic serialises.
+        self.exact_positions = True
+        if is_hybrid(load_path):
+            # Exact output on hybrid IRs: the rotary reads position_ids (rewired_ir.py, docs/upstream.md).
+            from rewired_ir import rewired_path
+
+            cache_root = cfg.get("cacheDir") or os.environ.get("KEEL_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "keel")
+            load_path, rewired = rewired_path(load_path, cache_root, lambda m, f: log("info", m, event="rope_positions", **f))
+            self.exact_positions = bool(rewired)
         props, notes = compile_properties(cfg, self.device)
         for note in notes:
             log("warn", note, event="plugin_config")
@@ -64,10 +74,23 @@ class Engine:
         sc.max_num_batched_tokens = int(cfg["maxNumBatchedTokens"])
         # Split-fuse off when the gateway caps prompts at one step (maxPromptLen), as OVMS's --dynamic_split_fuse false.
         sc.dynamic_split_fuse = cfg.get("maxPromptLen") is None
-        prefix, why = prefix_caching_for(cfg, load_path)
-        if why:
-            log("warn", why, event="hybrid_model")
-        sc.enable_prefix_caching = prefix
+        sc.enable_prefix_caching = bool(cfg.get("prefixCaching"))
+        #: The whole-request preemption of hybrid models (hybrid_guard.py), None for attention-only models.
+        self.guard: Optional[HybridGuard] = None
+        if cfg.get("cacheIntervalMultiplier"):
+            sc.cache_interval_multiplier = int(cfg["cacheIntervalMultiplier"])
+        if is_hybrid(load_path):
+            prefix, why = hybrid_prefix_caching(cfg)
+            if why:
+                log("warn", why, event="hybrid_model")
+            sc.enable_prefix_caching = prefix
+            hs = hybrid_settings(cfg, sc.enable_prefix_caching, self.kv_blocks, self.block, sc.dynamic_split_fuse, self.exact_positions)
+            sc.num_linear_attention_blocks = hs.la_blocks
+            sc.max_num_seqs, sc.dynamic_split_fuse, sc.max_num_batched_tokens = hs.max_num_seqs, hs.split_fuse, hs.batched_tokens
+            self.guard = HybridGuard(hs, self.kv_blocks, self.blocks_for)
+            log("info", hs.note, event="hybrid_model", laBlocks=hs.la_blocks, laBlockTokens=hs.la_block_tokens, cacheIntervalMultiplier=hs.interval_multiplier)
+        #: Sequences OpenVINO runs at once (maxNumSeqs, or 1 for a hybrid model under --deterministic).
+        self.max_seqs = int(sc.max_num_seqs)
         tok_props = {"enable_save_ov_model": True} if props.get("enable_save_ov_model") else {}
         try:
             self.pipe = ov_genai.ContinuousBatchingPipeline(load_path, sc, self.device, props, tok_props)
@@ -300,6 +323,8 @@ class Engine:
 
     def fits(self, req: Request) -> bool:
         """Whether the pool holds every admitted request's current tokens and `req`'s prompt (admission rule)."""
+        if self.guard:
+            return self.guard.admits(self.running.values(), self.releasing, req)
         held = sum(self.blocks_for(r.input_len + len(r.produced)) for r in [*self.running.values(), *self.releasing])
         return held + self.blocks_for(req.input_len) <= self.kv_blocks
 

@@ -34,6 +34,9 @@ def model_metadata(model_path: str) -> dict:
         cfg_path = os.path.join(model_path, "config.json")
         cfg = json.load(open(cfg_path)) if os.path.exists(cfg_path) else {}
         layers = cfg.get("num_hidden_layers")
+        if cfg.get("layer_types"):
+            # A hybrid model keeps paged KV only in its full-attention layers (linear-attention state is apart).
+            layers = sum(1 for t in cfg["layer_types"] if t == "full_attention")
         heads = cfg.get("num_attention_heads")
         kv_heads = cfg.get("num_key_value_heads", heads)
         head_dim = cfg.get("head_dim") or (cfg["hidden_size"] // heads if heads and cfg.get("hidden_size") else None)

@@ -3,17 +3,6 @@ from __future__ import annotations
 
 from typing import Optional
 
-from model_meta import is_hybrid
-
-
-def prefix_caching_for(cfg: dict, load_path: str) -> tuple[bool, Optional[str]]:
-    """Prefix caching as asked, except for hybrid models (then off, and why)."""
-    asked = bool(cfg.get("prefixCaching"))
-    if asked and is_hybrid(load_path):
-        return False, ("prefix caching is off for this hybrid (linear-attention) model: OpenVINO GenAI can assert when it "
-                       "partially preempts recurrent state with prefix caching on (the seed's crash, root-cause.md); "
-                       "with it off a preempted sequence is recomputed whole")
-    return asked, None
 
 #: KV block size of OpenVINO's paged cache (tokens): 32 on CPU, 16 on GPU (research §1).
 def block_size(device: str) -> int:

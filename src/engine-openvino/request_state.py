@@ -43,6 +43,13 @@ class Request:
     max_new: int = 0
     #: Times OpenVINO dropped the request (IGNORED) and the loop re-added it with what it had generated.
     requeues: int = 0
+    #: Times the hybrid-model guard preempted the request whole (hybrid_guard.py) and the loop re-queued it.
+    guard_preemptions: int = 0
+
+    @property
+    def reentered(self) -> bool:
+        """Re-queued after it first entered OpenVINO (IGNORED or preempted whole): it continues what it generated."""
+        return self.requeues + self.guard_preemptions > 0
 
     @property
     def input_len(self) -> int:

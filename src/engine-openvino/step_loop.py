@@ -3,6 +3,8 @@ tokenizer; research/openvino-engine.md §6: step() holds the GIL for the whole s
 iteration, as named steps:
   1. take_commands — what arrived (block while idle); pings are answered as soon as they are read;
   2. apply_aborts  — queued → finished at once; running → handle.stop(), finish reported now;
+  2b. guard_pool   — hybrid models only: preempt whole the latest-admitted requests that the next step cannot hold
+                     (hybrid_guard.py), so that OpenVINO never partially preempts linear-attention state;
   3. admit         — queued requests enter OpenVINO while fewer than maxNumSeqs run and the pool holds them;
   4. run_step      — one pipeline step() if OpenVINO has work; any exception is fatal (the gateway resumes);
   5. read_handles  — every running handle (can_read before read: read blocks): tokens, text, finishes;
@@ -28,6 +30,7 @@ def run(e: Engine) -> None:
             return
         outputs: dict = {}
         apply_aborts(e, outputs)
+        guard_pool(e)
         admit(e, outputs)
         batch_tokens = 0
         if (e.running or e.releasing) and e.pipe.has_non_finished_requests():
@@ -88,13 +91,36 @@ def apply_aborts(e: Engine, outputs: dict) -> None:
         e.finish(req, "abort", e.output_for(outputs, rid))
 
 
+def requeue_first(e: Engine, req) -> None:
+    """Put a running request back first in line; it re-enters with its prompt and what it generated (prefilled)."""
+    req.handle, req.phase = None, "queued"
+    e.queued.insert(0, req)
+    e.preemptions += 1
+
+
+def guard_pool(e: Engine) -> None:
+    """Hybrid models: stop and re-queue (whole) the latest-admitted requests the next step's pool cannot hold. A
+    stopped request keeps its blocks through the coming step, so the guard acts one step ahead of the shortage."""
+    if e.guard is None:
+        return
+    victims = e.guard.victims(e.running)
+    for req in victims:
+        req.handle.stop()
+        e.running = {k: r for k, r in e.running.items() if r is not req}
+        e.releasing.append(req)
+        req.guard_preemptions += 1
+        requeue_first(e, req)
+    if victims:
+        log("info", f"preempted {len(victims)} request(s) whole before the KV pool runs short (hybrid model)", event="hybrid_preempt", requests=[r.id for r in victims], preemptions=e.preemptions)
+
+
 def admit(e: Engine, outputs: dict) -> None:
     """Admit while fewer than maxNumSeqs run and the pool holds what every admitted request has now plus the new
     prompt (a block of headroom each). OpenVINO prefills several prompts chunk by chunk without reserving their
     blocks: prompts that do not fit together fill the pool half-prefilled, nothing can be scheduled, and OpenVINO
     turns requests IGNORED (seen with 4 prompts of 13 blocks in a 16-block pool). Growth while decoding may still
     overrun the pool: that is what OpenVINO's preemption handles."""
-    while e.queued and len(e.running) < int(e.cfg["maxNumSeqs"]) and e.fits(e.queued[0]):
+    while e.queued and len(e.running) < e.max_seqs and e.fits(e.queued[0]):
         req = e.queued.pop(0)
         import numpy as np
         import openvino as ov
@@ -105,11 +131,11 @@ def admit(e: Engine, outputs: dict) -> None:
         ov_id = e.next_ov_id
         e.next_ov_id += 1
         try:
-            if req.requeues:
+            if req.reentered:
                 req.gen_config = e.generation_config(req, req.max_new - len(req.produced))
             req.handle = e.pipe.add_request(ov_id, tensor, req.gen_config)
         except Exception as err:  # noqa: BLE001 - raised before anything is queued (research §1)
-            if req.requeues:
+            if req.reentered:
                 e.finish(req, "error", e.output_for(outputs, req.id), {"code": "engine_error", "message": f"OpenVINO GenAI refused to continue the request: {err}"})
             else:
                 e.requests.pop(req.id, None)
@@ -118,7 +144,7 @@ def admit(e: Engine, outputs: dict) -> None:
         req.phase = "prefill"
         req.prefill_left = len(ids)
         e.running[ov_id] = req
-        if req.requeues:
+        if req.reentered:
             continue  # admitted once, when it first entered OpenVINO
         e.output_for(outputs, req.id)["admitted"] = {
             "promptTokens": req.prompt,
@@ -191,6 +217,9 @@ def read_handles(e: Engine, outputs: dict) -> int:
             # recomputed: back in prefill).
             req.phase = "prefill"
             e.preemptions += 1
+            if e.guard:
+                # The guard's count was short of what OpenVINO allocates: the hazard it exists for (hybrid_guard.py).
+                log("warn", "OpenVINO preempted a request of a hybrid model itself (the worker's pool count was short)", event="hybrid_ov_preempted", request=req.id)
         if status == "FINISHED":
             out = e.output_for(outputs, req.id)
             reason = "length" if req.last_reason == "LENGTH" else "stop"
@@ -202,10 +231,8 @@ def read_handles(e: Engine, outputs: dict) -> int:
             # it first in line with what it generated, like a preemption, so the stream goes on (greedy:
             # token-identical) and nobody else is disturbed. Never a silent empty answer.
             del e.running[ov_id]
-            req.handle, req.phase = None, "queued"
             req.requeues += 1
-            e.queued.insert(0, req)
-            e.preemptions += 1
+            requeue_first(e, req)
             log("warn", "OpenVINO dropped a request (IGNORED: out of KV cache); re-added with its generated tokens", event="ignored_requeued", request=req.id, generated=len(req.produced), requeues=req.requeues)
         elif status == "IGNORED":
             # Dropped again and again: treat it as an engine fault. Exit so that the gateway resumes every request on
@@ -247,5 +274,6 @@ def emit_step(e: Engine, outputs: dict, batch_tokens: int) -> None:
             # in flight nothing is held (prefix-cache blocks count as free).
             "kvTokensInUse": int(round(e.last_usage / 100 * e.pool_tokens)) if e.running or e.releasing else 0,
             "preemptions": e.preemptions,
+            **({"linearAttentionBlocks": {"inUse": e.guard.la_in_use([*e.running.values(), *e.releasing]), "total": e.guard.settings.la_blocks}} if e.guard else {}),
         },
     })

@@ -12,7 +12,9 @@ from messages import parse_message, sampling_error  # noqa: E402
 from detokenize import ByteDetokenizer, Detokenizer  # noqa: E402
 from model_meta import is_hybrid  # noqa: E402
 from faults import Faults  # noqa: E402
-from ov_settings import compile_properties, prefix_caching_for  # noqa: E402
+from ov_settings import compile_properties  # noqa: E402
+from hybrid_guard import HybridGuard, hybrid_prefix_caching, hybrid_settings  # noqa: E402
+from model_meta import model_metadata  # noqa: E402
 
 BASE = {"maxTokens": 4, "temperature": 0, "topP": 1, "topK": -1, "seed": 1, "ignoreEos": False}
 
@@ -99,17 +101,63 @@ class Settings(unittest.TestCase):
         self.assertEqual(props["INFERENCE_PRECISION_HINT"], "f32")
         self.assertEqual(len(notes), 1)
 
-    def test_hybrid_models_run_without_prefix_caching(self):
+    def test_hybrid_detection_and_kv_of_full_attention_layers_only(self):
         with tempfile.TemporaryDirectory() as d:
             with open(os.path.join(d, "config.json"), "w") as f:
-                json.dump({"model_type": "qwen3_next", "layer_types": ["linear_attention", "full_attention"]}, f)
+                json.dump({"model_type": "qwen3_5_text", "layer_types": ["linear_attention", "linear_attention", "full_attention", "linear_attention"],
+                           "num_hidden_layers": 4, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32, "vocab_size": 400}, f)
             self.assertTrue(is_hybrid(d))
-            on, why = prefix_caching_for(self.CFG, d)
-            self.assertFalse(on)
-            self.assertIn("hybrid", why)
+            # K and V of the one full-attention layer: 2 x 1 layer x 1 head x 32.
+            self.assertEqual(model_metadata(d)["kvElementsPerToken"], 64)
             with open(os.path.join(d, "config.json"), "w") as f:
                 json.dump({"model_type": "qwen2", "layer_types": ["full_attention"] * 2}, f)
-            self.assertEqual(prefix_caching_for(self.CFG, d), (True, None))
+            self.assertFalse(is_hybrid(d))
+
+
+class HybridScheduling(unittest.TestCase):
+    CFG = {"maxNumSeqs": 3, "maxNumBatchedTokens": 4096, "maxModelLen": 864, "cacheIntervalMultiplier": 64}
+
+    def test_linear_attention_pool_from_kv_pool_and_sequences(self):
+        on = hybrid_settings(self.CFG, True, 27, 32, True)
+        # LA block 32 x 64 = 2048 tokens; a full 864-token pool spans 1 LA block, plus one partial block a sequence.
+        self.assertEqual((on.la_block_tokens, on.la_blocks, on.interval_multiplier), (2048, 4, 64))
+        small = hybrid_settings({**self.CFG, "cacheIntervalMultiplier": 1}, True, 27, 32, True)
+        self.assertEqual((small.la_block_tokens, small.la_blocks), (32, 27 + 3))
+        off = hybrid_settings(self.CFG, False, 27, 32, True)
+        self.assertEqual((off.la_block_tokens, off.la_blocks, off.max_num_seqs), (None, 3, 3))
+
+    def test_prefix_caching_kept_only_with_interval_multiplier_1(self):
+        on, why = hybrid_prefix_caching({"prefixCaching": True, "cacheIntervalMultiplier": 64})
+        self.assertFalse(on)
+        self.assertIn("--cache_interval_multiplier 1", why)
+        self.assertEqual(hybrid_prefix_caching({"prefixCaching": True, "cacheIntervalMultiplier": 1}), (True, None))
+        self.assertEqual(hybrid_prefix_caching({"prefixCaching": True}), (True, None))
+        self.assertEqual(hybrid_prefix_caching({"prefixCaching": False, "cacheIntervalMultiplier": 64}), (False, None))
+
+    def test_deterministic_is_one_sequence_per_step_with_whole_prompts_when_not_rewired(self):
+        d = hybrid_settings({**self.CFG, "deterministic": True, "maxNumBatchedTokens": 256}, False, 27, 32, True, exact_positions=False)
+        self.assertEqual((d.max_num_seqs, d.split_fuse, d.batched_tokens, d.la_blocks), (1, False, 864, 1))
+        # A rewired IR (rotary from position_ids) is exact batched: --deterministic keeps the schedule.
+        r = hybrid_settings({**self.CFG, "deterministic": True, "maxNumBatchedTokens": 256}, False, 27, 32, True)
+        self.assertEqual((r.max_num_seqs, r.split_fuse, r.batched_tokens), (3, True, 256))
+
+    def test_guard_preempts_the_latest_admitted_whole_before_the_pool_runs_short(self):
+        class R:
+            def __init__(self, n, produced):
+                self.input_len, self.produced = n, [0] * produced
+        blocks_for = lambda t: -(-(t + 1) // 32)  # noqa: E731
+        g = HybridGuard(hybrid_settings(self.CFG, True, 8, 32, True), 8, blocks_for)
+        a, b, c = R(60, 0), R(60, 0), R(60, 0)
+        # 3 x 2 blocks now and next step: fits.
+        self.assertEqual(g.victims({0: a, 1: b, 2: c}), [])
+        # At 63 tokens each the next token needs a third block each: 9 > 8, the latest admitted (id 2) goes.
+        a.produced = b.produced = c.produced = [0] * 3
+        self.assertEqual(g.victims({0: a, 1: b, 2: c}), [c])
+        # The oldest is never preempted (a request larger than the pool is refused at add).
+        self.assertEqual(g.victims({5: R(300, 0)}), [])
+        self.assertFalse(g.admits([a, b], [], R(100, 0)))
+        self.assertTrue(g.admits([a], [], R(100, 0)))
+        self.assertEqual(g.la_in_use([a, b]), 2)
 
 
 class FaultInjection(unittest.TestCase):

@@ -127,6 +127,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
           modelName: u.spec.name,
           ...u.registry.counts(),
           kvTokensInUse: u.steps.kvTokensInUse,
+          ...(u.steps.linearAttentionBlocks ? { linearAttentionBlocks: u.steps.linearAttentionBlocks } : {}),
           // One shared pool (OpenVINO) when the engine reports it, else a partition per sequence (llama.cpp).
           kvTokenCapacity: limits ? (limits.kvPoolTokens ?? limits.maxNumSeqs * limits.maxModelLen) : 0,
           cacheDtype: u.spec.engine.kvCacheType,

@@ -41,6 +41,12 @@ export interface EngineConfig {
   /** `--cache_size` in GB (10^9 bytes) when given: the OpenVINO engine's fixed KV pool. */
   cacheGb?: number;
   /**
+   * `--cache_interval_multiplier` (OpenVINO engine): on a hybrid (linear-attention) model with prefix caching, the
+   * linear-attention state is checkpointed every KV block × this many tokens (OpenVINO GenAI's SchedulerConfig field
+   * of that name). Absent: OpenVINO's default.
+   */
+  cacheIntervalMultiplier?: number;
+  /**
    * OpenVINO device properties from `--plugin_config`, as given (the OpenVINO engine passes every key to
    * `compile_model`; the llama.cpp engine never receives it: the CLI maps the keys it understands).
    */

@@ -88,6 +88,7 @@ const stepMessage = z.object({
     prefixCacheHitTokens: count,
     kvTokensInUse: count.optional(),
     preemptions: count.optional(),
+    linearAttentionBlocks: z.object({ inUse: count, total: count }).optional(),
     phaseUs: z.object({ decode: nonNegative, sample: nonNegative, step: nonNegative }).optional(),
   }),
 });

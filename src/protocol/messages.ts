@@ -379,6 +379,11 @@ export interface StepMessage {
      */
     preemptions?: number;
     /**
+     * Linear-attention state blocks of a hybrid model (OpenVINO engine): held by live requests, and the pool.
+     * Optional: engines or models without linear-attention state omit it.
+     */
+    linearAttentionBlocks?: { inUse: number; total: number };
+    /**
      * Where this step's wall time went, in microseconds: the native decode, sampling (every sequence, with guide
      * probes and log probabilities), and the whole step (command snapshot to this message). Optional: an engine that
      * does not measure it leaves keel_engine_step_phase_seconds empty.

@@ -9,6 +9,7 @@ import path from "node:path";
 import { describe, expect, it } from "vitest";
 import { buildTinyModel } from "../../src/model/tiny-model.js";
 import { chat } from "../support/chat-client.js";
+import { hybridModel } from "../support/openvino.js";
 import { metrics, ROOT, startServer } from "../support/server.js";
 
 const keel = (...args: string[]) =>
@@ -214,6 +215,45 @@ describe("the seed's command line", () => {
       await server.stop();
     }
   }, 120_000);
+});
+
+describe("the seed's command line on the OpenVINO engine with the hybrid IR", () => {
+  it("with --target_device CPU --engine openvino --model_path <hybrid IR> it serves, every flag applied and said", async () => {
+    const ir = await hybridModel();
+    // Guided tool generation on OpenVINO is issue 19's guides part: this branch's engine still refuses it (exit 2,
+    // tested in agents/openvino suites), so the line runs without that one flag until it is merged.
+    const line = SEED_LINE.filter((f, i) => f !== "--enable_tool_guided_generation" && SEED_LINE[i - 1] !== "--enable_tool_guided_generation");
+    const server = await startServer([...line, "--target_device", "CPU", "--model_path", ir], {}, { engine: "openvino" });
+    try {
+      const models = JSON.parse((await (await fetch(`${server.baseUrl}/v3/models`)).text())) as { data: { id: string }[] };
+      const r = await chat(server.baseUrl, { model: models.data[0]!.id, messages: [{ role: "user", content: "Hello" }], max_tokens: 4 });
+      expect(r.status).toBe(200);
+      const events = server.logs.flatMap((l) => {
+        try {
+          return [JSON.parse(l) as Record<string, unknown>];
+        } catch {
+          return [];
+        }
+      });
+      const engineLines = events.map((e) => e["engine"] as { event?: string; msg?: string; laBlocks?: number; cacheIntervalMultiplier?: number } | undefined).filter((e) => e !== undefined);
+      const flagNotes = events.filter((e) => e["event"] === "flag").map((e) => e["msg"] as string);
+      // --cache_interval_multiplier reaches OpenVINO's SchedulerConfig; the linear-attention pool is set and logged.
+      expect(flagNotes.some((m) => m.startsWith("--cache_interval_multiplier 64: applied"))).toBe(true);
+      const hybrid = engineLines.find((e) => e.event === "hybrid_model" && e.laBlocks !== undefined)!;
+      expect(hybrid.cacheIntervalMultiplier).toBe(64);
+      expect(hybrid.laBlocks).toBe(16); // prefix caching off (below): one fixed block per sequence, --max_num_seqs 16
+      // --enable_prefix_caching true with multiplier 64 on a hybrid: off, said why (an upstream cross-prompt state leak).
+      expect(engineLines.some((e) => e.event === "hybrid_model" && /prefix caching is off .*--cache_interval_multiplier 64/.test(e.msg ?? ""))).toBe(true);
+      expect(engineLines.some((e) => e.event === "rope_positions")).toBe(true);
+      expect(flagNotes).toContain("--plugin_config: every key is passed to OpenVINO as given (ENABLE_CPU_PINNING)");
+      // --cache_size 4 sizes the shared pool (u8 KV of the one full-attention layer: 64 bytes a token).
+      const ready = events.find((e) => e["event"] === "engine_ready")!;
+      expect(ready["backend"]).toBe("cpu");
+      expect((ready["limits"] as { kvPoolTokens: number }).kvPoolTokens).toBe(Math.floor(4e9 / 64 / 32) * 32);
+    } finally {
+      await server.stop();
+    }
+  }, 300_000);
 });
 
 describe("--log_path and --log_format text", () => {

@@ -14,6 +14,7 @@ import path from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { buildTinyRecurrentModel } from "../../src/model/tiny-recurrent-model.js";
 import { chat, type ChatResult, type CloseMode } from "../support/chat-client.js";
+import { hybridModel } from "../support/openvino.js";
 import { get, metrics, startServer, waitForMetrics, type EngineUnderTest, type ServerHandle } from "../support/server.js";
 
 const SYSTEM = Array.from({ length: 12 }, (_, i) => `Rule ${i + 1}: answer briefly, keep the queue moving, and never drop a request.`).join(" ");
@@ -61,12 +62,21 @@ type Plan = { q: string; n: number; victim: null | { at: "sent" | "admitted" | "
 
 /** The models the storm runs on: the embedded attention model, and a hybrid (attention + Mamba) model whose
  * recurrent state the scheduler must never trim partially (docs/design-rules.md: recurrent state is never partially evicted). */
-const MODELS: { name: string; flags: () => string[]; recurrent: boolean; engine?: EngineUnderTest; maxTokens?: number[] }[] = [
+const MODELS: { name: string; flags: () => string[] | Promise<string[]>; recurrent: boolean; engine?: EngineUnderTest; maxTokens?: number[] }[] = [
   { name: "keel-tiny (attention)", flags: () => [], recurrent: false },
   // OpenVINO's shared paged pool, smaller than the load: 26 blocks of 32 tokens hold two ~385-token requests, and
   // decoding up to 64 tokens each outgrows it, so OpenVINO preempts (prefix caching off: shared prefix blocks would
   // leave room). The bystanders must still equal their controls (issue #11).
   { name: "keel-tiny-f16 on OpenVINO (26-block pool: preemption)", engine: "openvino", recurrent: false, maxTokens: [1, 2, 24, 64], flags: () => ["--model_name", "keel-tiny", "--num_kv_blocks", "26", "--enable_prefix_caching", "false"] },
+  // The tiny hybrid (Gated DeltaNet + attention) IR on OpenVINO with the seed's flags; 45 blocks of 32 tokens hold
+  // two ~700-token requests, whose growth to 64 tokens outgrows it: the worker preempts whole (hybrid_guard.py).
+  {
+    name: "tiny hybrid IR (linear attention) on OpenVINO, seed's flags (45-block pool: preemption)",
+    engine: "openvino",
+    recurrent: true,
+    maxTokens: [1, 2, 24, 64],
+    flags: async () => ["--model_path", await hybridModel(), "--model_name", "keel-tiny", "--num_kv_blocks", "45", "--enable_prefix_caching", "true", "--cache_interval_multiplier", "64"],
+  },
   {
     name: "tiny jamba (hybrid: attention + Mamba)",
     recurrent: true,
@@ -84,7 +94,7 @@ for (const model of MODELS) describe(`disconnect storm under saturation — ${mo
   const control = new Map<string, string>();
 
   beforeAll(async () => {
-    server = await startServer(["--max_num_seqs", "4", "--max_num_batched_tokens", "32", "--max_queued_requests", "1000", ...model.flags()], {}, { engine: model.engine ?? "llama.cpp" });
+    server = await startServer(["--max_num_seqs", "4", "--max_num_batched_tokens", "32", "--max_queued_requests", "1000", ...(await model.flags())], {}, { engine: model.engine ?? "llama.cpp" });
     for (const q of QUESTIONS) {
       for (const n of model.maxTokens ?? MAX_TOKENS) {
         const r = await chat(server.baseUrl, body(q, n));
@@ -174,6 +184,8 @@ for (const model of MODELS) describe(`disconnect storm under saturation — ${mo
     // OpenVINO does not say which tokens its prefix cache saved (reported as 0); what it must show is preemption.
     if (!model.recurrent && model.engine !== "openvino") expect(after.get("keel_prefix_cache_hit_tokens_total")!).toBeGreaterThan(before.get("keel_prefix_cache_hit_tokens_total")!);
     if (model.engine === "openvino") expect(after.get("keel_engine_preemptions_total{model=\"keel-tiny\"}")!).toBeGreaterThan(before.get("keel_engine_preemptions_total{model=\"keel-tiny\"}") ?? 0);
+    // On the hybrid IR every preemption is the worker's own, whole (OpenVINO never preempts a hybrid sequence itself).
+    if (model.engine === "openvino" && model.recurrent) expect(server.logs.some((l) => l.includes('"event":"hybrid_ov_preempted"'))).toBe(false);
     const delta = (p: string) => after.get(`keel_client_disconnects_total{phase="${p}"}`)! - before.get(`keel_client_disconnects_total{phase="${p}"}`)!;
     expect(delta("queued") + delta("prefill") + delta("decode")).toBeGreaterThan(TOTAL / 10);
     expect([delta("queued"), delta("prefill"), delta("decode")].filter((d) => d > 0).length).toBeGreaterThanOrEqual(2);

@@ -5,6 +5,7 @@
  * bisection and failed alone with `engine_fault`. Fault injection: docs/fault-injection.md.
  */
 import { afterEach, describe, expect, it } from "vitest";
+import { hybridModel } from "../support/openvino.js";
 import { PROMPTS as ALL_PROMPTS } from "../support/prompts.js";
 import { chat, type ChatResult } from "../support/chat-client.js";
 import { ENGINES_UNDER_TEST, get, metrics, startServer, waitForMetrics, waitForReady, type EngineUnderTest, type ServerHandle } from "../support/server.js";
@@ -324,5 +325,74 @@ describe("watchdog", () => {
     expect((await get(s.baseUrl, "/v2/health/live")).status).toBe(200);
     const expected = await controls(s, PROMPTS.slice(0, 4));
     expectIdentical(results, expected);
+  });
+});
+
+/** The tiny hybrid (linear-attention) IR on OpenVINO with the seed's flags and a 16-block pool that 8 streams outgrow. */
+const serveHybrid = async (env: Record<string, string> = {}): Promise<ServerHandle> =>
+  startServer(["--model_path", await hybridModel(), "--model_name", "keel-tiny", "--max_num_seqs", "8", "--enable_prefix_caching", "true", "--cache_interval_multiplier", "64", "--num_kv_blocks", "16"], env, { engine: "openvino" });
+
+describe("the hybrid IR on OpenVINO (seed's flags): a dead or failing engine, every request resumes", () => {
+  it("SIGKILL of the engine under 8 concurrent greedy streams (preempting): all finish, each identical to control, one restart", async () => {
+    server = await serveHybrid();
+    const s = server;
+    const expected = await controls(s, PROMPTS);
+    const before = await metrics(s.baseUrl);
+    const enginePid = s.enginePid();
+    let killed = false;
+    const results = await Promise.all(
+      PROMPTS.map((p, i) =>
+        chat(s.baseUrl, body(p), {
+          onEvent: (_e, k) => {
+            if (i === 0 && k >= 6 && !killed) {
+              killed = true;
+              process.kill(enginePid, "SIGKILL");
+            }
+          },
+        }),
+      ),
+    );
+    expect(killed).toBe(true);
+    expectIdentical(results, expected);
+    expect(s.enginePid()).not.toBe(enginePid);
+    const after = await metrics(s.baseUrl);
+    expect(after.get('keel_engine_restarts_total{reason="signal"}')! - before.get('keel_engine_restarts_total{reason="signal"}')!).toBe(1);
+    expect(after.get("keel_requests_resumed_total")! - before.get("keel_requests_resumed_total")!).toBeGreaterThanOrEqual(1);
+    expect(after.get('keel_engine_preemptions_total{model="keel-tiny"}')!).toBeGreaterThan(0);
+  });
+
+  it("a step() that raises (the seed's wedged pipeline) ends that worker; a new one resumes every stream, identical to control", async () => {
+    server = await serveHybrid({ KEEL_FAULT_INJECTION: JSON.stringify({ throwAtStep: 30 }) });
+    const s = server;
+    const enginePid = s.enginePid();
+    const results = await Promise.all(PROMPTS.map((p) => chat(s.baseUrl, body(p))));
+    const expected = await controls(s, PROMPTS);
+    expectIdentical(results, expected);
+    expect(s.enginePid()).not.toBe(enginePid);
+    expect(s.logs.some((l) => l.includes('"event":"step_failed"'))).toBe(true);
+    const m = await metrics(s.baseUrl);
+    expect(m.get('keel_engine_restarts_total{reason="exit"}')).toBe(1);
+    expect(m.get('keel_requests_failed_total{reason="engine_fault"}')).toBe(0);
+  });
+
+  it("a request that crashes the engine whenever it is scheduled fails alone with engine_fault; the others are identical", async () => {
+    server = await serveHybrid({ KEEL_FAULT_INJECTION: JSON.stringify({ crashOnPrompt: "POISON" }) });
+    const s = server;
+    const innocents = PROMPTS.slice(0, 5);
+    const expected = await controls(s, innocents);
+    // An innocent that arrives while the engine restarts gets 503 + Retry-After; like a real client it retries.
+    const innocent = async (p: string): Promise<ChatResult> => {
+      for (let attempt = 0; ; attempt++) {
+        const r = await chat(s.baseUrl, body(p));
+        if (r.status !== 503 || attempt >= 100) return r;
+        await waitForReady(s.baseUrl);
+      }
+    };
+    const [culprit, ...results] = await Promise.all([chat(s.baseUrl, body("POISON: this request kills the engine")), ...innocents.map(innocent)]);
+    expectIdentical(results, expected);
+    const err = (culprit!.events.at(-1) as { error?: { code?: string } } | undefined)?.error ?? (culprit!.body as { error?: { code?: string } } | null)?.error;
+    expect(err?.code).toBe("engine_fault");
+    await waitForReady(s.baseUrl);
+    expect((await chat(s.baseUrl, body(innocents[0]!))).text).toBe(expected[0]);
   });
 });

@@ -3,36 +3,67 @@
  * model: streaming greedy chats run concurrently; one client hard-closes its socket mid-generation (FIN or RST),
  * during a long prefill, while queued, or leaves a unary request. Every time: the same server process is alive,
  * readiness is 200, every other stream ends with [DONE] and exactly the text of its control run alone, the
- * running/waiting/active counts return to 0, and a fresh request succeeds. On both engines (llama.cpp, OpenVINO).
+ * running/waiting/active counts return to 0, and a fresh request succeeds. On both engines (llama.cpp, OpenVINO), and
+ * on the tiny hybrid (linear-attention) IR on OpenVINO with the seed's flags and a pool the streams outgrow, so that
+ * the worker preempts (whole) while clients hard-close.
  */
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { PROMPTS as ALL_PROMPTS } from "../support/prompts.js";
 import { chat, type ChatResult, type CloseMode } from "../support/chat-client.js";
-import { ENGINES_UNDER_TEST, get, metrics, startServer, waitForMetrics, type ServerHandle } from "../support/server.js";
+import { hybridModel } from "../support/openvino.js";
+import { ENGINES_UNDER_TEST, get, metrics, startServer, waitForMetrics, type EngineUnderTest, type ServerHandle } from "../support/server.js";
 
 const MAX_TOKENS = 40;
 const PROMPTS = ALL_PROMPTS.slice(0, 5);
 /** A prompt long enough that its prefill spans many steps at a 16-token budget. */
 const LONG_PROMPT = Array.from({ length: 60 }, (_, i) => `line ${i}: the scheduler admits requests and prefills prompts in chunks;`).join("\n");
 
-const body = (content: string, extra: Record<string, unknown> = {}) => ({
-  model: "keel-tiny",
-  messages: [{ role: "user", content }],
-  temperature: 0,
-  max_tokens: MAX_TOKENS,
-  ignore_eos: true,
-  stream: true,
-  ...extra,
-});
+/** Where the reproducer runs: an engine with its tiny model, and what the scenarios ask of it. */
+interface Target {
+  name: string;
+  engine: EngineUnderTest;
+  flags: () => Promise<string[]>;
+  /** Bystanders' max_tokens. */
+  maxTokens: number;
+  /** The hard-closed victims' max_tokens (more than they will read). */
+  victimMaxTokens: number;
+  longPrompt: string;
+  /** The pool is outgrown: preemptions must show in /metrics. */
+  preempts: boolean;
+}
 
-for (const engine of ENGINES_UNDER_TEST) describe(`engine: ${engine}`, () => {
+const TARGETS: Target[] = [
+  // On OpenVINO the F16 twin of the embedded model, served under the same name.
+  ...ENGINES_UNDER_TEST.map((engine) => ({ name: `engine: ${engine}`, engine, flags: async () => (engine === "openvino" ? ["--model_name", "keel-tiny"] : []), maxTokens: MAX_TOKENS, victimMaxTokens: 1500, longPrompt: LONG_PROMPT, preempts: false })),
+  {
+    // The seed's flags; 16 blocks of 32 tokens: three ~165-token streams need 18 blocks, so the worker preempts.
+    name: "engine: openvino, hybrid IR (seed's flags, 16-block pool)",
+    engine: "openvino",
+    flags: async () => ["--model_path", await hybridModel(), "--model_name", "keel-tiny", "--enable_prefix_caching", "true", "--cache_interval_multiplier", "64", "--num_kv_blocks", "16"],
+    maxTokens: 120,
+    victimMaxTokens: 300,
+    // ~320 tokens of this model's small vocabulary: 20 steps at 16 a step, and it fits the pool.
+    longPrompt: LONG_PROMPT.split("\n").slice(0, 6).join("\n"),
+    preempts: true,
+  },
+];
+
+for (const target of TARGETS) describe(target.name, () => {
+  const body = (content: string, extra: Record<string, unknown> = {}) => ({
+    model: "keel-tiny",
+    messages: [{ role: "user", content }],
+    temperature: 0,
+    max_tokens: target.maxTokens,
+    ignore_eos: true,
+    stream: true,
+    ...extra,
+  });
   let server: ServerHandle;
   let pid: number;
   const control = new Map<string, string>();
 
   beforeAll(async () => {
-    // On OpenVINO the F16 twin of the embedded model, served under the same name.
-    server = await startServer(["--max_num_seqs", "4", "--max_num_batched_tokens", "16", ...(engine === "openvino" ? ["--model_name", "keel-tiny"] : [])], {}, { engine });
+    server = await startServer(["--max_num_seqs", "4", "--max_num_batched_tokens", "16", ...(await target.flags())], {}, { engine: target.engine });
     pid = server.proc.pid!;
     // Controls: each request alone.
     for (const p of PROMPTS) {
@@ -76,7 +107,7 @@ for (const engine of ENGINES_UNDER_TEST) describe(`engine: ${engine}`, () => {
         const before = await metrics(server.baseUrl);
         const [victim, ...bystanders] = await Promise.all([
           // The victim asks for far more tokens than it will read, so it cannot end naturally before its close lands.
-          chat(server.baseUrl, body(PROMPTS[0]!, { max_tokens: 1500 }), { onEvent: (_e, i, ctl) => i === 3 && ctl.close(mode) }),
+          chat(server.baseUrl, body(PROMPTS[0]!, { max_tokens: target.victimMaxTokens }), { onEvent: (_e, i, ctl) => i === 3 && ctl.close(mode) }),
           ...PROMPTS.slice(1, 4).map((p) => chat(server.baseUrl, body(p))),
         ]);
         expect(victim!.closedByClient).toBe(true);
@@ -93,7 +124,7 @@ for (const engine of ENGINES_UNDER_TEST) describe(`engine: ${engine}`, () => {
       const before = await metrics(server.baseUrl);
       const [victim, ...bystanders] = await Promise.all([
         // The first event (assistant role) is sent when the request is admitted: its prefill has just begun.
-        chat(server.baseUrl, body(LONG_PROMPT, { max_tokens: 4 }), { onEvent: (_e, i, ctl) => i === 0 && ctl.close("rst") }),
+        chat(server.baseUrl, body(target.longPrompt, { max_tokens: 4 }), { onEvent: (_e, i, ctl) => i === 0 && ctl.close("rst") }),
         ...PROMPTS.slice(1, 4).map((p) => chat(server.baseUrl, body(p))),
       ]);
       expect(victim!.status).toBe(200);
@@ -126,7 +157,7 @@ for (const engine of ENGINES_UNDER_TEST) describe(`engine: ${engine}`, () => {
 
     it("a unary client that leaves mid-generation is aborted and the streams around it are identical", async () => {
       const before = await metrics(server.baseUrl);
-      const unary = chat(server.baseUrl, body(PROMPTS[0]!, { stream: false, max_tokens: 1500 }), {
+      const unary = chat(server.baseUrl, body(PROMPTS[0]!, { stream: false, max_tokens: target.victimMaxTokens }), {
         onSent: (ctl) => {
           // Leave once the unary request is generating (engine steps advance with it running).
           void waitForMetrics(server.baseUrl, (m) => (m.get("keel_requests_running") ?? 0) >= 1 && m.get("keel_engine_steps_total")! >= before.get("keel_engine_steps_total")! + 30, 400, 5).then(() =>
@@ -146,4 +177,18 @@ for (const engine of ENGINES_UNDER_TEST) describe(`engine: ${engine}`, () => {
       expect(after.get('keel_requests_finished_total{finish_reason="abort"}')).toBe(before.get('keel_requests_finished_total{finish_reason="abort"}')! + 1);
     });
   });
+
+  if (target.preempts) {
+    it("the streams outgrew the pool: the engine preempted, and every stream above still equalled its control", async () => {
+      const m = await metrics(server.baseUrl);
+      expect(m.get('keel_engine_preemptions_total{model="keel-tiny"}')!).toBeGreaterThan(0);
+      expect(m.get('keel_engine_linear_attention_blocks_capacity{model="keel-tiny"}')!).toBeGreaterThan(0);
+      expect(m.get('keel_engine_linear_attention_blocks_in_use{model="keel-tiny"}')).toBe(0);
+      expect(m.get('keel_engine_restarts_total{reason="exit"}')).toBe(0);
+      // Every preemption was the worker's own (whole): OpenVINO never had to preempt a hybrid sequence itself.
+      const own = server.logs.filter((l) => l.includes('"event":"hybrid_preempt"')).reduce((n, l) => n + (JSON.parse(l) as { engine: { requests: string[] } }).engine.requests.length, 0);
+      expect(own).toBe(m.get('keel_engine_preemptions_total{model="keel-tiny"}'));
+      expect(server.logs.some((l) => l.includes('"event":"hybrid_ov_preempted"'))).toBe(false);
+    });
+  }
 });

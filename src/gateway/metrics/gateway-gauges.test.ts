@@ -38,6 +38,12 @@ describe("gateway gauges under vLLM and OVMS names, one series per model", () =>
     expect(await t.series("vllm:cache_config_info")).toEqual([]);
   });
 
+  it("linear-attention blocks (in use, pool) only for a model that reports them", async () => {
+    const t = setup([model({ modelName: "hybrid", linearAttentionBlocks: { inUse: 3, total: 19 } }), model({ modelName: "dense" })]);
+    expect(await t.series("keel_engine_linear_attention_blocks_in_use")).toEqual(['keel_engine_linear_attention_blocks_in_use{model="hybrid"} 3']);
+    expect(await t.series("keel_engine_linear_attention_blocks_capacity")).toEqual(['keel_engine_linear_attention_blocks_capacity{model="hybrid"} 19']);
+  });
+
   it("kvUsage is bounded to 0..1 and 0 without a budget", () => {
     expect(kvUsage({ kvTokensInUse: 5, kvTokenCapacity: 0 })).toBe(0);
     expect(kvUsage({ kvTokensInUse: 30, kvTokenCapacity: 20 })).toBe(1);

@@ -155,6 +155,19 @@ describe("StepObserver: preemptions from the engine's cumulative count", () => {
     expect(await t.value("vllm:num_preemptions_total", '{model_name="tiny"}')).toBe(0);
   });
 
+  it("linear-attention blocks follow the last step; an engine that exits holds none; absent stays undefined", () => {
+    const t = setup();
+    const hybrid = new StepObserver(t.metrics, "hybrid");
+    const m = stepMsg(1, 0);
+    hybrid.observe({ ...m, stats: { ...m.stats, linearAttentionBlocks: { inUse: 4, total: 19 } } });
+    expect(hybrid.linearAttentionBlocks).toEqual({ inUse: 4, total: 19 });
+    hybrid.engineGone();
+    expect(hybrid.linearAttentionBlocks).toEqual({ inUse: 0, total: 19 });
+    const dense = new StepObserver(t.metrics, "dense");
+    dense.observe(m);
+    expect(dense.linearAttentionBlocks).toBeUndefined();
+  });
+
   it("both names are metric families --metrics_list may name", async () => {
     const { metricFamilies } = await import("./metrics.js");
     expect(metricFamilies()).toEqual(expect.arrayContaining(["keel_engine_preemptions_total", "vllm:num_preemptions_total"]));

@@ -24,6 +24,8 @@ export class StepObserver {
   kvTokensInUse = 0;
   /** Cumulative preemptions of the current engine as last reported (0 before its first report). */
   private lastPreemptions = 0;
+  /** Linear-attention blocks (in use, pool) as last reported; undefined for engines and models without them. */
+  linearAttentionBlocks: { inUse: number; total: number } | undefined = undefined;
 
   /** @param modelName the served model whose engine this observes (labels the per-model counters) */
   constructor(
@@ -44,6 +46,7 @@ export class StepObserver {
     this.activeSequences = 0;
     this.cachedSequences = 0;
     this.kvTokensInUse = 0;
+    if (this.linearAttentionBlocks) this.linearAttentionBlocks = { inUse: 0, total: this.linearAttentionBlocks.total };
   }
 
   /** Apply one step output's counters (the engine reports cumulative values; the metrics count increments). */
@@ -64,6 +67,7 @@ export class StepObserver {
     this.activeSequences = msg.stats.activeSequences;
     this.cachedSequences = msg.stats.cachedSequences;
     this.kvTokensInUse = msg.stats.kvTokensInUse ?? 0;
+    if (msg.stats.linearAttentionBlocks) this.linearAttentionBlocks = { ...msg.stats.linearAttentionBlocks };
     if (msg.stats.prefixCacheHitTokens > this.lastPrefixHits) {
       this.metrics.prefixCacheHitTokens.inc(msg.stats.prefixCacheHitTokens - this.lastPrefixHits);
       this.lastPrefixHits = msg.stats.prefixCacheHitTokens;

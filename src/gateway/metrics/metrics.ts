@@ -37,6 +37,8 @@ export interface ModelGauges {
   cacheDtype: string;
   /** Whether finished requests' KV is kept for prefix reuse. */
   prefixCaching: boolean;
+  /** Linear-attention state blocks of a hybrid model (in use, pool), as last reported; absent for other models. */
+  linearAttentionBlocks?: { inUse: number; total: number };
 }
 
 /** KV usage in 0..1 (0 when there is no budget yet). */
@@ -181,6 +183,21 @@ export class Metrics {
         }
       },
     });
+    // Hybrid (linear-attention) models on the OpenVINO engine only: other models have no series.
+    const laGauge = (name: string, help: string, read: (b: { inUse: number; total: number }) => number): void => {
+      new client.Gauge({
+        name,
+        help,
+        labelNames: ["model"],
+        registers,
+        collect() {
+          this.reset();
+          for (const m of models()) if (m.linearAttentionBlocks) this.set({ model: m.modelName }, read(m.linearAttentionBlocks));
+        },
+      });
+    };
+    laGauge("keel_engine_linear_attention_blocks_in_use", "Linear-attention state blocks held by live requests of a hybrid model (OpenVINO engine), per model", (b) => b.inUse);
+    laGauge("keel_engine_linear_attention_blocks_capacity", "Linear-attention state blocks in the pool of a hybrid model (OpenVINO num_linear_attention_blocks), per model", (b) => b.total);
     perModel("ovms_current_graphs", "Requests in flight (waiting or running), per model (OVMS name)", "name", (m) => m.waiting + m.running);
     const byName = (name: string, help: string): client.Counter<"name"> => new client.Counter({ name, help, labelNames: ["name"], registers });
     this.ovmsAccepted = byName("ovms_requests_accepted", "Requests handed to a model's engine (OVMS name)");
