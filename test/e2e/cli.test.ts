@@ -220,9 +220,7 @@ describe("the seed's command line", () => {
 describe("the seed's command line on the OpenVINO engine with the hybrid IR", () => {
   it("with --target_device CPU --engine openvino --model_path <hybrid IR> it serves, every flag applied and said", async () => {
     const ir = await hybridModel();
-    // Guided tool generation on OpenVINO is issue 19's guides part: this branch's engine still refuses it (exit 2,
-    // tested in agents/openvino suites), so the line runs without that one flag until it is merged.
-    const line = SEED_LINE.filter((f, i) => f !== "--enable_tool_guided_generation" && SEED_LINE[i - 1] !== "--enable_tool_guided_generation");
+    const line = SEED_LINE;
     const server = await startServer([...line, "--target_device", "CPU", "--model_path", ir], {}, { engine: "openvino" });
     try {
       const models = JSON.parse((await (await fetch(`${server.baseUrl}/v3/models`)).text())) as { data: { id: string }[] };
