@@ -204,7 +204,9 @@ function auto(req: GuideRequest, parser: ToolParserName): GuideSpec {
     const tagged = addCallRules(b, "hermes3", req.tools, indexOf);
     const bare = addCallRules(b, "hermes3-bare", req.tools, indexOf);
     triggers.push({ text: "<tool_call>", rule: tagged.call, then });
-    triggers.push({ text: "{", rule: bare.call, atStart: true, then });
+    // A bare JSON call is the whole answer (the hermes3 parser takes a bare call only as the entire output): after it
+    // only end-of-generation, or a model that writes JSON on would be forced into call after call.
+    triggers.push({ text: "{", rule: bare.call, atStart: true, then: "end" });
   } else if (parser === "qwen3coder") {
     const tagged = addCallRules(b, "qwen3coder", req.tools, indexOf);
     triggers.push({ text: "<tool_call>", rule: tagged.call, then });
