@@ -321,12 +321,15 @@ class Engine:
     def blocks_for(self, tokens: int) -> int:
         return -(-(tokens + 1) // self.block)
 
+    def held_blocks(self) -> int:
+        """KV blocks the admitted requests hold by the worker's count (their tokens so far, the released included)."""
+        return sum(self.blocks_for(r.input_len + len(r.produced)) for r in [*self.running.values(), *self.releasing])
+
     def fits(self, req: Request) -> bool:
         """Whether the pool holds every admitted request's current tokens and `req`'s prompt (admission rule)."""
         if self.guard:
             return self.guard.admits(self.running.values(), self.releasing, req)
-        held = sum(self.blocks_for(r.input_len + len(r.produced)) for r in [*self.running.values(), *self.releasing])
-        return held + self.blocks_for(req.input_len) <= self.kv_blocks
+        return self.held_blocks() + self.blocks_for(req.input_len) <= self.kv_blocks
 
     def position_logprob(self, token: int, logprob: float) -> dict:
         """The sampled token's log-probability (OpenVINO reports no alternatives), with its bytes where known."""

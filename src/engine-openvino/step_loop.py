@@ -272,7 +272,9 @@ def emit_step(e: Engine, outputs: dict, batch_tokens: int) -> None:
             "prefixCacheHitTokens": 0,
             # OpenVINO reads its usage at schedule time, before the step frees finished requests: with nothing left
             # in flight nothing is held (prefix-cache blocks count as free).
-            "kvTokensInUse": int(round(e.last_usage / 100 * e.pool_tokens)) if e.running or e.releasing else 0,
+            # OpenVINO's percentage is of the blocks it allocated so far, not of a large --cache_size pool: never more
+            # than the worker's own count of the blocks its requests hold.
+            "kvTokensInUse": min(int(round(e.last_usage / 100 * e.pool_tokens)), e.held_blocks() * e.block) if e.running or e.releasing else 0,
             "preemptions": e.preemptions,
             **({"linearAttentionBlocks": {"inUse": e.guard.la_in_use([*e.running.values(), *e.releasing]), "total": e.guard.settings.la_blocks}} if e.guard else {}),
         },
