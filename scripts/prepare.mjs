@@ -39,7 +39,7 @@ try {
 const { ensureDefaultModel } = await import(path.join(root, "dist", "model", "default-model.js"));
 await ensureDefaultModel();
 
-// 4. The OpenAI Python SDK for the tests, in .venv-test (pins in test/e2e/python/requirements.txt). Not needed to
+// 4. The OpenAI and Anthropic Python SDKs for the tests, in .venv-test (pins in test/e2e/python/requirements.txt). Not needed to
 //    serve, so `npm run serve` skips it. Quick when present: only looks for the pinned packages' dist-info folders.
 if (process.env.npm_lifecycle_event !== "serve") ensureTestVenv();
 
