@@ -1,17 +1,15 @@
 import fc from "fast-check";
 /**
- * Request parsing and encoders of the completions and Responses APIs, driven with session events directly: field
- * rules and refusals (400 naming the field), the legacy logprobs shape, echo, the Responses event order with
- * consecutive sequence numbers and its failure event.
+ * Request parsing and encoders of the completions API, driven with session events directly: field rules and
+ * refusals (400 naming the field), the legacy logprobs shape, echo. (The Responses API: responses.test.ts.)
  */
 import { describe, expect, it } from "vitest";
-import { engineError, KeelHttpError } from "../http/errors.js";
+import { KeelHttpError } from "../http/errors.js";
 import type { Encoder } from "../requests/generate.js";
 import type { SessionEvent } from "../requests/session/events.js";
 import type { ResponseWriter } from "../http/sse.js";
 import { completionEncoder, parseCompletionRequest } from "./completions.js";
 import { completionLogprobs, TextOffsets } from "./logprobs.js";
-import { parseResponsesRequest, responsesEncoder } from "./responses.js";
 
 function reject(fn: () => unknown): KeelHttpError {
   try {
@@ -133,160 +131,5 @@ describe("completions encoder", () => {
     const unary = enc.unary(fin as Extract<SessionEvent, { type: "finished" }>) as { object: string; choices: { text: string }[] };
     expect(unary.object).toBe("text_completion");
     expect(unary.choices.map((c) => c.text)).toEqual(["Heyyo", "Heyyo"]);
-  });
-});
-
-describe("responses request", () => {
-  it("input string or message items; instructions become a system message", () => {
-    const r = parseResponsesRequest({ model: "m", instructions: "Be brief.", input: [{ role: "user", content: [{ type: "input_text", text: "a" }, { type: "input_text", text: "b" }] }, { type: "message", role: "assistant", content: "ok" }], max_output_tokens: 5 });
-    expect(r.messages).toEqual([{ role: "system", content: "Be brief." }, { role: "user", content: "a\nb" }, { role: "assistant", content: "ok" }]);
-    expect(r.maxOutputTokens).toBe(5);
-    expect(parseResponsesRequest({ model: "m", input: "hi", store: false }).messages).toEqual([{ role: "user", content: "hi" }]);
-  });
-
-  it.each([
-    [{ model: "m" }, "missing_field", "input"],
-    [{ model: "m", input: [] }, "invalid_value", "input"],
-    [{ model: "m", input: "x", previous_response_id: "resp_1" }, "unsupported_field", "previous_response_id"],
-    // Chat fields sent to /responses are refused, not accepted and ignored.
-    [{ model: "m", input: "x", seed: 5 }, "unsupported_field", "seed"],
-    [{ model: "m", input: "x", stop: ["a"] }, "unsupported_field", "stop"],
-    [{ model: "m", input: "x", n: 2 }, "unsupported_field", "n"],
-    [{ model: "m", input: "x", logit_bias: { "1": 5 } }, "unsupported_field", "logit_bias"],
-    [{ model: "m", input: "x", store: true }, "unsupported_field", "store"],
-    [{ model: "m", input: "x", reasoning: { effort: "low" } }, "unsupported_field", "reasoning"],
-    [{ model: "m", input: "x", text: { format: { type: "json_object" } } }, "unsupported_field", "text"],
-    [{ model: "m", input: "x", stream_options: {} }, "unsupported_field", "stream_options"],
-    [{ model: "m", input: [{ type: "web_search_call", id: "x" }] }, "unsupported_field", "input[0].type"],
-    [{ model: "m", input: [{ type: "function_call_output", output: "x" }] }, "missing_field", "input[0].call_id"],
-    [{ model: "m", input: [{ type: "function_call", call_id: "c", arguments: "{}" }] }, "missing_field", "input[0].name"],
-    [{ model: "m", input: [{ type: "function_call", call_id: "c", name: "f", arguments: { a: 1 } }] }, "invalid_value", "input[0].arguments"],
-    [{ model: "m", input: "x", tools: [{ type: "web_search" }] }, "unsupported_field", "tools[0].type"],
-    [{ model: "m", input: "x", tools: [{ type: "function", name: "f" }], tool_choice: { type: "function", name: "g" } }, "invalid_value", "tool_choice"],
-    [{ model: "m", input: "x", max_tool_calls: 2 }, "unsupported_field", "max_tool_calls"],
-    [{ model: "m", input: [{ role: "user", content: [{ type: "input_image", image_url: "x" }] }] }, "unsupported_field", "input[0].content[0].type"],
-    [{ model: "m", input: "x", max_output_tokens: 0 }, "invalid_value", "max_output_tokens"],
-  ])("%j → 400 %s on %s", (body, code, param) => {
-    const e = reject(() => parseResponsesRequest(body));
-    expect({ status: e.status, code: e.code, param: e.param }).toEqual({ status: 400, code, param });
-  });
-});
-
-describe("responses request: function tools", () => {
-  it("flat tools, tool_choice, and function_call / function_call_output items become the chat turns a template expects", () => {
-    const r = parseResponsesRequest({
-      model: "m",
-      tools: [{ type: "function", name: "get_weather", parameters: { type: "object" } }],
-      tool_choice: "required",
-      parallel_tool_calls: false,
-      input: [
-        { role: "user", content: "Weather in Paris and Rome?" },
-        { type: "function_call", call_id: "call_1", name: "get_weather", arguments: '{"city":"Paris"}' },
-        { type: "function_call", call_id: "call_2", name: "get_weather", arguments: '{"city":"Rome"}' },
-        { type: "function_call_output", call_id: "call_1", output: "sunny" },
-        { type: "function_call_output", call_id: "call_2", output: "rain" },
-      ],
-    });
-    expect(r.tools).toEqual([{ name: "get_weather", parameters: { type: "object" } }]);
-    expect([r.toolChoice, r.parallelToolCalls]).toEqual([{ kind: "required" }, false]);
-    expect(r.messages).toEqual([
-      { role: "user", content: "Weather in Paris and Rome?" },
-      { role: "assistant", content: "", toolCalls: [{ id: "call_1", name: "get_weather", arguments: '{"city":"Paris"}' }, { id: "call_2", name: "get_weather", arguments: '{"city":"Rome"}' }] },
-      { role: "tool", content: "sunny", toolCallId: "call_1" },
-      { role: "tool", content: "rain", toolCallId: "call_2" },
-    ]);
-    expect(parseResponsesRequest({ model: "m", input: "x" }).toolChoice).toEqual({ kind: "none" });
-  });
-});
-
-describe("responses encoder", () => {
-  const body = parseResponsesRequest({ model: "m", input: "hi", stream: true });
-
-  it("streams the typed events in order with consecutive sequence numbers; the done events carry the whole text", () => {
-    const enc = responsesEncoder(body, "resp_abc", "m", 1);
-    const { out, w } = recorder();
-    play(enc, [
-      { type: "started" },
-      { type: "delta", index: 0, content: "Hel", logprobs: [] },
-      { type: "delta", index: 0, content: "", logprobs: [] },
-      { type: "delta", index: 0, content: "lo", logprobs: [] },
-      { type: "choice_finished", index: 0, reason: "stop" },
-      { type: "finished", usage: { promptTokens: 3, completionTokens: 2 }, choices: [{ index: 0, text: "Hello", reason: "stop", logprobs: [], completionTokens: 2, reasoning: null, toolCalls: [] }] },
-    ], w);
-    expect(out.map((o) => o.event)).toEqual([
-      "response.created",
-      "response.in_progress",
-      "response.output_item.added",
-      "response.content_part.added",
-      "response.output_text.delta",
-      "response.output_text.delta",
-      "response.output_text.done",
-      "response.content_part.done",
-      "response.output_item.done",
-      "response.completed",
-    ]);
-    const data = out.map((o) => o.data as Record<string, unknown>);
-    expect(data.map((d) => d.sequence_number)).toEqual(data.map((_, i) => i));
-    expect(data.map((d) => d.type)).toEqual(out.map((o) => o.event));
-    expect(data[6]).toMatchObject({ text: "Hello" });
-    expect(data[9]).toMatchObject({ response: { status: "completed", output: [{ content: [{ text: "Hello" }] }], usage: { input_tokens: 3, output_tokens: 2, total_tokens: 5 } } });
-  });
-
-  it("function calls: an output item per call after the message, argument deltas, done events, and the same items unary", () => {
-    const tb = parseResponsesRequest({ model: "m", input: "hi", stream: true, tools: [{ type: "function", name: "f", parameters: { type: "object" } }] });
-    const enc = responsesEncoder(tb, "resp_abc", "m", 1);
-    const { out, w } = recorder();
-    const fin: SessionEvent = {
-      type: "finished",
-      usage: { promptTokens: 3, completionTokens: 9 },
-      choices: [{ index: 0, text: "ok", reason: "tool_calls", logprobs: [], completionTokens: 9, reasoning: null, toolCalls: [{ id: "call_x1", name: "f", arguments: '{"a":1}' }] }],
-    };
-    play(enc, [
-      { type: "started" },
-      { type: "delta", index: 0, content: "ok", logprobs: [], toolCalls: [{ index: 0, id: "call_x1", name: "f" }, { index: 0, arguments: '{"a":' }] },
-      { type: "delta", index: 0, content: "", logprobs: [], toolCalls: [{ index: 0, arguments: "1}" }] },
-      { type: "choice_finished", index: 0, reason: "tool_calls" },
-      fin,
-    ], w);
-    expect(out.map((o) => o.event)).toEqual([
-      "response.created",
-      "response.in_progress",
-      "response.output_item.added",
-      "response.content_part.added",
-      "response.output_text.delta",
-      "response.output_item.added",
-      "response.function_call_arguments.delta",
-      "response.function_call_arguments.delta",
-      "response.output_text.done",
-      "response.content_part.done",
-      "response.output_item.done",
-      "response.function_call_arguments.done",
-      "response.output_item.done",
-      "response.completed",
-    ]);
-    const data = out.map((o) => o.data as Record<string, unknown>);
-    expect(data.map((d) => d.sequence_number)).toEqual(data.map((_, i) => i));
-    const callItem = { id: "fc_x1", type: "function_call", call_id: "call_x1", name: "f" };
-    expect(data[5]).toMatchObject({ output_index: 1, item: { ...callItem, arguments: "", status: "in_progress" } });
-    expect(data[11]).toMatchObject({ item_id: "fc_x1", output_index: 1, arguments: '{"a":1}' });
-    const completed = data[13] as { response: { status: string; output: unknown[]; tools: unknown[] } };
-    expect(completed.response.status).toBe("completed");
-    expect(completed.response.output[1]).toEqual({ ...callItem, arguments: '{"a":1}', status: "completed" });
-    expect(completed.response.tools).toEqual([{ type: "function", name: "f", description: null, parameters: { type: "object" }, strict: false }]);
-    const unary = enc.unary(fin as Extract<SessionEvent, { type: "finished" }>) as { output: unknown[] };
-    expect(unary.output).toEqual(completed.response.output);
-  });
-
-  it("a length finish is response.incomplete with reason max_output_tokens; a failure is response.failed followed by [DONE]", () => {
-    const enc = responsesEncoder(body, "resp_abc", "m", 1);
-    const { out, w } = recorder();
-    play(enc, [{ type: "started" }, { type: "finished", usage: { promptTokens: 1, completionTokens: 4 }, choices: [{ index: 0, text: "abcd", reason: "length", logprobs: [], completionTokens: 4, reasoning: null, toolCalls: [] }] }], w);
-    expect(out.at(-1)).toMatchObject({ event: "response.incomplete", data: { response: { status: "incomplete", incomplete_details: { reason: "max_output_tokens" } } } });
-    const failed = recorder();
-    const enc2 = responsesEncoder(body, "resp_abc", "m", 1);
-    play(enc2, [{ type: "started" }], failed.w);
-    enc2.streamError(engineError("boom"), failed.w);
-    expect(failed.out.at(-1)).toMatchObject({ event: "response.failed", data: { sequence_number: 4, response: { status: "failed", error: { code: "engine_error" } } } });
-    expect(enc2.doneAfterError).toBe(true);
   });
 });

@@ -139,6 +139,20 @@ export function unsupportedField(param: string, reason?: string): KeelHttpError 
 }
 
 /**
+ * 400 `unknown_field`: a top-level request field that the API does not define (a typo such as `temprature`, or a
+ * field of another API). Refused rather than ignored, as OpenAI does ("Unknown parameter").
+ */
+export function unknownField(param: string): KeelHttpError {
+  return new KeelHttpError({
+    status: 400,
+    type: "invalid_request_error",
+    code: "unknown_field",
+    message: `Unknown parameter: ${quoteClientValue(param)}.`,
+    param: sanitizeForJson(param).slice(0, 120),
+  });
+}
+
+/**
  * 400 `unsupported_field` on `tools`: the request has tools to call (tool_choice not `none`) but the server parses
  * no tool-call format, so the calls would come back as plain text. Refused rather than accepted and ignored.
  * @param autoFoundNone - `--tool_parser auto` was given but the model's template shows no known format.
