@@ -1,0 +1,114 @@
+/**
+ * The Responses API on a real model (Qwen2.5-Coder-0.5B-Instruct, `--tool_parser hermes3`, the README's agent
+ * setup) with the official OpenAI Node SDK, as an agent drives it: a function call (only the `function_call` item, no
+ * empty message before it), its output given back with the response's own items, then an answer; the same call
+ * streamed (the SDK's stream helper checks every event against its snapshot; argument deltas add up to `.done`; the
+ * streamed items equal the unary ones under --deterministic true); `text.format` json_schema output that parses and
+ * matches the schema. Few and short: ~25 tok/s here.
+ */
+import { Ajv2020 } from "ajv/dist/2020.js";
+import OpenAI from "openai";
+import type { FunctionTool, ResponseInputItem, ResponseOutputItem, ResponseStreamEvent } from "openai/resources/responses/responses";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { realModelPath } from "../support/real-models.js";
+import { startServer, type ServerHandle } from "../support/server.js";
+
+let server: ServerHandle;
+let sdk: OpenAI;
+const MODEL = "qwen-coder";
+
+beforeAll(async () => {
+  const file = realModelPath("qwen2.5-coder-0.5b-instruct");
+  server = await startServer(["--model_path", file, "--model_name", MODEL, "--tool_parser", "hermes3", "--enable_tool_guided_generation", "true", "--deterministic", "true", "--max_num_seqs", "2", "--max_model_len", "2048"]);
+  sdk = new OpenAI({ baseURL: `${server.baseUrl}/v1`, apiKey: "keel-test", maxRetries: 0, timeout: 120_000 });
+}, 180_000);
+afterAll(async () => {
+  await server?.stop();
+});
+
+const weather: FunctionTool = {
+  type: "function",
+  name: "get_weather",
+  description: "Get the current weather for a city",
+  parameters: { type: "object", properties: { city: { type: "string", description: "City name" } }, required: ["city"], additionalProperties: false },
+  strict: true,
+};
+const ajv = new Ajv2020({ strict: false });
+const ask = "What is the weather in Paris right now?";
+
+/** The function_call items of an output; every other item must be a message with real text. */
+function callsOf(output: ResponseOutputItem[]) {
+  for (const o of output) {
+    if (o.type === "function_call") continue;
+    expect(o.type).toBe("message");
+    const text = o.type === "message" ? o.content.map((c) => (c.type === "output_text" ? c.text : "")).join("") : "";
+    expect(text.trim(), "a message item next to a call carries text").not.toBe("");
+  }
+  return output.flatMap((o) => (o.type === "function_call" ? [o] : []));
+}
+
+describe("real model: Responses function calls (hermes3)", () => {
+  it("unary loop: a function_call item with schema-valid arguments; the items go back with its output; then an answer", async () => {
+    const first = await sdk.responses.create({ model: MODEL, input: ask, tools: [weather], temperature: 0, max_output_tokens: 80 });
+    expect(first.status).toBe("completed");
+    // OpenAI's shape: only the call when the model wrote no text (no empty message item before it).
+    expect(first.output.map((o) => o.type)).toEqual(["function_call"]);
+    const [call] = callsOf(first.output);
+    expect(call).toMatchObject({ type: "function_call", name: "get_weather", status: "completed" });
+    expect(call!.id).toMatch(/^fc_/);
+    expect(call!.call_id).toMatch(/^call_/);
+    expect(ajv.compile(weather.parameters!)(JSON.parse(call!.arguments))).toBe(true);
+    // The agent gives the response's own items back, then the result.
+    const input: ResponseInputItem[] = [{ role: "user", content: ask }, ...(first.output as ResponseInputItem[]), { type: "function_call_output", call_id: call!.call_id, output: JSON.stringify({ temp_c: 18, sky: "clear" }) }];
+    const second = await sdk.responses.create({ model: MODEL, input, tools: [weather], tool_choice: "none", temperature: 0, max_output_tokens: 40 });
+    expect(["completed", "incomplete"]).toContain(second.status);
+    expect(second.output.map((o) => o.type)).toEqual(["message"]);
+    expect(second.output_text.trim()).not.toBe("");
+    // The call and its result are in the prompt of the answer: longer than the question alone under the same choice.
+    const alone = await sdk.responses.create({ model: MODEL, input: ask, tools: [weather], tool_choice: "none", max_output_tokens: 1 });
+    expect(second.usage!.input_tokens).toBeGreaterThan(alone.usage!.input_tokens + 10);
+  });
+
+  it("streamed: item added with empty arguments, argument deltas adding up to .done, item done; the same items as unary", async () => {
+    const params = { model: MODEL, input: ask, tools: [weather], temperature: 0, max_output_tokens: 80 };
+    const unary = await sdk.responses.create(params);
+    const stream = sdk.responses.stream(params);
+    const events: ResponseStreamEvent[] = [];
+    for await (const ev of stream) events.push(ev);
+    // The SDK's helper rebuilt the response from the events (it throws on an event for an item it does not have).
+    const final = await stream.finalResponse();
+    expect(events.map((e) => e.sequence_number)).toEqual(events.map((_, i) => i));
+    const types = events.map((e) => e.type).filter((t) => t !== "response.function_call_arguments.delta");
+    expect(types).toEqual(["response.created", "response.in_progress", "response.output_item.added", "response.function_call_arguments.done", "response.output_item.done", "response.completed"]);
+    const added = events.find((e) => e.type === "response.output_item.added")!;
+    expect(added.type === "response.output_item.added" && added.item).toMatchObject({ type: "function_call", name: "get_weather", arguments: "" });
+    const deltas = events.flatMap((e) => (e.type === "response.function_call_arguments.delta" ? [e.delta] : []));
+    expect(deltas.length).toBeGreaterThan(0);
+    const done = events.find((e) => e.type === "response.function_call_arguments.done")!;
+    expect(done.type === "response.function_call_arguments.done" && [done.name, done.arguments]).toEqual(["get_weather", deltas.join("")]);
+    const strip = (items: ResponseOutputItem[]) => items.map((o) => (o.type === "function_call" ? { name: o.name, arguments: o.arguments, status: o.status } : o.type));
+    expect(strip(final.output)).toEqual(strip(unary.output));
+    const completed = events.at(-1)!;
+    expect(completed.type === "response.completed" && strip(completed.response.output)).toEqual(strip(unary.output));
+  });
+
+  it("text.format json_schema: the output text parses and matches the schema, unary and streamed", async () => {
+    const schema = { type: "object", properties: { city: { type: "string" }, population: { type: "integer" } }, required: ["city", "population"], additionalProperties: false };
+    const params = { model: MODEL, input: "Give the city and population of the largest city in France as JSON.", text: { format: { type: "json_schema" as const, name: "city", schema, strict: true } }, temperature: 0, max_output_tokens: 60 };
+    const unary = await sdk.responses.create(params);
+    expect(unary.status).toBe("completed");
+    expect(unary.text?.format).toMatchObject({ type: "json_schema", name: "city" });
+    expect(ajv.compile(schema)(JSON.parse(unary.output_text))).toBe(true);
+    const stream = sdk.responses.stream(params);
+    for await (const _ of stream) void _;
+    expect((await stream.finalResponse()).output_text).toBe(unary.output_text);
+  });
+
+  it("refusals name the field: an unknown field, a chat field, reasoning without --reasoning_parser", async () => {
+    for (const [extra, param] of [[{ temprature: 0 }, "temprature"], [{ max_tokens: 5 }, "max_tokens"], [{ reasoning: { effort: "low" } }, "reasoning.effort"]] as const) {
+      const err = await sdk.responses.create({ model: MODEL, input: "x", ...extra } as never).catch((e: unknown) => e);
+      expect(err).toBeInstanceOf(OpenAI.BadRequestError);
+      expect((err as InstanceType<typeof OpenAI.BadRequestError>).param).toBe(param);
+    }
+  });
+});
