@@ -35,6 +35,8 @@ const weather: FunctionTool = {
 };
 const ajv = new Ajv2020({ strict: false });
 const ask = "What is the weather in Paris right now?";
+/** Per-test limit of the tests that generate: the 2 shared cores run other suites too. */
+const SLOW = 240_000;
 
 /** The function_call items of an output; every other item must be a message with real text. */
 function callsOf(output: ResponseOutputItem[]) {
@@ -67,7 +69,7 @@ describe("real model: Responses function calls (hermes3)", () => {
     // The call and its result are in the prompt of the answer: longer than the question alone under the same choice.
     const alone = await sdk.responses.create({ model: MODEL, input: ask, tools: [weather], tool_choice: "none", max_output_tokens: 1 });
     expect(second.usage!.input_tokens).toBeGreaterThan(alone.usage!.input_tokens + 10);
-  });
+  }, SLOW);
 
   it("streamed: item added with empty arguments, argument deltas adding up to .done, item done; the same items as unary", async () => {
     const params = { model: MODEL, input: ask, tools: [weather], temperature: 0, max_output_tokens: 80 };
@@ -90,7 +92,7 @@ describe("real model: Responses function calls (hermes3)", () => {
     expect(strip(final.output)).toEqual(strip(unary.output));
     const completed = events.at(-1)!;
     expect(completed.type === "response.completed" && strip(completed.response.output)).toEqual(strip(unary.output));
-  });
+  }, SLOW);
 
   it("text.format json_schema: the output text parses and matches the schema, unary and streamed", async () => {
     const schema = { type: "object", properties: { city: { type: "string" }, population: { type: "integer" } }, required: ["city", "population"], additionalProperties: false };
@@ -102,7 +104,7 @@ describe("real model: Responses function calls (hermes3)", () => {
     const stream = sdk.responses.stream(params);
     for await (const _ of stream) void _;
     expect((await stream.finalResponse()).output_text).toBe(unary.output_text);
-  });
+  }, SLOW);
 
   it("refusals name the field: an unknown field, a chat field, reasoning without --reasoning_parser", async () => {
     for (const [extra, param] of [[{ temprature: 0 }, "temprature"], [{ max_tokens: 5 }, "max_tokens"], [{ reasoning: { effort: "low" } }, "reasoning.effort"]] as const) {
