@@ -2,7 +2,8 @@
  * The Responses API without a server: request parsing (input items → chat turns, text.format, reasoning, refusals
  * naming the field, unknown fields) and the encoder driven with session events (item order, one item at a time, no
  * empty message before a call, reasoning items, argument fragments, consecutive sequence numbers, and the unary
- * answer holding the same items as the stream's response.completed).
+ * answer holding the same items as the stream's response.completed), and the whole path from a Qwen3 model's raw
+ * text through the real reasoning and hermes3 parsers and the generation session to the items.
  */
 import { describe, expect, it } from "vitest";
 import { engineError, KeelHttpError } from "../http/errors.js";
@@ -10,6 +11,8 @@ import type { ResponseWriter } from "../http/sse.js";
 import type { ChoiceResult, SessionEvent } from "../requests/session/events.js";
 import type { ToolCallDelta } from "../parsers/types.js";
 import { parseResponsesRequest, responsesEncoder } from "./responses.js";
+import { createOutputParser } from "../parsers/index.js";
+import { GenerationSession } from "../requests/session/session.js";
 
 function reject(fn: () => unknown): KeelHttpError {
   try {
@@ -302,5 +305,55 @@ describe("responses encoder", () => {
     enc.streamError(engineError("boom"), { event: (_: string, d: Payload) => void failed.push(d) } as unknown as ResponseWriter);
     expect(failed[0]).toMatchObject({ type: "response.failed", sequence_number: events.length, response: { status: "failed", error: { code: "engine_error" } } });
     expect(enc.doneAfterError).toBe(true);
+  });
+});
+
+describe("responses: a Qwen3 model's raw text through the real parsers and the session", () => {
+  const tool = { type: "function", name: "get_weather", parameters: { type: "object", properties: { city: { type: "string" } } } };
+  const raw = '<think>\nThe user wants the weather.\n</think>\n\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>';
+
+  /** Feed `raw` in pieces of `size` characters through a session with the real parsers; the events, streamed and unary. */
+  function through(size: number, text = raw, reason: "stop" | "length" = "stop") {
+    const session = new GenerationSession({
+      childIds: ["resp_q"],
+      stop: [],
+      includeStopStr: false,
+      logprobs: false,
+      parser: () => createOutputParser({ toolParser: "hermes3", tools: [{ name: "get_weather" }], reasoningParser: "qwen3", reasoningOpen: false }),
+    });
+    const evs: SessionEvent[] = [...session.admitted("resp_q", 9).events];
+    for (let i = 0; i < text.length; i += size) evs.push(...session.output("resp_q", [i], text.slice(i, i + size)).events);
+    evs.push(...session.finish("resp_q", reason, { promptTokens: 9, completionTokens: 30 }).events);
+    const body = parseResponsesRequest({ model: "m", input: "Weather in Paris?", tools: [tool], stream: true });
+    const enc = responsesEncoder(body, "resp_q", "m", 1);
+    const events: Payload[] = [];
+    const w = { event: (_: string, d: Payload) => void events.push(d) } as unknown as ResponseWriter;
+    for (const ev of evs) if (ev.type !== "failed") enc.stream(ev, w);
+    const fin = evs.find((e): e is Finished => e.type === "finished")!;
+    const completed = events.at(-1) as Payload & { response: { output: Record<string, unknown>[] } };
+    return { events, output: completed.response.output, unary: (enc.unary(fin) as { output: unknown[] }).output };
+  }
+
+  it.each([1, 3, 7, raw.length])("pieces of %i characters: a reasoning item, then only the function_call item (same unary)", (size) => {
+    const { events, output, unary } = through(size);
+    expect(output).toMatchObject([
+      { type: "reasoning", status: "completed", content: [{ type: "reasoning_text", text: "\nThe user wants the weather.\n" }] },
+      { type: "function_call", status: "completed", name: "get_weather", arguments: '{"city":"Paris"}' },
+    ]);
+    expect(output).toHaveLength(2);
+    expect(unary).toEqual(output);
+    const reasoning = events.flatMap((e) => (e.type === "response.reasoning_text.delta" ? [e.delta as string] : [])).join("");
+    expect(reasoning).toBe("\nThe user wants the weather.\n");
+    const args = events.flatMap((e) => (e.type === "response.function_call_arguments.delta" ? [e.delta as string] : [])).join("");
+    expect(args).toBe('{"city":"Paris"}');
+    expect(events.some((e) => e.type === "response.output_text.delta")).toBe(false);
+  });
+
+  it("reasoning cut by the budget: an incomplete reasoning item and response.incomplete, no message", () => {
+    const { events, output, unary } = through(4, "<think>\nStill thinking about", "length");
+    expect(events.at(-1)!.type).toBe("response.incomplete");
+    expect(output).toMatchObject([{ type: "reasoning", status: "incomplete", content: [{ text: "\nStill thinking about" }] }]);
+    expect(output).toHaveLength(1);
+    expect(unary).toEqual(output);
   });
 });
