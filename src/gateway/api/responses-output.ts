@@ -8,9 +8,10 @@
  * gets only the `function_call` item (OpenAI returns no empty message before a call). An answer with no reasoning,
  * text or call still has one (empty) message item.
  *
- * The unary answer is built by the same class from the choice's totals, so streamed and unary items agree.
+ * The unary answer is built by the same class from the parser's deltas in the order it gave them (recorded by
+ * {@link recordingParser}), so streamed and unary items agree — also when text follows a call.
  */
-import type { ToolCallDelta } from "../parsers/types.js";
+import type { OutputParser, ParsedDelta, ToolCallDelta } from "../parsers/types.js";
 import type { ChoiceResult } from "../requests/session/events.js";
 
 /** Writes one stream event (`type` plus its payload; the encoder adds `sequence_number`). */
@@ -189,12 +190,38 @@ export class ResponseOutput {
   }
 }
 
-/** The output of a finished choice for a unary answer: the same items a stream of it would have built. */
-export function unaryOutput(idSuffix: string, choice: ChoiceResult): ResponseOutput {
+/** Feed one parsed delta (reasoning, then text, then call fragments — the session's order). */
+export function feed(out: ResponseOutput, d: ParsedDelta): void {
+  out.reasoning(d.reasoning ?? "");
+  out.content(d.content ?? "");
+  for (const t of d.toolCalls ?? []) out.call(t);
+}
+
+/** An output parser that also appends every delta it returns to `log`, in order. */
+export function recordingParser(parser: OutputParser, log: ParsedDelta[]): OutputParser {
+  return {
+    push(text) {
+      const d = parser.push(text);
+      log.push(d);
+      return d;
+    },
+    finish(reason) {
+      const d = parser.finish(reason);
+      log.push(d);
+      return d;
+    },
+    result: () => parser.result(),
+  };
+}
+
+/**
+ * The output of a finished choice for a unary answer: the parser's deltas replayed in order when they were recorded
+ * (`parsed`), else the choice's totals (reasoning, text, calls) — the same items a stream of it would have built.
+ */
+export function unaryOutput(idSuffix: string, choice: ChoiceResult, parsed: readonly ParsedDelta[] | null): ResponseOutput {
   const out = new ResponseOutput(idSuffix, () => {});
-  out.reasoning(choice.reasoning ?? "");
-  out.content(choice.text);
-  for (const [index, t] of choice.toolCalls.entries()) out.call({ index, id: t.id, name: t.name, arguments: t.arguments });
+  if (parsed !== null) parsed.forEach((d) => feed(out, d));
+  else feed(out, { reasoning: choice.reasoning ?? "", content: choice.text, toolCalls: choice.toolCalls.map((t, index) => ({ index, id: t.id, name: t.name, arguments: t.arguments })) });
   out.finish(choice);
   return out;
 }

@@ -11,6 +11,8 @@ import type { ResponseWriter } from "../http/sse.js";
 import type { ChoiceResult, SessionEvent } from "../requests/session/events.js";
 import type { ToolCallDelta } from "../parsers/types.js";
 import { parseResponsesRequest, responsesEncoder } from "./responses.js";
+import { recordingParser } from "./responses-output.js";
+import type { ParsedDelta } from "../parsers/types.js";
 import { createOutputParser } from "../parsers/index.js";
 import { GenerationSession } from "../requests/session/session.js";
 
@@ -314,18 +316,20 @@ describe("responses: a Qwen3 model's raw text through the real parsers and the s
 
   /** Feed `raw` in pieces of `size` characters through a session with the real parsers; the events, streamed and unary. */
   function through(size: number, text = raw, reason: "stop" | "length" = "stop") {
+    // The unary answer replays the parser's deltas in order, as the route records them.
+    const parsed: ParsedDelta[] = [];
     const session = new GenerationSession({
       childIds: ["resp_q"],
       stop: [],
       includeStopStr: false,
       logprobs: false,
-      parser: () => createOutputParser({ toolParser: "hermes3", tools: [{ name: "get_weather" }], reasoningParser: "qwen3", reasoningOpen: false }),
+      parser: () => recordingParser(createOutputParser({ toolParser: "hermes3", tools: [{ name: "get_weather" }], reasoningParser: "qwen3", reasoningOpen: false }), parsed),
     });
     const evs: SessionEvent[] = [...session.admitted("resp_q", 9).events];
     for (let i = 0; i < text.length; i += size) evs.push(...session.output("resp_q", [i], text.slice(i, i + size)).events);
     evs.push(...session.finish("resp_q", reason, { promptTokens: 9, completionTokens: 30 }).events);
     const body = parseResponsesRequest({ model: "m", input: "Weather in Paris?", tools: [tool], stream: true });
-    const enc = responsesEncoder(body, "resp_q", "m", 1);
+    const enc = responsesEncoder(body, "resp_q", "m", 1, parsed);
     const events: Payload[] = [];
     const w = { event: (_: string, d: Payload) => void events.push(d) } as unknown as ResponseWriter;
     for (const ev of evs) if (ev.type !== "failed") enc.stream(ev, w);
@@ -355,5 +359,17 @@ describe("responses: a Qwen3 model's raw text through the real parsers and the s
     expect(output).toMatchObject([{ type: "reasoning", status: "incomplete", content: [{ text: "\nStill thinking about" }] }]);
     expect(output).toHaveLength(1);
     expect(unary).toEqual(output);
+  });
+
+  it("a second call cut by the budget: the first call, then its raw text as an incomplete message (unary in the same order)", () => {
+    const text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>\n<tool_call>\n{"name": "get_we';
+    for (const size of [1, 5, text.length]) {
+      const { output, unary } = through(size, text, "length");
+      expect(output).toMatchObject([
+        { type: "function_call", status: "completed", arguments: '{"city":"Rome"}' },
+        { type: "message", status: "incomplete", content: [{ text: expect.stringContaining('{"name": "get_we') }] },
+      ]);
+      expect(unary).toEqual(output);
+    }
   });
 });

@@ -23,7 +23,8 @@ import type { Usage } from "../requests/registry.js";
 import { readyEngine, renderMessages, type RouteContext } from "../http/route-context.js";
 import type { ChoiceResult } from "../requests/session/events.js";
 import { parseResponsesRequest, type ResponsesRequest } from "./responses-request.js";
-import { ResponseOutput, unaryOutput } from "./responses-output.js";
+import { feed, recordingParser, ResponseOutput, unaryOutput } from "./responses-output.js";
+import type { ParsedDelta } from "../parsers/types.js";
 
 export { parseResponsesRequest, type ResponsesRequest };
 
@@ -58,8 +59,9 @@ const statusOf = (c: ChoiceResult): "completed" | "incomplete" => (c.reason === 
 /**
  * The Responses encoder: builds the response object in each state and the typed stream events. The output items
  * and their events come from a {@link ResponseOutput} fed with the session's parsed deltas.
+ * @param parsed - For a unary answer: the output parser's deltas in order (recordingParser), or null without a parser.
  */
-export function responsesEncoder(body: ResponsesRequest, id: string, model: string, createdAt: number): Encoder {
+export function responsesEncoder(body: ResponsesRequest, id: string, model: string, createdAt: number, parsed: readonly ParsedDelta[] | null = null): Encoder {
   /** The random part of the response id; item ids are built from it. */
   const suffix = id.replace(/^resp_/, "");
   /** `sequence_number` of the next stream event (0, 1, 2, … over the whole stream). */
@@ -101,9 +103,7 @@ export function responsesEncoder(body: ResponsesRequest, id: string, model: stri
           return;
         case "delta":
           // In the order the parser reports them: reasoning, then text, then call fragments.
-          streamed!.reasoning(ev.reasoning ?? "");
-          streamed!.content(ev.content);
-          for (const d of ev.toolCalls ?? []) streamed!.call(d);
+          feed(streamed!, { reasoning: ev.reasoning ?? "", content: ev.content, toolCalls: ev.toolCalls ?? [] });
           return;
         case "choice_finished":
           return;
@@ -122,7 +122,7 @@ export function responsesEncoder(body: ResponsesRequest, id: string, model: stri
     doneAfterError: true,
     unary(ev) {
       const c = ev.choices[0]!;
-      const out = unaryOutput(suffix, c);
+      const out = unaryOutput(suffix, c, parsed);
       return { ...response(statusOf(c), { output: out.output(), usage: ev.usage }), output_text: out.text() };
     },
   };
@@ -150,7 +150,10 @@ export async function handleResponses(ctx: RouteContext, req: FastifyRequest, re
   if (body.responseFormat.kind !== "text" && !caps.grammars) throw guidedNotSupported("text.format");
   const toolParser = requestToolParser(body, agents);
   const prompt = renderMessages(engine, body.messages, kwargs, toolsForTemplate(body));
-  const parser = outputParserFactory(body, toolParser, agents, prompt);
+  const factory = outputParserFactory(body, toolParser, agents, prompt);
+  // A unary answer lists its items in the order the parser found them, as a stream would: its deltas are recorded.
+  const parsed: ParsedDelta[] | null = factory && !body.stream ? [] : null;
+  const parser = factory && parsed ? () => recordingParser(factory(), parsed) : factory;
   let guide;
   try {
     guide = requestGuide(buildGuide, body, toolParser, agents, prompt, caps);
@@ -172,6 +175,6 @@ export async function handleResponses(ctx: RouteContext, req: FastifyRequest, re
       includeStopStr: false,
       ...(parser ? { parser } : {}),
     },
-    responsesEncoder(body, id, ctx.model.name, Math.floor(Date.now() / 1000)),
+    responsesEncoder(body, id, ctx.model.name, Math.floor(Date.now() / 1000), parsed),
   );
 }
