@@ -46,6 +46,20 @@ describe("Responses on a reasoning + tools server (tiny model)", () => {
     expect(await responseTokens("high")).toBe(on);
   });
 
+  it.each([
+    [{ text: { format: { type: "json_schema", name: "x", schema: { type: "object", properties: { a: { type: "strin" } } } } } }, "text.format.schema"],
+    [{ tools: [{ type: "function", name: "f", parameters: { type: "object", properties: { a: { type: "strin" } } } }] }, "tools[0].parameters"],
+    [{ tools: [weather], tool_choice: { type: "function", name: "g" } }, "tool_choice"],
+    [{ input: [{ type: "function_call_output", output: "x" }] }, "input[0].call_id"],
+    [{ temprature: 0 }, "temprature"],
+  ])("%j → 400 naming %s in the Responses field names; the next request works", async (extra, param) => {
+    const err = await sdk.responses.create({ model: MODEL, input: "hi", max_output_tokens: 1, ...extra } as never).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(OpenAI.BadRequestError);
+    expect((err as InstanceType<typeof OpenAI.BadRequestError>).param).toBe(param);
+    expect((err as Error).message).toContain(param);
+    expect((await sdk.responses.create({ model: MODEL, input: "hi", max_output_tokens: 1 })).status).toBe("incomplete");
+  });
+
   it("a required call: only the function_call item, streamed as unary; the items and the output go back and are answered", async () => {
     const params = { model: MODEL, input: "Weather in Paris?", tools: [weather], tool_choice: "required" as const, parallel_tool_calls: false, reasoning: { effort: "none" as const }, temperature: 0, max_output_tokens: 60 };
     const unary = await sdk.responses.create(params);
