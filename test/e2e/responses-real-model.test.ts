@@ -4,14 +4,18 @@
  * empty message before it), its output given back with the response's own items, then an answer; the same call
  * streamed (the SDK's stream helper checks every event against its snapshot; argument deltas add up to `.done`; the
  * streamed items equal the unary ones under --deterministic true); `text.format` json_schema output that parses and
- * matches the schema. Few and short: ~25 tok/s here.
+ * matches the schema. The same loop with the official Python SDK (test/e2e/python/sdk_responses_agent.py, run from
+ * `.venv-test`; the script observes, this file asserts). Few and short: ~25 tok/s here.
  */
+import { spawn } from "node:child_process";
+import fs from "node:fs";
+import path from "node:path";
 import { Ajv2020 } from "ajv/dist/2020.js";
 import OpenAI from "openai";
 import type { FunctionTool, ResponseInputItem, ResponseOutputItem, ResponseStreamEvent } from "openai/resources/responses/responses";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { realModelPath } from "../support/real-models.js";
-import { startServer, type ServerHandle } from "../support/server.js";
+import { ROOT, startServer, type ServerHandle } from "../support/server.js";
 
 let server: ServerHandle;
 let sdk: OpenAI;
@@ -113,4 +117,54 @@ describe("real model: Responses function calls (hermes3)", () => {
       expect((err as InstanceType<typeof OpenAI.BadRequestError>).param).toBe(param);
     }
   });
+});
+
+/** An output item as the Python script reports it. */
+type PyItem = { type: string; status?: string; name?: string; arguments?: string; call_id?: string; id?: string; text?: string };
+interface PyReport {
+  first: { status: string; output: PyItem[]; input_tokens: number };
+  second: { status: string; output: PyItem[]; output_text: string; input_tokens: number; alone_input_tokens: number };
+  stream: { types: string[]; sequence_numbers: number[]; argument_deltas: string[]; arguments_done: string[]; output: PyItem[] };
+}
+
+/** Run the Python agent script against the server; its last stdout line is the JSON report. */
+function runPython(): Promise<PyReport> {
+  const python = path.join(ROOT, ".venv-test", "bin", "python3");
+  if (!fs.existsSync(python)) throw new Error(`${python} is missing: run \`node scripts/prepare.mjs\``);
+  return new Promise((resolve, reject) => {
+    const child = spawn(python, [path.join(ROOT, "test", "e2e", "python", "sdk_responses_agent.py"), server.baseUrl, MODEL], { cwd: ROOT, stdio: ["ignore", "pipe", "pipe"], env: { ...process.env, PYTHONUNBUFFERED: "1" } });
+    let stdout = "";
+    let stderr = "";
+    child.stdout.setEncoding("utf8").on("data", (d: string) => (stdout += d));
+    child.stderr.setEncoding("utf8").on("data", (d: string) => (stderr += d));
+    child.on("error", reject);
+    child.on("exit", (code, signal) => {
+      if (code !== 0) return reject(new Error(`sdk_responses_agent.py failed (${code ?? signal}):\n${stderr}\n${stdout}`));
+      try {
+        resolve(JSON.parse(stdout.trim().split("\n").at(-1) ?? "") as PyReport);
+      } catch (err) {
+        reject(new Error(`sdk_responses_agent.py printed no JSON report (${(err as Error).message}):\n${stdout}\n${stderr}`));
+      }
+    });
+  });
+}
+
+describe("real model: the same loop with the OpenAI Python SDK", () => {
+  it("call (only the function_call item) → output items given back as the SDK returned them + function_call_output → answer; the stream helper rebuilds the same call", async () => {
+    const r = await runPython();
+    expect(r.first.status).toBe("completed");
+    expect(r.first.output.map((o) => o.type)).toEqual(["function_call"]);
+    const call = r.first.output[0]!;
+    expect(call).toMatchObject({ name: "get_weather", status: "completed" });
+    expect(call.call_id).toMatch(/^call_/);
+    expect(ajv.compile(weather.parameters!)(JSON.parse(call.arguments!))).toBe(true);
+    expect(["completed", "incomplete"]).toContain(r.second.status);
+    expect(r.second.output.map((o) => o.type)).toEqual(["message"]);
+    expect(r.second.output_text.trim()).not.toBe("");
+    expect(r.second.input_tokens).toBeGreaterThan(r.second.alone_input_tokens + 10);
+    expect(r.stream.sequence_numbers).toEqual(r.stream.types.map((_, i) => i));
+    expect(r.stream.types.filter((t) => t !== "response.function_call_arguments.delta")).toEqual(["response.created", "response.in_progress", "response.output_item.added", "response.function_call_arguments.done", "response.output_item.done", "response.completed"]);
+    expect(r.stream.argument_deltas.join("")).toBe(r.stream.arguments_done[0]);
+    expect(r.stream.output.map((o) => [o.type, o.name, o.arguments])).toEqual([["function_call", call.name, call.arguments]]);
+  }, 480_000);
 });
