@@ -19,6 +19,7 @@ import { sanitizeForJson } from "../requests/utf8-stream.js";
 
 /** `reasoning.effort` values (OpenAI's). */
 export const REASONING_EFFORTS = ["none", "minimal", "low", "medium", "high", "xhigh", "max"] as const;
+/** One of {@link REASONING_EFFORTS}: `none` switches thinking off, the others on. */
 export type ReasoningEffort = (typeof REASONING_EFFORTS)[number];
 
 /** A validated Responses request. */

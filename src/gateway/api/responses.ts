@@ -44,6 +44,7 @@ function toolsBody(tools: readonly ToolSpec[]): unknown[] {
   return tools.map((t) => ({ type: "function", name: t.name, description: t.description ?? null, parameters: t.parameters ?? null, strict: t.strict ?? false }));
 }
 
+/** `tool_choice` as the response object echoes it. */
 function toolChoiceBody(c: ToolChoice): unknown {
   return c.kind === "function" ? { type: "function", name: c.name } : c.kind;
 }
