@@ -34,7 +34,7 @@ def item(o):
 
 def main():
     base, model = sys.argv[1], sys.argv[2]
-    client = openai.OpenAI(base_url=base + "/v1", api_key="keel-test", max_retries=0, timeout=240)
+    client = openai.OpenAI(base_url=base + "/v1", api_key="keel-test", max_retries=0, timeout=300)
     out = {}
 
     # 1. The call.
