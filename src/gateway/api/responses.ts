@@ -21,10 +21,10 @@ import { requestGuide } from "../models/guide-plan.js";
 import { buildGuide } from "../guided/guide.js";
 import { toolChoiceSchema, toolsSchema } from "./tool-fields.js";
 import type { ToolCall, ToolChoice, ToolSpec } from "../tools.js";
-import { modelNotFound, type KeelHttpError } from "../http/errors.js";
+import type { KeelHttpError } from "../http/errors.js";
 import { runGeneration, type Encoder } from "../requests/generate.js";
 import type { Usage } from "../requests/registry.js";
-import { readyEngine, renderMessages, type RouteContext } from "../http/route-context.js";
+import { checkModelName, readyEngine, renderMessages, type RouteContext } from "../http/route-context.js";
 import type { ChoiceResult } from "../requests/session/events.js";
 import { sanitizeForJson } from "../requests/utf8-stream.js";
 
@@ -349,7 +349,7 @@ export function responsesEncoder(body: ResponsesRequest, id: string, model: stri
 /** Handle one Responses request. */
 export async function handleResponses(ctx: RouteContext, req: FastifyRequest, reply: FastifyReply): Promise<void> {
   const body = parseResponsesRequest(req.body);
-  if (body.model !== ctx.model.name) throw modelNotFound(body.model, ctx.model.served());
+  checkModelName(ctx.model, body.model);
   const engine = readyEngine(ctx, reply);
   const caps = engine.capabilities;
   // Reasoning stays in the text here (Responses reasoning items are not produced); tool calls are parsed as in chat.

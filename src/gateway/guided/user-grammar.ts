@@ -1,0 +1,405 @@
+/**
+ * A client's GBNF grammar (llama.cpp's `grammar`, vLLM's `structured_outputs.grammar`), read strictly and re-written
+ * in Keel's own GBNF under prefixed rule names, so what reaches an engine is text Keel wrote: llama.cpp parses it
+ * and the OpenVINO worker's reader (gbnf_parse.py) takes every construct it holds.
+ *
+ * Dialect (llama.cpp's): `name ::= alternatives` rules (names of `a-z A-Z 0-9 -`), a newline ends a rule outside
+ * parentheses, `#` comments, `"literals"` and `[classes]` (`^` negates, `a-z` ranges) with the escapes `\x`, `\u`,
+ * `\U`, `\t`, `\r`, `\n`, `\\`, `\"`, `\[`, `\]`, `.` (any character), groups, `|`, and `* + ? {m} {m,} {m,n}`.
+ * The grammar starts at `root`.
+ *
+ * Refused with a 400 naming the field (before anything reaches the engine): a syntax error (with its line), token
+ * references (`<...>`), a missing `root`, an undefined or twice-defined rule, an empty class, a rule that derives no
+ * finite text, left recursion and an unbounded repetition of something that can match nothing (llama.cpp refuses
+ * both), groups nested deeper than 64, and the size and repetition limits every Keel grammar has (gbnf-limits.ts,
+ * 256 K characters counted with repetitions expanded).
+ */
+import { invalidValue, type KeelHttpError } from "../http/errors.js";
+import { bodyProblem, MAX_GROUP_DEPTH } from "./gbnf-limits.js";
+import { type CharSet, charSet, classOf, literal, MAX_CODE_POINT, negate } from "./gbnf-text.js";
+import type { GbnfBuilder } from "./json-schema-gbnf.js";
+import { MAX_GBNF_CHARS } from "./json-schema-support.js";
+
+/** Prefix of the client's rules in the emitted grammar (no Keel rule starts with it). */
+export const USER_RULE_PREFIX = "gr-";
+
+/** One item of a sequence. */
+type Item =
+  | { kind: "lit"; text: string }
+  | { kind: "class"; set: CharSet }
+  | { kind: "ref"; name: string }
+  | { kind: "group"; alts: Item[][] }
+  | { kind: "rep"; item: Item; min: number; max: number | null };
+
+/** The escapes llama.cpp's parser knows, by their letter. */
+const SIMPLE_ESCAPES: Readonly<Record<string, number>> = { t: 9, r: 13, n: 10, "\\": 0x5c, '"': 0x22, "[": 0x5b, "]": 0x5d };
+const HEX_WIDTH: Readonly<Record<string, number>> = { x: 2, u: 4, U: 8 };
+const isNameChar = (c: string | undefined): boolean => c !== undefined && /[a-zA-Z0-9-]/.test(c);
+
+/** A grammar the client sent that cannot be applied; `message` says why (without the field). */
+class GrammarProblem extends Error {}
+
+/** Reader of llama.cpp's GBNF into rules (name → alternatives), in definition order. */
+class Reader {
+  /** Read position (UTF-16 index into the text). */
+  private i = 0;
+  /** Group nesting at the read position. */
+  private depth = 0;
+  readonly rules = new Map<string, Item[][]>();
+
+  constructor(private readonly s: string) {}
+
+  private fail(why: string): never {
+    const line = this.s.slice(0, this.i).split("\n").length;
+    throw new GrammarProblem(`syntax error at line ${line}: ${why}`);
+  }
+
+  /** Skips spaces, tabs and comments (and newlines when `newlines`). */
+  private space(newlines: boolean): void {
+    while (this.i < this.s.length) {
+      const c = this.s[this.i]!;
+      if (c === "#") while (this.i < this.s.length && this.s[this.i] !== "\n" && this.s[this.i] !== "\r") this.i++;
+      else if (c === " " || c === "\t" || (newlines && (c === "\n" || c === "\r"))) this.i++;
+      else return;
+    }
+  }
+
+  private name(): string {
+    const start = this.i;
+    while (isNameChar(this.s[this.i])) this.i++;
+    if (this.i === start) this.fail(`expected a rule name, got ${JSON.stringify(this.s.slice(this.i, this.i + 10))}`);
+    return this.s.slice(start, this.i);
+  }
+
+  /** Reads every rule. */
+  read(): Map<string, Item[][]> {
+    this.space(true);
+    if (this.i >= this.s.length) throw new GrammarProblem("the grammar defines no rule");
+    while (this.i < this.s.length) {
+      // 1. `name ::=`, 2. its alternatives, 3. the end of the line.
+      const name = this.name();
+      this.space(false);
+      if (!this.s.startsWith("::=", this.i)) this.fail(`expected '::=' after rule name '${name}'`);
+      this.i += 3;
+      this.space(true);
+      const alts = this.alternates(false);
+      if (this.rules.has(name)) this.fail(`rule '${name}' is defined twice`);
+      this.rules.set(name, alts);
+      const c = this.s[this.i];
+      if (c !== undefined && c !== "\n" && c !== "\r") this.fail(`unexpected ${JSON.stringify(c)}`);
+      this.space(true);
+    }
+    return this.rules;
+  }
+
+  private alternates(nested: boolean): Item[][] {
+    const alts = [this.sequence(nested)];
+    while (this.s[this.i] === "|") {
+      this.i++;
+      this.space(true);
+      alts.push(this.sequence(nested));
+    }
+    return alts;
+  }
+
+  private sequence(nested: boolean): Item[] {
+    const items: Item[] = [];
+    for (;;) {
+      const c = this.s[this.i];
+      let item: Item;
+      if (c === '"') item = { kind: "lit", text: this.literal() };
+      else if (c === "[") item = { kind: "class", set: this.charClass() };
+      else if (c === ".") {
+        this.i++;
+        item = { kind: "class", set: charSet([[0, MAX_CODE_POINT]]) };
+      } else if (c === "(") {
+        this.i++;
+        if (++this.depth > MAX_GROUP_DEPTH) throw new GrammarProblem(`groups nest deeper than ${MAX_GROUP_DEPTH} (limit ${MAX_GROUP_DEPTH})`);
+        this.space(true);
+        const alts = this.alternates(true);
+        if (this.s[this.i] !== ")") this.fail("expected ')'");
+        this.i++;
+        this.depth--;
+        item = { kind: "group", alts };
+      } else if (c === "<") {
+        this.fail("token references (<...>) are not supported; spell the token's text as a literal");
+      } else if (isNameChar(c)) {
+        // A name followed by `::=` starts the next rule (llama.cpp reads a newline first; so do we, below).
+        item = { kind: "ref", name: this.name() };
+      } else break;
+      items.push(this.postfix(item));
+      this.space(nested);
+    }
+    return items;
+  }
+
+  private postfix(item: Item): Item {
+    const c = this.s[this.i];
+    if (c === "*" || c === "+" || c === "?") {
+      this.i++;
+      return { kind: "rep", item, min: c === "+" ? 1 : 0, max: c === "?" ? 1 : null };
+    }
+    if (c !== "{") return item;
+    this.i++;
+    this.space(false);
+    const min = this.integer();
+    let max: number | null = min;
+    this.space(false);
+    if (this.s[this.i] === ",") {
+      this.i++;
+      this.space(false);
+      max = /[0-9]/.test(this.s[this.i] ?? "") ? this.integer() : null;
+      this.space(false);
+    }
+    if (this.s[this.i] !== "}") this.fail("expected '}' closing a repetition");
+    this.i++;
+    if (max !== null && max < min) this.fail(`repetition {${min},${max}} has its maximum below its minimum`);
+    return { kind: "rep", item, min, max };
+  }
+
+  private integer(): number {
+    const m = /^[0-9]{1,9}/.exec(this.s.slice(this.i, this.i + 10));
+    if (!m) this.fail("expected a number in a repetition");
+    this.i += m[0].length;
+    return Number(m[0]);
+  }
+
+  /** One (possibly escaped) code point inside a literal or class. */
+  private char(what: string): number {
+    const c = this.s.codePointAt(this.i);
+    if (c === undefined) this.fail(`unterminated ${what}`);
+    if (c !== 0x5c) {
+      this.i += c > 0xffff ? 2 : 1;
+      return c;
+    }
+    const e = this.s[this.i + 1] ?? "";
+    this.i += 2;
+    if (e in SIMPLE_ESCAPES) return SIMPLE_ESCAPES[e]!;
+    const width = HEX_WIDTH[e];
+    const digits = width === undefined ? "" : this.s.slice(this.i, this.i + width);
+    if (width === undefined || !new RegExp(`^[0-9a-fA-F]{${width}}$`).test(digits)) this.fail(`unknown escape '\\${e}'`);
+    this.i += width;
+    const cp = parseInt(digits, 16);
+    if (cp > MAX_CODE_POINT) this.fail(`escape '\\${e}${digits}' is not a code point`);
+    return cp;
+  }
+
+  private literal(): string {
+    this.i++;
+    let out = "";
+    while (this.s[this.i] !== '"') {
+      if (this.s[this.i] === undefined) this.fail("unterminated string");
+      out += String.fromCodePoint(this.char("string"));
+    }
+    this.i++;
+    return out;
+  }
+
+  private charClass(): CharSet {
+    this.i++;
+    const negated = this.s[this.i] === "^";
+    if (negated) this.i++;
+    const ranges: Array<[number, number]> = [];
+    while (this.s[this.i] !== "]") {
+      if (this.s[this.i] === undefined) this.fail("unterminated character class");
+      const lo = this.char("character class");
+      let hi = lo;
+      if (this.s[this.i] === "-" && this.s[this.i + 1] !== "]" && this.s[this.i + 1] !== undefined) {
+        this.i++;
+        hi = this.char("character class");
+        if (hi < lo) this.fail(`character range ${String.fromCodePoint(lo)}-${String.fromCodePoint(hi)} is reversed`);
+      }
+      ranges.push([lo, hi]);
+    }
+    this.i++;
+    const set = negated ? negate(charSet(ranges)) : charSet(ranges);
+    if (set.length === 0) this.fail("a character class that matches no character");
+    return set;
+  }
+}
+
+/** Calls `f` on every item of `alts`, nested ones included (iteratively over groups and repetitions). */
+function eachItem(alts: Item[][], f: (item: Item) => void): void {
+  const stack: Item[] = alts.flat();
+  while (stack.length > 0) {
+    const item = stack.pop()!;
+    f(item);
+    if (item.kind === "group") stack.push(...item.alts.flat());
+    else if (item.kind === "rep") stack.push(item.item);
+  }
+}
+
+/** Rules reachable from `root`, in definition order; throws for an undefined reference. */
+function reachable(rules: Map<string, Item[][]>): Set<string> {
+  const seen = new Set<string>(["root"]);
+  const todo = ["root"];
+  while (todo.length > 0) {
+    const name = todo.pop()!;
+    eachItem(rules.get(name)!, (item) => {
+      if (item.kind !== "ref" || seen.has(item.name)) return;
+      if (!rules.has(item.name)) throw new GrammarProblem(`rule '${name}' refers to the undefined rule '${item.name}'`);
+      seen.add(item.name);
+      todo.push(item.name);
+    });
+  }
+  return new Set([...rules.keys()].filter((n) => seen.has(n)));
+}
+
+/**
+ * Least fixed point of a per-item property over the rules (`ok(item, known)` with `known` the rules proven so far):
+ * which rules can match the empty text (nullable), which derive some finite text (productive).
+ */
+function fixedPoint(names: Set<string>, rules: Map<string, Item[][]>, itemOk: (item: Item, known: Set<string>) => boolean): Set<string> {
+  const known = new Set<string>();
+  let changed = true;
+  while (changed) {
+    changed = false;
+    for (const name of names) {
+      if (known.has(name)) continue;
+      if (rules.get(name)!.some((seq) => seq.every((it) => itemOk(it, known)))) {
+        known.add(name);
+        changed = true;
+      }
+    }
+  }
+  return known;
+}
+
+function nullableItem(item: Item, known: Set<string>): boolean {
+  switch (item.kind) {
+    case "lit":
+      return item.text === "";
+    case "class":
+      return false;
+    case "ref":
+      return known.has(item.name);
+    case "group":
+      return item.alts.some((seq) => seq.every((it) => nullableItem(it, known)));
+    case "rep":
+      return item.min === 0 || nullableItem(item.item, known);
+  }
+}
+
+function productiveItem(item: Item, known: Set<string>): boolean {
+  switch (item.kind) {
+    case "lit":
+    case "class":
+      return true;
+    case "ref":
+      return known.has(item.name);
+    case "group":
+      return item.alts.some((seq) => seq.every((it) => productiveItem(it, known)));
+    case "rep":
+      return item.min === 0 || productiveItem(item.item, known);
+  }
+}
+
+/** The rules an item may start with (before consuming a character), given the nullable rules. */
+function leftRefs(seq: Item[], nullable: Set<string>, out: Set<string>): void {
+  for (const item of seq) {
+    if (item.kind === "ref") out.add(item.name);
+    else if (item.kind === "group") for (const s of item.alts) leftRefs(s, nullable, out);
+    else if (item.kind === "rep") leftRefs([item.item], nullable, out);
+    if (!nullableItem(item, nullable)) return;
+  }
+}
+
+/** Throws for left recursion (a rule that can reach itself before any character), as llama.cpp refuses it. */
+function checkLeftRecursion(names: Set<string>, rules: Map<string, Item[][]>, nullable: Set<string>): void {
+  const edges = new Map<string, string[]>();
+  for (const name of names) {
+    const out = new Set<string>();
+    for (const seq of rules.get(name)!) leftRefs(seq, nullable, out);
+    edges.set(name, [...out]);
+  }
+  // Iterative depth-first search: 1 = on the current path, 2 = done.
+  const state = new Map<string, 1 | 2>();
+  for (const start of names) {
+    if (state.has(start)) continue;
+    const stack: Array<{ name: string; next: number }> = [{ name: start, next: 0 }];
+    state.set(start, 1);
+    while (stack.length > 0) {
+      const top = stack[stack.length - 1]!;
+      const succ = edges.get(top.name)![top.next++];
+      if (succ === undefined) {
+        state.set(top.name, 2);
+        stack.pop();
+      } else if (state.get(succ) === 1) {
+        throw new GrammarProblem(`rule '${succ}' is left-recursive (it can reach itself before matching a character)`);
+      } else if (!state.has(succ)) {
+        state.set(succ, 1);
+        stack.push({ name: succ, next: 0 });
+      }
+    }
+  }
+}
+
+/** Throws for `* + {m,}` over an item that can match nothing (llama.cpp's expansion would be left-recursive). */
+function checkRepetitions(names: Set<string>, rules: Map<string, Item[][]>, nullable: Set<string>): void {
+  for (const name of names) {
+    eachItem(rules.get(name)!, (item) => {
+      if (item.kind === "rep" && item.max === null && nullableItem(item.item, nullable)) {
+        throw new GrammarProblem(`rule '${name}' repeats without bound something that can match nothing`);
+      }
+    });
+  }
+}
+
+/** Keel's GBNF for an item (rule names prefixed). */
+function emitItem(item: Item): string {
+  switch (item.kind) {
+    case "lit":
+      return literal(item.text);
+    case "class":
+      return classOf(item.set);
+    case "ref":
+      return USER_RULE_PREFIX + item.name;
+    case "group":
+      return `(${emitAlts(item.alts)})`;
+    case "rep": {
+      const inner = item.item.kind === "group" || item.item.kind === "ref" || item.item.kind === "class" ? emitItem(item.item) : `(${emitItem(item.item)})`;
+      if (item.max === null) return item.min === 0 ? `${inner}*` : item.min === 1 ? `${inner}+` : `${inner}{${item.min},}`;
+      if (item.min === 0 && item.max === 1) return `${inner}?`;
+      if (item.max === 0) return '""';
+      return item.min === item.max ? `${inner}{${item.min}}` : `${inner}{${item.min},${item.max}}`;
+    }
+  }
+}
+
+function emitAlts(alts: Item[][]): string {
+  return alts.map((seq) => (seq.length === 0 ? '""' : seq.map(emitItem).join(" "))).join(" | ");
+}
+
+/**
+ * Reads, checks and adds the client's grammar `text` (request field `field`) to `b`; returns the name of its root
+ * rule. Throws a KeelHttpError 400 `invalid_value` naming `field` for anything in the module comment.
+ */
+export function addUserGrammar(b: GbnfBuilder, text: string, field: string): string {
+  const fail = (why: string): KeelHttpError => invalidValue(field, `Invalid grammar in '${field}': ${why}.`);
+  if (text.length > MAX_GBNF_CHARS) throw fail(`the grammar is longer than ${MAX_GBNF_CHARS} characters (limit ${MAX_GBNF_CHARS})`);
+  try {
+    // 1. Read; 2. the rules root reaches (undefined references refused); 3. what llama.cpp would refuse or loop on.
+    const rules = new Reader(text).read();
+    if (!rules.has("root")) throw new GrammarProblem("the grammar has no 'root' rule (generation starts there)");
+    const names = reachable(rules);
+    const productive = fixedPoint(names, rules, productiveItem);
+    const barren = [...names].find((n) => !productive.has(n));
+    if (barren !== undefined) throw new GrammarProblem(`rule '${barren}' derives no finite text`);
+    const nullable = fixedPoint(names, rules, nullableItem);
+    checkRepetitions(names, rules, nullable);
+    checkLeftRecursion(names, rules, nullable);
+    // 4. Keel's text, rule by rule, under the limits every grammar has.
+    b.lastParam = field;
+    for (const name of names) {
+      const body = emitAlts(rules.get(name)!);
+      const problem = bodyProblem(body);
+      if (problem !== null) throw new GrammarProblem(`rule '${name}': ${problem}`);
+      b.define(USER_RULE_PREFIX + name, body);
+    }
+    return USER_RULE_PREFIX + "root";
+  } catch (e) {
+    if (e instanceof GrammarProblem) throw fail(e.message);
+    if (e instanceof RangeError) throw fail("the grammar is too deeply nested");
+    throw e;
+  }
+}
