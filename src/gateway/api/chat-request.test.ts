@@ -150,6 +150,10 @@ describe("parseChatRequest: accepted bodies", () => {
     // vLLM's and llama.cpp's extension fields Keel applies are known.
     const r = parseChatRequest(withBase({ top_k: 5, min_p: 0.1, repetition_penalty: 1.1, ignore_eos: false, chat_template_kwargs: {}, guided_regex: "a+" }));
     expect(r.responseFormat).toEqual({ kind: "regex", pattern: "a+", field: "guided_regex" });
+    // vLLM's chat extensions Keel does not offer: accepted at the value Keel always uses, else refused by name.
+    expect(parseChatRequest(withBase({ add_generation_prompt: true, continue_final_message: false, echo: false, use_beam_search: false })).model).toBe("m");
+    expectReject(withBase({ add_generation_prompt: false }), "unsupported_field", "add_generation_prompt");
+    expectReject(withBase({ echo: true }), "unsupported_field", "echo", /\/completions has 'echo'/);
   });
 
   it("replaces lone surrogates in content, text parts and stop strings with U+FFFD", () => {

@@ -288,6 +288,11 @@ export const chatRequestBodySchema = z.object({
   service_tier: unsupported((v) => v === "auto" || v === "default", "Service tiers are not available."),
   verbosity: unsupported((v) => v === "medium", "Only the model's own verbosity ('medium') is available."),
   prompt_cache_retention: unsupported((v) => v === "in_memory", "Keel's prefix cache lives in memory only ('in_memory')."),
+  // vLLM's chat extensions Keel does not offer, accepted at the value Keel always uses.
+  add_generation_prompt: unsupported((v) => v === true, "Keel always ends the prompt with the assistant's turn (true)."),
+  continue_final_message: unsupported((v) => v === false, "Continuing the final message is not available (false)."),
+  echo: unsupported((v) => v === false, "Echoing the prompt is not available on chat (false); /completions has 'echo'."),
+  use_beam_search: unsupported((v) => v === false, "Beam search is not available (false)."),
 });
 
 /** Every top-level field `/chat/completions` knows (any other is a 400 `unknown_field`). */
@@ -329,10 +334,19 @@ export const CHAT_FIELDS = fieldsOf(chatRequestBodySchema);
  *   without; a named function must be declared), `parallel_tool_calls`,
  *   `response_format` (text, json_object, json_schema); assistant
  *   `tool_calls` / `reasoning_content`, tool `tool_call_id`, `name`.
+ * - Output constraints (structured-outputs.ts): `structured_outputs`
+ *   (json, regex, choice, grammar, json_object), `guided_json`,
+ *   `guided_regex`, `guided_choice`, `guided_grammar`, `grammar` — at most
+ *   one, `response_format` included. `reasoning_effort` (applied at the
+ *   route: reasoning-effort.ts). Labels without effect on the output:
+ *   `user`, `safety_identifier`, `prompt_cache_key`, `metadata`.
  * - Not implemented, so 400 `unsupported_field` unless given their no-op
  *   value: `functions` ([]), `function_call` ("none", "auto") — use
- *   `tools` — `modalities` (["text"]), and `audio`, `prediction` (no no-op
- *   value).
+ *   `tools` — `modalities` (["text"]), `store` (false), `service_tier`,
+ *   `verbosity`, `prompt_cache_retention`, vLLM's `add_generation_prompt`
+ *   (true), `continue_final_message`, `echo`, `use_beam_search` (false),
+ *   and `audio`, `prediction`, `web_search_options` (no no-op value).
+ * - Any other top-level field: 400 `unknown_field` (known-fields.ts).
  *
  * @param body - The request body as parsed from JSON (any value).
  * @returns The normalised request.
