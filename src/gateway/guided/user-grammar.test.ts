@@ -12,6 +12,7 @@ import { GbnfGrammar } from "./gbnf-recognizer.js";
 import { buildGuide } from "./guide.js";
 import { MAX_ENUM_VALUES } from "./schema-limits.js";
 import type { GuideRequest } from "./types.js";
+import { MAX_USER_GRAMMAR_CHARS } from "./user-grammar.js";
 import { WEATHER } from "./samples.js";
 
 let llama: Llama;
@@ -110,6 +111,11 @@ describe("a client's GBNF grammar", () => {
     expect({ code: e.code, param: e.param }).toEqual({ code: "invalid_value", param: "grammar" });
     expect(e.message).toMatch(/^Invalid grammar in 'grammar': /);
     expect(e.message).toMatch(why);
+  });
+
+  it("refuses a text longer than 64 K characters before reading it", () => {
+    const e = refusal(grammar(`root ::= "a"\n# ${"x".repeat(MAX_USER_GRAMMAR_CHARS)}\n`));
+    expect(e.message).toBe(`Invalid grammar in 'grammar': the grammar is longer than ${MAX_USER_GRAMMAR_CHARS} characters (limit ${MAX_USER_GRAMMAR_CHARS}).`);
   });
 
   it("refuses a grammar whose repetitions expand past the size limit", () => {

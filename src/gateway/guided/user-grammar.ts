@@ -11,14 +11,13 @@
  * Refused with a 400 naming the field (before anything reaches the engine): a syntax error (with its line), token
  * references (`<...>`), a missing `root`, an undefined or twice-defined rule, an empty class, a rule that derives no
  * finite text, left recursion and an unbounded repetition of something that can match nothing (llama.cpp refuses
- * both), groups nested deeper than 64, and the size and repetition limits every Keel grammar has (gbnf-limits.ts,
- * 256 K characters counted with repetitions expanded).
+ * both), groups nested deeper than 64, a text longer than 64 K characters, and the size and repetition limits every
+ * Keel grammar has (gbnf-limits.ts; 256 K characters counted with repetitions expanded).
  */
 import { invalidValue, type KeelHttpError } from "../http/errors.js";
 import { bodyProblem, MAX_GROUP_DEPTH } from "./gbnf-limits.js";
 import { type CharSet, charSet, classOf, literal, MAX_CODE_POINT, negate } from "./gbnf-text.js";
 import type { GbnfBuilder } from "./json-schema-gbnf.js";
-import { MAX_GBNF_CHARS } from "./json-schema-support.js";
 
 /** Prefix of the client's rules in the emitted grammar (no Keel rule starts with it). */
 export const USER_RULE_PREFIX = "gr-";
@@ -34,7 +33,18 @@ type Item =
 /** The escapes llama.cpp's parser knows, by their letter. */
 const SIMPLE_ESCAPES: Readonly<Record<string, number>> = { t: 9, r: 13, n: 10, "\\": 0x5c, '"': 0x22, "[": 0x5b, "]": 0x5d };
 const HEX_WIDTH: Readonly<Record<string, number>> = { x: 2, u: 4, U: 8 };
-const isNameChar = (c: string | undefined): boolean => c !== undefined && /[a-zA-Z0-9-]/.test(c);
+/** Whether `c` may be part of a rule name (`a-z A-Z 0-9 -`, as llama.cpp's). */
+function isNameChar(c: string | undefined): boolean {
+  if (c === undefined) return false;
+  const x = c.charCodeAt(0);
+  return (x >= 0x61 && x <= 0x7a) || (x >= 0x41 && x <= 0x5a) || (x >= 0x30 && x <= 0x39) || x === 0x2d;
+}
+
+/**
+ * Longest client grammar read (characters). Far above hand-written grammars (llama.cpp's JSON grammar is ~1 K, its C
+ * grammar ~3 K) and small enough that reading and checking one stays in the tens of milliseconds.
+ */
+export const MAX_USER_GRAMMAR_CHARS = 64 * 1024;
 
 /** A grammar the client sent that cannot be applied; `message` says why (without the field). */
 class GrammarProblem extends Error {}
@@ -177,7 +187,7 @@ class Reader {
     if (e in SIMPLE_ESCAPES) return SIMPLE_ESCAPES[e]!;
     const width = HEX_WIDTH[e];
     const digits = width === undefined ? "" : this.s.slice(this.i, this.i + width);
-    if (width === undefined || !new RegExp(`^[0-9a-fA-F]{${width}}$`).test(digits)) this.fail(`unknown escape '\\${e}'`);
+    if (width === undefined || digits.length !== width || !/^[0-9a-fA-F]+$/.test(digits)) this.fail(`unknown escape '\\${e}'`);
     this.i += width;
     const cp = parseInt(digits, 16);
     if (cp > MAX_CODE_POINT) this.fail(`escape '\\${e}${digits}' is not a code point`);
@@ -220,12 +230,19 @@ class Reader {
 
 /** Calls `f` on every item of `alts`, nested ones included (iteratively over groups and repetitions). */
 function eachItem(alts: Item[][], f: (item: Item) => void): void {
-  const stack: Item[] = alts.flat();
+  const stack: Item[][][] = [alts];
   while (stack.length > 0) {
-    const item = stack.pop()!;
-    f(item);
-    if (item.kind === "group") stack.push(...item.alts.flat());
-    else if (item.kind === "rep") stack.push(item.item);
+    for (const seq of stack.pop()!) {
+      for (let item of seq) {
+        f(item);
+        // A repetition's item, then a group's alternatives (pushed for later).
+        if (item.kind === "rep") {
+          item = item.item;
+          f(item);
+        }
+        if (item.kind === "group") stack.push(item.alts);
+      }
+    }
   }
 }
 
@@ -245,67 +262,102 @@ function reachable(rules: Map<string, Item[][]>): Set<string> {
   return new Set([...rules.keys()].filter((n) => seen.has(n)));
 }
 
+/** An item's dependency for a property: known true/false, or the symbol (rule or group) it depends on. */
+type Dep = boolean | number;
+
 /**
- * Least fixed point of a per-item property over the rules (`ok(item, known)` with `known` the rules proven so far):
- * which rules can match the empty text (nullable), which derive some finite text (productive).
+ * The grammar as symbols for the fixed points: every reachable rule, then every group inside them (a group is a
+ * symbol of its own, so no property needs a recursive walk), each with its alternatives.
  */
-function fixedPoint(names: Set<string>, rules: Map<string, Item[][]>, itemOk: (item: Item, known: Set<string>) => boolean): Set<string> {
-  const known = new Set<string>();
-  let changed = true;
-  while (changed) {
-    changed = false;
+class Symbols {
+  /** Alternatives per symbol. */
+  readonly alts: Item[][][] = [];
+  /** Symbol of each rule name. */
+  readonly ofRule = new Map<string, number>();
+  /** Symbol of each group item. */
+  readonly ofGroup = new Map<Item, number>();
+
+  constructor(names: Set<string>, rules: Map<string, Item[][]>) {
     for (const name of names) {
-      if (known.has(name)) continue;
-      if (rules.get(name)!.some((seq) => seq.every((it) => itemOk(it, known)))) {
-        known.add(name);
-        changed = true;
-      }
+      this.ofRule.set(name, this.alts.length);
+      this.alts.push(rules.get(name)!);
+    }
+    for (const name of names) {
+      eachItem(rules.get(name)!, (item) => {
+        if (item.kind !== "group") return;
+        this.ofGroup.set(item, this.alts.length);
+        this.alts.push(item.alts);
+      });
     }
   }
-  return known;
-}
 
-function nullableItem(item: Item, known: Set<string>): boolean {
-  switch (item.kind) {
-    case "lit":
-      return item.text === "";
-    case "class":
-      return false;
-    case "ref":
-      return known.has(item.name);
-    case "group":
-      return item.alts.some((seq) => seq.every((it) => nullableItem(it, known)));
-    case "rep":
-      return item.min === 0 || nullableItem(item.item, known);
+  /**
+   * Least fixed point of a property over the symbols, in linear time (each sequence counts the symbols it still
+   * waits for; a symbol proven wakes the sequences waiting on it): which can match the empty text, which derive
+   * some finite text. `leaf` says what a literal or class contributes. Returns the property of any item.
+   */
+  solve(leaf: (item: Extract<Item, { kind: "lit" | "class" }>) => boolean): (item: Item) => boolean {
+    const dep = (item: Item): Dep => {
+      switch (item.kind) {
+        case "ref":
+          return this.ofRule.get(item.name)!;
+        case "group":
+          return this.ofGroup.get(item)!;
+        case "rep":
+          return item.min === 0 ? true : dep(item.item);
+        default:
+          return leaf(item);
+      }
+    };
+    const known = this.alts.map(() => false);
+    const waiting: Array<Array<{ sym: number; seq: number }>> = this.alts.map(() => []);
+    const missing: number[][] = this.alts.map((alts) => alts.map(() => 0));
+    const proven: number[] = [];
+    const prove = (sym: number): void => {
+      if (known[sym]) return;
+      known[sym] = true;
+      proven.push(sym);
+    };
+    // 1. Each sequence: impossible (a false item), or waiting for its distinct symbols.
+    this.alts.forEach((alts, sym) =>
+      alts.forEach((seq, q) => {
+        const deps = new Set<number>();
+        for (const item of seq) {
+          const d = dep(item);
+          if (d === false) return;
+          if (typeof d === "number") deps.add(d);
+        }
+        missing[sym]![q] = deps.size;
+        for (const d of deps) waiting[d]!.push({ sym, seq: q });
+        if (deps.size === 0) prove(sym);
+      }),
+    );
+    // 2. Propagate.
+    while (proven.length > 0) {
+      for (const w of waiting[proven.pop()!]!) if (--missing[w.sym]![w.seq]! === 0) prove(w.sym);
+    }
+    return (item) => {
+      const d = dep(item);
+      return typeof d === "boolean" ? d : known[d]!;
+    };
   }
 }
 
-function productiveItem(item: Item, known: Set<string>): boolean {
-  switch (item.kind) {
-    case "lit":
-    case "class":
-      return true;
-    case "ref":
-      return known.has(item.name);
-    case "group":
-      return item.alts.some((seq) => seq.every((it) => productiveItem(it, known)));
-    case "rep":
-      return item.min === 0 || productiveItem(item.item, known);
-  }
-}
+/** Whether an item can match the empty text. */
+type Nullable = (item: Item) => boolean;
 
-/** The rules an item may start with (before consuming a character), given the nullable rules. */
-function leftRefs(seq: Item[], nullable: Set<string>, out: Set<string>): void {
+/** The rules an item may start with (before consuming a character). */
+function leftRefs(seq: Item[], nullable: Nullable, out: Set<string>): void {
   for (const item of seq) {
     if (item.kind === "ref") out.add(item.name);
     else if (item.kind === "group") for (const s of item.alts) leftRefs(s, nullable, out);
     else if (item.kind === "rep") leftRefs([item.item], nullable, out);
-    if (!nullableItem(item, nullable)) return;
+    if (!nullable(item)) return;
   }
 }
 
 /** Throws for left recursion (a rule that can reach itself before any character), as llama.cpp refuses it. */
-function checkLeftRecursion(names: Set<string>, rules: Map<string, Item[][]>, nullable: Set<string>): void {
+function checkLeftRecursion(names: Set<string>, rules: Map<string, Item[][]>, nullable: Nullable): void {
   const edges = new Map<string, string[]>();
   for (const name of names) {
     const out = new Set<string>();
@@ -335,10 +387,10 @@ function checkLeftRecursion(names: Set<string>, rules: Map<string, Item[][]>, nu
 }
 
 /** Throws for `* + {m,}` over an item that can match nothing (llama.cpp's expansion would be left-recursive). */
-function checkRepetitions(names: Set<string>, rules: Map<string, Item[][]>, nullable: Set<string>): void {
+function checkRepetitions(names: Set<string>, rules: Map<string, Item[][]>, nullable: Nullable): void {
   for (const name of names) {
     eachItem(rules.get(name)!, (item) => {
-      if (item.kind === "rep" && item.max === null && nullableItem(item.item, nullable)) {
+      if (item.kind === "rep" && item.max === null && nullable(item.item)) {
         throw new GrammarProblem(`rule '${name}' repeats without bound something that can match nothing`);
       }
     });
@@ -376,16 +428,17 @@ function emitAlts(alts: Item[][]): string {
  */
 export function addUserGrammar(b: GbnfBuilder, text: string, field: string): string {
   const fail = (why: string): KeelHttpError => invalidValue(field, `Invalid grammar in '${field}': ${why}.`);
-  if (text.length > MAX_GBNF_CHARS) throw fail(`the grammar is longer than ${MAX_GBNF_CHARS} characters (limit ${MAX_GBNF_CHARS})`);
+  if (text.length > MAX_USER_GRAMMAR_CHARS) throw fail(`the grammar is longer than ${MAX_USER_GRAMMAR_CHARS} characters (limit ${MAX_USER_GRAMMAR_CHARS})`);
   try {
     // 1. Read; 2. the rules root reaches (undefined references refused); 3. what llama.cpp would refuse or loop on.
     const rules = new Reader(text).read();
     if (!rules.has("root")) throw new GrammarProblem("the grammar has no 'root' rule (generation starts there)");
     const names = reachable(rules);
-    const productive = fixedPoint(names, rules, productiveItem);
-    const barren = [...names].find((n) => !productive.has(n));
+    const symbols = new Symbols(names, rules);
+    const productive = symbols.solve(() => true);
+    const barren = [...names].find((n) => !productive({ kind: "ref", name: n }));
     if (barren !== undefined) throw new GrammarProblem(`rule '${barren}' derives no finite text`);
-    const nullable = fixedPoint(names, rules, nullableItem);
+    const nullable = symbols.solve((item) => item.kind === "lit" && item.text === "");
     checkRepetitions(names, rules, nullable);
     checkLeftRecursion(names, rules, nullable);
     // 4. Keel's text, rule by rule, under the limits every grammar has.
