@@ -18,7 +18,7 @@ export type Item =
 
 /** The escapes llama.cpp's parser knows, by their letter. */
 const SIMPLE_ESCAPES: Readonly<Record<string, number>> = { t: 9, r: 13, n: 10, "\\": 0x5c, '"': 0x22, "[": 0x5b, "]": 0x5d };
-/** Hex digits after `\\x`, `\\u`, `\\U`. */
+/** Hex digits after `\x`, `\u`, `\U`. */
 const HEX_WIDTH: Readonly<Record<string, number>> = { x: 2, u: 4, U: 8 };
 /** Whether `c` may be part of a rule name (`a-z A-Z 0-9 -`, as llama.cpp's). */
 function isNameChar(c: string | undefined): boolean {
