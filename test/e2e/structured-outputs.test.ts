@@ -75,6 +75,9 @@ describe.each(ENGINES_UNDER_TEST)("on the %s engine", (engine) => {
       expect(choice).toEqual({ text: expect.stringMatching(language), finish_reason: "stop", index: 0, logprobs: null });
       const c = await chat(server.baseUrl, { model, messages: user, max_tokens: 30, temperature: 1, seed, structured_outputs: { grammar } });
       expect(answer(c.body)).toEqual({ text: expect.stringMatching(language), finish: "stop" });
+      // Negated classes and `.` (any character) reach both engines as Keel re-wrote them.
+      const any = await chat(server.baseUrl, { model, messages: user, max_tokens: 30, temperature: 1, seed, guided_grammar: 'root ::= "<" [^<>\\n]{1,5} ">" .' });
+      expect(answer(any.body)).toEqual({ text: expect.stringMatching(/^<[^<>\n]{1,5}>.$/su), finish: "stop" });
     }
   });
 
@@ -150,6 +153,7 @@ describe("model aliases (a catalogue model, SmolLM2-135M)", () => {
     expect((await complete(server.baseUrl, { model: "smollm2-135m-instruct", prompt: "Hi", max_tokens: 2 })).status).toBe(200);
     const t = await fetch(`${server.baseUrl}/v3/tokenize`, { method: "POST", body: JSON.stringify({ model: "smollm2-135m-instruct", text: "hello" }) });
     expect(t.status).toBe(200);
+    expect((await get(server.baseUrl, "/v2/models/smollm2-135m-instruct/ready")).status).toBe(200);
     const one = await get(server.baseUrl, "/v1/models/smollm2-135m-instruct");
     expect(JSON.parse(one.body)).toMatchObject({ id: "SmolLM2-135M-Instruct", object: "model" });
     const other = await chat(server.baseUrl, { model: "smollm2", messages: user, max_tokens: 2 });

@@ -158,6 +158,15 @@ describe("regex and choice", () => {
     expect(refusal({ kind: "choice", choices: ["x".repeat(15001)], field: "guided_choice" }).message).toMatch(/more than 15000 characters/);
   });
 
+  it("structured_outputs.json is the schema converter under its own field: values match, a bad schema names the field", () => {
+    const { accepts } = guideOf({ kind: "json_schema", name: "s", schema: { type: "integer", minimum: 3, maximum: 12 }, strict: true, field: "structured_outputs.json" });
+    expect(["3", "12", "7"].every(accepts)).toBe(true);
+    expect(["2", "13", '"7"'].some(accepts)).toBe(false);
+    const e = refusal({ kind: "json_schema", name: "s", schema: { type: "string", pattern: "(?<=a)b" }, strict: true, field: "guided_json" });
+    expect(e.param).toBe("guided_json");
+    expect(e.message).toMatch(/lookaround/);
+  });
+
   it("one constraint with active tools is refused, naming the constraint's field", () => {
     let err: unknown;
     try {
