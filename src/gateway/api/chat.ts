@@ -139,7 +139,7 @@ export async function handleChat(ctx: RouteContext, req: FastifyRequest, reply: 
   const agents = ctx.model.agents();
   // Tools asked for but no parser to read the calls: refused before rendering (never accepted and ignored).
   const toolParser = requestToolParser(body, agents);
-  const prompt = renderMessages(engine, body.messages, templateKwargsFor(body, agents), toolsForTemplate(body));
+  const prompt = renderMessages(engine, body.messages, templateKwargsFor(body, agents, engine.template.source), toolsForTemplate(body));
   const parser = outputParserFactory(body, toolParser, agents, prompt);
   // A bad schema, or a guide this engine cannot apply, is a 400 here, before the engine sees the request.
   const guide = requestGuide(buildGuide, body, toolParser, agents, prompt, caps);

@@ -77,23 +77,31 @@ describe("unknown fields on completions", () => {
 
 describe("reasoning_effort", () => {
   const withParser = { reasoningParser: "qwen3" as const };
+  /** A template with the switch, as Qwen3's (the source is only searched for it). */
+  const qwen3 = "{%- if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>{%- endif %}";
   it("maps none/minimal to enable_thinking false and low/medium/high/xhigh to true, keeping the other kwargs", () => {
-    const kw = (effort: string) => templateKwargsFor(chat({ reasoning_effort: effort, chat_template_kwargs: { other: 1 } }), withParser);
+    const kw = (effort: string) => templateKwargsFor(chat({ reasoning_effort: effort, chat_template_kwargs: { other: 1 } }), withParser, qwen3);
     expect(kw("none")).toEqual({ other: 1, enable_thinking: false });
     expect(kw("minimal")).toEqual({ other: 1, enable_thinking: false });
     for (const e of ["low", "medium", "high", "xhigh"]) expect(kw(e)).toEqual({ other: 1, enable_thinking: true });
   });
 
   it("leaves the kwargs alone when absent, agrees with a matching enable_thinking and refuses a contradicting one", () => {
-    expect(templateKwargsFor(chat({ chat_template_kwargs: { enable_thinking: true } }), { reasoningParser: null })).toEqual({ enable_thinking: true });
-    expect(templateKwargsFor(chat({ reasoning_effort: "high", chat_template_kwargs: { enable_thinking: true } }), withParser)).toEqual({ enable_thinking: true });
-    const e = refusal(() => templateKwargsFor(chat({ reasoning_effort: "none", chat_template_kwargs: { enable_thinking: true } }), withParser));
+    expect(templateKwargsFor(chat({ chat_template_kwargs: { enable_thinking: true } }), { reasoningParser: null }, qwen3)).toEqual({ enable_thinking: true });
+    expect(templateKwargsFor(chat({ reasoning_effort: "high", chat_template_kwargs: { enable_thinking: true } }), withParser, qwen3)).toEqual({ enable_thinking: true });
+    const e = refusal(() => templateKwargsFor(chat({ reasoning_effort: "none", chat_template_kwargs: { enable_thinking: true } }), withParser, qwen3));
     expect({ code: e.code, param: e.param }).toEqual({ code: "invalid_value", param: "reasoning_effort" });
     expect(e.message).toMatch(/'none' turns thinking off, but chat_template_kwargs\.enable_thinking is true/);
   });
 
+  it("is refused for a template without the switch", () => {
+    const e = refusal(() => templateKwargsFor(chat({ reasoning_effort: "high" }), withParser, "{{ messages[0].content }}"));
+    expect({ code: e.code, param: e.param }).toEqual({ code: "unsupported_field", param: "reasoning_effort" });
+    expect(e.message).toMatch(/no thinking switch \(enable_thinking\)/);
+  });
+
   it("is refused without a reasoning parser", () => {
-    const e = refusal(() => templateKwargsFor(chat({ reasoning_effort: "low" }), { reasoningParser: null }));
+    const e = refusal(() => templateKwargsFor(chat({ reasoning_effort: "low" }), { reasoningParser: null }, qwen3));
     expect({ code: e.code, param: e.param }).toEqual({ code: "unsupported_field", param: "reasoning_effort" });
     expect(e.message).toMatch(/--reasoning_parser/);
   });
