@@ -38,6 +38,7 @@ describe("structured_outputs and its aliases", () => {
     [{ guided_grammar: 'root ::= "x"' }, { kind: "grammar", grammar: 'root ::= "x"', field: "guided_grammar" }],
     [{ guided_json: { type: "string" } }, { kind: "json_schema", name: "structured_output", schema: { type: "string" }, strict: true, field: "guided_json" }],
     [{ grammar: 'root ::= "x"' }, { kind: "grammar", grammar: 'root ::= "x"', field: "grammar" }],
+    [{ json_schema: { type: "boolean" } }, { kind: "json_schema", name: "structured_output", schema: { type: "boolean" }, strict: true, field: "json_schema" }],
     [{ response_format: { type: "json_object" }, structured_outputs: null }, { kind: "json_object" }],
   ])("%j → %j on chat and completions", (fields, expected) => {
     expect(chat(fields).responseFormat).toEqual(expected);

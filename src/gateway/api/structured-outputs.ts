@@ -2,7 +2,7 @@
  * The output-constraint fields beyond OpenAI's `response_format`, on chat and completions: vLLM's
  * `structured_outputs` object (`json`, `regex`, `choice`, `grammar`, `json_object`), its older top-level forms
  * (`guided_json`, `guided_regex`, `guided_choice`, `guided_grammar`, accepted as aliases) and llama.cpp's `grammar`
- * (a GBNF string). A request has at most one constraint: two of these (or one with a non-text `response_format`)
+ * (a GBNF string) and `json_schema` (a schema). A request has at most one constraint: two of these (or one with a non-text `response_format`)
  * are a 400 naming the second. Only the shape is checked here; whether a regex or grammar can be applied is
  * guided/output-rule.ts's question (a 400 naming the field there too).
  */
@@ -101,6 +101,7 @@ export const structuredOutputFields = {
   guided_choice: aliasSchema("choice", "guided_choice"),
   guided_grammar: aliasSchema("grammar", "guided_grammar"),
   grammar: aliasSchema("grammar", "grammar"),
+  json_schema: aliasSchema("json", "json_schema"),
 };
 
 /** The parsed constraint fields, plus `response_format`. */
