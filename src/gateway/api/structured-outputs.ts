@@ -14,6 +14,9 @@ import { report } from "./request-issues.js";
 /** The keys of `structured_outputs` Keel applies (vLLM's others, e.g. `whitespace_pattern`, are refused). */
 const STRUCTURED_KEYS = ["json", "regex", "choice", "grammar", "json_object"] as const;
 
+/** vLLM's switches of `structured_outputs` Keel has no use for: accepted at their default (false), else refused. */
+const NOOP_SWITCHES = ["disable_fallback", "disable_any_whitespace", "disable_additional_properties"];
+
 /** A constraint read from one field, before the one-constraint rule. */
 type Constraint = Exclude<ResponseFormat, { kind: "text" }>;
 
@@ -73,6 +76,7 @@ const structuredOutputsSchema = z
     const found: Constraint[] = [];
     for (const [key, value] of Object.entries(v as Record<string, unknown>)) {
       if (!(STRUCTURED_KEYS as readonly string[]).includes(key)) {
+        if (NOOP_SWITCHES.includes(key) && value === false) continue;
         if (value !== null) report(ctx, "unsupported_field", `Keel applies only ${STRUCTURED_KEYS.map((k) => `'${k}'`).join(", ")} in 'structured_outputs'.`, [key], value);
         continue;
       }
