@@ -136,6 +136,7 @@ async function serveModel(o: ServeOptions, model: ServeModel, settings: ServerSe
   const gw = await listen({
     ...settings,
     modelName,
+    modelAliases: modelAliases(model, modelName),
     engine: { ...base, maxModelLen: capacity.maxModelLen },
     engineCommand,
     agents: { toolParser: o.tool_parser ?? null, reasoningParser: o.reasoning_parser ?? null, guideAuto: o.enable_tool_guided_generation },
@@ -184,4 +185,14 @@ function logStart(gw: Gateway, o: ServeOptions, s: Started): void {
   gw.log.info({ event: "model", name: modelName, kind: model.kind, path: modelPath, source: model.source }, `serving ${modelName} (${model.source}) from ${modelPath}`);
   if (model.kind === "fallback") gw.log.warn({ event: "default_model_unavailable", reason: model.reason }, `${model.reason}; serving keel-tiny instead: ${HOW_TO_PASS_A_MODEL}`);
   if (model.kind === "tiny" || model.kind === "fallback") gw.log.warn({ event: "demo_model", model: modelPath }, "serving a generated random-weight model: its output is gibberish by design");
+}
+
+/**
+ * The names a request may use besides the served one: for a catalogue model, the name given to `--model_path`
+ * (`qwen2.5-coder-0.5b-instruct` serves `Qwen2.5-Coder-0.5B-Instruct`) and, under `--model_name`, the catalogue's
+ * served name too.
+ */
+export function modelAliases(model: ServeModel, modelName: string): string[] {
+  if (model.kind !== "catalogue") return [];
+  return [...new Set([model.name, model.servedName])].filter((n) => n !== modelName);
 }

@@ -31,6 +31,8 @@ export interface GatewayOptions {
   host: string;
   port: number;
   modelName: string;
+  /** Other names requests may use for the model (the catalogue name given to `--model_path`). */
+  modelAliases?: string[];
   /** Engine start configuration (engine-neutral, protocol/engine-config.ts); the mode is set per process. */
   engine: Omit<EngineConfig, "mode">;
   /** How to run the engine (default: node dist/engine/main.js). */
@@ -110,7 +112,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     redact: { paths: ["headers.authorization", "req.headers.authorization", "*.headers.authorization", "authorization", "apiKey"], censor: "[redacted]" },
   };
   const log = opts.logDestination ? pino(logOptions, opts.logDestination) : pino(logOptions);
-  const specs: ModelSpec[] = opts.models ?? [{ name: opts.modelName, engine: opts.engine, agents: opts.agents ?? NO_AGENT_FLAGS, maxQueuedRequests: opts.maxQueuedRequests }];
+  const specs: ModelSpec[] = opts.models ?? [{ name: opts.modelName, aliases: opts.modelAliases ?? [], engine: opts.engine, agents: opts.agents ?? NO_AGENT_FLAGS, maxQueuedRequests: opts.maxQueuedRequests }];
   /** Sum of a per-model reading over every engine (serving and retired): the metric families stay server-wide. */
   const sum = (read: (u: ReturnType<ModelSet["all"]>[number]) => number): number => models.all().reduce((n, u) => n + read(u), 0);
   const metrics = new Metrics({

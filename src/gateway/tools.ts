@@ -19,11 +19,19 @@ export interface ToolSpec {
  */
 export type ToolChoice = { kind: "none" } | { kind: "auto" } | { kind: "required" } | { kind: "function"; name: string };
 
-/** `response_format`: free text, any JSON object, or JSON matching a schema. */
+/**
+ * The one output constraint of a request: free text, any JSON object, JSON matching a schema (`response_format`,
+ * vLLM's `structured_outputs.json`), the full match of a regex, exactly one of a list of strings, or the language of
+ * a GBNF grammar (`structured_outputs` regex / choice / grammar, llama.cpp's `grammar`). `field` names the request
+ * field it came from, for the 400s about it (absent on the json kinds: `response_format`).
+ */
 export type ResponseFormat =
   | { kind: "text" }
-  | { kind: "json_object" }
-  | { kind: "json_schema"; name: string; schema: Record<string, unknown>; strict: boolean };
+  | { kind: "json_object"; field?: string }
+  | { kind: "json_schema"; name: string; schema: Record<string, unknown>; strict: boolean; field?: string }
+  | { kind: "regex"; pattern: string; field: string }
+  | { kind: "choice"; choices: readonly string[]; field: string }
+  | { kind: "grammar"; grammar: string; field: string };
 
 /** A tool call as the API returns it (unary `message.tool_calls[i]`). `arguments` is a JSON text. */
 export interface ToolCall {

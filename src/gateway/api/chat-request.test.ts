@@ -134,11 +134,26 @@ describe("parseChatRequest: accepted bodies", () => {
     ]);
   });
 
-  it("ignores unknown fields, at the top level and in messages", () => {
-    const r = parseChatRequest({ ...base, user: "u1", metadata: { a: 1 }, messages: [{ role: "user", content: "x", name: "bob", refusal: null }] });
+  it("accepts OpenAI's label fields and ignores unknown fields inside messages", () => {
+    const r = parseChatRequest({ ...base, user: "u1", metadata: { a: "1" }, safety_identifier: "s", prompt_cache_key: "k", messages: [{ role: "user", content: "x", name: "bob", refusal: null }] });
     // `name` is part of the message (templates may render it); `refusal` is not ours and is dropped.
     expect(r.messages).toEqual([{ role: "user", content: "x", name: "bob" }]);
     expect(r).not.toHaveProperty("user");
+    expectReject(withBase({ metadata: { a: 1 } }), "invalid_value", "metadata.a", /expected a string/);
+  });
+
+  it("refuses unknown top-level fields, naming the first and the field it is probably a typo of", () => {
+    expectReject(withBase({ max_token: 5, temprature: 0 }), "unknown_field", "max_token", /Unrecognized request argument supplied: 'max_token'\. Did you mean 'max_tokens'\?/);
+    expect(reject(withBase({ max_token: 5, temprature: 0 })).message).not.toMatch(/temprature/);
+    expectReject(withBase({ temprature: 0 }), "unknown_field", "temprature", /Did you mean 'temperature'\?/);
+    expectReject(withBase({ frobnicate: true }), "unknown_field", "frobnicate", /^Unrecognized request argument supplied: 'frobnicate'\.$/);
+    // vLLM's and llama.cpp's extension fields Keel applies are known.
+    const r = parseChatRequest(withBase({ top_k: 5, min_p: 0.1, repetition_penalty: 1.1, ignore_eos: false, chat_template_kwargs: {}, guided_regex: "a+" }));
+    expect(r.responseFormat).toEqual({ kind: "regex", pattern: "a+", field: "guided_regex" });
+    // vLLM's chat extensions Keel does not offer: accepted at the value Keel always uses, else refused by name.
+    expect(parseChatRequest(withBase({ add_generation_prompt: true, continue_final_message: false, echo: false, use_beam_search: false })).model).toBe("m");
+    expectReject(withBase({ add_generation_prompt: false }), "unsupported_field", "add_generation_prompt");
+    expectReject(withBase({ echo: true }), "unsupported_field", "echo", /\/completions has 'echo'/);
   });
 
   it("replaces lone surrogates in content, text parts and stop strings with U+FFFD", () => {
@@ -351,7 +366,9 @@ describe("parseChatRequest: recognised but unsupported fields", () => {
     expectReject(withBase({ presence_penalty: 2.5 }), "invalid_value", "presence_penalty", /between -2 and 2 \(got 2.5\)/);
     expectReject(withBase({ frequency_penalty: -3 }), "invalid_value", "frequency_penalty", /between -2 and 2/);
     expectReject(withBase({ repetition_penalty: 0 }), "invalid_value", "repetition_penalty", /greater than 0/);
-    expectReject(withBase({ reasoning_effort: "high" }), "unsupported_field", "reasoning_effort");
+    expect(parseChatRequest(withBase({ reasoning_effort: "high" })).reasoningEffort).toBe("high");
+    expectReject(withBase({ reasoning_effort: "max" }), "invalid_value", "reasoning_effort", /expected one of 'none', 'minimal', 'low', 'medium', 'high', 'xhigh'/);
+    expectReject(withBase({ verbosity: "high" }), "unsupported_field", "verbosity");
     expectReject(withBase({ store: true }), "unsupported_field", "store");
     expect(parseChatRequest(withBase({ store: false, service_tier: "auto" })).model).toBe(withBase({}).model);
     expectReject(withBase({ repetition_penalty: 1e300 }), "invalid_value", "repetition_penalty", /at most 1000000 \(1 = off\) \(got 1e\+300\)/);

@@ -9,7 +9,7 @@
  *
  * - `null` for an optional field means "not set" (the OpenAI schema marks
  *   these fields nullable and some clients send explicit nulls).
- * - Unknown fields are ignored.
+ * - Unknown top-level fields are refused (400 `unknown_field`, known-fields.ts): the known ones are this schema's.
  * - The first problem found (in field order) is reported as a 400
  *   {@link KeelHttpError} whose `param` is the field path, e.g.
  *   `messages[0].content[1].type`.
@@ -27,6 +27,8 @@ import { parseMessageExtras, responseFormatSchema, toolChoiceSchema, toolsSchema
 import type { ResponseFormat, ToolChoice, ToolSpec } from "../tools.js";
 import { describe, issueToError, RANGES, report, UINT32_MAX, type IssueCtx } from "./request-issues.js";
 import { checkMinTokens, extendedSampling, MAX_TOP_LOGPROBS, samplingFields, type ExtendedSampling } from "./sampling.js";
+import { outputConstraint, structuredOutputFields } from "./structured-outputs.js";
+import { checkKnownFields, fieldsOf } from "./known-fields.js";
 
 export { describe, issueToError, report, UINT32_MAX };
 
@@ -74,9 +76,16 @@ export interface ChatRequest extends GenerationFields {
   toolChoice: ToolChoice;
   /** `parallel_tool_calls`: false = at most one call. Default true. */
   parallelToolCalls: boolean;
-  /** `response_format`; default text. */
+  /** The output constraint: `response_format`, `structured_outputs`, `guided_*` or `grammar` (one at most); default text. */
   responseFormat: ResponseFormat;
+  /** `reasoning_effort` (applied as the template's thinking switch where a reasoning parser is set: reasoning-effort.ts). */
+  reasoningEffort?: ReasoningEffort;
 }
+
+/** OpenAI's `reasoning_effort` values. */
+export const REASONING_EFFORTS = ["none", "minimal", "low", "medium", "high", "xhigh"] as const;
+/** One of {@link REASONING_EFFORTS}. */
+export type ReasoningEffort = (typeof REASONING_EFFORTS)[number];
 
 /** Most stop strings per request (OVMS limit; OpenAI documents 4). */
 export const MAX_STOP_STRINGS = 16;
@@ -260,6 +269,13 @@ export const chatRequestBodySchema = z.object({
   tool_choice: toolChoiceSchema,
   parallel_tool_calls: z.boolean().nullish(),
   response_format: responseFormatSchema,
+  ...structuredOutputFields,
+  reasoning_effort: z.enum(REASONING_EFFORTS).nullish(),
+  // Labels OpenAI takes without effect on the output (abuse monitoring, cache routing): checked, not applied.
+  user: z.string().nullish(),
+  safety_identifier: z.string().nullish(),
+  prompt_cache_key: z.string().nullish(),
+  metadata: z.record(z.string(), z.string()).nullish(),
   // recognised, not implemented (OpenAI's deprecated function-calling fields)
   functions: unsupported(isEmptyArray, "The legacy 'functions' field is not supported; use 'tools' instead."),
   function_call: unsupported((v) => v === "none" || v === "auto", "The legacy 'function_call' field is not supported; use 'tool_choice' instead."),
@@ -267,11 +283,20 @@ export const chatRequestBodySchema = z.object({
   modalities: unsupported((v) => Array.isArray(v) && v.length === 1 && v[0] === "text", "Only [\"text\"] is supported."),
   prediction: unsupported(() => false, "Predicted outputs are not available."),
   // OpenAI fields with an effect Keel does not provide: refused rather than dropped.
-  reasoning_effort: unsupported(() => false, "Reasoning options are not available."),
   web_search_options: unsupported(() => false, "Web search is not available."),
   store: unsupported((v) => v === false, "Keel keeps no server-side state; completions cannot be stored."),
   service_tier: unsupported((v) => v === "auto" || v === "default", "Service tiers are not available."),
+  verbosity: unsupported((v) => v === "medium", "Only the model's own verbosity ('medium') is available."),
+  prompt_cache_retention: unsupported((v) => v === "in_memory", "Keel's prefix cache lives in memory only ('in_memory')."),
+  // vLLM's chat extensions Keel does not offer, accepted at the value Keel always uses.
+  add_generation_prompt: unsupported((v) => v === true, "Keel always ends the prompt with the assistant's turn (true)."),
+  continue_final_message: unsupported((v) => v === false, "Continuing the final message is not available (false)."),
+  echo: unsupported((v) => v === false, "Echoing the prompt is not available on chat (false); /completions has 'echo'."),
+  use_beam_search: unsupported((v) => v === false, "Beam search is not available (false)."),
 });
+
+/** Every top-level field `/chat/completions` knows (any other is a 400 `unknown_field`). */
+export const CHAT_FIELDS = fieldsOf(chatRequestBodySchema);
 
 /**
  * Validates a parsed JSON body of a chat-completion request and returns it
@@ -309,10 +334,19 @@ export const chatRequestBodySchema = z.object({
  *   without; a named function must be declared), `parallel_tool_calls`,
  *   `response_format` (text, json_object, json_schema); assistant
  *   `tool_calls` / `reasoning_content`, tool `tool_call_id`, `name`.
+ * - Output constraints (structured-outputs.ts): `structured_outputs`
+ *   (json, regex, choice, grammar, json_object), `guided_json`,
+ *   `guided_regex`, `guided_choice`, `guided_grammar`, `grammar` — at most
+ *   one, `response_format` included. `reasoning_effort` (applied at the
+ *   route: reasoning-effort.ts). Labels without effect on the output:
+ *   `user`, `safety_identifier`, `prompt_cache_key`, `metadata`.
  * - Not implemented, so 400 `unsupported_field` unless given their no-op
  *   value: `functions` ([]), `function_call` ("none", "auto") — use
- *   `tools` — `modalities` (["text"]), and `audio`, `prediction` (no no-op
- *   value).
+ *   `tools` — `modalities` (["text"]), `store` (false), `service_tier`,
+ *   `verbosity`, `prompt_cache_retention`, vLLM's `add_generation_prompt`
+ *   (true), `continue_final_message`, `echo`, `use_beam_search` (false),
+ *   and `audio`, `prediction`, `web_search_options` (no no-op value).
+ * - Any other top-level field: 400 `unknown_field` (known-fields.ts).
  *
  * @param body - The request body as parsed from JSON (any value).
  * @returns The normalised request.
@@ -322,6 +356,7 @@ export const chatRequestBodySchema = z.object({
  *   0 and 2 (got 3).`).
  */
 export function parseChatRequest(body: unknown): ChatRequest {
+  checkKnownFields(body, CHAT_FIELDS);
   const parsed = chatRequestBodySchema.safeParse(body, { reportInput: true });
   if (!parsed.success) throw issueToError(parsed.error.issues[0]!);
   const b = parsed.data;
@@ -347,8 +382,9 @@ export function parseChatRequest(body: unknown): ChatRequest {
     tools: b.tools,
     toolChoice: resolveToolChoice(b.tools, b.tool_choice),
     parallelToolCalls: b.parallel_tool_calls ?? true,
-    responseFormat: b.response_format,
+    responseFormat: outputConstraint(b),
   };
+  if (b.reasoning_effort != null) request.reasoningEffort = b.reasoning_effort;
   if (b.best_of != null && b.best_of !== request.n) {
     throw unsupportedField("best_of", "Only best_of equal to n is supported (every generated choice is returned).");
   }

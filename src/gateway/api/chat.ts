@@ -9,12 +9,12 @@
 import { randomUUID } from "node:crypto";
 import type { FastifyReply, FastifyRequest } from "fastify";
 import { parseChatRequest, type ChatRequest } from "./chat-request.js";
-import { modelNotFound } from "../http/errors.js";
 import { toErrorBody } from "../http/error-envelope.js";
 import { generationOptions, runGeneration, type Encoder } from "../requests/generate.js";
 import type { Usage } from "../requests/registry.js";
 import type { ChoiceResult, SessionEvent } from "../requests/session/events.js";
-import { readyEngine, renderMessages, type RouteContext } from "../http/route-context.js";
+import { checkModelName, readyEngine, renderMessages, type RouteContext } from "../http/route-context.js";
+import { templateKwargsFor } from "./reasoning-effort.js";
 import { checkCapabilities } from "./sampling.js";
 import { outputParserFactory, requestToolParser, toolsForTemplate } from "./agent-request.js";
 import { requestGuide } from "../models/guide-plan.js";
@@ -124,14 +124,14 @@ export function chatEncoder(body: Pick<ChatRequest, "n" | "includeUsage" | "logp
 }
 
 /** The plan options with `params.guide` set when there is a guide. */
-function withGuide<T extends { params: object }>(opts: T, guide: GuideSpec | null): T {
+export function withGuide<T extends { params: object }>(opts: T, guide: GuideSpec | null): T {
   return guide === null ? opts : { ...opts, params: { ...opts.params, guide } };
 }
 
 /** Handle one chat completion request. */
 export async function handleChat(ctx: RouteContext, req: FastifyRequest, reply: FastifyReply): Promise<void> {
   const body = parseChatRequest(req.body);
-  if (body.model !== ctx.model.name) throw modelNotFound(body.model, ctx.model.served());
+  checkModelName(ctx.model, body.model);
   const engine = readyEngine(ctx, reply);
   const caps = engine.capabilities;
   const refused = checkCapabilities(body.sampling, body.logprobs === null ? null : { param: body.logprobs > 0 ? "top_logprobs" : "logprobs", n: body.logprobs }, caps, engine.vocabSize, engine.engineName);
@@ -139,7 +139,7 @@ export async function handleChat(ctx: RouteContext, req: FastifyRequest, reply: 
   const agents = ctx.model.agents();
   // Tools asked for but no parser to read the calls: refused before rendering (never accepted and ignored).
   const toolParser = requestToolParser(body, agents);
-  const prompt = renderMessages(engine, body.messages, body.templateKwargs, toolsForTemplate(body));
+  const prompt = renderMessages(engine, body.messages, templateKwargsFor(body, agents, engine.template.source), toolsForTemplate(body));
   const parser = outputParserFactory(body, toolParser, agents, prompt);
   // A bad schema, or a guide this engine cannot apply, is a 400 here, before the engine sees the request.
   const guide = requestGuide(buildGuide, body, toolParser, agents, prompt, caps);

@@ -4,18 +4,25 @@
  * `{tokens, token_logprobs, top_logprobs, text_offset}` shape, `max_tokens` defaults to 16 as OpenAI's.
  * Refused with 400: `suffix` (no fill-in-the-middle), token-id prompts, `best_of` other than `n`, `echo` with
  * `logprobs` (prompt logprobs are not computed). Unary answers are `text_completion` objects; stream chunks are
- * `text_completion` objects too (as OpenAI sends them), then `data: [DONE]`.
+ * `text_completion` objects too (as OpenAI sends them), then `data: [DONE]`. The output may be constrained (one of
+ * `response_format`, `structured_outputs`, `guided_*`, `grammar`: structured-outputs.ts); unknown fields are a 400.
  */
 import { randomUUID } from "node:crypto";
 import type { FastifyReply, FastifyRequest } from "fastify";
 import { z } from "zod";
 import { describe, issueToError, report, stopSchema, tokenLimit, UINT32_MAX, type GenerationFields } from "./chat-request.js";
-import { invalidValue, modelNotFound, unsupportedField } from "../http/errors.js";
+import { invalidValue, unsupportedField } from "../http/errors.js";
 import { toErrorBody } from "../http/error-envelope.js";
 import { generationOptions, runGeneration, type Encoder } from "../requests/generate.js";
-import { readyEngine, type RouteContext } from "../http/route-context.js";
+import { checkModelName, readyEngine, type RouteContext } from "../http/route-context.js";
+import { buildGuide } from "../guided/guide.js";
+import { outputGuide } from "../models/guide-plan.js";
+import type { ResponseFormat } from "../tools.js";
+import { checkKnownFields, fieldsOf } from "./known-fields.js";
+import { outputConstraint, structuredOutputFields } from "./structured-outputs.js";
+import { responseFormatSchema } from "./tool-fields.js";
 import { sanitizeForJson } from "../requests/utf8-stream.js";
-import { chunkBuilder, usageBody } from "./chat.js";
+import { chunkBuilder, usageBody, withGuide } from "./chat.js";
 import { completionLogprobs, TextOffsets } from "./logprobs.js";
 import { checkCapabilities, checkMinTokens, extendedSampling, MAX_TOP_LOGPROBS, samplingFields, type ExtendedSampling } from "./sampling.js";
 
@@ -32,6 +39,8 @@ export interface CompletionRequest extends GenerationFields {
   echo: boolean;
   /** Completion token budget (default 16, as OpenAI's). */
   maxTokens: number;
+  /** The output constraint (`response_format`, `structured_outputs`, `guided_*` or `grammar`); default text. */
+  responseFormat: ResponseFormat;
 }
 
 const promptSchema = z.unknown().transform((v, ctx): string[] => {
@@ -74,10 +83,18 @@ const completionBodySchema = z.object({
   ...samplingFields,
   best_of: z.number().int().min(1).nullish(),
   logprobs: z.number().int().min(0).max(MAX_TOP_LOGPROBS).nullish(),
+  response_format: responseFormatSchema,
+  ...structuredOutputFields,
+  // OpenAI's end-user label: checked, no effect on the output.
+  user: z.string().nullish(),
 });
+
+/** Every top-level field `/completions` knows (any other is a 400 `unknown_field`). */
+export const COMPLETION_FIELDS = fieldsOf(completionBodySchema);
 
 /** Validate a completions body (400 naming the first offending field). */
 export function parseCompletionRequest(body: unknown): CompletionRequest {
+  checkKnownFields(body, COMPLETION_FIELDS);
   const parsed = completionBodySchema.safeParse(body, { reportInput: true });
   if (!parsed.success) throw issueToError(parsed.error.issues[0]!);
   const b = parsed.data;
@@ -104,6 +121,7 @@ export function parseCompletionRequest(body: unknown): CompletionRequest {
     sampling: extendedSampling(b),
     includeStopStr: b.include_stop_str_in_output ?? false,
     logprobs: b.logprobs ?? null,
+    responseFormat: outputConstraint(b),
   };
   checkMinTokens(request.sampling, request.maxTokens);
   if (b.seed != null) request.seed = b.seed;
@@ -166,11 +184,13 @@ export function completionEncoder(body: CompletionRequest, id: string, model: st
 /** Handle one completions request. */
 export async function handleCompletion(ctx: RouteContext, req: FastifyRequest, reply: FastifyReply): Promise<void> {
   const body = parseCompletionRequest(req.body);
-  if (body.model !== ctx.model.name) throw modelNotFound(body.model, ctx.model.served());
+  checkModelName(ctx.model, body.model);
   const engine = readyEngine(ctx, reply);
   const caps = engine.capabilities;
   const refused = checkCapabilities(body.sampling, body.logprobs === null ? null : { param: "logprobs", n: body.logprobs }, caps, engine.vocabSize, engine.engineName);
   if (refused) throw refused;
+  // A constraint the converter refuses, or one this engine cannot apply, is a 400 before the engine sees it.
+  const guide = outputGuide(buildGuide, body.responseFormat, caps);
   const id = `cmpl-${randomUUID().replaceAll("-", "")}`;
   runGeneration(
     ctx,
@@ -179,7 +199,7 @@ export async function handleCompletion(ctx: RouteContext, req: FastifyRequest, r
     {
       id,
       prompts: body.prompts,
-      ...generationOptions(body, body.maxTokens),
+      ...withGuide(generationOptions(body, body.maxTokens), guide),
     },
     completionEncoder(body, id, ctx.model.name, Math.floor(Date.now() / 1000)),
   );

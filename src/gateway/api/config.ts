@@ -26,7 +26,7 @@ export function registerConfigRoutes(app: FastifyInstance, models: ModelSet, log
     const rest = (req.params as { "*": string })["*"];
     if (!rest.endsWith("/ready")) return reply.status(404).send(toErrorBody(modelNotFound(decodeURIComponent(rest), models.names())));
     const name = decodeURIComponent(rest.slice(0, -"/ready".length));
-    const unit = models.get(name);
+    const unit = models.lookup(name);
     if (!unit) return reply.status(404).send(toErrorBody(modelNotFound(name, models.names())));
     if (unit.isReady(models)) return reply.status(200).send();
     return reply.status(503).send(toErrorBody(unit.unavailable(models)));

@@ -4,7 +4,7 @@
  */
 import type { FastifyRequest } from "fastify";
 import { modelNotFound } from "../http/errors.js";
-import type { RouteContext } from "../http/route-context.js";
+import { answersTo, type RouteContext } from "../http/route-context.js";
 
 function modelObject(ctx: RouteContext, id: string) {
   return { id, object: "model", created: ctx.model.created, owned_by: "keel" };
@@ -14,10 +14,17 @@ export function listModels(ctx: RouteContext): unknown {
   return { object: "list", data: ctx.model.served().map((id) => modelObject(ctx, id)) };
 }
 
+/** The id of `GET …/models/{id}` (a wildcard, so ids with slashes, "org/model", match too). */
+export function modelIdOf(req: FastifyRequest): string {
+  return decodeURIComponent((req.params as { "*": string })["*"]);
+}
+
+/** `GET …/models/{id}` on the context of the model `id` names (the router looks aliases up too). */
 export function getModel(ctx: RouteContext, req: FastifyRequest): unknown {
-  // A wildcard, so ids with slashes ("org/model") match too.
-  const id = decodeURIComponent((req.params as { "*": string })["*"]);
+  const id = modelIdOf(req);
+  // A served name as itself; an alias answers with the model it names (aliases are not listed, so ids stay unique).
   const served = ctx.model.served();
-  if (!served.includes(id)) throw modelNotFound(id, served);
-  return modelObject(ctx, id);
+  if (served.includes(id)) return modelObject(ctx, id);
+  if (answersTo(ctx.model, id)) return modelObject(ctx, ctx.model.name);
+  throw modelNotFound(id, served);
 }

@@ -14,7 +14,7 @@ import type { IssueCtx } from "./request-issues.js";
 import { toolChoiceSchema, toolsSchema } from "./tool-fields.js";
 import type { ResponseFormat, ToolChoice, ToolSpec } from "../tools.js";
 import { inputSchema } from "./responses-input.js";
-import { refuseUnknownFields } from "./unknown-fields.js";
+import { checkKnownFields } from "./known-fields.js";
 import { sanitizeForJson } from "../requests/utf8-stream.js";
 
 /** `reasoning.effort` values (OpenAI's). */
@@ -175,7 +175,7 @@ const KNOWN_FIELDS: ReadonlySet<string> = new Set(Object.keys(responsesBodySchem
 
 /** Validate a Responses body (400 naming the first offending field). */
 export function parseResponsesRequest(body: unknown): ResponsesRequest {
-  refuseUnknownFields(body, KNOWN_FIELDS);
+  checkKnownFields(body, KNOWN_FIELDS);
   const parsed = responsesBodySchema.safeParse(body, { reportInput: true });
   if (!parsed.success) throw issueToError(parsed.error.issues[0]!);
   const b = parsed.data;

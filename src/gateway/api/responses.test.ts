@@ -105,7 +105,7 @@ describe("responses request", () => {
   });
 
   it("an unknown field's message names it", () => {
-    expect(reject(() => parseResponsesRequest({ model: "m", input: "x", temprature: 0 })).message).toBe("Unknown parameter: 'temprature'.");
+    expect(reject(() => parseResponsesRequest({ model: "m", input: "x", temprature: 0 })).message).toBe("Unrecognized request argument supplied: 'temprature'. Did you mean 'temperature'?");
   });
 
   it("text.format maps to chat's response_format; reasoning effort and the identifiers are read", () => {

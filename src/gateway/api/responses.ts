@@ -20,7 +20,7 @@ import type { ResponseFormat, ToolChoice, ToolSpec } from "../tools.js";
 import { guidedNotSupported, KeelHttpError, modelNotFound, unsupportedField } from "../http/errors.js";
 import { runGeneration, type Encoder } from "../requests/generate.js";
 import type { Usage } from "../requests/registry.js";
-import { readyEngine, renderMessages, type RouteContext } from "../http/route-context.js";
+import { checkModelName, readyEngine, renderMessages, type RouteContext } from "../http/route-context.js";
 import type { ChoiceResult } from "../requests/session/events.js";
 import { parseResponsesRequest, type ResponsesRequest } from "./responses-request.js";
 import { feed, recordingParser, ResponseOutput, unaryOutput } from "./responses-output.js";
@@ -139,7 +139,7 @@ function inResponsesTerms(err: unknown): unknown {
 /** Handle one Responses request. */
 export async function handleResponses(ctx: RouteContext, req: FastifyRequest, reply: FastifyReply): Promise<void> {
   const body = parseResponsesRequest(req.body);
-  if (body.model !== ctx.model.name) throw modelNotFound(body.model, ctx.model.served());
+  checkModelName(ctx.model, body.model);
   const engine = readyEngine(ctx, reply);
   const caps = engine.capabilities;
   const agents = ctx.model.agents();

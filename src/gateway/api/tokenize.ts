@@ -8,8 +8,8 @@
 import type { FastifyReply, FastifyRequest } from "fastify";
 import { z } from "zod";
 import { issueToError, report, unsupported } from "./chat-request.js";
-import { engineError, invalidValue, modelNotFound } from "../http/errors.js";
-import { readyEngine, type RouteContext } from "../http/route-context.js";
+import { engineError, invalidValue } from "../http/errors.js";
+import { checkModelName, readyEngine, type RouteContext } from "../http/route-context.js";
 import { sanitizeForJson } from "../requests/utf8-stream.js";
 
 /** Most texts per request. */
@@ -44,7 +44,7 @@ export async function handleTokenize(ctx: RouteContext, req: FastifyRequest, rep
   const parsed = tokenizeBodySchema.safeParse(req.body, { reportInput: true });
   if (!parsed.success) throw issueToError(parsed.error.issues[0]!);
   const b = parsed.data;
-  if (b.model !== ctx.model.name) throw modelNotFound(b.model, ctx.model.served());
+  checkModelName(ctx.model, b.model);
   const engine = readyEngine(ctx, reply);
   const texts = typeof b.text === "string" ? [b.text] : b.text;
   const limit = engine.maxModelLen * TOKENIZE_CHARS_PER_CONTEXT_TOKEN;

@@ -2,7 +2,8 @@
  * From a validated request to the engine's {@link GuideSpec} (or null: nothing to constrain), or a 400.
  *
  * Decisions (documented in docs/protocol.md's guided section by the integrating branch):
- * - `response_format` json_object/json_schema → one rule for the whole output, `then: "end"`.
+ * - An output constraint (`response_format` json_object/json_schema, `structured_outputs` regex/choice/grammar/json,
+ *   `grammar`) → one rule for the whole output (output-rule.ts), `then: "end"`.
  * - `tool_choice` required / a named function → after reasoning, `ws call (ws call)*` over the tools (one call when
  *   `parallel_tool_calls` is false; exactly one call of the named tool), `then: "end"`. Needs a tool parser (400 otherwise).
  * - `auto` with `--enable_tool_guided_generation` → free text with triggers: hermes3 `<tool_call>` (+ an atStart
@@ -22,6 +23,7 @@ import type { ReasoningParserName, ToolParserName, ToolSpec } from "../tools.js"
 import { addCallRules, checkParametersShape, toolParam } from "./call-grammars.js";
 import { literal } from "./gbnf-text.js";
 import { GbnfBuilder, checkSchema, tooComplex } from "./json-schema-gbnf.js";
+import { addOutputRule, constraintField, schemaParam } from "./output-rule.js";
 import { checkSchemaLimits, newTotals } from "./schema-limits.js";
 import type { BuildGuide, GuideRequest } from "./types.js";
 
@@ -86,7 +88,7 @@ function checkRequestLimits(req: GuideRequest): void {
   req.tools.forEach((t, i) => {
     if (t.parameters !== undefined) checkSchemaLimits(t.parameters, toolParam(i), totals);
   });
-  if (req.responseFormat.kind === "json_schema") checkSchemaLimits(req.responseFormat.schema, "response_format.json_schema.schema", totals);
+  if (req.responseFormat.kind === "json_schema") checkSchemaLimits(req.responseFormat.schema, schemaParam(req.responseFormat), totals);
 }
 
 function deepFreeze<T>(v: T): T {
@@ -114,18 +116,13 @@ function build(req: GuideRequest): GuideSpec | null {
   const toolsActive = req.toolChoice.kind !== "none" && req.tools.length > 0;
   // 1. The refused combination.
   if (rf.kind !== "text" && toolsActive) {
-    throw invalidValue(
-      "response_format",
-      "Invalid value for 'response_format': a JSON response_format cannot be combined with tools unless tool_choice is 'none'.",
-    );
+    const field = constraintField(rf);
+    throw invalidValue(field, `Invalid value for '${field}': a structured output cannot be combined with tools unless tool_choice is 'none'.`);
   }
-  // 2. Structured output.
+  // 2. Structured output (JSON, regex, choice or grammar).
   if (rf.kind !== "text") {
     const b = new GbnfBuilder();
-    const value =
-      rf.kind === "json_object" ? b.primitive("json-object") : b.addSchema(rf.schema, "rf", "response_format.json_schema.schema");
-    const body = b.define("rf-body", value);
-    return forced(b, body, req, []);
+    return forced(b, addOutputRule(b, rf), req, []);
   }
   // 3. Tools.
   if (!toolsActive) return null;

@@ -51,7 +51,7 @@ export class GbnfBuilder {
   /** Running size of the rule text, checked against MAX_GBNF_CHARS. */
   private size = 0;
   /** Request field path blamed when the grammar grows too large. */
-  private lastParam: string | null = null;
+  lastParam: string | null = null;
   /** Size totals over the schemas this builder converted (one request; see schema-limits.ts). */
   private readonly totals: SchemaTotals = newTotals();
   /** Root schemas already checked against the limits (a qwen3coder tool converts one root per parameter). */

@@ -315,10 +315,13 @@ function nullable(n: Node): boolean {
 
 /** How characters are written: inside a JSON string (escaped) or raw (a qwen3coder parameter value). */
 export type CharMode = "json" | "raw";
+/** A {@link CharMode}, or plain text (any character as itself: the whole output under `structured_outputs.regex`). */
+type EmitMode = CharMode | "text";
 
 /** One character of `set` in `mode`, or null when no character can be written (an empty class). */
-export function charOf(set: CharSet, mode: CharMode): string | null {
+export function charOf(set: CharSet, mode: EmitMode): string | null {
   if (mode === "json") return set.length === 0 ? null : jsonCharOf(set);
+  if (mode === "text") return set.length === 0 ? null : classOf(set);
   // Raw (qwen3coder) values under a pattern or length never hold a newline, so they cannot contain the
   // `\n</parameter>` terminator (a subset: newlines the pattern would allow are refused).
   const raw = subtract(set, NEWLINE);
@@ -327,7 +330,7 @@ export function charOf(set: CharSet, mode: CharMode): string | null {
 
 const NEWLINE: CharSet = charSet([[0x0a, 0x0a]]);
 
-function emit(n: Node, mode: CharMode): string {
+function emit(n: Node, mode: EmitMode): string {
   switch (n.kind) {
     case "set": {
       const c = charOf(n.set, mode);
@@ -367,3 +370,16 @@ export function patternToGbnf(pattern: string, mode: CharMode, anyChar: string):
 
 /** One arbitrary character in raw mode (no newline: see {@link charOf}). */
 export const RAW_ANY = classOf(subtract(ANY, NEWLINE));
+
+/**
+ * GBNF for a whole output that FULLY matches `pattern` (vLLM's `structured_outputs.regex`: the output is one match,
+ * start to end, so `^`/`$` at the ends change nothing). Throws PatternError for invalid or unsupported patterns.
+ */
+export function regexToGbnf(pattern: string): string {
+  try {
+    new RegExp(pattern, "u");
+  } catch (e) {
+    throw new PatternError(`invalid regular expression: ${(e as Error).message}`, true);
+  }
+  return emit(new RegexParser(pattern).parseTop().node, "text");
+}

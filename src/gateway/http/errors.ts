@@ -123,6 +123,21 @@ export function missingField(param: string): KeelHttpError {
 }
 
 /**
+ * 400 `unknown_field`: a top-level request field this route does not know (a typo such as `max_token`, or another
+ * server's extension). OpenAI's message, plus the closest known field when one is near.
+ */
+export function unknownField(param: string, suggestion?: string): KeelHttpError {
+  const hint = suggestion === undefined ? "" : ` Did you mean '${suggestion}'?`;
+  return new KeelHttpError({
+    status: 400,
+    type: "invalid_request_error",
+    code: "unknown_field",
+    message: `Unrecognized request argument supplied: ${quoteClientValue(param)}.${hint}`,
+    param: sanitizeForJson(param.slice(0, MAX_ECHO)),
+  });
+}
+
+/**
  * 400 `unsupported_field`: an OpenAI field Keel recognises but does not
  * implement was given a value other than its no-op default.
  * @param reason - Optional sentence appended to the standard message.
@@ -135,20 +150,6 @@ export function unsupportedField(param: string, reason?: string): KeelHttpError 
     code: "unsupported_field",
     message: reason ? `${base} ${reason}` : base,
     param,
-  });
-}
-
-/**
- * 400 `unknown_field`: a top-level request field that the API does not define (a typo such as `temprature`, or a
- * field of another API). Refused rather than ignored, as OpenAI does ("Unknown parameter").
- */
-export function unknownField(param: string): KeelHttpError {
-  return new KeelHttpError({
-    status: 400,
-    type: "invalid_request_error",
-    code: "unknown_field",
-    message: `Unknown parameter: ${quoteClientValue(param)}.`,
-    param: sanitizeForJson(param).slice(0, 120),
   });
 }
 

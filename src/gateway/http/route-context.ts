@@ -8,7 +8,7 @@ import type { Logger } from "pino";
 import type { EngineCapabilities, GuideSpec } from "../../protocol/messages.js";
 import type { AgentSettings } from "../models/agent-config.js";
 import type { ChatMessage, ChatTemplate } from "../models/chat-template.js";
-import { contextLengthExceeded, type KeelHttpError } from "./errors.js";
+import { contextLengthExceeded, modelNotFound, type KeelHttpError } from "./errors.js";
 import type { ModelRequests } from "../requests/model-requests.js";
 import type { ToolSpec } from "../tools.js";
 
@@ -19,6 +19,8 @@ export const MAX_UNREAD_BYTES = 1024 * 1024;
 export interface RouteModel {
   /** Served model name. */
   name: string;
+  /** Other names requests may use for this model (the catalogue name given to `--model_path`); not listed in `/models`. */
+  aliases: readonly string[];
   /** When the server started (unix seconds), the `created` of the model object. */
   created: number;
   /** Every served model's name (for `/models` and the 404 `model_not_found` answer). */
@@ -88,4 +90,17 @@ export function renderMessages(engine: ReadyEngine, messages: ChatMessage[], kwa
   const capacity = engine.maxModelLen;
   if (messages.length >= capacity) throw contextLengthExceeded(capacity, messages.length, undefined, messages.length);
   return engine.template.render(messages, { addGenerationPrompt: true, ...(kwargs ? { kwargs } : {}), ...(tools ? { tools } : {}) });
+}
+
+/**
+ * The one model-name check of every route that takes `model`: `requested` must be this route's model, by its served
+ * name or an alias; else 404 `model_not_found` naming the served models.
+ */
+export function checkModelName(model: RouteModel, requested: string): void {
+  if (requested !== model.name && !model.aliases.includes(requested)) throw modelNotFound(requested, model.served());
+}
+
+/** Whether `name` is the served name or an alias of `model` (the router's lookup: models/model-set.ts). */
+export function answersTo(model: Pick<RouteModel, "name" | "aliases">, name: string): boolean {
+  return name === model.name || model.aliases.includes(name);
 }

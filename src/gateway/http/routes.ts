@@ -6,7 +6,7 @@
 import type { FastifyInstance } from "fastify";
 import { handleChat } from "../api/chat.js";
 import { handleCompletion } from "../api/completions.js";
-import { getModel, listModels } from "../api/models.js";
+import { getModel, listModels, modelIdOf } from "../api/models.js";
 import { handleResponses } from "../api/responses.js";
 import { handleTokenize } from "../api/tokenize.js";
 import type { RouteContext } from "./route-context.js";
@@ -50,6 +50,6 @@ export function registerRoutes(app: FastifyInstance, models: ModelRouter): void 
     app.post(`${prefix}/responses`, (req, reply) => handleResponses(ctx(req.body), req, reply));
     app.post(`${prefix}/tokenize`, (req, reply) => handleTokenize(ctx(req.body), req, reply));
     app.get(`${prefix}/models`, async () => listModels(ctx(undefined)));
-    app.get(`${prefix}/models/*`, async (req) => getModel(ctx(undefined), req));
+    app.get(`${prefix}/models/*`, async (req) => getModel(ctx({ model: modelIdOf(req) }), req));
   }
 }

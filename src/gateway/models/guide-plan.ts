@@ -9,6 +9,7 @@ import type { AgentSettings } from "./agent-config.js";
 import { reasoningClosed, reasoningOpen, toolsActive } from "../api/agent-request.js";
 import type { ChatRequest } from "../api/chat-request.js";
 import { guidedNotSupported } from "../http/errors.js";
+import { constraintField } from "../guided/output-rule.js";
 import type { BuildGuide, GuideRequest } from "../guided/types.js";
 import type { ToolParserName } from "../tools.js";
 
@@ -38,7 +39,19 @@ export function requestGuide(build: BuildGuide, body: GuideFields, toolParser: T
   const validateOnly = toolsActive(body) && body.toolChoice.kind === "auto" && !agents.guideAuto;
   const guide = build(validateOnly ? { ...req, guideAuto: true } : req);
   if (validateOnly || guide === null) return null;
-  if (!caps.grammars) throw guidedNotSupported(body.responseFormat.kind !== "text" ? "response_format" : "tool_choice");
+  if (!caps.grammars) throw guidedNotSupported(body.responseFormat.kind !== "text" ? constraintField(body.responseFormat) : "tool_choice");
+  return guide;
+}
+
+/**
+ * The guide of a request without tools or a chat template (`/completions`): its output constraint alone, with no
+ * reasoning phase (no reasoning parser reads a completion), or null for free text.
+ * @throws KeelHttpError 400 for a constraint the converter refuses, or when the engine cannot apply grammars.
+ */
+export function outputGuide(build: BuildGuide, responseFormat: ChatRequest["responseFormat"], caps: EngineCapabilities): GuideSpec | null {
+  if (responseFormat.kind === "text") return null;
+  const guide = build({ toolParser: null, tools: [], toolChoice: { kind: "none" }, parallelToolCalls: true, responseFormat, guideAuto: false, reasoning: null });
+  if (guide !== null && !caps.grammars) throw guidedNotSupported(constraintField(responseFormat));
   return guide;
 }
 

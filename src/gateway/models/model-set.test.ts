@@ -5,6 +5,7 @@ import { afterEach, describe, expect, it } from "vitest";
 import { NO_AGENT_FLAGS } from "./agent-config.js";
 import { Metrics } from "../metrics/metrics.js";
 import { ModelSet, sameSpec, type ModelSpec } from "./model-set.js";
+import { checkModelName } from "../http/route-context.js";
 
 const FAKE = fileURLToPath(new URL("../../../test/support/fake-engine.mjs", import.meta.url));
 const engine = { modelPath: "/fake.gguf", maxNumSeqs: 3, maxNumBatchedTokens: 32, maxModelLen: 128, prefixCaching: true, threads: 1, flashAttention: false, kvCacheType: "f16" as const, device: "cpu" as const };
@@ -54,6 +55,19 @@ describe("ModelSet: one engine per model, reloads", () => {
     expect(set.contextFor(undefined).model.name).toBe("a");
     expect(set.contextFor({ model: "b" }).model.served()).toEqual(["a", "b"]);
     expect(set.get("a")!.supervisor.engine.pid).not.toBe(set.get("b")!.supervisor.engine.pid);
+  });
+
+  it("an alias (the catalogue name given to --model_path) routes to its model and passes its name check; it is not listed", async () => {
+    const { set } = makeSet();
+    set.startAll([spec("a"), { ...spec("Qwen2.5-Coder-0.5B-Instruct"), aliases: ["qwen2.5-coder-0.5b-instruct"] }]);
+    await Promise.all(set.servingUnits().map((u) => u.supervisor.firstReady));
+    const ctx = set.contextFor({ model: "qwen2.5-coder-0.5b-instruct" });
+    expect(ctx.model.name).toBe("Qwen2.5-Coder-0.5B-Instruct");
+    expect(() => checkModelName(ctx.model, "qwen2.5-coder-0.5b-instruct")).not.toThrow();
+    expect(() => checkModelName(ctx.model, "Qwen2.5-Coder-0.5B-Instruct")).not.toThrow();
+    expect(() => checkModelName(ctx.model, "QWEN2.5-CODER-0.5B-INSTRUCT")).toThrow(/does not exist\. Served models: "a", "Qwen2\.5-Coder-0\.5B-Instruct"/);
+    expect(() => checkModelName(set.contextFor({ model: "a" }).model, "qwen2.5-coder-0.5b-instruct")).toThrow(/does not exist/);
+    expect(ctx.model.served()).toEqual(["a", "Qwen2.5-Coder-0.5B-Instruct"]);
   });
 
   it("a model with its own engine command (--engine per model) runs it; the others run the set's command", async () => {

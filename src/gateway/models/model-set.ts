@@ -18,7 +18,7 @@ import { requestObserver, StepObserver } from "../metrics/metrics-observer.js";
 import { pickToolParser } from "../parsers/index.js";
 import { ModelRequests } from "../requests/model-requests.js";
 import type { RequestRegistry } from "../requests/registry.js";
-import { MAX_UNREAD_BYTES, type ReadyEngine, type RouteContext } from "../http/route-context.js";
+import { answersTo, MAX_UNREAD_BYTES, type ReadyEngine, type RouteContext } from "../http/route-context.js";
 import { ISOLATED_PROMPT_TTL_MS } from "../supervision/recovery.js";
 import { EngineSupervisor } from "../supervision/supervisor.js";
 
@@ -26,6 +26,8 @@ import { EngineSupervisor } from "../supervision/supervisor.js";
 export interface ModelSpec {
   /** Served name (the `model` of requests). */
   name: string;
+  /** Other names requests may use (the catalogue name given to `--model_path`); absent = none. */
+  aliases?: readonly string[];
   /** Engine start configuration (the mode is set per process). */
   engine: Omit<EngineConfig, "mode">;
   /** `tool_parser`, `reasoning_parser`, `enable_tool_guided_generation` of this model. */
@@ -115,6 +117,7 @@ export class ModelUnit {
     this.ctx = {
       model: {
         name: spec.name,
+        aliases: spec.aliases ?? [],
         created: set.startedAt,
         served: () => set.names(),
         agents: () => this.agents,
@@ -258,8 +261,13 @@ export class ModelSet {
    */
   contextFor(body: unknown): RouteContext {
     const model = body !== null && typeof body === "object" ? (body as { model?: unknown }).model : undefined;
-    const unit = typeof model === "string" ? this.serving.get(model) : undefined;
+    const unit = typeof model === "string" ? this.lookup(model) : undefined;
     return (unit ?? this.first()).ctx;
+  }
+
+  /** The serving unit a request's `model` names: by served name first, else by alias; undefined for none. */
+  lookup(name: string): ModelUnit | undefined {
+    return this.serving.get(name) ?? this.servingUnits().find((u) => answersTo(u.ctx.model, name));
   }
 
   /** Every model with its registry and supervisor (serving ones first, then retired ones still finishing). */

@@ -66,7 +66,7 @@ interface Server {
 function contextOf(s: Server): RouteContext {
   const template = new ChatTemplate(CHATML_TEMPLATE, { bosToken: "", eosToken: "" });
   return {
-    model: { name: "m", created: 0, served: () => ["m"], agents: s.agents, requests: s.requests, maxQueuedRequests: s.maxQueuedRequests, maxUnreadBytes: s.maxUnreadBytes, isKnownCulprit: s.isKnownCulprit },
+    model: { name: "m", aliases: [], created: 0, served: () => ["m"], agents: s.agents, requests: s.requests, maxQueuedRequests: s.maxQueuedRequests, maxUnreadBytes: s.maxUnreadBytes, isKnownCulprit: s.isKnownCulprit },
     engine: () => (s.isReady() ? { template, capabilities: s.capabilities, maxModelLen: 1000, maxNumSeqs: s.maxNumSeqs, vocabSize: s.vocabSize, tokenize: async () => [] } : null),
     unavailable: () => notReady(),
     rejected: (why) => s.rejected(why),
