@@ -139,6 +139,20 @@ export function unsupportedField(param: string, reason?: string): KeelHttpError 
 }
 
 /**
+ * 400 `unknown_field`: a top-level field the API does not define (Anthropic's "Extra inputs are not permitted",
+ * OpenAI's "Unrecognized request argument"): refused, never accepted and ignored.
+ */
+export function unknownField(param: string): KeelHttpError {
+  return new KeelHttpError({
+    status: 400,
+    type: "invalid_request_error",
+    code: "unknown_field",
+    message: `Unrecognized request argument: '${sanitizeForJson(param.slice(0, 120))}' is not a field of this API.`,
+    param,
+  });
+}
+
+/**
  * 400 `unsupported_field` on `tools`: the request has tools to call (tool_choice not `none`) but the server parses
  * no tool-call format, so the calls would come back as plain text. Refused rather than accepted and ignored.
  * @param autoFoundNone - `--tool_parser auto` was given but the model's template shows no known format.
@@ -210,7 +224,7 @@ export function invalidApiKey(present: boolean): KeelHttpError {
     status: 401,
     type: "invalid_request_error",
     code: "invalid_api_key",
-    message: present ? "Incorrect API key provided in the Authorization header." : "Missing API key: send the header Authorization: Bearer <key>.",
+    message: present ? "Incorrect API key provided in the Authorization or x-api-key header." : "Missing API key: send the header Authorization: Bearer <key> (or x-api-key: <key>).",
   });
 }
 
