@@ -59,7 +59,7 @@ describe("Messages stream", () => {
     ]);
     // Every payload carries its own type, as Anthropic's events do.
     expect(out.every((e) => e.data.type === e.event)).toBe(true);
-    expect(out[0]!.data.message).toMatchObject({ id: "msg_1", type: "message", role: "assistant", model: "m", content: [], stop_reason: null });
+    expect(out[0]!.data.message).toEqual({ id: "msg_1", type: "message", role: "assistant", model: "m", content: [], stop_reason: null, stop_sequence: null, usage: { input_tokens: 0, cache_creation_input_tokens: 0, cache_read_input_tokens: 0, output_tokens: 0 } });
     expect(out[2]!.data).toEqual({ type: "content_block_start", index: 0, content_block: { type: "thinking", thinking: "", signature: "" } });
     expect(out[4]!.data).toEqual({ type: "content_block_delta", index: 0, delta: { type: "thinking_delta", thinking: "weather." } });
     expect(out[7]!.data).toEqual({ type: "content_block_delta", index: 1, delta: { type: "text_delta", text: "Let me check." } });

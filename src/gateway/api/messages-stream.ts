@@ -95,7 +95,7 @@ export function messagesEncoder(id: string, model: string): Encoder {
       switch (ev.type) {
         case "started":
           // The prompt's token count is known when the request finishes: message_delta carries it.
-          send(w, "message_start", { message: message([], null, { input_tokens: 0, output_tokens: 0 }) });
+          send(w, "message_start", { message: message([], null, usageBody({ promptTokens: 0, completionTokens: 0 })) });
           send(w, "ping");
           return;
         case "delta":
