@@ -149,3 +149,24 @@ describe("engine faults during a stream", () => {
     expect(s.events.some((e) => e.event === "message_stop")).toBe(false);
   });
 });
+
+describe("drain", () => {
+  it("SIGTERM with --shutdown_timeout 0: the running stream ends with an overloaded_error event (as chat's shutting_down); exit 0", async () => {
+    const server = await startServer(["--max_num_seqs", "1", "--shutdown_timeout", "0", "--max_num_batched_tokens", "8"]);
+    try {
+      const exited = new Promise<number | null>((resolve) => server.proc.once("exit", (code) => resolve(code)));
+      let signalled = false;
+      const s = await stream(server, { model: "keel-tiny", max_tokens: 1900, temperature: 0, messages: [{ role: "user", content: "Tell me about rivers." }] }, (ev) => {
+        if (!signalled && ev.event === "content_block_delta") {
+          signalled = true;
+          server.proc.kill("SIGTERM");
+        }
+      });
+      expect(signalled).toBe(true);
+      expect(s.events.at(-1)).toEqual({ event: "error", data: { type: "error", error: { type: "overloaded_error", message: "The server is shutting down." } } });
+      expect(await exited).toBe(0);
+    } finally {
+      await server.stop();
+    }
+  });
+});
