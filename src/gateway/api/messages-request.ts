@@ -154,7 +154,7 @@ function messageOf(ctx: IssueCtx, raw: unknown, i: number): ChatMessage[] {
   const m = needObject(ctx, raw, path);
   onlyKeys(ctx, m, ["role", "content"], path);
   const role = m.role;
-  if (role !== "user" && role !== "assistant" && role !== "system") fail(ctx, "invalid_value", `expected one of 'user', 'assistant' (got ${show(role)}).`, [...path, "role"], role);
+  if (role !== "user" && role !== "assistant" && role !== "system") fail(ctx, "invalid_value", `expected one of 'user', 'assistant', 'system' (got ${show(role)}).`, [...path, "role"], role);
   const c = m.content;
   if (typeof c === "string") return [{ role, content: sanitizeForJson(c) }];
   if (c === undefined || c === null) fail(ctx, "missing_field", "", [...path, "content"]);
