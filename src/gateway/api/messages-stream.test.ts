@@ -4,7 +4,9 @@
  * argument fragments (several, or whole in one) streamed as input_json_delta whose concatenation is the unary
  * `input`, stop reasons, the unary message and the error envelope.
  */
+import fc from "fast-check";
 import { describe, expect, it } from "vitest";
+import { createOutputParser } from "../parsers/index.js";
 import { engineError, invalidValue, queueFull } from "../http/errors.js";
 import { toAnthropicErrorBody } from "../http/error-envelope.js";
 import type { ResponseWriter } from "../http/sse.js";
@@ -148,6 +150,74 @@ describe("stop sequences through the session", () => {
     const end = eos.finish("r", "stop", { promptTokens: 3, completionTokens: 1 }).events.at(-1) as Extract<SessionEvent, { type: "finished" }>;
     expect(end.choices[0]!.stopSequence).toBeUndefined();
     expect(messagesEncoder("msg_1", "m").unary(end)).toMatchObject({ content: [{ type: "text", text: "one EN" }], stop_reason: "end_turn", stop_sequence: null });
+  });
+});
+
+describe("the real parsers through the session and the encoder", () => {
+  const tools = [{ name: "get_weather", parameters: { type: "object", properties: { city: { type: "string" } } } }];
+  const output = '<think>need weather</think>\nLet me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>';
+
+  /** Run `output` split at `cuts` through a session (qwen3 reasoning + hermes3 calls); the stream and unary bodies. */
+  function run(cuts: number[]) {
+    const s = new GenerationSession({
+      childIds: ["r"],
+      stop: [],
+      includeStopStr: false,
+      logprobs: false,
+      parser: () => createOutputParser({ toolParser: "hermes3", tools, reasoningParser: "qwen3", reasoningOpen: false, newId: () => "call_1" }),
+    });
+    const events: SessionEvent[] = [...s.admitted("r", 5).events];
+    let at = 0;
+    for (const cut of [...cuts, output.length]) {
+      events.push(...s.output("r", [1], output.slice(at, cut)).events);
+      at = cut;
+    }
+    events.push(...s.finish("r", "stop", { promptTokens: 5, completionTokens: cuts.length + 1 }).events);
+    const { out, enc } = play(events);
+    return { out, unary: enc.unary(events.at(-1) as Extract<SessionEvent, { type: "finished" }>) as { content: Record<string, unknown>[]; stop_reason: string } };
+  }
+
+  /** The content blocks a client assembles from the stream (as the SDKs do). */
+  function assemble(out: { event: string; data: Record<string, unknown> }[]): Record<string, unknown>[] {
+    const blocks: Record<string, unknown>[] = [];
+    const json = new Map<number, string>();
+    for (const { event, data } of out) {
+      const i = data.index as number;
+      if (event === "content_block_start") blocks[i] = { ...(data.content_block as Record<string, unknown>) };
+      if (event !== "content_block_delta") continue;
+      const d = data.delta as Record<string, string>;
+      if (d.type === "text_delta") blocks[i]!.text += d.text!;
+      if (d.type === "thinking_delta") blocks[i]!.thinking += d.thinking!;
+      if (d.type === "input_json_delta") json.set(i, (json.get(i) ?? "") + d.partial_json);
+    }
+    for (const [i, j] of json) blocks[i]!.input = JSON.parse(j);
+    return blocks;
+  }
+
+  it("thinking, text and a hermes3 call become [thinking, text, tool_use] with stop_reason tool_use", () => {
+    const { out, unary } = run([]);
+    expect(unary.content).toEqual([
+      { type: "thinking", thinking: "need weather", signature: "" },
+      // The text is the chat content as the parser keeps it (newlines touching text are text).
+      { type: "text", text: "\nLet me check.\n" },
+      { type: "tool_use", id: "toolu_1", name: "get_weather", input: { city: "Paris" } },
+    ]);
+    expect(unary.stop_reason).toBe("tool_use");
+    expect(out.at(-2)!.data.delta).toEqual({ stop_reason: "tool_use", stop_sequence: null });
+  });
+
+  it("for any split of the model's text, the blocks a client assembles from the stream equal the unary content", () => {
+    fc.assert(
+      fc.property(fc.uniqueArray(fc.integer({ min: 1, max: output.length - 1 }), { maxLength: 12 }), (raw) => {
+        const cuts = [...raw].sort((a, b) => a - b);
+        const { out, unary } = run(cuts);
+        expect(assemble(out)).toEqual(unary.content);
+        // One block open at a time: each start follows the previous block's stop.
+        const order = out.filter((e) => e.event === "content_block_start" || e.event === "content_block_stop").map((e) => `${e.event === "content_block_start" ? "+" : "-"}${String(e.data.index)}`);
+        expect(order).toEqual(unary.content.flatMap((_, i) => [`+${i}`, `-${i}`]));
+      }),
+      { numRuns: 200 },
+    );
   });
 });
 
