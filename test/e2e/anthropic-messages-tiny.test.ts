@@ -118,6 +118,24 @@ describe("without the parsers", () => {
   });
 });
 
+describe("routes", () => {
+  it("another method on a Messages path is a 404 not_found_error in Anthropic's envelope, listing the routes", async () => {
+    const r = await fetch(`${plain.baseUrl}/v1/messages?beta=true`);
+    expect(r.status).toBe(404);
+    const body = (await r.json()) as { type: string; error: { type: string; message: string } };
+    expect(body.type).toBe("error");
+    expect(body.error.type).toBe("not_found_error");
+    expect(body.error.message).toContain("POST /v3/messages, /v3/v1/messages, /v1/messages");
+    expect(body.error.message).toContain("/v1/messages/count_tokens");
+  });
+
+  it("a query string (Claude Code sends ?beta=true) does not change the route", async () => {
+    const r = await post(plain, "/v1/messages/count_tokens?beta=true", { model: "keel-tiny", messages: ask });
+    expect(r.status).toBe(200);
+    expect(r.body.input_tokens).toBeGreaterThan(0);
+  });
+});
+
 describe("engine faults during a stream", () => {
   it("an engine killed mid-stream is restarted and the stream continues to the undisturbed answer", async () => {
     const body = { model: "keel-tiny", max_tokens: 40, temperature: 0, messages: [{ role: "user", content: "Tell me about rivers." }] };

@@ -175,7 +175,7 @@ export function buildHttpApp(deps: HttpAppDeps): HttpApp {
     return reply.status(e.status).send(errorBody(req.routeOptions.url ?? req.url, e));
   });
   app.setNotFoundHandler((req, reply) => {
-    void reply.status(404).send(toErrorBody(routeNotFound(req.method, req.url, routeList())));
+    void reply.status(404).send(errorBody(req.url, routeNotFound(req.method, req.url, routeList())));
   });
 
   registerRoutes(app, models);
