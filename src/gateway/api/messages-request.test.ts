@@ -28,6 +28,10 @@ describe("Messages request: the conversation", () => {
     expect(r).toMatchObject({ maxTokens: 64, temperature: 1, topP: 1, topK: -1, stream: false, stopSequences: [], tools: [], toolChoice: { kind: "none" }, parallelToolCalls: true, thinking: { kind: "default" } });
   });
 
+  it("an empty system prompt (\"\" or []) is no system turn", () => {
+    for (const system of ["", []]) expect(parseMessagesRequest({ ...base, system, messages: [{ role: "user", content: "Hi" }] }).messages).toEqual([{ role: "user", content: "Hi" }]);
+  });
+
   it("system text blocks and user text blocks are joined with newlines (cache_control accepted)", () => {
     const r = parseMessagesRequest({
       ...base,

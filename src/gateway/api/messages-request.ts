@@ -225,6 +225,7 @@ const systemSchema = z.unknown().optional().transform((v, ctx): string | null =>
     if (v === undefined || v === null) return null;
     if (typeof v === "string") return sanitizeForJson(v);
     if (!Array.isArray(v)) fail(ctx, "invalid_type", `expected a string or an array of text blocks, but got ${describe(v)} instead.`, [], v);
+    if (v.length === 0) return null;
     return v.map((b, j) => {
       const block = needObject(ctx, b, [j]);
       blockType(ctx, block, ["text"], "system", [j]);
@@ -382,7 +383,8 @@ function checkKnownFields(body: unknown, schema: { shape: Record<string, unknown
 
 /** The prompt part of a parsed body. */
 function promptOf(b: z.infer<typeof countSchema>): MessagesPromptRequest {
-  const system = b.system;
+  // An empty system prompt ("" or []) is none: no empty system turn in the template.
+  const system = b.system === "" ? null : b.system;
   const choice = b.tool_choice.choice;
   if (choice?.kind === "required" && b.tools.length === 0) throw invalidValue("tool_choice", "Invalid value for 'tool_choice': 'any' needs at least one tool in 'tools'.");
   return {
