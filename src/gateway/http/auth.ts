@@ -1,7 +1,8 @@
 /**
  * API key (OVMS `--api_key_file`, env `API_KEY`): when a key is set, every route under /v1/ and /v3/ (generation,
- * tokenize, models, messages, config) needs `Authorization: Bearer <key>` or `x-api-key: <key>`; health (/v2/health/*, KServe /v2 readiness) and
- * /metrics stay open so probes and scrapers need no secret. The key is compared in constant time and never logged.
+ * messages, tokenize, models, config) needs `Authorization: Bearer <key>` or `x-api-key: <key>` (Anthropic's header);
+ * health (/v2/health/*, KServe /v2 readiness) and /metrics stay open so probes and scrapers need no secret. The key is
+ * compared in constant time and never logged.
  */
 import { createHash, timingSafeEqual } from "node:crypto";
 import fs from "node:fs";
