@@ -7,12 +7,12 @@ import type { GuideSpec } from "../../protocol/messages.js";
 import http from "node:http";
 import Fastify, { type FastifyInstance, type FastifyReply } from "fastify";
 import type { Logger } from "pino";
-import { registerRoutes, routeList } from "./routes.js";
+import { isAnthropicRoute, registerRoutes, routeList } from "./routes.js";
 import { registerConfigRoutes } from "../api/config.js";
 import { apiKeyChecker, needsApiKey } from "./auth.js";
 import { corsHeaders, OPEN_CORS } from "./cors.js";
 import { clientConnectionError, invalidApiKey, invalidUrl, expectationFailed, invalidJson, routeNotFound } from "./errors.js";
-import { toErrorBody, toHttpError } from "./error-envelope.js";
+import { toAnthropicErrorBody, toErrorBody, toHttpError } from "./error-envelope.js";
 import type { Metrics } from "../metrics/metrics.js";
 import type { ModelSet, ModelSpec } from "../models/model-set.js";
 import type { GatewayOptions } from "../server.js";
@@ -114,6 +114,8 @@ export function buildHttpApp(deps: HttpAppDeps): HttpApp {
   // answered 204 before the key is asked for (a browser sends none with it), and a missing or wrong key is a 401.
   const checkKey = opts.apiKey ? apiKeyChecker(opts.apiKey) : null;
   const one = (v: string | string[] | undefined): string | undefined => (Array.isArray(v) ? v[0] : v);
+  /** The error envelope of a route: Anthropic's on the Messages routes, OpenAI's everywhere else. */
+  const errorBody = (url: string, e: unknown): unknown => (isAnthropicRoute(url) ? toAnthropicErrorBody(e) : toErrorBody(e));
   app.addHook("onRequest", async (req, reply) => {
     const preflight = req.method === "OPTIONS";
     const h = req.headers;
@@ -124,10 +126,11 @@ export function buildHttpApp(deps: HttpAppDeps): HttpApp {
     // The matched route's pattern, not the raw URL: a percent-encoded path (`/%763/models`) routes like its decoded
     // form and must be guarded like it.
     if (checkKey && needsApiKey(req.routeOptions.url ?? req.url)) {
-      const r = checkKey(one(h.authorization));
+      // `Authorization: Bearer` (OpenAI, OVMS) or `x-api-key` (Anthropic), on every route.
+      const r = checkKey(one(h.authorization), one(h["x-api-key"]));
       if (!r.ok) {
         metrics.requestsUnauthorized.inc();
-        return reply.status(401).header("www-authenticate", "Bearer").send(toErrorBody(invalidApiKey(r.present)));
+        return reply.status(401).header("www-authenticate", "Bearer").send(errorBody(req.routeOptions.url ?? req.url, invalidApiKey(r.present)));
       }
     }
     return undefined;
@@ -169,10 +172,10 @@ export function buildHttpApp(deps: HttpAppDeps): HttpApp {
       reply.removeHeader("connection");
       void discardBody(req.raw, MAX_DISCARDED_BODY_BYTES).then((exceeded) => exceeded && req.raw.socket.destroy());
     }
-    return reply.status(e.status).send(toErrorBody(e));
+    return reply.status(e.status).send(errorBody(req.routeOptions.url ?? req.url, e));
   });
   app.setNotFoundHandler((req, reply) => {
-    void reply.status(404).send(toErrorBody(routeNotFound(req.method, req.url, routeList())));
+    void reply.status(404).send(errorBody(req.url, routeNotFound(req.method, req.url, routeList())));
   });
 
   registerRoutes(app, models);

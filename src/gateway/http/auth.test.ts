@@ -62,4 +62,12 @@ describe("apiKeyChecker", () => {
     for (const h of ["Bearer k-124", "Bearer k-12", "Bearer k-1234", "Bearer K-123", "Basic k-123"]) expect(check(h)).toEqual({ ok: false, present: true });
     for (const h of [undefined, "", "  "]) expect(check(h)).toEqual({ ok: false, present: false });
   });
+
+  it("accepts the exact key in x-api-key (Anthropic's header) too; a wrong one is refused as present", () => {
+    expect(check(undefined, "k-123")).toEqual({ ok: true });
+    expect(check("Bearer wrong", "k-123")).toEqual({ ok: true });
+    expect(check("Bearer k-123", "wrong")).toEqual({ ok: true });
+    for (const k of ["k-124", "k-12", "Bearer k-123"]) expect(check(undefined, k)).toEqual({ ok: false, present: true });
+    expect(check(undefined, "")).toEqual({ ok: false, present: false });
+  });
 });

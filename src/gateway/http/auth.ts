@@ -1,7 +1,8 @@
 /**
  * API key (OVMS `--api_key_file`, env `API_KEY`): when a key is set, every route under /v1/ and /v3/ (generation,
- * tokenize, models, config) needs `Authorization: Bearer <key>`; health (/v2/health/*, KServe /v2 readiness) and
- * /metrics stay open so probes and scrapers need no secret. The key is compared in constant time and never logged.
+ * messages, tokenize, models, config) needs `Authorization: Bearer <key>` or `x-api-key: <key>` (Anthropic's header);
+ * health (/v2/health/*, KServe /v2 readiness) and /metrics stay open so probes and scrapers need no secret. The key is
+ * compared in constant time and never logged.
  */
 import { createHash, timingSafeEqual } from "node:crypto";
 import fs from "node:fs";
@@ -36,17 +37,21 @@ export function needsApiKey(url: string): boolean {
 export type KeyCheck = { ok: true } | { ok: false; present: boolean };
 
 /**
- * A checker of `Authorization` headers against `key`. Both sides are hashed (SHA-256) and compared with
+ * A checker of a request's credentials against `key`: `Authorization: Bearer <key>` (OpenAI, OVMS) or
+ * `x-api-key: <key>` (Anthropic); either one matching is enough. Both sides are hashed (SHA-256) and compared with
  * timingSafeEqual, so neither the key's length nor a matching prefix shows in the time taken.
  */
-export function apiKeyChecker(key: string): (authorization: string | undefined) => KeyCheck {
+export function apiKeyChecker(key: string): (authorization: string | undefined, xApiKey?: string) => KeyCheck {
   const expected = createHash("sha256").update(key, "utf8").digest();
-  return (authorization) => {
+  const matches = (token: string): boolean => timingSafeEqual(createHash("sha256").update(token, "utf8").digest(), expected);
+  return (authorization, xApiKey) => {
     // 1. The scheme is case-insensitive (RFC 9110); the token is taken as is.
     const m = authorization === undefined ? null : /^Bearer\s+(.+)$/i.exec(authorization.trim());
-    if (!m) return { ok: false, present: authorization !== undefined && authorization.trim() !== "" };
-    // 2. Compare digests of equal length in constant time.
-    const given = createHash("sha256").update(m[1]!, "utf8").digest();
-    return timingSafeEqual(given, expected) ? { ok: true } : { ok: false, present: true };
+    // 2. Compare digests of equal length in constant time; every credential sent is checked.
+    const bearerOk = m !== null && matches(m[1]!);
+    const xOk = xApiKey !== undefined && xApiKey !== "" && matches(xApiKey);
+    if (bearerOk || xOk) return { ok: true };
+    const present = (authorization !== undefined && authorization.trim() !== "") || (xApiKey !== undefined && xApiKey !== "");
+    return { ok: false, present };
   };
 }

@@ -65,3 +65,39 @@ export function toErrorBody(err: unknown): ErrorBody {
   const e = toHttpError(err);
   return { error: { message: e.message, type: e.type, code: e.code, param: e.param } };
 }
+
+/** Anthropic's error envelope (the `/messages` routes): `{"type":"error","error":{"type":…,"message":…}}`. */
+export interface AnthropicErrorBody {
+  type: "error";
+  error: { type: string; message: string };
+}
+
+/**
+ * Anthropic's error `type` for a catalogued error, by its HTTP status (Anthropic's table): 401
+ * `authentication_error`, 403 `permission_error`, 404 `not_found_error`, 413 `request_too_large`, 429
+ * `rate_limit_error`, 503 `overloaded_error` (the server is loading, restarting or draining: retry), any other 5xx
+ * `api_error`, any other 4xx `invalid_request_error`. The message is the catalogue's.
+ */
+export function anthropicErrorType(status: number): string {
+  switch (status) {
+    case 401:
+      return "authentication_error";
+    case 403:
+      return "permission_error";
+    case 404:
+      return "not_found_error";
+    case 413:
+      return "request_too_large";
+    case 429:
+      return "rate_limit_error";
+    case 503:
+      return "overloaded_error";
+  }
+  return status >= 500 ? "api_error" : "invalid_request_error";
+}
+
+/** Anthropic's error envelope for any thrown value (the same catalogued error as {@link toErrorBody}). */
+export function toAnthropicErrorBody(err: unknown): AnthropicErrorBody {
+  const e = toHttpError(err);
+  return { type: "error", error: { type: anthropicErrorType(e.status), message: e.message } };
+}

@@ -225,7 +225,7 @@ export function invalidApiKey(present: boolean): KeelHttpError {
     status: 401,
     type: "invalid_request_error",
     code: "invalid_api_key",
-    message: present ? "Incorrect API key provided in the Authorization header." : "Missing API key: send the header Authorization: Bearer <key>.",
+    message: present ? "Incorrect API key provided in the Authorization or x-api-key header." : "Missing API key: send the header Authorization: Bearer <key> (or x-api-key: <key>).",
   });
 }
 

@@ -6,6 +6,7 @@
 import type { FastifyInstance } from "fastify";
 import { handleChat } from "../api/chat.js";
 import { handleCompletion } from "../api/completions.js";
+import { handleCountTokens, handleMessages } from "../api/messages.js";
 import { getModel, listModels, modelIdOf } from "../api/models.js";
 import { handleResponses } from "../api/responses.js";
 import { handleTokenize } from "../api/tokenize.js";
@@ -28,10 +29,18 @@ const API_ROUTES = [
   ["POST", "/chat/completions"],
   ["POST", "/completions"],
   ["POST", "/responses"],
+  ["POST", "/messages"],
+  ["POST", "/messages/count_tokens"],
   ["POST", "/tokenize"],
   ["GET", "/models"],
   ["GET", "/models/{id}"],
 ] as const;
+
+/** True for the Anthropic Messages routes (`…/messages`, `…/messages/count_tokens`): their errors use Anthropic's envelope. */
+export function isAnthropicRoute(url: string): boolean {
+  const path = url.split("?", 1)[0] ?? "";
+  return API_PREFIXES.some((p) => path === `${p}/messages` || path === `${p}/messages/count_tokens`);
+}
 
 /** Every route that exists, as "METHOD /path" (for the 404 answer). */
 export function routeList(): string[] {
@@ -48,6 +57,8 @@ export function registerRoutes(app: FastifyInstance, models: ModelRouter): void 
     app.post(`${prefix}/chat/completions`, (req, reply) => handleChat(ctx(req.body), req, reply));
     app.post(`${prefix}/completions`, (req, reply) => handleCompletion(ctx(req.body), req, reply));
     app.post(`${prefix}/responses`, (req, reply) => handleResponses(ctx(req.body), req, reply));
+    app.post(`${prefix}/messages`, (req, reply) => handleMessages(ctx(req.body), req, reply));
+    app.post(`${prefix}/messages/count_tokens`, (req, reply) => handleCountTokens(ctx(req.body), req, reply));
     app.post(`${prefix}/tokenize`, (req, reply) => handleTokenize(ctx(req.body), req, reply));
     app.get(`${prefix}/models`, async () => listModels(ctx(undefined)));
     app.get(`${prefix}/models/*`, async (req) => getModel(ctx({ model: modelIdOf(req) }), req));

@@ -67,6 +67,10 @@ export interface Encoder {
   streamError(err: KeelHttpError, w: ResponseWriter): void;
   /** Whether `data: [DONE]` follows the error event (Responses API, as OVMS) or the stream just ends (chat). */
   doneAfterError?: boolean;
+  /** Whether a finished stream ends with `data: [DONE]` (OpenAI, OVMS; the default) or just ends (Anthropic). */
+  doneAtEnd?: boolean;
+  /** The JSON body of an error answered before streaming began; absent = the OpenAI envelope. */
+  errorBody?(err: KeelHttpError): unknown;
   /** Unary: the JSON body for the finished request. */
   unary(ev: Extract<SessionEvent, { type: "finished" }>): unknown;
 }
@@ -147,14 +151,14 @@ export function runGeneration(ctx: RouteContext, req: FastifyRequest, reply: Fas
       if (writer.streaming) {
         encoder.streamError(ev.error, writer);
         writer.endStream(encoder.doneAfterError ?? false);
-      } else writer.json(ev.error.status, toErrorBody(ev.error));
+      } else writer.json(ev.error.status, encoder.errorBody ? encoder.errorBody(ev.error) : toErrorBody(ev.error));
       log.info({ event: "failed", code: ev.error.code }, "request failed");
       return;
     }
     if (plan.stream) {
       if (ev.type === "started") writer.startStream();
       encoder.stream(ev, writer);
-      if (ev.type === "finished") writer.endStream(true);
+      if (ev.type === "finished") writer.endStream(encoder.doneAtEnd ?? true);
     } else if (ev.type === "finished") {
       writer.json(200, encoder.unary(ev));
     }

@@ -63,6 +63,8 @@ export interface ChoiceResult {
   /** Parsed tool calls (tool parser); [] when none. */
   toolCalls: ToolCall[];
   reason: ChoiceFinishReason;
+  /** The stop string that ended this choice (Anthropic's `stop_sequence`); absent when it ended otherwise. */
+  stopSequence?: string;
   logprobs: PositionLogprobView[];
   completionTokens: number;
 }

@@ -272,6 +272,7 @@ export class GenerationSession {
       index: c.index,
       ...parsedResult(c),
       reason: c.status.state === "done" ? c.status.reason : "stop",
+      ...(c.stop.matched !== null ? { stopSequence: c.stop.matched } : {}),
       logprobs: c.logprobs,
       completionTokens: c.tokens,
     }));
