@@ -29,7 +29,9 @@ export function requestGuide(build: BuildGuide, body: GuideFields, toolParser: T
     toolParser,
     tools: body.tools,
     toolChoice: body.toolChoice,
-    parallelToolCalls: body.parallelToolCalls,
+    // A model whose template cannot show tools repeats a call until max_tokens when allowed several (SmolLM2 does):
+    // one call per turn, as llama.cpp's server guides by default; the tool loop brings the next.
+    parallelToolCalls: body.parallelToolCalls && agents.toolsInjected !== true,
     responseFormat: body.responseFormat,
     guideAuto: agents.guideAuto,
     // No reasoning phase when the server parses none, or when the prompt switched thinking off.

@@ -174,6 +174,7 @@ export class ModelUnit {
     const before = this.agents.toolParser;
     this.agents = resolveAgentSettings(this.spec.agents ?? NO_AGENT_FLAGS, t?.source ?? null, pickToolParser);
     this.template = t === null ? null : this.withTools(t, log);
+    if (this.template?.toolPrompt) this.agents = { ...this.agents, toolsInjected: true };
     // Said at the first engine ready, and again only when a new engine's template changes the outcome.
     const first = !this.autoAnnounced;
     if (t) this.autoAnnounced = true;
