@@ -26,6 +26,13 @@ function recorder(result: GuideSpec | null = GUIDE) {
 }
 
 describe("requestGuide", () => {
+  it("tools injected into the prompt (the template cannot show them): one call per turn, whatever parallel_tool_calls says", () => {
+    const r = recorder();
+    requestGuide(r.build, fields({ kind: "required" }), "qwen3coder", agents({ toolParser: "qwen3coder", toolsInjected: true }), "p", caps(true));
+    requestGuide(r.build, fields({ kind: "required" }), "qwen3coder", agents({ toolParser: "qwen3coder" }), "p", caps(true));
+    expect(r.asked.map((a) => a.parallelToolCalls)).toEqual([false, true]);
+  });
+
   it("required: the guide goes to the engine; reasoning is open when the prompt ends with <think>", () => {
     const r = recorder();
     const g = requestGuide(r.build, fields({ kind: "required" }), "hermes3", agents({ reasoningParser: "qwen3" }), "<|im_start|>assistant\n<think>\n", caps(true));
