@@ -34,8 +34,13 @@ export function requestGuide(build: BuildGuide, body: GuideFields, toolParser: T
     parallelToolCalls: body.parallelToolCalls && agents.toolsInjected !== true,
     responseFormat: body.responseFormat,
     guideAuto: agents.guideAuto,
-    // No reasoning phase when the server parses none, or when the prompt switched thinking off.
-    reasoning: agents.reasoningParser === null || reasoningClosed(agents, prompt) ? null : { parser: agents.reasoningParser, open: reasoningOpen(agents, prompt) },
+    // No reasoning phase when the server parses none, when the prompt switched thinking off, or for a call forced on
+    // a model whose template cannot show tools (unless the prompt opened reasoning): the gate would let it open
+    // `<think>`, which nothing told it about, and end inside it without the call (SmolLM2 with llama3 did).
+    reasoning:
+      agents.reasoningParser === null || reasoningClosed(agents, prompt) || (forcedCall(body) && agents.toolsInjected === true && !reasoningOpen(agents, prompt))
+        ? null
+        : { parser: agents.reasoningParser, open: reasoningOpen(agents, prompt) },
   };
   const validateOnly = toolsActive(body) && body.toolChoice.kind === "auto" && !agents.guideAuto;
   const guide = build(validateOnly ? { ...req, guideAuto: true } : req);
@@ -44,3 +49,8 @@ export function requestGuide(build: BuildGuide, body: GuideFields, toolParser: T
   return guide;
 }
 
+
+/** The request forces a call: active tools with `tool_choice` required or a named function. */
+function forcedCall(body: GuideFields): boolean {
+  return toolsActive(body) && (body.toolChoice.kind === "required" || body.toolChoice.kind === "function");
+}
