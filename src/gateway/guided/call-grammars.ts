@@ -170,6 +170,10 @@ function qwenParams(b: GbnfBuilder, tool: ToolSpec, prefix: string, param: strin
     if (k in obj) throw unsupportedSchema(invalidForQwen(param, `a root '${k}' cannot be guided in the qwen3coder format (one parameter list is needed)`));
   }
   const props = (obj.properties ?? {}) as Record<string, unknown>;
+  // A name the parser would read back otherwise (it ends a name at `>`, refuses `<` and line breaks, trims blanks).
+  for (const name of Object.keys(props)) {
+    if (/[<>\n]/.test(name) || name.trim() !== name || name === "") throw unsupportedSchema(invalidForQwen(param, `the property name ${JSON.stringify(name)} cannot be written as a qwen3coder parameter name`));
+  }
   const required = new Set(Array.isArray(obj.required) ? (obj.required as string[]) : []);
   // Optional parameters whose schema has no finite value can never be written: left out (see GbnfBuilder.usable).
   const finiteRefs = new Set<string>();

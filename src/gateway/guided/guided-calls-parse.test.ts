@@ -176,3 +176,20 @@ describe("roots that are not an object schema", () => {
     }
   });
 });
+
+it("qwen3coder refuses a property name the parser would read back otherwise (`>`, `<`, a line break, blanks at the ends)", () => {
+  for (const name of ["a>b", "<x", "a\nb", " a", ""]) {
+    const tool: ToolSpec = { name: "f", parameters: { type: "object", properties: { [name]: { type: "string" } } } };
+    let err: unknown;
+    try {
+      buildGuide({ toolParser: "qwen3coder", tools: [tool], toolChoice: { kind: "required" }, parallelToolCalls: true, responseFormat: { kind: "text" }, guideAuto: false, reasoning: null });
+    } catch (e) {
+      err = e;
+    }
+    expect(err, JSON.stringify(name)).toBeInstanceOf(KeelHttpError);
+    expect((err as KeelHttpError).message).toContain("cannot be written as a qwen3coder parameter name");
+  }
+  // An inner blank is fine: the parser reads it back as written.
+  const ok: ToolSpec = { name: "f", parameters: { type: "object", properties: { "my param": { type: "string" } }, required: ["my param"] } };
+  expect(buildGuide({ toolParser: "qwen3coder", tools: [ok], toolChoice: { kind: "required" }, parallelToolCalls: true, responseFormat: { kind: "text" }, guideAuto: false, reasoning: null })).not.toBeNull();
+});
