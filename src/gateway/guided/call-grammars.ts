@@ -21,6 +21,7 @@ import { invalidValue } from "../http/errors.js";
 import type { ToolSpec } from "../tools.js";
 import { literal } from "./gbnf-text.js";
 import { GbnfBuilder, finite, markUnsupported as unsupportedSchema, resolvePointer } from "./json-schema-gbnf.js";
+import { qwenValue } from "./qwen-values.js";
 
 /** Call formats with grammars. */
 export type CallFormat = "hermes3" | "hermes3-bare" | "qwen3coder" | "llama3";
@@ -180,10 +181,10 @@ function qwenParams(b: GbnfBuilder, tool: ToolSpec, prefix: string, param: strin
   const names = Object.keys(props).filter((n) => required.has(n) || finite(schema, props[n], new Set(), finiteRefs));
   const base = ptr === "#" ? "#" : ptr;
   const items = names.map((name, k) => {
-    // "raw" value mode: strings raw, Python booleans and None allowed, containers as JSON. Converted in place so
-    // the tool schema's $defs stay reachable.
+    // The value as the parser will read it back (qwen-values.ts). Converted in place so the tool schema's $defs
+    // stay reachable.
     const at = `${base}/properties/${name.replace(/~/g, "~0").replace(/\//g, "~1")}`;
-    const value = b.addSchemaAt(schema, at, `${prefix}-p${k}`, param, "raw");
+    const value = qwenValue(b, schema, at, `${prefix}-p${k}`, param);
     return `${literal(`<parameter=${name}>\n`)} ${value} "\\n</parameter>\\n"`;
   });
   // Extra parameters where the schema allows extra keys (no `properties` keyword, or additionalProperties
