@@ -108,7 +108,7 @@ export class ChatTemplate {
     this.toolPrompt = toolPrompt;
   }
 
-  /** What this template shows of tools, tool calls, tool results and system messages by itself (probed once). */
+  /** What this template shows of tools, tool calls and system messages by itself (probed once, without injection). */
   toolSupport(): TemplateToolSupport {
     const plain = this.toolPrompt === null ? this : new ChatTemplate(this.source, this.#specials);
     this.#support ??= probeToolSupport((messages, tools, addGenerationPrompt) => plain.render(messages, { tools, addGenerationPrompt }));

@@ -17,6 +17,7 @@ import { engineRestarting, notReady, shuttingDown } from "../http/errors.js";
 import type { Metrics } from "../metrics/metrics.js";
 import { requestObserver, StepObserver } from "../metrics/metrics-observer.js";
 import { pickToolParser } from "../parsers/index.js";
+import type { ToolParserName } from "../tools.js";
 import { ModelRequests } from "../requests/model-requests.js";
 import type { RequestRegistry } from "../requests/registry.js";
 import { MAX_UNREAD_BYTES, type ReadyEngine, type RouteContext } from "../http/route-context.js";
@@ -79,8 +80,8 @@ export class ModelUnit {
   private agents: AgentSettings;
   /** Whether `tool_parser auto`'s outcome was logged (at the first engine ready). */
   private autoAnnounced = false;
-  /** The format tools were last injected in (null = not injected), to log a change only. */
-  private injectedAs: string | null | undefined = undefined;
+  /** The format tools were last injected in (null = not injected; undefined = no engine ready yet), to log a change only. */
+  private injectedAs: ToolParserName | null | undefined = undefined;
 
   constructor(
     readonly spec: ModelSpec,
