@@ -69,8 +69,11 @@ describe("qwen3coder", () => {
     expect(accepts(qwen("get_weather", [["city", "New York"], ["unit", "f"], ["days", "3"], ["detailed", "True"]]))).toBe(true);
     expect(accepts(qwen("get_weather", [["city", "Paris"], ["detailed", "false"]]))).toBe(true);
     expect(accepts(qwen("get_time", []))).toBe(true);
-    // Raw text: quotes, backslashes, newlines and a `</parameter>` not preceded by a newline are all plain text.
-    expect(accepts(qwen("get_weather", [["city", 'a "b" \\ c\nline2 </parameter> x\n</param']]))).toBe(true);
+    // Raw text: quotes, backslashes, newlines and partial tags are all plain text.
+    expect(accepts(qwen("get_weather", [["city", 'a "b" \\ c\nline2 </paramete x\n</param <parameter=']]))).toBe(true);
+    // No `</parameter>` at all: followed by another tag, the parser would end the value there (`a</parameter>\n</function>`).
+    expect(accepts(qwen("get_weather", [["city", "line2 </parameter> x"]]))).toBe(false);
+    expect(accepts(qwen("get_weather", [["city", "a</parameter>\n</function>"]]))).toBe(false);
     expect(accepts(qwen("get_weather", [["city", ""]]))).toBe(true);
     expect(accepts(qwen("search", [["q", "x"], ["filters", '{"lang": "en"}'], ["note", "None"], ["ids", "[1, 2]"], ["extra", "anything at all"]]))).toBe(true);
     expect(accepts(qwen("search", [["q", "x"], ["filters", "{}"], ["note", "a note"]]))).toBe(true);

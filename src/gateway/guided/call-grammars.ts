@@ -21,6 +21,7 @@ import { invalidValue } from "../http/errors.js";
 import type { ToolSpec } from "../tools.js";
 import { literal } from "./gbnf-text.js";
 import { GbnfBuilder, finite, markUnsupported as unsupportedSchema, resolvePointer } from "./json-schema-gbnf.js";
+import { qwenValue } from "./qwen-values.js";
 
 /** Call formats with grammars. */
 export type CallFormat = "hermes3" | "hermes3-bare" | "qwen3coder" | "llama3";
@@ -91,12 +92,36 @@ function argsRule(b: GbnfBuilder, tool: ToolSpec, prefix: string, param: string)
   if (!cache) argsCache.set(b, (cache = new Map()));
   const known = cache.get(tool);
   if (known !== undefined) return known;
+  // The arguments are an object whatever the root says (`{}`, a root enum or anyOf would otherwise admit any JSON
+  // value, e.g. `"arguments": 6942`, which no parser reads as a call): `type: "object"` is added beside the root's
+  // own keywords, so its `$defs` stay where its `$ref`s point.
+  // A root `$ref` (which admits no sibling `type`) must lead to an object schema.
   const rule =
     tool.parameters === undefined
       ? b.define(`${prefix}-noargs`, `"{" ${b.primitive("space")} "}"`)
-      : b.addSchema(tool.parameters, `${prefix}-args`, param);
+      : b.addSchema(typeof tool.parameters.$ref === "string" ? refToObject(tool.parameters, param) : { ...tool.parameters, type: "object" }, `${prefix}-args`, param);
   cache.set(tool, rule);
   return rule;
+}
+
+/**
+ * `schema` (whose root is a `$ref`) with the schema its reference chain ends at typed `object` (a copy, when that
+ * schema has no `type`); the 400 when it ends at another type.
+ */
+function refToObject(schema: Record<string, unknown>, param: string): Record<string, unknown> {
+  const copy = structuredClone(schema);
+  let obj: unknown = copy;
+  for (let hops = 0; typeof obj === "object" && obj !== null && typeof (obj as Record<string, unknown>).$ref === "string"; hops++) {
+    obj = hops > 16 ? null : resolvePointer(copy, (obj as Record<string, unknown>).$ref as string);
+  }
+  const target = typeof obj === "object" && obj !== null && !Array.isArray(obj) ? (obj as Record<string, unknown>) : null;
+  // A chain that loops or leads nowhere: the converter refuses it with its own, more precise message.
+  if (target === null) return schema;
+  if (target.type !== undefined && target.type !== "object") {
+    throw invalidValue(param, `Invalid schema for '${param}': the root '$ref' must lead to an object schema (tool arguments are a JSON object).`);
+  }
+  if (target.type === undefined) target.type = "object";
+  return copy;
 }
 
 /** What every JSON call of `format` starts with, up to the name's value: `<tool_call>\n{"name": `. */
@@ -142,29 +167,34 @@ function qwenParams(b: GbnfBuilder, tool: ToolSpec, prefix: string, param: strin
     ptr = obj.$ref;
     obj = next as Record<string, unknown>;
   }
-  for (const k of ["anyOf", "oneOf", "allOf"]) {
+  for (const k of ["anyOf", "oneOf", "allOf", "enum", "const"]) {
     if (k in obj) throw unsupportedSchema(invalidForQwen(param, `a root '${k}' cannot be guided in the qwen3coder format (one parameter list is needed)`));
   }
   const props = (obj.properties ?? {}) as Record<string, unknown>;
+  // A name the parser would read back otherwise (it ends a name at `>`, refuses `<` and line breaks, trims blanks).
+  for (const name of Object.keys(props)) {
+    if (/[<>\n]/.test(name) || name.trim() !== name || name === "") throw unsupportedSchema(invalidForQwen(param, `the property name ${JSON.stringify(name)} cannot be written as a qwen3coder parameter name`));
+  }
   const required = new Set(Array.isArray(obj.required) ? (obj.required as string[]) : []);
   // Optional parameters whose schema has no finite value can never be written: left out (see GbnfBuilder.usable).
   const finiteRefs = new Set<string>();
   const names = Object.keys(props).filter((n) => required.has(n) || finite(schema, props[n], new Set(), finiteRefs));
   const base = ptr === "#" ? "#" : ptr;
   const items = names.map((name, k) => {
-    // "raw" value mode: strings raw, Python booleans and None allowed, containers as JSON. Converted in place so
-    // the tool schema's $defs stay reachable.
+    // The value as the parser will read it back (qwen-values.ts). Converted in place so the tool schema's $defs
+    // stay reachable.
     const at = `${base}/properties/${name.replace(/~/g, "~0").replace(/\//g, "~1")}`;
-    const value = b.addSchemaAt(schema, at, `${prefix}-p${k}`, param, "raw");
+    const value = qwenValue(b, schema, at, `${prefix}-p${k}`, param);
     return `${literal(`<parameter=${name}>\n`)} ${value} "\\n</parameter>\\n"`;
   });
   // Extra parameters where the schema allows extra keys (no `properties` keyword, or additionalProperties
-  // true/a schema): any name (declared names are not excluded here), after the declared ones.
+  // true/a schema): any name the parser reads back as written — no `<` (not the format), no line break, no blank
+  // (it trims names) — (declared names are not excluded here), after the declared ones.
   const addl = obj.additionalProperties;
   let body = '""';
   if ((!("properties" in obj) && (addl === undefined || addl === true)) || (typeof addl === "object" && addl !== null && finite(schema, addl, new Set(), finiteRefs))) {
     const value = typeof addl === "object" ? b.addSchemaAt(schema, `${base}/additionalProperties`, `${prefix}-extra`, param, "raw") : b.primitive("raw-text");
-    body = `(${b.define(b.fresh(prefix, "extra-param"), `"<parameter=" [^>\\n]+ ">\\n" ${value} "\\n</parameter>\\n"`)})*`;
+    body = `(${b.define(b.fresh(prefix, "extra-param"), `"<parameter=" [^<>\\n\\t ]+ ">\\n" ${value} "\\n</parameter>\\n"`)})*`;
   }
   if (names.length <= MAX_ANY_ORDER) return anyOrder(b, prefix, names, items, required, body);
   // Declaration order; optional parameters skippable.

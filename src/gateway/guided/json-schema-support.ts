@@ -33,8 +33,9 @@ export const PRIMITIVES: Readonly<Record<string, string>> = {
   "json-member": 'json-string space ":" space json-value',
   "json-object": '"{" space (json-member space ("," space json-member space)*)? "}"',
   "json-array": '"[" space (json-value space ("," space json-value space)*)? "]"',
-  // Raw text (a qwen3coder parameter value) that never contains "\n</parameter>": an automaton whose state counts
-  // how much of that terminator has just been seen; the full terminator has no transition.
+  // Raw text (a qwen3coder parameter value) that never contains "</parameter>": an automaton whose state counts how
+  // much of that tag has just been seen; the full tag has no transition. (The parser ends a value at a
+  // `</parameter>` followed by another tag, with or without a newline before it, so a value may hold none.)
   "raw-text": "raw-s0",
 };
 /** Dependencies of primitives (emitting a primitive emits these too). */
@@ -47,20 +48,24 @@ export const PRIMITIVE_DEPS: Readonly<Record<string, readonly string[]>> = {
   "json-array": ["space", "json-value"],
 };
 
-/** The terminator a raw parameter value must not contain. */
-export const RAW_TERMINATOR = "\n</parameter>";
+/** The tag a raw parameter value must not contain. */
+export const RAW_TERMINATOR = "</parameter>";
 
-/** Rules of the raw-text automaton (see PRIMITIVES["raw-text"]). */
+/**
+ * Rules of the raw-text automaton (see PRIMITIVES["raw-text"]): state j = the last j characters written are the
+ * first j of the tag. The tag's first character `<` occurs in it only there, so a mismatch goes back to state 1
+ * on `<` and to state 0 on anything else.
+ */
 export function rawTextRules(): Array<[string, string]> {
   const t = Array.from(RAW_TERMINATOR);
+  const hex = (c: string) => `\\x${c.codePointAt(0)!.toString(16).toUpperCase().padStart(2, "0")}`;
+  const open = t[0]!;
   const rules: Array<[string, string]> = [];
-  // s0: nothing of the terminator seen.
-  rules.push(["raw-s0", '[^\\n] raw-s0 | "\\n" raw-s1 | ""']);
+  rules.push(["raw-s0", `${literal(open)} raw-s1 | [^${hex(open)}] raw-s0 | ""`]);
   for (let j = 1; j < t.length; j++) {
     const expect = t[j]!;
-    const code = expect.codePointAt(0)!.toString(16).toUpperCase().padStart(2, "0");
     const advance = j + 1 < t.length ? `${literal(expect)} raw-s${j + 1} | ` : "";
-    rules.push([`raw-s${j}`, `${advance}"\\n" raw-s1 | [^\\n\\x${code}] raw-s0 | ""`]);
+    rules.push([`raw-s${j}`, `${advance}${literal(open)} raw-s1 | [^${hex(open)}${hex(expect)}] raw-s0 | ""`]);
   }
   return rules;
 }

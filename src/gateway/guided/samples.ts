@@ -81,3 +81,18 @@ export const SCHEMAS: readonly unknown[] = [
   { oneOf: [{ type: "boolean" }, { type: "array", items: { $ref: "#" } }] },
   ...TOOLS.filter((t) => t.parameters).map((t) => t.parameters),
 ];
+
+/** Arguments declared as `{}`: any object (the grammar must still write an object, never a bare value). */
+export const ANY_ARGS: ToolSpec = { name: "note", description: "Take a note", parameters: {} };
+
+/** A root `enum` of argument objects (and one non-object the arguments can never be). */
+export const ROOT_ENUM: ToolSpec = { name: "set_mode", parameters: { enum: [{ mode: "fast" }, { mode: "slow", level: 2 }, 3] } };
+
+/** A root `anyOf` with an object branch and a branch that is no object. */
+export const ROOT_ANYOF: ToolSpec = {
+  name: "lookup",
+  parameters: { anyOf: [{ type: "object", properties: { id: { type: "integer", minimum: 1 } }, required: ["id"], additionalProperties: false }, { type: "string" }] },
+};
+
+/** Tools whose root schema is not a plain object schema (qwen3coder refuses the enum and anyOf roots: one parameter list). */
+export const EDGE_TOOLS: readonly ToolSpec[] = [ANY_ARGS, ROOT_ENUM, ROOT_ANYOF];

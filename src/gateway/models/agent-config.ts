@@ -25,6 +25,11 @@ export interface AgentSettings {
   guideAuto: boolean;
   /** How the tool parser was chosen, for the start log and the 400 (`flag`, `template`, or `auto found none`). */
   toolParserSource: "flag" | "template" | "none" | "auto_found_none";
+  /**
+   * The model's template cannot show tools, so they are written into the messages (models/tool-prompt.ts); absent =
+   * false. Such a model was never trained to end a turn after its calls: guided output allows one call per turn.
+   */
+  toolsInjected?: boolean;
 }
 
 /** No agent flags: no parsing, no guided `auto`. */

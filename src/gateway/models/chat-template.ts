@@ -5,8 +5,9 @@
  */
 import { Template } from "@huggingface/jinja";
 import { invalidValue, templateError } from "../http/errors.js";
-import type { ToolCall, ToolSpec } from "../tools.js";
+import type { ToolCall, ToolParserName, ToolSpec } from "../tools.js";
 import { sanitizeForJson } from "../requests/utf8-stream.js";
+import { injectTools, probeToolSupport, type TemplateToolSupport } from "./tool-prompt.js";
 
 /**
  * One chat message as the template sees it: `content` is already flattened
@@ -54,6 +55,14 @@ export interface ChatRenderOptions {
   tools?: readonly ToolSpec[];
 }
 
+/** Tools injected into the messages for a template that cannot show them (tool-prompt.ts): the call format and what the template drops. */
+export interface ToolPrompt {
+  /** The `--tool_parser` format the instructions and the rewritten history use. */
+  format: ToolParserName;
+  /** What the template shows by itself (probed at engine ready). */
+  support: TemplateToolSupport;
+}
+
 /** Variables the renderer sets; `chat_template_kwargs` may not override them (refused with 400). */
 export const RESERVED_TEMPLATE_VARIABLES = ["messages", "bos_token", "eos_token", "add_generation_prompt", "tools", "raise_exception", "strftime_now"] as const;
 
@@ -72,6 +81,10 @@ export class ChatTemplate {
   readonly #specials: ChatTemplateSpecials;
   /** The Jinja source (to recognise the model's tool-call format for `--tool_parser auto`). */
   readonly source: string;
+  /** Set when tools are injected into the messages (the template cannot show them); null = rendered as given. */
+  readonly toolPrompt: ToolPrompt | null;
+  /** {@link toolSupport}'s answer, probed once. */
+  #support: TemplateToolSupport | null = null;
 
   /**
    * Parses the template.
@@ -82,8 +95,9 @@ export class ChatTemplate {
    * @throws Error (a plain `Error`, not a `KeelHttpError`: this is a model
    *   configuration problem found at load time, not a client error) when the
    *   template does not parse; the message includes the parser's.
+   * @param toolPrompt - Inject tools into the messages (see {@link withToolPrompt}); default none.
    */
-  constructor(template: string, specials: ChatTemplateSpecials) {
+  constructor(template: string, specials: ChatTemplateSpecials, toolPrompt: ToolPrompt | null = null) {
     try {
       this.#template = new Template(template);
     } catch (err) {
@@ -91,6 +105,19 @@ export class ChatTemplate {
     }
     this.#specials = { ...specials };
     this.source = template;
+    this.toolPrompt = toolPrompt;
+  }
+
+  /** What this template shows of tools, tool calls and system messages by itself (probed once, without injection). */
+  toolSupport(): TemplateToolSupport {
+    const plain = this.toolPrompt === null ? this : new ChatTemplate(this.source, this.#specials);
+    this.#support ??= probeToolSupport((messages, tools, addGenerationPrompt) => plain.render(messages, { tools, addGenerationPrompt }));
+    return this.#support;
+  }
+
+  /** The same template rendering tools into the messages in `format` (for a template that cannot show them). */
+  withToolPrompt(format: ToolParserName): ChatTemplate {
+    return new ChatTemplate(this.source, this.#specials, { format, support: this.toolSupport() });
   }
 
   /**
@@ -110,12 +137,16 @@ export class ChatTemplate {
         throw invalidValue(`chat_template_kwargs.${key}`, `Invalid value for 'chat_template_kwargs': '${key}' is set by the server and cannot be overridden.`);
       }
     }
+    // A template that cannot show tools gets them (and the calls and results it would drop) inside the messages.
+    const tp = this.toolPrompt;
+    const shown = tp === null ? messages : injectTools(messages, opts.tools ?? [], tp.format, tp.support);
+    const tools = tp === null ? opts.tools : undefined;
     let prompt: string;
     try {
       prompt = this.#template.render({
         ...kwargs,
-        messages: messages.map(templateMessage),
-        ...(opts.tools && opts.tools.length > 0 ? { tools: opts.tools.map(templateTool) } : {}),
+        messages: shown.map(templateMessage),
+        ...(tools && tools.length > 0 ? { tools: tools.map(templateTool) } : {}),
         bos_token: this.#specials.bosToken,
         eos_token: this.#specials.eosToken,
         add_generation_prompt: opts.addGenerationPrompt ?? true,

@@ -26,6 +26,24 @@ function recorder(result: GuideSpec | null = GUIDE) {
 }
 
 describe("requestGuide", () => {
+  it("tools injected into the prompt (the template cannot show them): one call per turn, whatever parallel_tool_calls says", () => {
+    const r = recorder();
+    requestGuide(r.build, fields({ kind: "required" }), "qwen3coder", agents({ toolParser: "qwen3coder", toolsInjected: true }), "p", caps(true));
+    requestGuide(r.build, fields({ kind: "required" }), "qwen3coder", agents({ toolParser: "qwen3coder" }), "p", caps(true));
+    expect(r.asked.map((a) => a.parallelToolCalls)).toEqual([false, true]);
+  });
+
+  it("tools injected: a forced call starts at once (no <think> gate) unless the prompt opened reasoning; auto keeps it", () => {
+    const r = recorder();
+    const injected = agents({ toolParser: "llama3", reasoningParser: "qwen3", toolsInjected: true, guideAuto: true });
+    requestGuide(r.build, fields({ kind: "required" }), "llama3", injected, "<|im_start|>assistant\n", caps(true));
+    requestGuide(r.build, fields({ kind: "function", name: "f" }), "llama3", injected, "<|im_start|>assistant\n", caps(true));
+    requestGuide(r.build, fields({ kind: "required" }), "llama3", injected, "<|im_start|>assistant\n<think>\n", caps(true));
+    requestGuide(r.build, fields({ kind: "auto" }), "llama3", injected, "<|im_start|>assistant\n", caps(true));
+    requestGuide(r.build, fields({ kind: "required" }), "llama3", agents({ toolParser: "llama3", reasoningParser: "qwen3" }), "<|im_start|>assistant\n", caps(true));
+    expect(r.asked.map((a) => a.reasoning)).toEqual([null, null, { parser: "qwen3", open: true }, { parser: "qwen3", open: false }, { parser: "qwen3", open: false }]);
+  });
+
   it("required: the guide goes to the engine; reasoning is open when the prompt ends with <think>", () => {
     const r = recorder();
     const g = requestGuide(r.build, fields({ kind: "required" }), "hermes3", agents({ reasoningParser: "qwen3" }), "<|im_start|>assistant\n<think>\n", caps(true));

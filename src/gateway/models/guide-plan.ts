@@ -30,11 +30,18 @@ export function requestGuide(build: BuildGuide, body: GuideFields, toolParser: T
     toolParser,
     tools: body.tools,
     toolChoice: body.toolChoice,
-    parallelToolCalls: body.parallelToolCalls,
+    // A model whose template cannot show tools repeats a call until max_tokens when allowed several (SmolLM2 does):
+    // one call per turn, as llama.cpp's server guides by default; the tool loop brings the next.
+    parallelToolCalls: body.parallelToolCalls && agents.toolsInjected !== true,
     responseFormat: body.responseFormat,
     guideAuto: agents.guideAuto,
-    // No reasoning phase when the server parses none, or when the prompt switched thinking off.
-    reasoning: agents.reasoningParser === null || reasoningClosed(agents, prompt) ? null : { parser: agents.reasoningParser, open: reasoningOpen(agents, prompt) },
+    // No reasoning phase when the server parses none, when the prompt switched thinking off, or for a call forced on
+    // a model whose template cannot show tools (unless the prompt opened reasoning): the gate would let it open
+    // `<think>`, which nothing told it about, and end inside it without the call (SmolLM2 with llama3 did).
+    reasoning:
+      agents.reasoningParser === null || reasoningClosed(agents, prompt) || (forcedCall(body) && agents.toolsInjected === true && !reasoningOpen(agents, prompt))
+        ? null
+        : { parser: agents.reasoningParser, open: reasoningOpen(agents, prompt) },
   };
   const validateOnly = toolsActive(body) && body.toolChoice.kind === "auto" && !agents.guideAuto;
   const guide = build(validateOnly ? { ...req, guideAuto: true } : req);
@@ -55,3 +62,8 @@ export function outputGuide(build: BuildGuide, responseFormat: ChatRequest["resp
   return guide;
 }
 
+
+/** The request forces a call: active tools with `tool_choice` required or a named function. */
+function forcedCall(body: GuideFields): boolean {
+  return toolsActive(body) && (body.toolChoice.kind === "required" || body.toolChoice.kind === "function");
+}

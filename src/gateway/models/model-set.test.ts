@@ -147,3 +147,20 @@ describe("ModelSet: one engine per model, reloads", () => {
     expect(sameSpec(a, spec("a", 2))).toBe(false);
   });
 });
+
+describe("ModelUnit: tools a template cannot show", () => {
+  it("with --tool_parser, a template without tools (the fake engine's ChatML) gets them injected, logged with the model and format", async () => {
+    const { set, next } = makeSet();
+    const injected = next("tools_injected");
+    set.startAll([{ ...spec("a"), agents: { ...NO_AGENT_FLAGS, toolParser: "hermes3" } }, spec("b")]);
+    await Promise.all(set.servingUnits().map((u) => u.supervisor.firstReady));
+    expect(await injected).toMatchObject({ model: "a", toolParser: "hermes3", support: { tools: false, toolCalls: false, systemRole: true } });
+    const a = set.get("a")!.ctx;
+    expect(a.engine()!.template.toolPrompt?.format).toBe("hermes3");
+    expect(a.model.agents().toolsInjected).toBe(true);
+    // Without a tool parser nothing is injected (tools are refused instead).
+    const b = set.get("b")!.ctx;
+    expect(b.engine()!.template.toolPrompt).toBeNull();
+    expect(b.model.agents().toolsInjected).toBeUndefined();
+  });
+});

@@ -12,10 +12,12 @@ import type { Logger } from "pino";
 import type { EngineCommand, EngineConfig } from "../../protocol/engine-config.js";
 import { NO_AGENT_FLAGS, resolveAgentSettings, type AgentFlags, type AgentSettings } from "./agent-config.js";
 import type { ChatTemplate } from "./chat-template.js";
+import { needsToolInjection } from "./tool-prompt.js";
 import { engineRestarting, notReady, shuttingDown } from "../http/errors.js";
 import type { Metrics } from "../metrics/metrics.js";
 import { requestObserver, StepObserver } from "../metrics/metrics-observer.js";
 import { pickToolParser } from "../parsers/index.js";
+import type { ToolParserName } from "../tools.js";
 import { ModelRequests } from "../requests/model-requests.js";
 import type { RequestRegistry } from "../requests/registry.js";
 import { answersTo, MAX_UNREAD_BYTES, type ReadyEngine, type RouteContext } from "../http/route-context.js";
@@ -80,6 +82,8 @@ export class ModelUnit {
   private agents: AgentSettings;
   /** Whether `tool_parser auto`'s outcome was logged (at the first engine ready). */
   private autoAnnounced = false;
+  /** The format tools were last injected in (null = not injected; undefined = no engine ready yet), to log a change only. */
+  private injectedAs: ToolParserName | null | undefined = undefined;
 
   constructor(
     readonly spec: ModelSpec,
@@ -171,16 +175,37 @@ export class ModelUnit {
   }
 
   private setTemplate(t: ChatTemplate | null, log: Logger): void {
-    this.template = t;
     const before = this.agents.toolParser;
     this.agents = resolveAgentSettings(this.spec.agents ?? NO_AGENT_FLAGS, t?.source ?? null, pickToolParser);
+    this.template = t === null ? null : this.withTools(t, log);
+    if (this.template?.toolPrompt) this.agents = { ...this.agents, toolsInjected: true };
     // Said at the first engine ready, and again only when a new engine's template changes the outcome.
     const first = !this.autoAnnounced;
     if (t) this.autoAnnounced = true;
     if (t && this.spec.agents.toolParser === "auto" && (first || before !== this.agents.toolParser)) {
       if (this.agents.toolParser) log.info({ event: "tool_parser_resolved", toolParser: this.agents.toolParser }, `--tool_parser auto: the model's template uses ${this.agents.toolParser}`);
-      else log.warn({ event: "tool_parser_unresolved" }, "--tool_parser auto: the model's chat template shows no tool-call format Keel knows; requests with tools will be refused");
+      else log.warn({ event: "tool_parser_unresolved" }, "--tool_parser auto: the model's chat template shows no tool-call format Keel knows; requests with tools will be refused (name a format, e.g. --tool_parser hermes3, to have the tools written into the system message)");
     }
+  }
+
+  /**
+   * The template requests render with: where it cannot show tools and a tool parser is set, one that writes the
+   * tools and the parser's call format into the messages (tool-prompt.ts). Logged at the first engine ready and when
+   * a new engine's template changes the outcome.
+   */
+  private withTools(t: ChatTemplate, log: Logger): ChatTemplate {
+    const format = this.agents.toolParser;
+    const support = format === null ? null : t.toolSupport();
+    const injected = format !== null && support !== null && needsToolInjection(support) ? format : null;
+    if (injected !== this.injectedAs) {
+      if (injected !== null) {
+        log.info({ event: "tools_injected", model: this.spec.name, toolParser: injected, support }, `model ${this.spec.name}: the chat template does not show tools; tool definitions and the ${injected} call format are written into the system message`);
+      } else if (format !== null) {
+        log.info({ event: "tools_in_template", model: this.spec.name, toolParser: format }, `model ${this.spec.name}: the chat template shows tools; they are rendered by the template`);
+      }
+    }
+    this.injectedAs = injected;
+    return injected === null ? t : t.withToolPrompt(injected);
   }
 }
 
