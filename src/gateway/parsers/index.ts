@@ -43,12 +43,11 @@
  */
 import { randomInt } from "node:crypto";
 import type { ToolCall, ToolParserName } from "../tools.js";
-import type { FoundCall } from "./call-shape.js";
 import { Hermes3Stage } from "./hermes3.js";
 import { Llama3Stage } from "./llama3.js";
 import { Qwen3CoderStage } from "./qwen3coder.js";
 import { Qwen3Reasoning } from "./reasoning-qwen3.js";
-import type { ToolStage } from "./stage.js";
+import type { CallEvent, ToolStage } from "./stage.js";
 import type { OutputParser, OutputParserOptions, ParsedDelta, ParsedOutput, ToolCallDelta } from "./types.js";
 
 export type { OutputParser, OutputParserOptions, ParsedDelta, ParsedOutput, ToolCallDelta } from "./types.js";
@@ -151,8 +150,11 @@ class ComposedParser implements OutputParser {
     };
   }
 
-  /** Records and shapes one delta (empty parts omitted). */
-  #emit(reasoning: string, content: string, calls: readonly FoundCall[]): ParsedDelta {
+  /**
+   * Records and shapes one delta (empty parts omitted). A `start` event opens call `index` with its id and name;
+   * `args` events append to the latest call, consecutive ones joined into one fragment.
+   */
+  #emit(reasoning: string, content: string, calls: readonly CallEvent[]): ParsedDelta {
     const delta: ParsedDelta = {};
     if (reasoning !== "") {
       this.#reasoningText += reasoning;
@@ -162,16 +164,24 @@ class ComposedParser implements OutputParser {
       this.#content += content;
       delta.content = content;
     }
-    if (calls.length > 0) {
-      const deltas: ToolCallDelta[] = [];
-      for (const c of calls) {
+    const deltas: ToolCallDelta[] = [];
+    for (const e of calls) {
+      if (e.kind === "start") {
         const index = this.#calls.length;
         const id = this.#newId();
-        this.#calls.push({ id, name: c.name, arguments: c.arguments });
-        deltas.push({ index, id, name: c.name }, { index, arguments: c.arguments });
+        this.#calls.push({ id, name: e.name, arguments: "" });
+        deltas.push({ index, id, name: e.name });
+        continue;
       }
-      delta.toolCalls = deltas;
+      // Why skip an args event before any start: a stage never sends one; this keeps the invariant local.
+      const index = this.#calls.length - 1;
+      if (index < 0 || e.text === "") continue;
+      this.#calls[index]!.arguments += e.text;
+      const last = deltas[deltas.length - 1];
+      if (last !== undefined && last.index === index && last.id === undefined) last.arguments += e.text;
+      else deltas.push({ index, arguments: e.text });
     }
+    if (deltas.length > 0) delta.toolCalls = deltas;
     return delta;
   }
 }

@@ -47,7 +47,7 @@ export function typedValue(raw: string, schema: unknown): unknown {
 }
 
 /** The JSON types a schema allows (`type`, a list of them, or the branches of anyOf/oneOf); empty when unknown. */
-function schemaTypes(schema: unknown): Set<string> {
+export function schemaTypes(schema: unknown): Set<string> {
   const out = new Set<string>();
   if (!isPlainObject(schema)) return out;
   const t = schema["type"];
