@@ -21,6 +21,8 @@ import { findFirstTag, partialTagLength, skipSpace } from "./tag-scan.js";
 
 const OPEN = "<tool_call>";
 const CLOSE = "</tool_call>";
+/** A Markdown code fence: markup between two is quoted, not a call. */
+const FENCE = "```";
 
 /** Where the stage is; `pending` holds the unread text. `opener`: the tag text a failed call gives back. */
 type HermesState =
@@ -40,6 +42,8 @@ export class Hermes3Stage implements ToolStage {
   #pending = "";
   /** Whitespace around calls. */
   readonly #gaps = new ContentGaps();
+  /** Inside a ``` code fence of the content. */
+  #fenced = false;
 
   constructor(
     /** The request's tools (bare calls must name one). */
@@ -121,13 +125,20 @@ export class Hermes3Stage implements ToolStage {
         case "text":
         case "tail": {
           // 3. Content up to an opening tag (in a tail also up to the closing one); hold only a possible tag prefix.
-          const tags = st.kind === "tail" ? [OPEN, CLOSE] : [OPEN];
+          //    Inside a ``` fence markup is quoted text (a model echoing the format), so only the fence is watched.
+          const tags = this.#fenced ? [FENCE] : st.kind === "tail" ? [OPEN, CLOSE, FENCE] : [OPEN, FENCE];
           const hit = findFirstTag(this.#pending, tags);
           if (hit === null) {
             const cut = this.#pending.length - partialTagLength(this.#pending, tags);
             out.content += this.#gaps.text(this.#pending.slice(0, cut));
             this.#pending = this.#pending.slice(cut);
             return;
+          }
+          if (hit.tag === FENCE) {
+            out.content += this.#gaps.text(this.#pending.slice(0, hit.at + FENCE.length));
+            this.#pending = this.#pending.slice(hit.at + FENCE.length);
+            this.#fenced = !this.#fenced;
+            continue;
           }
           out.content += this.#gaps.text(this.#pending.slice(0, hit.at));
           this.#pending = this.#pending.slice(hit.at + hit.tag.length);

@@ -86,6 +86,20 @@ export function promptOpensReasoning(prompt: string): boolean {
   return prompt.trimEnd().endsWith("<think>");
 }
 
+/** The tags that open a call in a format (held inside reasoning: see reasoning-qwen3.ts). */
+function callOpeners(format: ToolParserName | null): string[] {
+  switch (format) {
+    case "hermes3":
+      return ["<tool_call>"];
+    case "qwen3coder":
+      return ["<tool_call>", "<function="];
+    case "llama3":
+      return ["<|python_tag|>"];
+    case null:
+      return [];
+  }
+}
+
 /** The tool stage for a format. */
 function toolStage(opts: OutputParserOptions): ToolStage | null {
   switch (opts.toolParser) {
@@ -108,6 +122,8 @@ class ComposedParser implements OutputParser {
   readonly #tools: ToolStage | null;
   /** Makes call ids. */
   readonly #newId: () => string;
+  /** The options (a second tool stage reads text held inside an unterminated reasoning block). */
+  readonly #opts: OutputParserOptions;
   /** Content emitted so far. */
   #content = "";
   /** Reasoning emitted so far. */
@@ -118,8 +134,9 @@ class ComposedParser implements OutputParser {
   #finished = false;
 
   constructor(opts: OutputParserOptions) {
-    this.#reasoning = opts.reasoningParser === "qwen3" ? new Qwen3Reasoning(opts.reasoningOpen) : null;
+    this.#reasoning = opts.reasoningParser === "qwen3" ? new Qwen3Reasoning(opts.reasoningOpen, callOpeners(opts.toolParser)) : null;
     this.#tools = toolStage(opts);
+    this.#opts = opts;
     this.#newId = opts.newId ?? randomToolCallId;
   }
 
@@ -134,12 +151,22 @@ class ComposedParser implements OutputParser {
     if (this.#finished) return {};
     this.#finished = true;
     // 1. The reasoning stage flushes first: what it held may be text for the tool stage.
-    const split = this.#reasoning ? this.#reasoning.finish() : { reasoning: "", rest: "" };
-    if (!this.#tools) return this.#emit(split.reasoning, split.rest, []);
-    // 2. Then the tool stage reads that text and flushes in turn.
+    const split = this.#reasoning ? this.#reasoning.finish() : { reasoning: "", rest: "", held: "" };
+    if (!this.#tools) return this.#emit(split.reasoning + split.held, split.rest, []);
+    // 2. A call opener inside a block that never closed: a call when a tool stage finds one in the held text
+    //    (reasoning ended at the opener), else reasoning. The tool stage has seen nothing yet (all was reasoning).
+    if (split.held !== "") {
+      const trial = toolStage(this.#opts)!;
+      const pushed = trial.push(split.held);
+      const flushed = trial.finish(reason);
+      if (pushed.calls.length + flushed.calls.length > 0) {
+        return this.#emit(split.reasoning, pushed.content + flushed.content, [...pushed.calls, ...flushed.calls]);
+      }
+    }
+    // 3. Then the tool stage reads the rest and flushes in turn.
     const pushed = this.#tools.push(split.rest);
     const flushed = this.#tools.finish(reason);
-    return this.#emit(split.reasoning, pushed.content + flushed.content, [...pushed.calls, ...flushed.calls]);
+    return this.#emit(split.reasoning + split.held, pushed.content + flushed.content, [...pushed.calls, ...flushed.calls]);
   }
 
   result(): ParsedOutput {

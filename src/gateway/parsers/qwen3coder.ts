@@ -28,6 +28,8 @@ const FN_OPEN = "<function=";
 const FN_CLOSE = "</function>";
 const PARAM_OPEN = "<parameter=";
 const PARAM_CLOSE = "</parameter>";
+/** A Markdown code fence: markup between two is quoted, not a call. */
+const FENCE = "```";
 
 /** Where a call is inside its markup. */
 type CallPart =
@@ -67,6 +69,8 @@ export class Qwen3CoderStage implements ToolStage {
   #pending = "";
   /** Whitespace around calls. */
   readonly #gaps = new ContentGaps();
+  /** Inside a ``` code fence of the content. */
+  #fenced = false;
 
   constructor(
     /** The request's tools (schemas type the parameter values). */
@@ -131,14 +135,21 @@ export class Qwen3CoderStage implements ToolStage {
       if (rest.startsWith(CALL_CLOSE)) this.#pending = rest.slice(CALL_CLOSE.length);
       else st.expectClose = false;
     }
-    // 2. Content up to an opener; hold only a suffix that could still become one.
-    const openers = [CALL_OPEN, FN_OPEN];
+    // 2. Content up to an opener; hold only a suffix that could still become one. Inside a ``` fence markup is
+    //    quoted text (a model echoing the format from its prompt), so only the closing fence is watched there.
+    const openers = this.#fenced ? [FENCE] : [CALL_OPEN, FN_OPEN, FENCE];
     const hit = findFirstTag(this.#pending, openers);
     if (hit === null) {
       const cut = this.#pending.length - partialTagLength(this.#pending, openers);
       out.content += this.#gaps.text(this.#pending.slice(0, cut));
       this.#pending = this.#pending.slice(cut);
       return false;
+    }
+    if (hit.tag === FENCE) {
+      out.content += this.#gaps.text(this.#pending.slice(0, hit.at + FENCE.length));
+      this.#pending = this.#pending.slice(hit.at + FENCE.length);
+      this.#fenced = !this.#fenced;
+      return true;
     }
     out.content += this.#gaps.text(this.#pending.slice(0, hit.at));
     this.#pending = this.#pending.slice(hit.at + hit.tag.length);
