@@ -223,7 +223,7 @@ export class Qwen3CoderStage implements ToolStage {
         }
         this.#consume(i + tag.length);
         if (tag === PARAM_OPEN) st.part = { at: "paramName" };
-        else this.#complete(out, tag === FN_CLOSE && st.wrapped);
+        else this.#complete(out, tag === FN_CLOSE); // an unwrapped call may still end with an orphan `</tool_call>`
         return true;
       }
       case "value": {
