@@ -16,10 +16,14 @@
  * | qwen3coder | `<tool_call><function=N><parameter=P>V</parameter></function></tool_call>` (+ `\n`) | qwen3coder.ts |
  * | llama3 | `<|python_tag|>` (optional) + `{"name": …, "parameters": {…}}`, `;`-separated | llama3.ts |
  *
- * Streaming shape: a call is reported once complete (hermes3: at `</tool_call>`; qwen3coder: at `</function>`;
- * llama3: when its JSON object closes), as two deltas in one `push` result: `{index, id, name}` then
- * `{index, arguments}` with the whole compact JSON arguments. Holding a call until it is complete is what lets a
- * call cut by `max_tokens` be reported honestly (below); OVMS sends the name earlier and cannot.
+ * Streaming shape: a call's first delta `{index, id, name}` comes as soon as its name is certain (hermes3: its
+ * `"name"` string closed; llama3: the same after `<|python_tag|>`; qwen3coder: its first `<parameter=` or its
+ * `</function>`), then `{index, arguments}` fragments as the model writes them. Stages report call events
+ * (stage.ts) and this parser records what it emits, so the unary `arguments` is the concatenation of the fragments
+ * by construction. The arguments are compact JSON: hermes3/llama3 re-write the arguments object while it arrives
+ * (compact-json.ts, json-call-reader.ts); qwen3coder writes `{"P":…}` as parameters arrive, a string value as
+ * JSON-string fragments (streamed-parameter.ts), typed values whole when they close. Bare JSON calls (no tag) are a
+ * call only as the whole output, so they are reported whole at `finish`.
  *
  * What is lenient (beyond OVMS), and what is kept:
  * - Content before, between and after calls is kept, in streams too (OVMS drops text after the first call when
@@ -29,15 +33,19 @@
  *   a list of them, several separated by `;`, or one in a ```json fence, is a call — Qwen2.5-Coder-0.5B and 1.5B
  *   answer so. Such output is held while it could still be one and released as content as soon as it cannot.
  * - `"parameters"` is accepted for `"arguments"` and vice versa; arguments given as a JSON text are parsed.
- * - Malformed markup (hermes3 body that is not a call, qwen3coder markup that does not fit, llama3 JSON that breaks)
- *   stays in content as the raw text: no call, no error. OVMS ends the stream with an error mid-way.
- * - qwen3coder: `</parameter>` ends a value with or without the newline before it, but only when `<parameter=` or
- *   `</function>` follows; `</tool_call>` also closes a function; a `<tool_call>` holding hermes JSON is a call.
+ * - What Qwen3.x models emit (test/support/parsers/qwen3-corpus.ts): a call from an unterminated `<think>` is a
+ *   call (reasoning-qwen3.ts holds text from a call opener inside the block; `finish` offers it to a fresh tool
+ *   stage); markup inside a ``` fence is quoted text; a repeated `</tool_call>` is dropped; a missing
+ *   `</tool_call>`, `<tool_call>`, `</function>` or `</parameter>` is read as meant where unambiguous.
+ * - Malformed markup never aborts the stream. Before a call is announced it stays in content as the raw text (no
+ *   call, no error); after, the call ends where the markup broke (arguments closed as produced) and the rest is
+ *   content. OVMS ends the stream with an error mid-way.
  *
- * Truncation: a call still open when the output ends with `finish("length")` is not a call — its raw text,
- * tags included, becomes content and `finish_reason` stays `length`. With `finish("stop")` (the model ended, or a
- * stop string cut it) a hermes3 `<tool_call>` body that is already a complete call counts even without its
- * `</tool_call>`; an unfinished qwen3coder function (no `</function>`) or llama3 object is content either way.
+ * Truncation (`finish("length")`, or a model that stopped mid-call): a call already announced stays a call, its
+ * arguments closed into a valid JSON object as far as they were produced (an open string and containers closed, a
+ * number or key still being written dropped); `finish_reason` stays `length` (the session decides it). A call not
+ * yet announced is content, raw. With `finish("stop")` a hermes3 body read whole (not the streamed shape) that is a
+ * complete call counts even without its `</tool_call>`.
  *
  * @module
  */
