@@ -149,9 +149,11 @@ export class Hermes3Stage implements ToolStage {
           if (!this.#stream(st, out)) return;
           continue;
         case "inTag": {
-          // 4. After a call object inside its tag: whitespace (markup), then the closing tag, another call (a
-          //    second object, or a `<tool_call>` whose predecessor was never closed), or text.
-          const rest = this.#pending.slice(skipSpace(this.#pending));
+          // 4. After a call object inside its tag: whitespace and commas (markup), then the closing tag, another call
+          //    (a second object, or a `<tool_call>` whose predecessor was never closed), or text.
+          let i = 0;
+          while (i < this.#pending.length && (this.#pending[i] === "," || skipSpace(this.#pending, i) > i)) i++;
+          const rest = this.#pending.slice(i);
           this.#pending = rest;
           if (rest === "" || ((CLOSE.startsWith(rest) || OPEN.startsWith(rest)) && rest !== CLOSE && rest !== OPEN)) return;
           if (rest.startsWith(CLOSE)) {

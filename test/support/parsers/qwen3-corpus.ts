@@ -202,10 +202,10 @@ export const QWEN3_CORPUS: ParserCase[] = [
     ],
   },
   {
-    name: "qwen3 hermes: two call objects in one tag, then text",
+    name: "qwen3 hermes: two call objects in one tag (comma-separated), then text",
     opts: hermes,
     text:
-      '<tool_call>\n{"name": "get_time", "arguments": {"tz": "UTC"}}\n{"name": "glob", "arguments": {"pattern": "*"}}\n</tool_call>\nBoth.',
+      '<tool_call>\n{"name": "get_time", "arguments": {"tz": "UTC"}},\n{"name": "glob", "arguments": {"pattern": "*"}}\n</tool_call>\nBoth.',
     content: "\nBoth.",
     calls: [
       { name: "get_time", arguments: '{"tz":"UTC"}' },
