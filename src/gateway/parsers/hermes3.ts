@@ -2,8 +2,8 @@
  * hermes3 tool calls (Qwen2.5/Qwen3, Hermes): `<tool_call>\n{"name": …, "arguments": {…}}\n</tool_call>`,
  * any number, with content before, between and after them kept. Streamed: a call is announced when its `"name"`
  * string closes and its arguments follow as compact JSON while the model writes them (json-call-reader.ts).
- * Lenient: a whole output that is a bare JSON call to a declared tool is a call too (bare-calls.ts; reported whole
- * at the end, since only the end decides it); several call objects in one tag, a missing `</tool_call>` before
+ * Lenient: an output opening with a bare JSON call to a declared tool streams it the same way (no tag; a list, a
+ * fenced call or OpenAI's wrapper shape is a call only as the whole output: bare-calls.ts, reported at the end); several call objects in one tag, a missing `</tool_call>` before
  * the next `<tool_call>`, and a repeated `</tool_call>` are read as the model meant them. A body that is not a
  * call (before its name is known) stays in content as raw text; text that breaks a call after its name is known
  * ends the call there (arguments closed as produced) and is content. OVMS ends the stream with an error instead.
@@ -29,7 +29,9 @@ type HermesState =
   | { kind: "start" } // only whitespace so far: a bare call may still come
   | { kind: "bare"; detector: BareCallDetector } // holding text that may be a bare call
   | { kind: "text" } // content, watching for `<tool_call>`
-  | { kind: "stream"; opener: string; reader: JsonCallReader; announced: boolean } // a call object, streamed
+  /** A call object, streamed; `opener` null: a bare call at the start of the output (no tag). */
+  | { kind: "stream"; opener: string | null; reader: JsonCallReader; announced: boolean }
+  | { kind: "bareGap" } // after a streamed bare call: `;` and whitespace, another bare call, or text
   | { kind: "call"; opener: string; body: string } // not the streamed shape: the body up to `</tool_call>`, whole
   | { kind: "inTag" } // after a call object, inside its tag: `</tool_call>`, another object, or text
   | { kind: "tail" } // text inside a tag after a call: content up to `</tool_call>` (dropped) or `<tool_call>`
@@ -59,7 +61,11 @@ export class Hermes3Stage implements ToolStage {
 
   finish(reason: "stop" | "length"): StageOutput {
     const out = emptyOutput();
-    // 1. A held bare candidate: a call if it is one as a whole, else ordinary text (which may hold tags).
+    // 1. A bare candidate (streamed or held): a call if it is one as a whole, else ordinary text (may hold tags).
+    if (this.#state.kind === "stream" && this.#state.opener === null && !this.#state.announced) {
+      this.#bareFallback(this.#state.reader.raw);
+      if ((this.#state as HermesState).kind === "text") this.#drain(out);
+    }
     if (this.#state.kind === "bare") {
       const calls = this.#state.detector.calls();
       if (calls !== null) {
@@ -77,7 +83,7 @@ export class Hermes3Stage implements ToolStage {
     //    before its name it is raw text.
     if (st.kind === "stream") {
       if (st.announced) pushArgs(out, st.reader.closeArgs());
-      else out.content += this.#gaps.text(st.opener + st.reader.raw);
+      else out.content += this.#gaps.text((st.opener ?? "") + st.reader.raw);
     }
     // 3. A whole-read body still open: kept only when the model stopped on its own right after a complete call.
     if (st.kind === "call") {
@@ -108,9 +114,10 @@ export class Hermes3Stage implements ToolStage {
           out.content += this.#gaps.text(this.#pending.slice(0, i));
           this.#pending = this.#pending.slice(i);
           if (this.#pending === "") return;
-          this.#state = BareCallDetector.mayStartWith(this.#pending[0]!)
-            ? { kind: "bare", detector: new BareCallDetector(this.tools) }
-            : { kind: "text" };
+          const first = this.#pending[0]!;
+          // A leading `{` streams as a call once it names a declared tool; a list or a fence is read whole.
+          if (first === "{") this.#state = { kind: "stream", opener: null, reader: new JsonCallReader(this.tools.map((t) => t.name)), announced: false };
+          else this.#state = BareCallDetector.mayStartWith(first) ? { kind: "bare", detector: new BareCallDetector(this.tools) } : { kind: "text" };
           continue;
         }
         case "bare": {
@@ -167,6 +174,19 @@ export class Hermes3Stage implements ToolStage {
           }
           continue;
         }
+        case "bareGap": {
+          // 2b. After a bare call: `;`/whitespace separate the next bare call (Llama style); anything else is text.
+          let i = 0;
+          while (i < this.#pending.length && (this.#pending[i] === ";" || skipSpace(this.#pending, i) > i)) i++;
+          if (i === this.#pending.length) return;
+          if (this.#pending[i] === "{") {
+            this.#pending = this.#pending.slice(i);
+            this.#state = { kind: "stream", opener: null, reader: new JsonCallReader(this.tools.map((t) => t.name)), announced: false };
+          } else {
+            this.#state = { kind: "text" };
+          }
+          continue;
+        }
         case "afterTag": {
           // 5. A `</tool_call>` repeated right after the one that closed a call is dropped with the space before it.
           const rest = this.#pending.slice(skipSpace(this.#pending));
@@ -203,6 +223,20 @@ export class Hermes3Stage implements ToolStage {
     }
   }
 
+  /**
+   * A bare call that cannot stream (a list, a wrapper, a key no call has, an undeclared name) or was cut before
+   * its name: the whole-output detector reads `raw` again (then the rest of `pending`), or it is text.
+   */
+  #bareFallback(raw: string): void {
+    const detector = new BareCallDetector(this.tools);
+    if (detector.push(raw)) {
+      this.#state = { kind: "bare", detector };
+      return;
+    }
+    this.#pending = detector.text + this.#pending;
+    this.#state = { kind: "text" };
+  }
+
   /** A fresh streamed call after `opener`. */
   #streamState(opener: string): HermesState {
     return { kind: "stream", opener, reader: new JsonCallReader(), announced: false };
@@ -221,11 +255,13 @@ export class Hermes3Stage implements ToolStage {
       if (step === "more") continue;
       // 2. The object closed, or broke after its name (the rest is text), or was never the streamed shape.
       if (step === "giveUp") {
-        this.#state = { kind: "call", opener: st.opener, body: st.reader.raw };
         this.#pending = this.#pending.slice(i);
+        if (st.opener === null) this.#bareFallback(st.reader.raw);
+        else this.#state = { kind: "call", opener: st.opener, body: st.reader.raw };
       } else {
         pushArgs(out, st.reader.closeArgs());
-        this.#state = step === "done" ? { kind: "inTag" } : { kind: "tail" };
+        const bare = st.opener === null;
+        this.#state = step === "done" ? { kind: bare ? "bareGap" : "inTag" } : { kind: bare ? "text" : "tail" };
         this.#pending = this.#pending.slice(step === "done" ? i + 1 : i);
       }
       return true;

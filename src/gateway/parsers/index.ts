@@ -22,16 +22,19 @@
  * (stage.ts) and this parser records what it emits, so the unary `arguments` is the concatenation of the fragments
  * by construction. The arguments are compact JSON: hermes3/llama3 re-write the arguments object while it arrives
  * (compact-json.ts, json-call-reader.ts); qwen3coder writes `{"P":…}` as parameters arrive, a string value as
- * JSON-string fragments (streamed-parameter.ts), typed values whole when they close. Bare JSON calls (no tag) are a
- * call only as the whole output, so they are reported whole at `finish`.
+ * JSON-string fragments (streamed-parameter.ts), typed values whole when they close. A bare call object at the start
+ * of the output (hermes3, llama3: no tag) streams the same way once its name is a declared tool; a bare list or a
+ * fenced call is a call only as the whole output, so it is reported whole at `finish`.
  *
  * What is lenient (beyond OVMS), and what is kept:
  * - Content before, between and after calls is kept, in streams too (OVMS drops text after the first call when
  *   streaming, and qwen3coder text sharing a chunk with the tag). Whitespace touching only calls and the ends of
  *   the output is dropped (content-gaps.ts).
- * - Bare calls (hermes3, llama3): a whole output (trimmed) that is `{"name": <declared tool>, "arguments": {…}}`,
- *   a list of them, several separated by `;`, or one in a ```json fence, is a call — Qwen2.5-Coder-0.5B and 1.5B
- *   answer so. Such output is held while it could still be one and released as content as soon as it cannot.
+ * - Bare calls (hermes3, llama3) — Qwen2.5-Coder-0.5B and 1.5B answer so: an output starting with
+ *   `{"name": <declared tool>, …` is a call from its name on (several separated by `;`; text after them is
+ *   content); a whole output (trimmed) that is a list of calls, OpenAI's wrapper shape, or a call in a ```json
+ *   fence is a call too. A candidate is held while it could still be one and released as content as soon as it
+ *   cannot (a key no call has, an undeclared name).
  * - `"parameters"` is accepted for `"arguments"` and vice versa; arguments given as a JSON text are parsed.
  * - What Qwen3.x models emit (test/support/parsers/qwen3-corpus.ts): a call from an unterminated `<think>` is a
  *   call (reasoning-qwen3.ts holds text from a call opener inside the block; `finish` offers it to a fresh tool

@@ -4,6 +4,9 @@
  * known the moment its string closes, and the arguments object is re-written as compact JSON while it arrives
  * (compact-json.ts). Keys other than these are skipped; the first `name` and the first arguments key win.
  *
+ * A bare call (no tag says "this is a call") is read with `declared`: the name must be a declared tool and every
+ * top-level key one a call can have, so a JSON answer is given up at its first other key (and streams as content).
+ *
  * Before the name is known the reader can still give up (`giveUp`: the text is not this shape — a list, OpenAI's
  * `{"function": …}` wrapper, not JSON at all), and the caller re-reads it the old way, as a whole. After the name
  * is known the call exists (it was streamed); text that breaks the JSON then `broken`s it: the arguments are
@@ -29,6 +32,9 @@ type Part =
 /** What a value of a key is for. */
 type Role = "name" | "args" | "skip" | "wrapper";
 
+/** The keys a call object may have (call-shape.ts), the OpenAI-style wrapper included. */
+const CALL_KEYS = new Set(["name", "arguments", "parameters", "type", "function", "id"]);
+
 export class JsonCallReader {
   /** Every character consumed (the text to re-read or release if the reader gives up). */
   #raw = "";
@@ -40,6 +46,11 @@ export class JsonCallReader {
   #args: CompactJson | null = null;
   /** An arguments key was seen (later ones are skipped). */
   #argsSeen = false;
+
+  constructor(
+    /** For a bare call: the declared tool names (the name must be one; keys must be call keys); null after a tag. */
+    private readonly declared: readonly string[] | null = null,
+  ) {}
 
   /** Text consumed so far. */
   get raw(): string {
@@ -113,7 +124,10 @@ export class JsonCallReader {
     const part = this.#part as Extract<Part, { at: "key" }>;
     const step = part.reader.push(ch);
     if (step === "error") return this.#fail();
-    if (step === "done") this.#part = { at: "colon", key: JSON.parse(part.reader.text) as string };
+    if (step !== "done") return "more";
+    const key = JSON.parse(part.reader.text) as string;
+    if (this.declared !== null && this.#name === null && !CALL_KEYS.has(key)) return "giveUp";
+    this.#part = { at: "colon", key };
     return "more";
   }
 
@@ -152,7 +166,7 @@ export class JsonCallReader {
     this.#part = { at: "afterValue" };
     if (role === "name") {
       const name = JSON.parse(part.reader.text) as string;
-      if (name.trim() === "") return this.#fail();
+      if (name.trim() === "" || (this.declared !== null && !this.declared.includes(name))) return this.#fail();
       this.#name = name;
     } else if (role === "args" && part.reader !== this.#args) {
       // Arguments given as a JSON text (OpenAI's wire shape): decoded and re-written whole.

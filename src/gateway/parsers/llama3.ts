@@ -2,7 +2,7 @@
  * llama3 tool calls (Llama 3.1+ JSON tool calling): `<|python_tag|>` (optional) then JSON objects
  * `{"name": …, "parameters": {…}}` (also `"arguments"`), several separated by `;`. Without the tag, an output that
  * is as a whole such JSON (a leading `{`) is a call when it names a declared tool — the same lenient rule as
- * hermes3's bare calls (reported whole at the end). Text before the tag is content; what follows the calls and is
+ * hermes3's bare calls (a leading call object streams once its name is a declared tool; a list is read whole). Text before the tag is content; what follows the calls and is
  * not one is content, raw. After the tag a call object streams: announced when its `"name"` closes, arguments as
  * compact JSON while they arrive (json-call-reader.ts); text that breaks it after that ends the call there.
  *
@@ -28,8 +28,8 @@ type Llama3State =
   | { kind: "gap"; unclaimed: string; afterCall: boolean }
   /** Inside one JSON value read whole (a list, a wrapper); `raw` = its text so far. */
   | { kind: "value"; unclaimed: string; raw: string; scanner: JsonScanner }
-  /** Inside one call object, streamed; `announced` once its name was sent. */
-  | { kind: "stream"; unclaimed: string; reader: JsonCallReader; announced: boolean };
+  /** Inside one call object, streamed; `announced` once its name was sent; `bare`: at the start, without the tag. */
+  | { kind: "stream"; unclaimed: string; reader: JsonCallReader; announced: boolean; bare: boolean };
 
 export class Llama3Stage implements ToolStage {
   /** Position in the format. */
@@ -53,7 +53,11 @@ export class Llama3Stage implements ToolStage {
 
   finish(_reason: "stop" | "length"): StageOutput {
     const out = emptyOutput();
-    // 1. A held bare candidate: calls if it is them as a whole, else ordinary text (which may hold the tag).
+    // 1. A bare candidate (streamed or held): calls if it is them as a whole, else ordinary text (may hold the tag).
+    if (this.#state.kind === "stream" && this.#state.bare && !this.#state.announced) {
+      this.#bareFallback(this.#state.reader.raw);
+      if ((this.#state as Llama3State).kind === "text") this.#drain(out);
+    }
     if (this.#state.kind === "bare") {
       const detector = this.#state.detector;
       const calls = detector.calls();
@@ -94,11 +98,11 @@ export class Llama3Stage implements ToolStage {
           out.content += this.#gaps.text(this.#pending.slice(0, i));
           this.#pending = this.#pending.slice(i);
           if (this.#pending === "") return;
+          // A leading `{` streams as a call once it names a declared tool; a list is read whole.
           const first = this.#pending[0]!;
-          this.#state =
-            first === "{" || first === "["
-              ? { kind: "bare", detector: new BareCallDetector(this.tools) }
-              : { kind: "text" };
+          const names = this.tools.map((t) => t.name);
+          if (first === "{") this.#state = { kind: "stream", unclaimed: "", reader: new JsonCallReader(names), announced: false, bare: true };
+          else this.#state = first === "[" ? { kind: "bare", detector: new BareCallDetector(this.tools) } : { kind: "text" };
           continue;
         }
         case "bare": {
@@ -137,7 +141,7 @@ export class Llama3Stage implements ToolStage {
             const unclaimed = st.afterCall ? "" : st.unclaimed;
             this.#state =
               first === "{"
-                ? { kind: "stream", unclaimed, reader: new JsonCallReader(), announced: false }
+                ? { kind: "stream", unclaimed, reader: new JsonCallReader(), announced: false, bare: false }
                 : { kind: "value", unclaimed, raw: "", scanner: new JsonScanner() };
             continue;
           }
@@ -171,6 +175,17 @@ export class Llama3Stage implements ToolStage {
     }
   }
 
+  /** A bare candidate that cannot stream: the whole-output detector reads `raw` again, or it is text. */
+  #bareFallback(raw: string): void {
+    const detector = new BareCallDetector(this.tools);
+    if (detector.push(raw)) {
+      this.#state = { kind: "bare", detector };
+      return;
+    }
+    this.#pending = detector.text + this.#pending;
+    this.#state = { kind: "text" };
+  }
+
   /** Feeds pending text to the streamed call object; false when all of it was consumed (more is needed). */
   #stream(st: Extract<Llama3State, { kind: "stream" }>, out: StageOutput): boolean {
     for (let i = 0; i < this.#pending.length; i++) {
@@ -182,7 +197,12 @@ export class Llama3Stage implements ToolStage {
         out.calls.push({ kind: "start", name: st.reader.name });
       }
       if (step === "more") continue;
-      // 2. Not the streamed shape: re-read what was consumed as one whole value.
+      // 2. Not the streamed shape: re-read what was consumed as one whole value (at the start: a bare candidate).
+      if (step === "giveUp" && st.bare) {
+        this.#pending = this.#pending.slice(i);
+        this.#bareFallback(st.reader.raw);
+        return true;
+      }
       if (step === "giveUp") {
         const scanner = new JsonScanner();
         for (const ch of st.reader.raw) scanner.push(ch);

@@ -104,8 +104,16 @@ describe("streaming shape", () => {
 
   it("a bare candidate is released as soon as it cannot be a call", () => {
     const parser = createOutputParser(options({ toolParser: "hermes3", tools: WEATHER_TOOLS }));
-    expect(parser.push('{"name": "get_weather"')).toEqual({});
-    expect(parser.push(", x")).toEqual({ content: '{"name": "get_weather", x' });
+    expect(parser.push('{"name": "search_web"')).toEqual({});
+    expect(parser.push(", x")).toEqual({ content: '{"name": "search_web", x' });
+  });
+
+  it("a bare call naming a declared tool streams from its name on", () => {
+    const parser = createOutputParser(options({ toolParser: "hermes3", tools: WEATHER_TOOLS }));
+    expect(parser.push('{"name": "get_weather", "arguments": {"city": "Pa')).toEqual({
+      toolCalls: [{ index: 0, id: "call_0", name: "get_weather" }, { index: 0, arguments: '{"city":"Pa' }],
+    });
+    expect(parser.push('ris"}}')).toEqual({ toolCalls: [{ index: 0, arguments: 'ris"}' }] });
   });
 
   it("reasoning streams as it arrives, the closing tag is never emitted", () => {
@@ -262,11 +270,18 @@ describe("bare-call early release", () => {
     expect(parser.push('er": 4')).toEqual({ content: '{"answer": 4' });
   });
 
-  it("call keys keep it held", () => {
+  it("llama3: a leading call object naming a declared tool streams from its name on", () => {
     const parser = createOutputParser(options({ toolParser: "llama3", tools: WEATHER_TOOLS }));
-    expect(parser.push('{"name": "get_time", "parameters": {"answer": 1')).toEqual({});
-    expect(parser.push("}}")).toEqual({});
-    // A bare call is only known at the end (the whole output decides): header and arguments together.
+    expect(parser.push('{"name": "get_time", "parameters": {"answer": 1')).toEqual({
+      toolCalls: [{ index: 0, id: "call_0", name: "get_time" }, { index: 0, arguments: "{" }],
+    });
+    expect(parser.push("}}")).toEqual({ toolCalls: [{ index: 0, arguments: '"answer":1}' }] });
+    expect(parser.finish("stop")).toEqual({});
+  });
+
+  it("a bare list of calls is only known at the end: header and arguments together", () => {
+    const parser = createOutputParser(options({ toolParser: "llama3", tools: WEATHER_TOOLS }));
+    expect(parser.push('[{"name": "get_time", "parameters": {"answer": 1}}]')).toEqual({});
     expect(parser.finish("stop").toolCalls).toEqual([
       { index: 0, id: "call_0", name: "get_time" },
       { index: 0, arguments: '{"answer":1}' },

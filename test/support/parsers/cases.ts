@@ -249,10 +249,29 @@ export const CASES: ParserCase[] = [
     content: '{"city": "Paris", "temperature": 21}',
   },
   {
-    name: "hermes3: bare call followed by prose is content",
+    // A leading object naming a declared tool streams as a call from its name on; text after it is content.
+    name: "hermes3: bare call followed by prose is a call, the prose content",
     opts: hermes,
     text: '{"name": "get_weather", "arguments": {"city": "Paris"}}\nThis will fetch the weather.',
-    content: '{"name": "get_weather", "arguments": {"city": "Paris"}}\nThis will fetch the weather.',
+    content: "\nThis will fetch the weather.",
+    calls: [{ name: "get_weather", arguments: '{"city":"Paris"}' }],
+  },
+  {
+    name: "hermes3: bare calls separated by ;",
+    opts: hermes,
+    text: '{"name": "get_weather", "arguments": {"city": "Paris"}}; {"name": "get_time", "arguments": {}}',
+    content: "",
+    calls: [
+      { name: "get_weather", arguments: '{"city":"Paris"}' },
+      { name: "get_time", arguments: "{}" },
+    ],
+  },
+  {
+    name: "hermes3: a bare object cut before its name is content",
+    opts: hermes,
+    text: '{"name": "get_wea',
+    reason: "length",
+    content: '{"name": "get_wea',
   },
   {
     name: "hermes3: released bare candidate still finds a later tagged call",
