@@ -123,6 +123,18 @@ describe("streaming shape", () => {
     expect(parser.result()).toEqual({ content: "Answer", reasoning: "step one", toolCalls: [] });
   });
 
+  it("reasoning that mentions <tool_call> keeps streaming; one that opens a call is held to </think> or the end", () => {
+    const parser = createOutputParser(options({ toolParser: "hermes3", tools: WEATHER_TOOLS, reasoningParser: "qwen3", reasoningOpen: true }));
+    expect(parser.push("Use <tool_call> ")).toEqual({ reasoning: "Use " });
+    expect(parser.push("tags. Now ")).toEqual({ reasoning: "<tool_call> tags. Now " });
+    expect(parser.push('<tool_call>\n{"name": "get_time", "arguments": {}}')).toEqual({});
+    expect(parser.push("</tool_call>")).toEqual({});
+    expect(parser.finish("stop")).toEqual({
+      toolCalls: [{ index: 0, id: "call_0", name: "get_time" }, { index: 0, arguments: "{}" }],
+    });
+    expect(parser.result().reasoning).toBe("Use <tool_call> tags. Now ");
+  });
+
   it("nothing after finish", () => {
     const parser = createOutputParser(options({ toolParser: "hermes3", tools: WEATHER_TOOLS }));
     parser.push("x");

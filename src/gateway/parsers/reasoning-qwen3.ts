@@ -4,7 +4,7 @@
  * reasoning. Reasoning without its `</think>` (cut, or a model that never closes) is reasoning to the end — OVMS
  * does that for the implicit start only; here an explicit `<think>` streams as reasoning too, and a stream cannot
  * take it back. The text is kept as written, no trimming. A tool-call opener inside reasoning (`callOpeners`:
- * `<tool_call>` …) is held with all that follows: if `</think>` comes later it was a draft and all of it is
+ * `<tool_call>` …) followed by what can start a call is held with all that follows (a mere mention streams on): if `</think>` comes later it was a draft and all of it is
  * reasoning (reasoning models plan calls there); if the output ends first, reasoning ended at the opener (Qwen3.x
  * models are seen to call from an unterminated `<think>`) and the composed parser offers the held text to the tool
  * stage (index.ts), keeping it as reasoning when no call is in it; only whitespace before an opening `<think>` is dropped (and a `<think>` the model
@@ -18,6 +18,9 @@ import { couldStartWith, findFirstTag, partialTagLength, skipSpace } from "./tag
 
 const OPEN = "<think>";
 const CLOSE = "</think>";
+
+/** The first characters after an opener that can start a call (`<function=`: any name, so not listed). */
+const CALL_STARTS: Readonly<Record<string, string>> = { "<tool_call>": "{[<", "<|python_tag|>": "{[" };
 
 /** What one push made certain: reasoning text, and text for the next stage. */
 export interface ReasoningSplit {
@@ -44,6 +47,10 @@ export class Qwen3Reasoning {
   #pending = "";
   /** Text held from a call opener inside the block until `</think>` or the end decides it. */
   #held = "";
+  /** The opener that started `held`. */
+  #opener = "";
+  /** What follows the held opener can start a call (until then, a mere mention is released at once). */
+  #heldLooksLikeCall = false;
 
   constructor(
     /** The prompt ended with `<think>`: the output begins inside reasoning. */
@@ -75,7 +82,22 @@ export class Qwen3Reasoning {
           continue;
         }
         case "inside": {
-          // 2. Reasoning up to `</think>`; hold only a suffix that could still become it (or a call opener).
+          // 2a. Just after a held opener: a mention (not followed by what starts a call) is reasoning at once.
+          if (this.#held !== "" && !this.#heldLooksLikeCall) {
+            const i = skipSpace(this.#pending);
+            if (i === this.#pending.length) {
+              this.#held += this.#pending;
+              this.#pending = "";
+              return out;
+            }
+            if (CALL_STARTS[this.#opener]?.includes(this.#pending[i]!) ?? true) {
+              this.#heldLooksLikeCall = true;
+            } else {
+              out.reasoning += this.#held;
+              this.#held = "";
+            }
+          }
+          // 2b. Reasoning up to `</think>`; hold only a suffix that could still become it (or a call opener).
           const tags = this.#held === "" ? [CLOSE, ...this.callOpeners] : [CLOSE];
           const hit = findFirstTag(this.#pending, tags);
           if (hit === null) {
@@ -88,6 +110,8 @@ export class Qwen3Reasoning {
           if (hit.tag !== CLOSE) {
             // A call opener: held from here (see the module comment).
             this.#held = hit.tag;
+            this.#opener = hit.tag;
+            this.#heldLooksLikeCall = false;
             this.#pending = this.#pending.slice(hit.at + hit.tag.length);
             continue;
           }
