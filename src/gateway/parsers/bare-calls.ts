@@ -4,7 +4,9 @@
  * one inside a ```json fence — is a call even without `<tool_call>` / `<|python_tag|>`. Qwen2.5-Coder-0.5B answers
  * exactly so; the 1.5B fences it.
  *
- * Whether the whole output is such a call is only known at the end, so the caller holds the text back while it
+ * A leading single call object is streamed by the stages themselves (json-call-reader.ts, once its name is a
+ * declared tool); this detector reads what that cannot: a list, OpenAI's wrapper shape, a fenced call, and any
+ * candidate the streamed reader gave up on. Whether the whole output is such a call is only known at the end, so the caller holds the text back while it
  * could still be one and releases it as content the moment it cannot (a non-JSON character, text after the value,
  * a value that is not a call to a declared tool).
  *

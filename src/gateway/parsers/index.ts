@@ -16,39 +16,49 @@
  * | qwen3coder | `<tool_call><function=N><parameter=P>V</parameter></function></tool_call>` (+ `\n`) | qwen3coder.ts |
  * | llama3 | `<|python_tag|>` (optional) + `{"name": …, "parameters": {…}}`, `;`-separated | llama3.ts |
  *
- * Streaming shape: a call is reported once complete (hermes3: at `</tool_call>`; qwen3coder: at `</function>`;
- * llama3: when its JSON object closes), as two deltas in one `push` result: `{index, id, name}` then
- * `{index, arguments}` with the whole compact JSON arguments. Holding a call until it is complete is what lets a
- * call cut by `max_tokens` be reported honestly (below); OVMS sends the name earlier and cannot.
+ * Streaming shape: a call's first delta `{index, id, name}` comes as soon as its name is certain (hermes3: its
+ * `"name"` string closed; llama3: the same after `<|python_tag|>`; qwen3coder: its first `<parameter=` or its
+ * `</function>`), then `{index, arguments}` fragments as the model writes them. Stages report call events
+ * (stage.ts) and this parser records what it emits, so the unary `arguments` is the concatenation of the fragments
+ * by construction. The arguments are compact JSON: hermes3/llama3 re-write the arguments object while it arrives
+ * (compact-json.ts, json-call-reader.ts); qwen3coder writes `{"P":…}` as parameters arrive, a string value as
+ * JSON-string fragments (streamed-parameter.ts), typed values whole when they close. A bare call object at the start
+ * of the output (hermes3, llama3: no tag) streams the same way once its name is a declared tool; a bare list or a
+ * fenced call is a call only as the whole output, so it is reported whole at `finish`.
  *
  * What is lenient (beyond OVMS), and what is kept:
  * - Content before, between and after calls is kept, in streams too (OVMS drops text after the first call when
  *   streaming, and qwen3coder text sharing a chunk with the tag). Whitespace touching only calls and the ends of
  *   the output is dropped (content-gaps.ts).
- * - Bare calls (hermes3, llama3): a whole output (trimmed) that is `{"name": <declared tool>, "arguments": {…}}`,
- *   a list of them, several separated by `;`, or one in a ```json fence, is a call — Qwen2.5-Coder-0.5B and 1.5B
- *   answer so. Such output is held while it could still be one and released as content as soon as it cannot.
+ * - Bare calls (hermes3, llama3) — Qwen2.5-Coder-0.5B and 1.5B answer so: an output starting with
+ *   `{"name": <declared tool>, …` is a call from its name on (several separated by `;`; text after them is
+ *   content); a whole output (trimmed) that is a list of calls, OpenAI's wrapper shape, or a call in a ```json
+ *   fence is a call too. A candidate is held while it could still be one and released as content as soon as it
+ *   cannot (a key no call has, an undeclared name).
  * - `"parameters"` is accepted for `"arguments"` and vice versa; arguments given as a JSON text are parsed.
- * - Malformed markup (hermes3 body that is not a call, qwen3coder markup that does not fit, llama3 JSON that breaks)
- *   stays in content as the raw text: no call, no error. OVMS ends the stream with an error mid-way.
- * - qwen3coder: `</parameter>` ends a value with or without the newline before it, but only when `<parameter=` or
- *   `</function>` follows; `</tool_call>` also closes a function; a `<tool_call>` holding hermes JSON is a call.
+ * - What Qwen3.x models emit (test/support/parsers/qwen3-corpus.ts): a call from an unterminated `<think>` is a
+ *   call (reasoning-qwen3.ts holds text from a call opener inside the block; `finish` offers it to a fresh tool
+ *   stage); markup inside a ``` fence is quoted text; a repeated `</tool_call>` is dropped; a missing
+ *   `</tool_call>`, `<tool_call>`, `</function>` or `</parameter>` is read as meant where unambiguous.
+ * - Malformed markup never aborts the stream. Before a call is announced it stays in content as the raw text (no
+ *   call, no error); after, the call ends where the markup broke (arguments closed as produced) and the rest is
+ *   content. OVMS ends the stream with an error mid-way.
  *
- * Truncation: a call still open when the output ends with `finish("length")` is not a call — its raw text,
- * tags included, becomes content and `finish_reason` stays `length`. With `finish("stop")` (the model ended, or a
- * stop string cut it) a hermes3 `<tool_call>` body that is already a complete call counts even without its
- * `</tool_call>`; an unfinished qwen3coder function (no `</function>`) or llama3 object is content either way.
+ * Truncation (`finish("length")`, or a model that stopped mid-call): a call already announced stays a call, its
+ * arguments closed into a valid JSON object as far as they were produced (an open string and containers closed, a
+ * number or key still being written dropped); `finish_reason` stays `length` (the session decides it). A call not
+ * yet announced is content, raw. With `finish("stop")` a hermes3 body read whole (not the streamed shape) that is a
+ * complete call counts even without its `</tool_call>`.
  *
  * @module
  */
 import { randomInt } from "node:crypto";
 import type { ToolCall, ToolParserName } from "../tools.js";
-import type { FoundCall } from "./call-shape.js";
 import { Hermes3Stage } from "./hermes3.js";
 import { Llama3Stage } from "./llama3.js";
 import { Qwen3CoderStage } from "./qwen3coder.js";
 import { Qwen3Reasoning } from "./reasoning-qwen3.js";
-import type { ToolStage } from "./stage.js";
+import type { CallEvent, ToolStage } from "./stage.js";
 import type { OutputParser, OutputParserOptions, ParsedDelta, ParsedOutput, ToolCallDelta } from "./types.js";
 
 export type { OutputParser, OutputParserOptions, ParsedDelta, ParsedOutput, ToolCallDelta } from "./types.js";
@@ -87,6 +97,20 @@ export function promptOpensReasoning(prompt: string): boolean {
   return prompt.trimEnd().endsWith("<think>");
 }
 
+/** The tags that open a call in a format (held inside reasoning: see reasoning-qwen3.ts). */
+function callOpeners(format: ToolParserName | null): string[] {
+  switch (format) {
+    case "hermes3":
+      return ["<tool_call>"];
+    case "qwen3coder":
+      return ["<tool_call>", "<function="];
+    case "llama3":
+      return ["<|python_tag|>"];
+    case null:
+      return [];
+  }
+}
+
 /** The tool stage for a format. */
 function toolStage(opts: OutputParserOptions): ToolStage | null {
   switch (opts.toolParser) {
@@ -109,6 +133,8 @@ class ComposedParser implements OutputParser {
   readonly #tools: ToolStage | null;
   /** Makes call ids. */
   readonly #newId: () => string;
+  /** The options (a second tool stage reads text held inside an unterminated reasoning block). */
+  readonly #opts: OutputParserOptions;
   /** Content emitted so far. */
   #content = "";
   /** Reasoning emitted so far. */
@@ -119,8 +145,9 @@ class ComposedParser implements OutputParser {
   #finished = false;
 
   constructor(opts: OutputParserOptions) {
-    this.#reasoning = opts.reasoningParser === "qwen3" ? new Qwen3Reasoning(opts.reasoningOpen) : null;
+    this.#reasoning = opts.reasoningParser === "qwen3" ? new Qwen3Reasoning(opts.reasoningOpen, callOpeners(opts.toolParser)) : null;
     this.#tools = toolStage(opts);
+    this.#opts = opts;
     this.#newId = opts.newId ?? randomToolCallId;
   }
 
@@ -135,12 +162,22 @@ class ComposedParser implements OutputParser {
     if (this.#finished) return {};
     this.#finished = true;
     // 1. The reasoning stage flushes first: what it held may be text for the tool stage.
-    const split = this.#reasoning ? this.#reasoning.finish() : { reasoning: "", rest: "" };
-    if (!this.#tools) return this.#emit(split.reasoning, split.rest, []);
-    // 2. Then the tool stage reads that text and flushes in turn.
+    const split = this.#reasoning ? this.#reasoning.finish() : { reasoning: "", rest: "", held: "" };
+    if (!this.#tools) return this.#emit(split.reasoning + split.held, split.rest, []);
+    // 2. A call opener inside a block that never closed: a call when a tool stage finds one in the held text
+    //    (reasoning ended at the opener), else reasoning. The tool stage has seen nothing yet (all was reasoning).
+    if (split.held !== "") {
+      const trial = toolStage(this.#opts)!;
+      const pushed = trial.push(split.held);
+      const flushed = trial.finish(reason);
+      if (pushed.calls.length + flushed.calls.length > 0) {
+        return this.#emit(split.reasoning, pushed.content + flushed.content, [...pushed.calls, ...flushed.calls]);
+      }
+    }
+    // 3. Then the tool stage reads the rest and flushes in turn.
     const pushed = this.#tools.push(split.rest);
     const flushed = this.#tools.finish(reason);
-    return this.#emit(split.reasoning, pushed.content + flushed.content, [...pushed.calls, ...flushed.calls]);
+    return this.#emit(split.reasoning + split.held, pushed.content + flushed.content, [...pushed.calls, ...flushed.calls]);
   }
 
   result(): ParsedOutput {
@@ -151,8 +188,11 @@ class ComposedParser implements OutputParser {
     };
   }
 
-  /** Records and shapes one delta (empty parts omitted). */
-  #emit(reasoning: string, content: string, calls: readonly FoundCall[]): ParsedDelta {
+  /**
+   * Records and shapes one delta (empty parts omitted). A `start` event opens call `index` with its id and name;
+   * `args` events append to the latest call, consecutive ones joined into one fragment.
+   */
+  #emit(reasoning: string, content: string, calls: readonly CallEvent[]): ParsedDelta {
     const delta: ParsedDelta = {};
     if (reasoning !== "") {
       this.#reasoningText += reasoning;
@@ -162,16 +202,24 @@ class ComposedParser implements OutputParser {
       this.#content += content;
       delta.content = content;
     }
-    if (calls.length > 0) {
-      const deltas: ToolCallDelta[] = [];
-      for (const c of calls) {
+    const deltas: ToolCallDelta[] = [];
+    for (const e of calls) {
+      if (e.kind === "start") {
         const index = this.#calls.length;
         const id = this.#newId();
-        this.#calls.push({ id, name: c.name, arguments: c.arguments });
-        deltas.push({ index, id, name: c.name }, { index, arguments: c.arguments });
+        this.#calls.push({ id, name: e.name, arguments: "" });
+        deltas.push({ index, id, name: e.name });
+        continue;
       }
-      delta.toolCalls = deltas;
+      // Why skip an args event before any start: a stage never sends one; this keeps the invariant local.
+      const index = this.#calls.length - 1;
+      if (index < 0 || e.text === "") continue;
+      this.#calls[index]!.arguments += e.text;
+      const last = deltas[deltas.length - 1];
+      if (last !== undefined && last.index === index && last.id === undefined) last.arguments += e.text;
+      else deltas.push({ index, arguments: e.text });
     }
+    if (deltas.length > 0) delta.toolCalls = deltas;
     return delta;
   }
 }

@@ -2,7 +2,9 @@
  * llama3 tool calls (Llama 3.1+ JSON tool calling): `<|python_tag|>` (optional) then JSON objects
  * `{"name": …, "parameters": {…}}` (also `"arguments"`), several separated by `;`. Without the tag, an output that
  * is as a whole such JSON (a leading `{`) is a call when it names a declared tool — the same lenient rule as
- * hermes3's bare calls. Text before the tag is content; what follows the calls and is not one is content, raw.
+ * hermes3's bare calls (a leading call object streams once its name is a declared tool; a list is read whole). Text before the tag is content; what follows the calls and is
+ * not one is content, raw. After the tag a call object streams: announced when its `"name"` closes, arguments as
+ * compact JSON while they arrive (json-call-reader.ts); text that breaks it after that ends the call there.
  *
  * @module
  */
@@ -11,7 +13,8 @@ import { BareCallDetector } from "./bare-calls.js";
 import { callsFromJson, tryParseJson } from "./call-shape.js";
 import { ContentGaps } from "./content-gaps.js";
 import { JsonScanner } from "./json-scanner.js";
-import { emptyOutput, type StageOutput, type ToolStage } from "./stage.js";
+import { JsonCallReader } from "./json-call-reader.js";
+import { emptyOutput, pushArgs, pushWhole, type StageOutput, type ToolStage } from "./stage.js";
 import { findFirstTag, isSpace, partialTagLength, skipSpace } from "./tag-scan.js";
 
 const TAG = "<|python_tag|>";
@@ -23,8 +26,10 @@ type Llama3State =
   | { kind: "text" } // content, watching for `<|python_tag|>`
   /** After the tag, between values; `unclaimed`: raw text since the tag, content if no call follows it. */
   | { kind: "gap"; unclaimed: string; afterCall: boolean }
-  /** Inside one JSON value; `raw` = its text so far. */
-  | { kind: "value"; unclaimed: string; raw: string; scanner: JsonScanner };
+  /** Inside one JSON value read whole (a list, a wrapper); `raw` = its text so far. */
+  | { kind: "value"; unclaimed: string; raw: string; scanner: JsonScanner }
+  /** Inside one call object, streamed; `announced` once its name was sent; `bare`: at the start, without the tag. */
+  | { kind: "stream"; unclaimed: string; reader: JsonCallReader; announced: boolean; bare: boolean };
 
 export class Llama3Stage implements ToolStage {
   /** Position in the format. */
@@ -48,23 +53,35 @@ export class Llama3Stage implements ToolStage {
 
   finish(_reason: "stop" | "length"): StageOutput {
     const out = emptyOutput();
-    // 1. A held bare candidate: calls if it is them as a whole, else ordinary text (which may hold the tag).
+    // 1. A bare candidate (streamed or held): calls if it is them as a whole, else ordinary text (may hold the tag).
+    if (this.#state.kind === "stream" && this.#state.bare && !this.#state.announced) {
+      this.#bareFallback(this.#state.reader.raw);
+      if ((this.#state as Llama3State).kind === "text") this.#drain(out);
+    }
     if (this.#state.kind === "bare") {
       const detector = this.#state.detector;
       const calls = detector.calls();
       this.#state = { kind: "text" };
       if (calls !== null) {
         this.#gaps.call();
-        out.calls.push(...calls);
+        pushWhole(out, calls);
       } else {
         this.#pending = detector.text;
         this.#drain(out);
       }
     }
-    // 2. Whatever is unread or unclaimed is content (a value cut in the middle is not a call).
+    // 2. An announced call stays a call, its arguments closed as produced so far; whatever else is unread or
+    //    unclaimed is content (a value cut before it named a call is not one).
     const st = this.#state;
+    if (st.kind === "stream" && st.announced) pushArgs(out, st.reader.closeArgs());
     const rest =
-      st.kind === "value" ? st.unclaimed + st.raw : st.kind === "gap" && !st.afterCall ? st.unclaimed : "";
+      st.kind === "value"
+        ? st.unclaimed + st.raw
+        : st.kind === "stream" && !st.announced
+          ? st.unclaimed + st.reader.raw
+          : st.kind === "gap" && !st.afterCall
+            ? st.unclaimed
+            : "";
     out.content += this.#gaps.text(rest + this.#pending) + this.#gaps.finish();
     this.#pending = "";
     return out;
@@ -81,11 +98,11 @@ export class Llama3Stage implements ToolStage {
           out.content += this.#gaps.text(this.#pending.slice(0, i));
           this.#pending = this.#pending.slice(i);
           if (this.#pending === "") return;
+          // A leading `{` streams as a call once it names a declared tool; a list is read whole.
           const first = this.#pending[0]!;
-          this.#state =
-            first === "{" || first === "["
-              ? { kind: "bare", detector: new BareCallDetector(this.tools) }
-              : { kind: "text" };
+          const names = this.tools.map((t) => t.name);
+          if (first === "{") this.#state = { kind: "stream", unclaimed: "", reader: new JsonCallReader(names), announced: false, bare: true };
+          else this.#state = first === "[" ? { kind: "bare", detector: new BareCallDetector(this.tools) } : { kind: "text" };
           continue;
         }
         case "bare": {
@@ -122,7 +139,10 @@ export class Llama3Stage implements ToolStage {
           const first = this.#pending[0]!;
           if (first === "{" || first === "[") {
             const unclaimed = st.afterCall ? "" : st.unclaimed;
-            this.#state = { kind: "value", unclaimed, raw: "", scanner: new JsonScanner() };
+            this.#state =
+              first === "{"
+                ? { kind: "stream", unclaimed, reader: new JsonCallReader(), announced: false, bare: false }
+                : { kind: "value", unclaimed, raw: "", scanner: new JsonScanner() };
             continue;
           }
           if (!st.afterCall) out.content += this.#gaps.text(st.unclaimed);
@@ -140,7 +160,7 @@ export class Llama3Stage implements ToolStage {
           const calls = step === "done" ? callsFromJson(tryParseJson(st.raw), this.tools, false) : null;
           if (calls !== null) {
             this.#gaps.call();
-            out.calls.push(...calls);
+            pushWhole(out, calls);
             this.#state = { kind: "gap", unclaimed: "", afterCall: true };
           } else {
             out.content += this.#gaps.text(st.unclaimed + st.raw);
@@ -148,7 +168,56 @@ export class Llama3Stage implements ToolStage {
           }
           continue;
         }
+        case "stream":
+          if (!this.#stream(st, out)) return;
+          continue;
       }
     }
+  }
+
+  /** A bare candidate that cannot stream: the whole-output detector reads `raw` again, or it is text. */
+  #bareFallback(raw: string): void {
+    const detector = new BareCallDetector(this.tools);
+    if (detector.push(raw)) {
+      this.#state = { kind: "bare", detector };
+      return;
+    }
+    this.#pending = detector.text + this.#pending;
+    this.#state = { kind: "text" };
+  }
+
+  /** Feeds pending text to the streamed call object; false when all of it was consumed (more is needed). */
+  #stream(st: Extract<Llama3State, { kind: "stream" }>, out: StageOutput): boolean {
+    for (let i = 0; i < this.#pending.length; i++) {
+      const step = st.reader.push(this.#pending[i]!);
+      // 1. The name just closed: the call exists from here on.
+      if (!st.announced && st.reader.name !== null) {
+        st.announced = true;
+        this.#gaps.call();
+        out.calls.push({ kind: "start", name: st.reader.name });
+      }
+      if (step === "more") continue;
+      // 2. Not the streamed shape: re-read what was consumed as one whole value (at the start: a bare candidate).
+      if (step === "giveUp" && st.bare) {
+        this.#pending = this.#pending.slice(i);
+        this.#bareFallback(st.reader.raw);
+        return true;
+      }
+      if (step === "giveUp") {
+        const scanner = new JsonScanner();
+        for (const ch of st.reader.raw) scanner.push(ch);
+        this.#state = { kind: "value", unclaimed: st.unclaimed, raw: st.reader.raw, scanner };
+        this.#pending = this.#pending.slice(i);
+        return true;
+      }
+      // 3. The object closed (more calls may follow), or broke after its name (the rest is text).
+      pushArgs(out, st.reader.closeArgs());
+      this.#state = step === "done" ? { kind: "gap", unclaimed: "", afterCall: true } : { kind: "text" };
+      this.#pending = this.#pending.slice(step === "done" ? i + 1 : i);
+      return true;
+    }
+    this.#pending = "";
+    pushArgs(out, st.reader.takeArgs());
+    return false;
   }
 }

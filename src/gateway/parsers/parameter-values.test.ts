@@ -1,5 +1,6 @@
 import { describe, expect, it } from "vitest";
-import { argumentsJson, typedValue } from "./parameter-values.js";
+import { typedValue } from "./parameter-values.js";
+import { StreamedParameter } from "./streamed-parameter.js";
 
 describe("qwen3coder parameter values", () => {
   it.each([
@@ -21,15 +22,25 @@ describe("qwen3coder parameter values", () => {
     expect(typedValue(raw, schema)).toEqual(want);
   });
 
-  it("arguments keep parameter order, and __proto__ is an ordinary key", () => {
-    const tools = [{ name: "f", parameters: { type: "object", properties: { b: { type: "integer" } } } }];
-    const params = new Map([
-      ["b", "1"],
-      ["__proto__", '{"polluted": true}'],
-      ["a", "x"],
-    ]);
-    const json = argumentsJson("f", params, tools);
+  it("members keep parameter order, and __proto__ is an ordinary key", () => {
+    const members = [
+      ["b", { type: "integer" }, "1"],
+      ["__proto__", undefined, '{"polluted": true}'],
+      ["a", { type: "string" }, "x"],
+    ] as const;
+    const json = "{" + members.map(([name, schema, raw], i) => {
+      const p = new StreamedParameter(name, schema, i === 0);
+      return p.push(raw) + p.end();
+    }).join("") + "}";
     expect(json).toBe('{"b":1,"__proto__":{"polluted":true},"a":"x"}');
+    expect(JSON.parse(json)).toHaveProperty("a", "x");
     expect(({} as Record<string, unknown>)["polluted"]).toBeUndefined();
+  });
+
+  it("a nullable string waits while it could still be null; a string streams without its final line break", () => {
+    const nullable = new StreamedParameter("n", { type: ["string", "null"] }, true);
+    expect([nullable.push("\nnu"), nullable.push("ll\n"), nullable.end()]).toEqual(["", "", '"n":null']);
+    const text = new StreamedParameter("s", { type: "string" }, false);
+    expect([text.push("\nnu"), text.push("ts\n"), text.push("\n"), text.end()]).toEqual([',"s":"nu', "ts", "\\n", '"']);
   });
 });

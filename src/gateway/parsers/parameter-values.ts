@@ -6,7 +6,6 @@
  *
  * @module
  */
-import type { ToolSpec } from "../tools.js";
 import { isPlainObject } from "./call-shape.js";
 
 /** Python spellings of JSON literals. */
@@ -18,19 +17,6 @@ const PYTHON_LITERALS: Record<string, string> = {
   FALSE: "false",
   NONE: "null",
 };
-
-/** Compact JSON of the arguments of a call to `name` with these raw parameter values (in order). */
-export function argumentsJson(name: string, params: ReadonlyMap<string, string>, tools: readonly ToolSpec[]): string {
-  const properties = tools.find((t) => t.name === name)?.parameters?.["properties"];
-  const args: Record<string, unknown> = {};
-  for (const [param, raw] of params) {
-    const schema = isPlainObject(properties) ? properties[param] : undefined;
-    // Why defineProperty: a parameter named `__proto__` must become a key, not the object's prototype.
-    const value = typedValue(raw, schema);
-    Object.defineProperty(args, param, { value, enumerable: true, writable: true, configurable: true });
-  }
-  return JSON.stringify(args);
-}
 
 /** One value: one `\n` trimmed at each end, then typed by `schema`. */
 export function typedValue(raw: string, schema: unknown): unknown {
@@ -47,7 +33,7 @@ export function typedValue(raw: string, schema: unknown): unknown {
 }
 
 /** The JSON types a schema allows (`type`, a list of them, or the branches of anyOf/oneOf); empty when unknown. */
-function schemaTypes(schema: unknown): Set<string> {
+export function schemaTypes(schema: unknown): Set<string> {
   const out = new Set<string>();
   if (!isPlainObject(schema)) return out;
   const t = schema["type"];

@@ -63,17 +63,37 @@ describe("output parsers over recorded outputs", () => {
 });
 
 describe("streaming shape", () => {
-  it("a call is one header delta then its arguments, in the push that completes it", () => {
+  it("hermes3: the header as soon as the name closes, then compact argument fragments as they arrive", () => {
     const parser = createOutputParser(options({ toolParser: "hermes3", tools: WEATHER_TOOLS }));
     expect(parser.push("Hi <tool_call>\n")).toEqual({ content: "Hi " });
-    expect(parser.push('{"name": "get_time", "arguments": {"tz": "UTC"}}\n</tool_')).toEqual({});
-    expect(parser.push("call>")).toEqual({
-      toolCalls: [
-        { index: 0, id: "call_0", name: "get_time" },
-        { index: 0, arguments: '{"tz":"UTC"}' },
-      ],
-    });
+    expect(parser.push('{"name": "get_ti')).toEqual({});
+    expect(parser.push('me", "arguments": {"tz"')).toEqual({ toolCalls: [{ index: 0, id: "call_0", name: "get_time" }, { index: 0, arguments: "{" }] });
+    expect(parser.push(': "Europe/Pa')).toEqual({ toolCalls: [{ index: 0, arguments: '"tz":"Europe/Pa' }] });
+    expect(parser.push('ris", "x": 1.50')).toEqual({ toolCalls: [{ index: 0, arguments: 'ris"' }] });
+    expect(parser.push("}}\n</tool_")).toEqual({ toolCalls: [{ index: 0, arguments: ',"x":1.5}' }] });
+    expect(parser.push("call>")).toEqual({});
     expect(parser.finish("stop")).toEqual({});
+    expect(parser.result().toolCalls).toEqual([{ id: "call_0", name: "get_time", arguments: '{"tz":"Europe/Paris","x":1.5}' }]);
+  });
+
+  it("qwen3coder: the header at the first parameter, a string value streamed as JSON-string fragments", () => {
+    const parser = createOutputParser(options({ toolParser: "qwen3coder", tools: WEATHER_TOOLS }));
+    expect(parser.push("<tool_call>\n<function=run_code>\n")).toEqual({});
+    expect(parser.push("<parameter=code>\nprint(1)")).toEqual({
+      toolCalls: [{ index: 0, id: "call_0", name: "run_code" }, { index: 0, arguments: '{"code":"print(1)' }],
+    });
+    // The line break could be the one before `</parameter>` (trimmed): held until the next text shows it is not.
+    expect(parser.push('\n')).toEqual({});
+    expect(parser.push('x = "a"\n</param')).toEqual({ toolCalls: [{ index: 0, arguments: '\\nx = \\"a\\"' }] });
+    expect(parser.push("eter>\n</function>\n</tool_call>")).toEqual({ toolCalls: [{ index: 0, arguments: '"}' }] });
+    expect(parser.result().toolCalls[0]!.arguments).toBe(JSON.stringify({ code: 'print(1)\nx = "a"' }));
+  });
+
+  it("qwen3coder: a typed value is written whole when it closes", () => {
+    const parser = createOutputParser(options({ toolParser: "qwen3coder", tools: WEATHER_TOOLS }));
+    parser.push("<function=get_weather>\n<parameter=city>\nRome\n</parameter>\n<parameter=days>\n1");
+    expect(parser.push("2\n</parameter>")).toEqual({});
+    expect(parser.push("\n</function>")).toEqual({ toolCalls: [{ index: 0, arguments: ',"days":12}' }] });
   });
 
   it("holds back only a possible tag prefix", () => {
@@ -84,8 +104,16 @@ describe("streaming shape", () => {
 
   it("a bare candidate is released as soon as it cannot be a call", () => {
     const parser = createOutputParser(options({ toolParser: "hermes3", tools: WEATHER_TOOLS }));
-    expect(parser.push('{"name": "get_weather"')).toEqual({});
-    expect(parser.push(", x")).toEqual({ content: '{"name": "get_weather", x' });
+    expect(parser.push('{"name": "search_web"')).toEqual({});
+    expect(parser.push(", x")).toEqual({ content: '{"name": "search_web", x' });
+  });
+
+  it("a bare call naming a declared tool streams from its name on", () => {
+    const parser = createOutputParser(options({ toolParser: "hermes3", tools: WEATHER_TOOLS }));
+    expect(parser.push('{"name": "get_weather", "arguments": {"city": "Pa')).toEqual({
+      toolCalls: [{ index: 0, id: "call_0", name: "get_weather" }, { index: 0, arguments: '{"city":"Pa' }],
+    });
+    expect(parser.push('ris"}}')).toEqual({ toolCalls: [{ index: 0, arguments: 'ris"}' }] });
   });
 
   it("reasoning streams as it arrives, the closing tag is never emitted", () => {
@@ -93,6 +121,18 @@ describe("streaming shape", () => {
     expect(parser.push("step one</thi")).toEqual({ reasoning: "step one" });
     expect(parser.push("nk>Answer")).toEqual({ content: "Answer" });
     expect(parser.result()).toEqual({ content: "Answer", reasoning: "step one", toolCalls: [] });
+  });
+
+  it("reasoning that mentions <tool_call> keeps streaming; one that opens a call is held to </think> or the end", () => {
+    const parser = createOutputParser(options({ toolParser: "hermes3", tools: WEATHER_TOOLS, reasoningParser: "qwen3", reasoningOpen: true }));
+    expect(parser.push("Use <tool_call> ")).toEqual({ reasoning: "Use " });
+    expect(parser.push("tags. Now ")).toEqual({ reasoning: "<tool_call> tags. Now " });
+    expect(parser.push('<tool_call>\n{"name": "get_time", "arguments": {}}')).toEqual({});
+    expect(parser.push("</tool_call>")).toEqual({});
+    expect(parser.finish("stop")).toEqual({
+      toolCalls: [{ index: 0, id: "call_0", name: "get_time" }, { index: 0, arguments: "{}" }],
+    });
+    expect(parser.result().reasoning).toBe("Use <tool_call> tags. Now ");
   });
 
   it("nothing after finish", () => {
@@ -242,10 +282,18 @@ describe("bare-call early release", () => {
     expect(parser.push('er": 4')).toEqual({ content: '{"answer": 4' });
   });
 
-  it("call keys keep it held", () => {
+  it("llama3: a leading call object naming a declared tool streams from its name on", () => {
     const parser = createOutputParser(options({ toolParser: "llama3", tools: WEATHER_TOOLS }));
-    expect(parser.push('{"name": "get_time", "parameters": {"answer": 1')).toEqual({});
-    expect(parser.push("}}")).toEqual({});
+    expect(parser.push('{"name": "get_time", "parameters": {"answer": 1')).toEqual({
+      toolCalls: [{ index: 0, id: "call_0", name: "get_time" }, { index: 0, arguments: "{" }],
+    });
+    expect(parser.push("}}")).toEqual({ toolCalls: [{ index: 0, arguments: '"answer":1}' }] });
+    expect(parser.finish("stop")).toEqual({});
+  });
+
+  it("a bare list of calls is only known at the end: header and arguments together", () => {
+    const parser = createOutputParser(options({ toolParser: "llama3", tools: WEATHER_TOOLS }));
+    expect(parser.push('[{"name": "get_time", "parameters": {"answer": 1}}]')).toEqual({});
     expect(parser.finish("stop").toolCalls).toEqual([
       { index: 0, id: "call_0", name: "get_time" },
       { index: 0, arguments: '{"answer":1}' },

@@ -6,7 +6,10 @@
  */
 import type { ReasoningParserName, ToolCall, ToolParserName, ToolSpec } from "../tools.js";
 
-/** A fragment of one tool call for streaming: the first fragment of a call carries `id` and `name`. */
+/**
+ * A fragment of one tool call for streaming: the first fragment of a call carries `id` and `name` (as soon as the
+ * name is certain), later ones the next piece of `arguments` as the model writes it.
+ */
 export interface ToolCallDelta {
   /** 0, 1, … in order of appearance within the choice. */
   index: number;
@@ -35,8 +38,9 @@ export interface OutputParser {
   /** New generated text (any split, including inside tags); returns what can be emitted now. */
   push(text: string): ParsedDelta;
   /**
-   * The generation ended ("length" = cut by max_tokens/capacity): flushes held-back text. A call left open by the
-   * cut is not reported as a call; its raw text becomes content (documented in docs/agents.md).
+   * The generation ended ("length" = cut by max_tokens/capacity): flushes held-back text. A call left open after it
+   * was announced stays a call, its arguments closed as produced; one not yet announced is content, raw
+   * (documented in docs/agents.md).
    */
   finish(reason: "stop" | "length"): ParsedDelta;
   /** Everything parsed so far (after `finish`: the final answer). */

@@ -151,11 +151,28 @@ export const CASES: ParserCase[] = [
     content: "Use the <think> tag like this: <think>x</think>",
   },
   {
-    name: "hermes3: call cut by max_tokens is content",
+    // Announced at its name, the call stays a call: arguments as produced so far, closed (finish_reason length).
+    name: "hermes3: call cut by max_tokens after its name stays a call",
     opts: hermes,
     text: 'Sure.\n<tool_call>\n{"name": "get_weather", "argum',
     reason: "length",
-    content: 'Sure.\n<tool_call>\n{"name": "get_weather", "argum',
+    content: "Sure.\n",
+    calls: [{ name: "get_weather", arguments: "{}" }],
+  },
+  {
+    name: "hermes3: call cut by max_tokens mid-string keeps the string so far",
+    opts: hermes,
+    text: '<tool_call>\n{"name": "run_code", "arguments": {"code": "print(\\"hi\\")\\nfor i in ra',
+    reason: "length",
+    content: "",
+    calls: [{ name: "run_code", arguments: JSON.stringify({ code: 'print("hi")\nfor i in ra' }) }],
+  },
+  {
+    name: "hermes3: call cut by max_tokens before its name is content",
+    opts: hermes,
+    text: 'Sure.\n<tool_call>\n{"name": "get_wea',
+    reason: "length",
+    content: 'Sure.\n<tool_call>\n{"name": "get_wea',
   },
   {
     name: "hermes3: complete body without </tool_call>, model stopped",
@@ -169,13 +186,22 @@ export const CASES: ParserCase[] = [
     opts: hermes,
     text: '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n',
     reason: "length",
-    content: '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n',
+    content: "",
+    calls: [{ name: "get_weather", arguments: '{"city":"Oslo"}' }],
   },
   {
-    name: "hermes3: malformed JSON stays as raw content",
+    // After its name the call exists; where the JSON breaks, the call ends and the rest of the tag is content.
+    name: "hermes3: JSON broken after the name: the call ends there, the rest is content",
     opts: hermes,
     text: 'OK <tool_call>\n{"name": "get_weather", "arguments": {"city": Paris}}\n</tool_call> done',
-    content: 'OK <tool_call>\n{"name": "get_weather", "arguments": {"city": Paris}}\n</tool_call> done',
+    content: "OK Paris}}\n done",
+    calls: [{ name: "get_weather", arguments: "{}" }],
+  },
+  {
+    name: "hermes3: a body that is not JSON stays as raw content",
+    opts: hermes,
+    text: "OK <tool_call>\nget_weather(city='Paris')\n</tool_call> done",
+    content: "OK <tool_call>\nget_weather(city='Paris')\n</tool_call> done",
   },
   {
     name: "hermes3: bare JSON call (Qwen2.5-Coder-0.5B)",
@@ -223,10 +249,29 @@ export const CASES: ParserCase[] = [
     content: '{"city": "Paris", "temperature": 21}',
   },
   {
-    name: "hermes3: bare call followed by prose is content",
+    // A leading object naming a declared tool streams as a call from its name on; text after it is content.
+    name: "hermes3: bare call followed by prose is a call, the prose content",
     opts: hermes,
     text: '{"name": "get_weather", "arguments": {"city": "Paris"}}\nThis will fetch the weather.',
-    content: '{"name": "get_weather", "arguments": {"city": "Paris"}}\nThis will fetch the weather.',
+    content: "\nThis will fetch the weather.",
+    calls: [{ name: "get_weather", arguments: '{"city":"Paris"}' }],
+  },
+  {
+    name: "hermes3: bare calls separated by ;",
+    opts: hermes,
+    text: '{"name": "get_weather", "arguments": {"city": "Paris"}}; {"name": "get_time", "arguments": {}}',
+    content: "",
+    calls: [
+      { name: "get_weather", arguments: '{"city":"Paris"}' },
+      { name: "get_time", arguments: "{}" },
+    ],
+  },
+  {
+    name: "hermes3: a bare object cut before its name is content",
+    opts: hermes,
+    text: '{"name": "get_wea',
+    reason: "length",
+    content: '{"name": "get_wea',
   },
   {
     name: "hermes3: released bare candidate still finds a later tagged call",
@@ -352,11 +397,19 @@ export const CASES: ParserCase[] = [
     calls: [{ name: "get_weather", arguments: '{"city":"Paris","days":3,"metric":true}' }],
   },
   {
-    name: "qwen3coder: call cut by max_tokens mid-value is content",
+    name: "qwen3coder: call cut by max_tokens mid-value keeps the value so far",
     opts: coder,
     text: "Checking.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nPar",
     reason: "length",
-    content: "Checking.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nPar",
+    content: "Checking.\n",
+    calls: [{ name: "get_weather", arguments: '{"city":"Par"}' }],
+  },
+  {
+    name: "qwen3coder: call cut by max_tokens before its first parameter is content",
+    opts: coder,
+    text: "Checking.\n<tool_call>\n<function=get_weather>\n<param",
+    reason: "length",
+    content: "Checking.\n<tool_call>\n<function=get_weather>\n<param",
   },
   {
     name: "qwen3coder: #include <functional> is not a call",
@@ -427,11 +480,19 @@ export const CASES: ParserCase[] = [
     content: "<|python_tag|>print(1 + 1)",
   },
   {
-    name: "llama3: call cut by max_tokens is content",
+    name: "llama3: call cut by max_tokens after its name stays a call",
     opts: llama,
-    text: '<|python_tag|>{"name": "get_weather", "param',
+    text: '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Par',
     reason: "length",
-    content: '<|python_tag|>{"name": "get_weather", "param',
+    content: "",
+    calls: [{ name: "get_weather", arguments: '{"city":"Par"}' }],
+  },
+  {
+    name: "llama3: call cut by max_tokens before its name is content",
+    opts: llama,
+    text: '<|python_tag|>{"name": "get_wea',
+    reason: "length",
+    content: '<|python_tag|>{"name": "get_wea',
   },
   {
     name: "llama3: broken JSON after a call is content",
