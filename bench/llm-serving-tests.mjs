@@ -5,7 +5,7 @@
 // pass counts side by side, the scores per mode and their ratio, and every failure with the suite's message and the
 // log holding the request and the answer. Asserts nothing (not part of `npm test`).
 // Run `node bench/llm-serving-tests.mjs --help` for the options.
-import { spawn, execFileSync } from "node:child_process";
+import { spawn } from "node:child_process";
 import { existsSync, mkdirSync, readFileSync, writeFileSync, readdirSync, openSync } from "node:fs";
 import http from "node:http";
 import net from "node:net";
@@ -221,14 +221,7 @@ async function runAll() {
   mkdirSync(CFG.out, { recursive: true });
   const model = await resolveModel(CFG.model);
   const servers = CFG.only ? [CFG.only] : ["keel", "llama-server"];
-  const suiteCommit = (() => {
-    try {
-      return execFileSync(CFG.suite, ["--help"], { encoding: "utf8" }).split("\n")[0];
-    } catch {
-      return "";
-    }
-  })();
-  console.log(`llm-serving-tests: ${CFG.suite} (${suiteCommit}); model ${model}; class ${CFG.class}, mode ${CFG.mode}${CFG.all ? ", --all" : ""}` +
+  console.log(`llm-serving-tests: ${CFG.suite}; model ${model}; class ${CFG.class}, mode ${CFG.mode}${CFG.all ? ", --all" : ""}` +
     `${CFG.extra.length ? `, extra ${CFG.extra.join(" ")}` : ""}; ${CFG.rounds} round(s); slots ${CFG.slots} x ${CFG.ctx} tokens; threads ${CFG.threads}; logs in ${CFG.out}`);
   console.log(`keel: ${serverCommand("keel", model, 0)[1].slice(1).join(" ")}`);
   if (servers.includes("llama-server")) console.log(`llama-server: ${serverCommand("llama-server", model, 0).flat().join(" ")}`);
