@@ -28,6 +28,7 @@ Setup (once): the suite's binary (bash bench/build-llm-serving-tests.sh SRC_DIR:
   --mode M             the suite's --mode: blocking | streaming | both (default both)
   --all                the suite's --all: also its disabled-by-default tests (agentic_long_response,
                        agentic_incident_investigation)
+  --filter TEXT        the suite's --filter: only tests whose name contains TEXT
   --extra K:=JSON      the suite's --extra, for both servers (repeatable), e.g. --extra temperature:=0
   --rounds N           rounds; each round runs Keel then llama-server (alternating order) (default 1)
   --timeout D          the suite's per-request --timeout (default 300s: this measures behaviour, not speed,
@@ -57,7 +58,7 @@ if (argv.includes("--help") || argv.includes("-h")) {
   process.exit(0);
 }
 const FLAGS = new Set(["all"]);
-const KNOWN = new Set("suite llama-server model class mode all extra rounds timeout slots ctx threads keel-args stall-timeout llama-args only out merge".split(" "));
+const KNOWN = new Set("suite llama-server model class mode all filter extra rounds timeout slots ctx threads keel-args stall-timeout llama-args only out merge".split(" "));
 const opts = { extra: [] };
 for (let i = 0; i < argv.length; i++) {
   const name = argv[i].replace(/^--/, "");
@@ -192,7 +193,7 @@ const RESULT = /^\s*(✓|✗) (\S+) \((blocking|streaming)\)(?: \((\d+)ms\)| - (
 async function runSuite(port, dir) {
   mkdirSync(dir, { recursive: true });
   const args = ["--base-url", `http://127.0.0.1:${port}/v1`, "--model", "bench", "--class", CFG.class, "--mode", CFG.mode, "--timeout", CFG.timeout,
-    ...(CFG.all ? ["--all"] : []), ...CFG.extra.flatMap((e) => ["--extra", e])];
+    ...(CFG.all ? ["--all"] : []), ...(opts.filter ? ["--filter", opts.filter] : []), ...CFG.extra.flatMap((e) => ["--extra", e])];
   const proc = spawn(CFG.suite, args, { cwd: dir, stdio: ["ignore", "pipe", "pipe"], env: { ...process.env, NO_COLOR: "1" } });
   const results = [];
   const out = [];
