@@ -16,7 +16,8 @@
 # Keel's prebuilt variant repacks Q4_0/Q4_1/Q8_0 weights into ggml's AMX buffer type and runs them (and a tile dot
 # product in C works after arch_prctl(ARCH_REQ_XCOMP_PERM)). So on quantized models Keel has AMX and llama-server
 # AVX-512 VNNI; on F16/F32 models (keel-tiny, the GPU writer's models) AMX plays no part. On another machine pick
-# its set, e.g. CPU_FEATURES="AVX AVX2 FMA F16C"; CPU_FEATURES="... AMX_TILE AMX_INT8" to try AMX.
+# its set, e.g. CPU_FEATURES="AVX AVX2 FMA F16C"; CPU_FEATURES="... AMX_TILE AMX_INT8" to try AMX. Unset, the default set is
+# filtered by /proc/cpuinfo (a host without AVX-512 gets SSE4.2/AVX/F16C/FMA/AVX2/BMI2).
 # OpenMP is off, as in node-llama-cpp's prebuilt binaries (CI mode sets GGML_OPENMP=OFF), so both servers use ggml's
 # own thread pool.
 set -euo pipefail
@@ -26,7 +27,14 @@ LLAMA_DIR="$ROOT/node_modules/node-llama-cpp/llama"
 BUNDLE="$LLAMA_DIR/gitRelease.bundle"
 JOBS="${JOBS:-2}"
 NICE="${NICE:-19}"
-CPU_FEATURES="${CPU_FEATURES:-SSE42 AVX F16C FMA AVX2 BMI2 AVX512 AVX512_VBMI AVX512_VNNI AVX512_BF16}"
+# The default set, less what this CPU lacks (/proc/cpuinfo): an AVX-512 build dies with SIGILL on a host without it.
+ALL_FEATURES="SSE42:sse4_2 AVX:avx F16C:f16c FMA:fma AVX2:avx2 BMI2:bmi2 AVX512:avx512f AVX512_VBMI:avx512vbmi AVX512_VNNI:avx512_vnni AVX512_BF16:avx512_bf16"
+if [ -z "${CPU_FEATURES:-}" ]; then
+  CPU_FLAGS=" $(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null | cut -d: -f2) "
+  for fc in $ALL_FEATURES; do
+    case "$CPU_FLAGS" in *" ${fc#*:} "*) CPU_FEATURES="${CPU_FEATURES:-} ${fc%%:*}" ;; esac
+  done
+fi
 
 [ -f "$BUNDLE" ] || { echo "no $BUNDLE: run npm ci first" >&2; exit 1; }
 # 1. The release tag comes from node-llama-cpp's own record; the commit from the bundle's HEAD.
@@ -44,7 +52,12 @@ CMAKE_OPTS=(
   -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
   -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_APP=OFF
 )
-for f in $CPU_FEATURES; do CMAKE_OPTS+=("-DGGML_$f=ON"); done
+# Every known switch explicitly ON or OFF: CMake keeps a cached ON when a later configure merely omits it.
+for fc in $ALL_FEATURES; do
+  f="${fc%%:*}"
+  case " $CPU_FEATURES " in *" $f "*) CMAKE_OPTS+=("-DGGML_$f=ON") ;; *) CMAKE_OPTS+=("-DGGML_$f=OFF") ;; esac
+done
+for f in $CPU_FEATURES; do case " $ALL_FEATURES " in *" $f:"*) ;; *) CMAKE_OPTS+=("-DGGML_$f=ON") ;; esac; done
 CMAKE_OPTS+=(${EXTRA_CMAKE_OPTS:-})
 STAMP="commit=$COMMIT opts=${CMAKE_OPTS[*]}"
 
