@@ -12,7 +12,7 @@ import type { RouteContext } from "../http/route-context.js";
 import { admissionError } from "../requests/generate.js";
 import type { FinishReason } from "../requests/lifecycle.js";
 import { SinkTable, type RequestSink } from "../../../test/support/table-sinks.js";
-import { deathVerdict, exitDecision, FAULT_THRESHOLD, IsolatedPrompts, isolationKey, MAX_FAILED_STARTS, SuspectTests } from "./recovery.js";
+import { deathVerdict, exitDecision, FAULT_THRESHOLD, IsolatedPrompts, isolationKey, MAX_FAILED_STARTS, MAX_STALL_BACKOFF, stallLimitMs, SuspectTests } from "./recovery.js";
 import { recoverFromExit } from "./supervisor.js";
 
 const params: SamplingParams = { maxTokens: 8, temperature: 0, topP: 1, topK: -1, seed: 1, ignoreEos: false };
@@ -276,5 +276,13 @@ describe("promise: a prompt isolated as a culprit is refused at admission withou
     isolated.addCulprits([{ prompt: { tokens: [1, 2] }, params }, { prompt: { text: "t" }, params }], 0);
     expect(isolated.size).toBe(1);
     expect(isolated.isKnownCulprit("t", undefined, 1)).toBe(true);
+  });
+});
+
+describe("the watchdog's stall limit", () => {
+  it("is the configured limit until the watchdog kills; each kill in a row doubles it, up to the cap", () => {
+    const limits = [0, 1, 2, 3, 4, 10].map((streak) => stallLimitMs(30_000, streak));
+    expect(limits).toEqual([30_000, 60_000, 120_000, 240_000, 240_000, 240_000]);
+    expect(Math.max(...limits)).toBe(30_000 * MAX_STALL_BACKOFF);
   });
 });

@@ -32,6 +32,22 @@ export interface EngineExit {
   fault?: { kind: "protocol"; message: string } | null;
 }
 
+/** The most the watchdog's stall limit grows to, as a multiple of `--engine_stall_timeout` (see {@link stallLimitMs}). */
+export const MAX_STALL_BACKOFF = 8;
+
+/**
+ * How long the watchdog waits for a step (or a ping answer) before it kills the engine: `--engine_stall_timeout`,
+ * doubled for each watchdog kill in a row that no step separated, up to {@link MAX_STALL_BACKOFF} times. A CPU so
+ * overloaded that one prefill step outlasts the limit would otherwise be killed and resumed from the same prompt
+ * forever (every resume re-runs the same long step); a step resets the streak, so a truly frozen engine is still
+ * killed at the configured limit first.
+ * @param stallMs - the configured limit (ms).
+ * @param streak - watchdog kills since the last step.
+ */
+export function stallLimitMs(stallMs: number, streak: number): number {
+  return stallMs * Math.min(MAX_STALL_BACKOFF, 2 ** Math.max(0, streak));
+}
+
 /** Why an engine process died, for the restart metric, and whether the requests it held can be charged with it. */
 export interface DeathVerdict {
   reason: "watchdog" | "protocol" | "signal" | "exit";

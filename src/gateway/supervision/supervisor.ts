@@ -11,7 +11,7 @@ import type { GuideSpec, ReadyMessage, RequestErrorMessage, StepMessage } from "
 import { CHATML_TEMPLATE } from "../../model/chat-templates.js";
 import { ChatTemplate } from "../models/chat-template.js";
 import { EngineClient } from "./engine-client.js";
-import { exitDecision, IsolatedPrompts, type EngineExit, type ExitDecision } from "./recovery.js";
+import { exitDecision, IsolatedPrompts, stallLimitMs, type EngineExit, type ExitDecision } from "./recovery.js";
 import { describeReady } from "./ready-line.js";
 import type { Metrics } from "../metrics/metrics.js";
 import type { StepObserver } from "../metrics/metrics-observer.js";
@@ -74,6 +74,8 @@ export class EngineSupervisor {
   private diedAt: number | null = null;
   /** Set when the watchdog killed the engine, so the exit is counted with reason "watchdog" and blames nobody. */
   private killedByWatchdog = false;
+  /** Watchdog kills since the engine last made a step: each one doubles the stall limit (recovery.ts, stallLimitMs). */
+  private stallStreak = 0;
   /** The watchdog timer, or null when stopped. */
   private watchdog: NodeJS.Timeout | null = null;
   /** `/v3/tokenize` questions to the current engine, answered by id (rejected when the engine exits). */
@@ -108,6 +110,7 @@ export class EngineSupervisor {
           switch (msg.type) {
             case "step":
               this.lastProgressAt = Date.now();
+              this.stallStreak = 0;
               this.steps.observe(msg);
               this.requests.handleStep(msg);
               break;
@@ -261,12 +264,15 @@ export class EngineSupervisor {
       const now = Date.now();
       const work = this.requests.size > this.requests.recoveringCount;
       if (!engine.ready || !work) this.lastProgressAt = now;
-      const stalled = engine.ready !== null && work && now - this.lastProgressAt > stallMs;
-      const deaf = engine.ready !== null && now - engine.lastPong > Math.max(stallMs, 10_000);
+      // A long step also delays ping answers (the engine's loop is busy), so both limits back off together.
+      const limitMs = stallLimitMs(stallMs, this.stallStreak);
+      const stalled = engine.ready !== null && work && now - this.lastProgressAt > limitMs;
+      const deaf = engine.ready !== null && now - engine.lastPong > Math.max(limitMs, 10_000);
       const starting = engine.ready === null && engine.pid !== null && now - engine.startedAt > startupLimitMs;
       if (stalled || deaf || starting) {
         const why = stalled ? "no step progress" : deaf ? "no answer to pings" : "did not become ready";
-        this.log.error({ event: "engine_stalled", why, stalledMs: now - this.lastProgressAt, pongAgeMs: now - engine.lastPong }, `engine stuck (${why}); killing it to restart and resume`);
+        this.log.error({ event: "engine_stalled", why, stalledMs: now - this.lastProgressAt, pongAgeMs: now - engine.lastPong, limitMs }, `engine stuck (${why}); killing it to restart and resume`);
+        if (stalled || deaf) this.stallStreak += 1;
         this.killedByWatchdog = true;
         this.lastProgressAt = now;
         engine.kill();
