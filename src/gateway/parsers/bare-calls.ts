@@ -1,7 +1,7 @@
 /**
  * The lenient mode for small models: an output that is, as a whole (trimmed), a bare JSON call
- * `{"name": <declared tool>, "arguments": {…}}` — or a list of them, several separated by `;` (Llama 3 style), or
- * one inside a ```json fence — is a call even without `<tool_call>` / `<|python_tag|>`. Qwen2.5-Coder-0.5B answers
+ * `{"name": <declared tool>, "arguments": {…}}` — or a list of them, several separated by `;` (Llama 3 style) or
+ * one per line, or these inside a ```json fence — is a call even without `<tool_call>` / `<|python_tag|>`. Qwen2.5-Coder-0.5B answers
  * exactly so; the 1.5B fences it.
  *
  * A leading single call object is streamed by the stages themselves (json-call-reader.ts, once its name is a
@@ -27,7 +27,7 @@ type BareState =
   | { kind: "fenceOpen"; ticks: number } // reading the opening backticks
   | { kind: "fenceLang"; spaced: boolean } // after ```: an info string (letters), then whitespace
   | { kind: "value"; scanner: JsonScanner; start: number } // inside a JSON value starting at `start`
-  | { kind: "after" } // after a value: whitespace, `;`, or the closing fence
+  | { kind: "after"; newline: boolean } // after a value: whitespace, `;`, the closing fence, or after a line break the next value
   | { kind: "separated" } // after `;`: whitespace, then the next value
   | { kind: "fenceClose"; ticks: number } // reading the closing backticks
   | { kind: "closed" } // after the closing fence: whitespace only
@@ -113,11 +113,14 @@ export class BareCallDetector {
         const found = callsFromJson(tryParseJson(this.#text.slice(st.start)), this.tools, true);
         if (found === null) return false;
         this.#calls.push(...found);
-        this.#state = { kind: "after" };
+        this.#state = { kind: "after", newline: false };
         return true;
       }
       case "after":
+        if (ch === "\n") this.#state = { kind: "after", newline: true };
         if (isSpace(ch)) return true;
+        // One call object per line (JSON Lines), as small models write parallel calls in one fence.
+        if (st.newline && ch === "{") return this.#startValue(ch, pos);
         if (ch === ";") {
           this.#state = { kind: "separated" };
           return true;

@@ -301,6 +301,29 @@ describe("bare-call early release", () => {
   });
 });
 
+describe("parallel calls one per line in a fence (Qwen2.5-Coder-0.5B's answer in llm-serving-tests)", () => {
+  const two = '```json\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n{"name": "get_time", "arguments": {"answer": 2}}\n```';
+  it("hermes3: two calls, at any split", () => {
+    for (const toolParser of ["hermes3"] as const) {
+      fc.assert(
+        fc.property(fc.array(fc.nat(), { maxLength: 6 }), (cuts) => {
+          const r = runPieces(options({ toolParser, tools: WEATHER_TOOLS }), splitAt(two, cuts.map((c) => c % (two.length + 1))), "stop");
+          expect(r.result.toolCalls.map((c) => [c.name, c.arguments])).toEqual([["get_weather", '{"city":"Paris"}'], ["get_time", '{"answer":2}']]);
+          expect(r.result.content).toBe("");
+          expect(r.streamed).toEqual(r.result);
+        }),
+        { numRuns: 200 },
+      );
+    }
+  });
+
+  it("two objects on one line are not calls: the text stays content", () => {
+    const oneLine = two.replace('}}\n{"name"', '}} {"name"');
+    const r = runPieces(options({ toolParser: "hermes3", tools: WEATHER_TOOLS }), [oneLine], "stop");
+    expect(r.result).toEqual({ content: oneLine, reasoning: null, toolCalls: [] });
+  });
+});
+
 describe("any arguments survive every format", () => {
   const args = fc.dictionary(fc.string({ maxLength: 6 }), fc.jsonValue({ maxDepth: 2 }), { maxKeys: 4 });
   const indent = fc.constantFrom(0, 1, 2);
