@@ -204,6 +204,16 @@ describe("errors are OpenAI-shaped 4xx", () => {
     expect(JSON.parse(r.body).error.code).toBe("invalid_json");
   });
 
+  it("a body nested thousands deep → 400 (was a stack overflow: 500)", async () => {
+    const deep = (n: number) => "[".repeat(n) + "]".repeat(n);
+    // Written as text: the test's own JSON.stringify would overflow on it too.
+    const tool = `{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"x": ${deep(5000)}}}}}`;
+    const body = `{"model": "keel-tiny", "messages": [{"role": "user", "content": "hi"}], "tools": [${tool}], "max_tokens": 2}`;
+    const r = await post("/v3/chat/completions", body);
+    expect(r.status).toBe(400);
+    expect(JSON.parse(r.body).error).toMatchObject({ code: "invalid_json", message: expect.stringContaining("deeper than 256") });
+  });
+
   it("a body that is not valid UTF-8 → 400", async () => {
     const r = await post("/v3/chat/completions", Buffer.from([0x7b, 0x22, 0xff, 0xfe, 0x22, 0x7d]));
     expect(r.status).toBe(400);

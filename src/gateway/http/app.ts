@@ -8,6 +8,7 @@ import http from "node:http";
 import Fastify, { type FastifyInstance, type FastifyReply } from "fastify";
 import type { Logger } from "pino";
 import { isAnthropicRoute, registerRoutes, routeList } from "./routes.js";
+import { MAX_JSON_NESTING, withinNesting } from "./json-depth.js";
 import { registerConfigRoutes } from "../api/config.js";
 import { apiKeyChecker, needsApiKey } from "./auth.js";
 import { corsHeaders, OPEN_CORS } from "./cors.js";
@@ -148,6 +149,8 @@ export function buildHttpApp(deps: HttpAppDeps): HttpApp {
     } catch {
       return done(invalidJson("(The request body is not valid UTF-8.)"), undefined);
     }
+    // Before parsing: recursive code downstream would overflow the stack on a deeply nested body (a 500).
+    if (!withinNesting(text)) return done(invalidJson(`(The body nests deeper than ${MAX_JSON_NESTING} levels.)`), undefined);
     try {
       done(null, JSON.parse(text));
     } catch (err) {

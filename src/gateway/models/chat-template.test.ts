@@ -140,6 +140,12 @@ describe("ChatTemplate with tools (hermes-style template)", () => {
     expect(JSON.parse(call).arguments).toBe("not json");
   });
 
+  it("arguments nested thousands deep stay the string (the template's tojson would overflow the stack on them)", () => {
+    const deep = "{\"a\":".repeat(5000) + "1" + "}".repeat(5000);
+    const out = t.render([{ role: "assistant", content: "", toolCalls: [{ id: "c", name: "f", arguments: deep }] }], { addGenerationPrompt: false });
+    expect(out).toContain(JSON.stringify(deep).slice(0, 40));
+  });
+
   it("leaves message keys undefined when a message lacks them", () => {
     const probe = new ChatTemplate("{% for m in messages %}{{ m.tool_calls is defined }},{{ m.tool_call_id is defined }},{{ m.reasoning_content is defined }}{% endfor %}", specials);
     expect(probe.render([{ role: "user", content: "x" }], { addGenerationPrompt: false })).toBe("false,false,false");

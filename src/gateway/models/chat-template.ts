@@ -8,6 +8,7 @@ import { invalidValue, templateError } from "../http/errors.js";
 import type { ToolCall, ToolParserName, ToolSpec } from "../tools.js";
 import { sanitizeForJson } from "../requests/utf8-stream.js";
 import { injectTools, probeToolSupport, type TemplateToolSupport } from "./tool-prompt.js";
+import { withinNesting } from "../http/json-depth.js";
 
 /**
  * One chat message as the template sees it: `content` is already flattened
@@ -184,6 +185,8 @@ export function templateMessage(m: ChatMessage): Record<string, unknown> {
 }
 
 function argumentsValue(text: string): unknown {
+  // Too deep for the template's recursive `tojson`: passed on as the text it is.
+  if (!withinNesting(text)) return text;
   try {
     const v: unknown = JSON.parse(text);
     return typeof v === "object" && v !== null && !Array.isArray(v) ? v : text;

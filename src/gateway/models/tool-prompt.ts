@@ -9,6 +9,7 @@
  * server polyfills templates the same way; the wording here is Keel's own.)
  */
 import type { ToolCall, ToolParserName, ToolSpec } from "../tools.js";
+import { withinNesting } from "../http/json-depth.js";
 
 /** A chat message as this module needs it (chat-template.ts's ChatMessage, structurally). */
 export interface PromptMessage {
@@ -101,6 +102,7 @@ export function toolSystemText(format: ToolParserName, tools: readonly ToolSpec[
 
 /** `arguments` (a JSON text) as an object, or null when it is not one. */
 function argumentsObject(text: string): Record<string, unknown> | null {
+  if (!withinNesting(text)) return null;
   try {
     const v: unknown = JSON.parse(text);
     return typeof v === "object" && v !== null && !Array.isArray(v) ? (v as Record<string, unknown>) : null;
