@@ -328,6 +328,27 @@ describe("watchdog", () => {
   });
 });
 
+describe("a request that wedges the engine", () => {
+  it("a grammar whose matching explodes (2^16 stacks from 17 shared-prefix rules) stalls every step: blamed, isolated alone with engine_fault; the server then serves", async () => {
+    server = await startServer(["--engine_stall_timeout", "2"]);
+    const s = server;
+    const rules = Array.from({ length: 16 }, (_, i) => `r${i} ::= r${i + 1} | r${i + 1} "x"`);
+    const grammar = ["root ::= r0", ...rules, 'r16 ::= "a"'].join("\n");
+    const culprit = await chat(s.baseUrl, body("Say a.", { grammar, max_tokens: 4, stream: false }));
+    expect(culprit.status).toBe(500);
+    expect((culprit.body as { error?: { code?: string } } | null)?.error?.code).toBe("engine_fault");
+    const m = await metrics(s.baseUrl);
+    // Bounded: the stalls are blamed, and the group test isolates it within three kills (2 s, then 4 s each).
+    expect(m.get('keel_engine_restarts_total{reason="watchdog"}')).toBeGreaterThanOrEqual(2);
+    expect(m.get('keel_engine_restarts_total{reason="watchdog"}')).toBeLessThanOrEqual(3);
+    expect(m.get('keel_requests_failed_total{reason="engine_fault"}')).toBe(1);
+    // The engine is back, and a plain request answers.
+    await waitForReady(s.baseUrl);
+    const ok = await chat(s.baseUrl, body(PROMPTS[0]!, { max_tokens: 4 }));
+    expect(ok.done).toBe(true);
+  }, 120_000);
+});
+
 /** The tiny hybrid (linear-attention) IR on OpenVINO with the seed's flags and a 16-block pool that 8 streams outgrow. */
 const serveHybrid = async (env: Record<string, string> = {}): Promise<ServerHandle> =>
   startServer(["--model_path", await hybridModel(), "--model_name", "keel-tiny", "--max_num_seqs", "8", "--enable_prefix_caching", "true", "--cache_interval_multiplier", "64", "--num_kv_blocks", "16"], env, { engine: "openvino" });

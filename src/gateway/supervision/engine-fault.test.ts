@@ -72,7 +72,7 @@ describe("EngineClient: a frame that breaks the protocol", () => {
     expect(t.engine.protocolFaults).toBe(1);
     expect(t.logs.filter((l) => l.includes("broke the protocol"))).toHaveLength(1);
     // The supervisor's classification of that exit: a protocol fault, charged to no request.
-    expect(deathVerdict(t.exits[0]!, false)).toEqual({ reason: "protocol", blame: false });
+    expect(deathVerdict(t.exits[0]!, "none")).toEqual({ reason: "protocol", blame: false });
     await restarted;
     expect(t.readies).toHaveLength(2);
     expect(t.engine.isReady).toBe(true);

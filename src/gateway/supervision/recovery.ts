@@ -33,14 +33,14 @@ export interface EngineExit {
 }
 
 /** The most the watchdog's stall limit grows to, as a multiple of `--engine_stall_timeout` (see {@link stallLimitMs}). */
-export const MAX_STALL_BACKOFF = 8;
+export const MAX_STALL_BACKOFF = 2;
 
 /**
  * How long the watchdog waits for a step (or a ping answer) before it kills the engine: `--engine_stall_timeout`,
- * doubled for each watchdog kill in a row that no step separated, up to {@link MAX_STALL_BACKOFF} times. A CPU so
- * overloaded that one prefill step outlasts the limit would otherwise be killed and resumed from the same prompt
- * forever (every resume re-runs the same long step); a step resets the streak, so a truly frozen engine is still
- * killed at the configured limit first.
+ * doubled after a watchdog kill that no step followed (up to {@link MAX_STALL_BACKOFF} times). A CPU so
+ * overloaded that one prefill step outlasts the limit gets a longer try at the same step (stalls are blamed, so
+ * without it such a request would be isolated as a culprit); a step resets the streak. Kept small because a request
+ * that truly wedges the engine keeps every other request waiting for these limits until it is isolated.
  * @param stallMs - the configured limit (ms).
  * @param streak - watchdog kills since the last step.
  */
@@ -53,17 +53,27 @@ export interface DeathVerdict {
   reason: "watchdog" | "protocol" | "signal" | "exit";
   /**
    * True when a request in the batch can have caused the death: the engine aborted or crashed by itself (SIGABRT
-   * from a GGML_ASSERT, SIGSEGV, SIGBUS, SIGFPE, SIGILL, or a non-zero exit after an uncaught error). False for the
-   * watchdog's own kill, for signals sent from outside (SIGKILL — what an OOM killer sends —, SIGTERM, SIGINT,
+   * from a GGML_ASSERT, SIGSEGV, SIGBUS, SIGFPE, SIGILL, or a non-zero exit after an uncaught error), or the
+   * watchdog killed it because a step with requests in it never ended (`stalled`: a request such as a grammar whose
+   * matching explodes can wedge the engine; blamed, it is isolated after {@link FAULT_THRESHOLD} such deaths instead
+   * of being resumed into the same stall forever — the stall limit backs off meanwhile, see {@link stallLimitMs}, so a
+   * step that is merely slow finishes on the next try). False for the watchdog's kill of an engine that stopped
+   * answering while idle or never became ready, for signals sent from outside (SIGKILL — what an OOM killer sends —, SIGTERM, SIGINT,
    * SIGHUP, SIGQUIT), for the kill of an engine that sent a frame breaking the protocol (`protocol`: an engine
    * bug, not a request's), and for a clean exit: no request can earn a refusal from those.
    */
   blame: boolean;
 }
 
+/**
+ * Whether, and why, the watchdog killed the engine: `stalled` — requests were in it and no step came;
+ * `unresponsive` — no answer to pings while idle, or never ready.
+ */
+export type WatchdogKill = "none" | "stalled" | "unresponsive";
+
 /** Classify an engine exit (see {@link DeathVerdict}). */
-export function deathVerdict(exit: EngineExit, byWatchdog: boolean): DeathVerdict {
-  if (byWatchdog) return { reason: "watchdog", blame: false };
+export function deathVerdict(exit: EngineExit, byWatchdog: WatchdogKill): DeathVerdict {
+  if (byWatchdog !== "none") return { reason: "watchdog", blame: byWatchdog === "stalled" };
   if (exit.fault) return { reason: "protocol", blame: false };
   if (exit.signal) return { reason: "signal", blame: !EXTERNAL_SIGNALS.has(exit.signal) };
   return { reason: "exit", blame: exit.code !== 0 && exit.code !== null };
@@ -82,7 +92,7 @@ export type ExitDecision =
   | { kind: "restart"; verdict: DeathVerdict; description: string };
 
 /** Decide what an engine exit means (see {@link ExitDecision}). */
-export function exitDecision(input: { stopping: boolean; failedStarts: number; exit: EngineExit; byWatchdog: boolean }): ExitDecision {
+export function exitDecision(input: { stopping: boolean; failedStarts: number; exit: EngineExit; byWatchdog: WatchdogKill }): ExitDecision {
   if (input.stopping) return { kind: "shutdown" };
   const { exit } = input;
   const verdict = deathVerdict(exit, input.byWatchdog);

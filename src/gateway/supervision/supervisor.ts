@@ -11,7 +11,7 @@ import type { GuideSpec, ReadyMessage, RequestErrorMessage, StepMessage } from "
 import { CHATML_TEMPLATE } from "../../model/chat-templates.js";
 import { ChatTemplate } from "../models/chat-template.js";
 import { EngineClient } from "./engine-client.js";
-import { exitDecision, IsolatedPrompts, stallLimitMs, type EngineExit, type ExitDecision } from "./recovery.js";
+import { exitDecision, IsolatedPrompts, stallLimitMs, type WatchdogKill, type EngineExit, type ExitDecision } from "./recovery.js";
 import { describeReady } from "./ready-line.js";
 import type { Metrics } from "../metrics/metrics.js";
 import type { StepObserver } from "../metrics/metrics-observer.js";
@@ -72,9 +72,9 @@ export class EngineSupervisor {
   private lastProgressAt = Date.now();
   /** When the current engine process died (for the recovery-time log), or null. */
   private diedAt: number | null = null;
-  /** Set when the watchdog killed the engine, so the exit is counted with reason "watchdog" and blames nobody. */
-  private killedByWatchdog = false;
-  /** Watchdog kills since the engine last made a step: each one doubles the stall limit (recovery.ts, stallLimitMs). */
+  /** Set when the watchdog killed the engine: the exit is counted with reason "watchdog"; a stall blames the batch. */
+  private killedByWatchdog: WatchdogKill = "none";
+  /** Watchdog kills since the engine last made a step: one doubles the stall limit (recovery.ts, stallLimitMs). */
   private stallStreak = 0;
   /** The watchdog timer, or null when stopped. */
   private watchdog: NodeJS.Timeout | null = null;
@@ -239,7 +239,7 @@ export class EngineSupervisor {
       return;
     }
     const { verdict } = decision;
-    this.killedByWatchdog = false;
+    this.killedByWatchdog = "none";
     this.diedAt = Date.now();
     this.log.error({ event: "engine_exit", code: exit.code, signal: exit.signal, reason: verdict.reason, blame: verdict.blame, inFlight: this.requests.size }, "engine process exited; restarting and resuming");
     this.metrics.engineRestarts.inc({ reason: verdict.reason });
@@ -273,7 +273,7 @@ export class EngineSupervisor {
         const why = stalled ? "no step progress" : deaf ? "no answer to pings" : "did not become ready";
         this.log.error({ event: "engine_stalled", why, stalledMs: now - this.lastProgressAt, pongAgeMs: now - engine.lastPong, limitMs }, `engine stuck (${why}); killing it to restart and resume`);
         if (stalled || deaf) this.stallStreak += 1;
-        this.killedByWatchdog = true;
+        this.killedByWatchdog = stalled ? "stalled" : "unresponsive";
         this.lastProgressAt = now;
         engine.kill();
       }
