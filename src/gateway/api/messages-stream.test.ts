@@ -13,6 +13,8 @@ import type { ResponseWriter } from "../http/sse.js";
 import type { ChoiceResult, SessionEvent } from "../requests/session/events.js";
 import { GenerationSession } from "../requests/session/session.js";
 import { messagesEncoder, stopReasonOf } from "./messages-stream.js";
+import { recordingParser } from "../parsers/recording.js";
+import type { ParsedDelta } from "../parsers/types.js";
 
 function recorder() {
   const out: { event: string; data: Record<string, unknown> }[] = [];
@@ -157,24 +159,29 @@ describe("the real parsers through the session and the encoder", () => {
   const tools = [{ name: "get_weather", parameters: { type: "object", properties: { city: { type: "string" } } } }];
   const output = '<think>need weather</think>\nLet me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>';
 
-  /** Run `output` split at `cuts` through a session (qwen3 reasoning + hermes3 calls); the stream and unary bodies. */
-  function run(cuts: number[]) {
+  /** A bare call then text (Qwen2.5-Coder echoing the tool result after its call, seen in the SDK tool loop). */
+  const textAfter = '{"name": "get_weather", "arguments": {"city": "Paris"}}\n{"temperature_c": 14}';
+
+  /** Run `text` split at `cuts` through a session (qwen3 reasoning + hermes3 calls); the stream and unary bodies. */
+  function run(cuts: number[], text = output) {
+    const log: ParsedDelta[] = [];
     const s = new GenerationSession({
       childIds: ["r"],
       stop: [],
       includeStopStr: false,
       logprobs: false,
-      parser: () => createOutputParser({ toolParser: "hermes3", tools, reasoningParser: "qwen3", reasoningOpen: false, newId: () => "call_1" }),
+      parser: () => recordingParser(createOutputParser({ toolParser: "hermes3", tools, reasoningParser: "qwen3", reasoningOpen: false, newId: () => "call_1" }), log),
     });
     const events: SessionEvent[] = [...s.admitted("r", 5).events];
     let at = 0;
-    for (const cut of [...cuts, output.length]) {
-      events.push(...s.output("r", [1], output.slice(at, cut)).events);
+    for (const cut of [...cuts, text.length]) {
+      events.push(...s.output("r", [1], text.slice(at, cut)).events);
       at = cut;
     }
     events.push(...s.finish("r", "stop", { promptTokens: 5, completionTokens: cuts.length + 1 }).events);
-    const { out, enc } = play(events);
-    return { out, unary: enc.unary(events.at(-1) as Extract<SessionEvent, { type: "finished" }>) as { content: Record<string, unknown>[]; stop_reason: string } };
+    const { out } = play(events);
+    const unary = messagesEncoder("msg_1", "m", log).unary(events.at(-1) as Extract<SessionEvent, { type: "finished" }>);
+    return { out, unary: unary as { content: Record<string, unknown>[]; stop_reason: string } };
   }
 
   /** The content blocks a client assembles from the stream (as the SDKs do). */
@@ -206,11 +213,21 @@ describe("the real parsers through the session and the encoder", () => {
     expect(out.at(-2)!.data.delta).toEqual({ stop_reason: "tool_use", stop_sequence: null });
   });
 
-  it("for any split of the model's text, the blocks a client assembles from the stream equal the unary content", () => {
+  it("text after a call stays after it in the unary content too (the stream's block order)", () => {
+    // Token by token, as an engine reports it (within one delta the session has no order between text and calls).
+    const { out, unary } = run(Array.from({ length: textAfter.length - 1 }, (_, i) => i + 1), textAfter);
+    expect(unary.content).toEqual([
+      { type: "tool_use", id: "toolu_1", name: "get_weather", input: { city: "Paris" } },
+      { type: "text", text: '{"temperature_c": 14}' },
+    ]);
+    expect(assemble(out)).toEqual(unary.content);
+  });
+
+  it.each([["think, text, call", output], ["call, then text", textAfter]])("%s: for any split of the model's text, the blocks a client assembles from the stream equal the unary content", (_, text) => {
     fc.assert(
-      fc.property(fc.uniqueArray(fc.integer({ min: 1, max: output.length - 1 }), { maxLength: 12 }), (raw) => {
+      fc.property(fc.uniqueArray(fc.integer({ min: 1, max: text.length - 1 }), { maxLength: 12 }), (raw) => {
         const cuts = [...raw].sort((a, b) => a - b);
-        const { out, unary } = run(cuts);
+        const { out, unary } = run(cuts, text);
         expect(assemble(out)).toEqual(unary.content);
         // One block open at a time: each start follows the previous block's stop.
         const order = out.filter((e) => e.event === "content_block_start" || e.event === "content_block_stop").map((e) => `${e.event === "content_block_start" ? "+" : "-"}${String(e.data.index)}`);

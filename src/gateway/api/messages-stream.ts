@@ -6,13 +6,14 @@
  * `data: [DONE]`. An error after the stream began is an `event: error` with Anthropic's error body.
  *
  * Blocks follow each other (one open at a time): a new kind of output, or a new tool call, closes the open block.
- * The unary content is `[thinking?, text?, tool_use…]`; a stream whose text came after a call has that text in a
- * later block (the text is the same, only the block order differs).
+ * The unary content has the same blocks in the same order (the parser's recorded deltas replayed); without a
+ * parser it is `[text]`.
  */
 import { toAnthropicErrorBody } from "../http/error-envelope.js";
 import type { Encoder } from "../requests/generate.js";
 import type { Usage } from "../requests/registry.js";
 import type { ChoiceResult } from "../requests/session/events.js";
+import type { ParsedDelta } from "../parsers/types.js";
 import type { ResponseWriter } from "../http/sse.js";
 import { sanitizeForJson } from "../requests/utf8-stream.js";
 
@@ -56,11 +57,38 @@ export function contentOf(c: Pick<ChoiceResult, "text" | "reasoning" | "toolCall
   return out;
 }
 
+/**
+ * The content of a finished choice in the order the parser produced it, block for block as the stream sends it: a
+ * run of reasoning is a thinking block, a run of text a text block, each call a tool_use block (its input from the
+ * finished call). Text after a call (a model that echoes the result, say) comes after the call, as in the stream.
+ * @param log - the parser's deltas in order (parsers/recording.ts), or null without a parser.
+ */
+export function orderedContentOf(c: Pick<ChoiceResult, "text" | "reasoning" | "toolCalls">, log: readonly ParsedDelta[] | null): Record<string, unknown>[] {
+  if (log === null) return contentOf(c);
+  const out: Record<string, unknown>[] = [];
+  // 1. Extend the last block when it is of this kind, else start one (as the stream's `ensure`).
+  const append = (kind: "thinking" | "text", text: string): void => {
+    const last = out.at(-1);
+    if (last?.type === kind) last[kind] = (last[kind] as string) + text;
+    else out.push(kind === "text" ? { type: "text", text } : { type: "thinking", thinking: text, signature: "" });
+  };
+  for (const d of log) {
+    if (d.reasoning) append("thinking", d.reasoning);
+    if (d.content) append("text", d.content);
+    // 2. A call's first fragment places its block; its input is the finished call's arguments.
+    for (const t of d.toolCalls ?? []) {
+      const call = c.toolCalls[t.index];
+      if (t.id !== undefined && call) out.push({ type: "tool_use", id: toolUseId(call.id), name: call.name, input: inputOf(call.arguments) });
+    }
+  }
+  return out;
+}
+
 /** The block the stream has open: its kind and index (and, for a tool call, the parser's call index). */
 type OpenBlock = { kind: "none" } | { kind: "thinking" | "text"; index: number } | { kind: "tool_use"; index: number; call: number };
 
-/** The Messages encoder for one request (`id` is `msg_…`). */
-export function messagesEncoder(id: string, model: string): Encoder {
+/** The Messages encoder for one request (`id` is `msg_…`; `parsed`: the parser's deltas of a unary answer, see {@link orderedContentOf}). */
+export function messagesEncoder(id: string, model: string, parsed: readonly ParsedDelta[] | null = null): Encoder {
   /** Index of the next content block. */
   let next = 0;
   /** The block open now. */
@@ -133,7 +161,7 @@ export function messagesEncoder(id: string, model: string): Encoder {
     errorBody: toAnthropicErrorBody,
     unary(ev) {
       const c = ev.choices[0]!;
-      return message(contentOf(c), stopReasonOf(c), usageBody(ev.usage));
+      return message(orderedContentOf(c, parsed), stopReasonOf(c), usageBody(ev.usage));
     },
   };
 }

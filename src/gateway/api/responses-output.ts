@@ -11,7 +11,8 @@
  * The unary answer is built by the same class from the parser's deltas in the order it gave them (recorded by
  * {@link recordingParser}), so streamed and unary items agree — also when text follows a call.
  */
-import type { OutputParser, ParsedDelta, ToolCallDelta } from "../parsers/types.js";
+import type { ParsedDelta, ToolCallDelta } from "../parsers/types.js";
+export { recordingParser } from "../parsers/recording.js";
 import type { ChoiceResult } from "../requests/session/events.js";
 
 /** Writes one stream event (`type` plus its payload; the encoder adds `sequence_number`). */
@@ -197,22 +198,6 @@ export function feed(out: ResponseOutput, d: ParsedDelta): void {
   for (const t of d.toolCalls ?? []) out.call(t);
 }
 
-/** An output parser that also appends every delta it returns to `log`, in order. */
-export function recordingParser(parser: OutputParser, log: ParsedDelta[]): OutputParser {
-  return {
-    push(text) {
-      const d = parser.push(text);
-      log.push(d);
-      return d;
-    },
-    finish(reason) {
-      const d = parser.finish(reason);
-      log.push(d);
-      return d;
-    },
-    result: () => parser.result(),
-  };
-}
 
 /**
  * The output of a finished choice for a unary answer: the parser's deltas replayed in order when they were recorded
