@@ -23,16 +23,17 @@ export const THINKING_BY_EFFORT: Readonly<Record<ReasoningEffort, boolean>> = {
 /**
  * The template variables of `body` with its `reasoning_effort` applied (the request's own kwargs when it sets none).
  * @param templateSource - The model's chat template (Jinja source), which must read `enable_thinking`.
+ * @param param - The field's name in errors (`reasoning.effort` on /responses).
  * @throws KeelHttpError 400 on `reasoning_effort` without a reasoning parser or a thinking switch, or against
  *   `enable_thinking`.
  */
-export function templateKwargsFor(body: Pick<ChatRequest, "templateKwargs" | "reasoningEffort">, agents: Pick<AgentSettings, "reasoningParser">, templateSource: string): Record<string, unknown> {
+export function templateKwargsFor(body: Pick<ChatRequest, "templateKwargs" | "reasoningEffort">, agents: Pick<AgentSettings, "reasoningParser">, templateSource: string, param = "reasoning_effort"): Record<string, unknown> {
   if (body.reasoningEffort === undefined) return body.templateKwargs;
   if (agents.reasoningParser === null) {
-    throw unsupportedField("reasoning_effort", "It applies to reasoning models: start the server with --reasoning_parser (e.g. qwen3) to use it.");
+    throw unsupportedField(param, "It applies to reasoning models: start the server with --reasoning_parser (e.g. qwen3) to use it.");
   }
   if (!templateSource.includes("enable_thinking")) {
-    throw unsupportedField("reasoning_effort", "The model's chat template has no thinking switch (enable_thinking), so the effort would change nothing.");
+    throw unsupportedField(param, "The model's chat template has no thinking switch (enable_thinking), so the effort would change nothing.");
   }
   const thinking = THINKING_BY_EFFORT[body.reasoningEffort];
   const given = body.templateKwargs.enable_thinking;

@@ -17,10 +17,7 @@ import { inputSchema } from "./responses-input.js";
 import { checkKnownFields } from "./known-fields.js";
 import { sanitizeForJson } from "../requests/utf8-stream.js";
 
-/** `reasoning.effort` values (OpenAI's). */
-export const REASONING_EFFORTS = ["none", "minimal", "low", "medium", "high", "xhigh", "max"] as const;
-/** One of {@link REASONING_EFFORTS}: `none` switches thinking off, the others on. */
-export type ReasoningEffort = (typeof REASONING_EFFORTS)[number];
+import { REASONING_EFFORTS, type ReasoningEffort } from "./chat-request.js";
 
 /** A validated Responses request. */
 export interface ResponsesRequest {

@@ -23,6 +23,7 @@ import type { Usage } from "../requests/registry.js";
 import { checkModelName, readyEngine, renderMessages, type RouteContext } from "../http/route-context.js";
 import type { ChoiceResult } from "../requests/session/events.js";
 import { parseResponsesRequest, type ResponsesRequest } from "./responses-request.js";
+import { templateKwargsFor } from "./reasoning-effort.js";
 import { feed, recordingParser, ResponseOutput, unaryOutput } from "./responses-output.js";
 import type { ParsedDelta } from "../parsers/types.js";
 
@@ -143,11 +144,8 @@ export async function handleResponses(ctx: RouteContext, req: FastifyRequest, re
   const engine = readyEngine(ctx, reply);
   const caps = engine.capabilities;
   const agents = ctx.model.agents();
-  // reasoning.effort is the template's thinking switch; without a reasoning parser it could not be applied.
-  if (body.reasoningEffort !== null && agents.reasoningParser === null) {
-    throw unsupportedField("reasoning.effort", "The server parses no reasoning: start it with --reasoning_parser (e.g. qwen3) to use reasoning options.");
-  }
-  const kwargs = body.reasoningEffort === null ? undefined : { enable_thinking: body.reasoningEffort !== "none", reasoning_effort: body.reasoningEffort };
+  // reasoning.effort is the template's thinking switch, applied and refused exactly as chat's reasoning_effort.
+  const kwargs = body.reasoningEffort === null ? undefined : { ...templateKwargsFor({ templateKwargs: {}, reasoningEffort: body.reasoningEffort }, agents, engine.template.source, "reasoning.effort"), reasoning_effort: body.reasoningEffort };
   if (body.responseFormat.kind !== "text" && !caps.grammars) throw guidedNotSupported("text.format");
   const toolParser = requestToolParser(body, agents);
   const prompt = renderMessages(engine, body.messages, kwargs, toolsForTemplate(body));
