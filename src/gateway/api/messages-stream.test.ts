@@ -133,6 +133,8 @@ describe("Messages unary answer", () => {
     [{ reason: "stop" as const, stopSequence: "END" }, { stop_reason: "stop_sequence", stop_sequence: "END" }],
     [{ reason: "length" as const }, { stop_reason: "max_tokens", stop_sequence: null }],
     [{ reason: "tool_calls" as const }, { stop_reason: "tool_use", stop_sequence: null }],
+    // A stop sequence that cut a call short is said (the call may be incomplete).
+    [{ reason: "tool_calls" as const, stopSequence: "World" }, { stop_reason: "stop_sequence", stop_sequence: "World" }],
   ])("%j → %j", (c, expected) => {
     expect(stopReasonOf(c)).toEqual(expected);
   });

@@ -23,8 +23,9 @@ export type StopReason = "end_turn" | "max_tokens" | "stop_sequence" | "tool_use
 /** Anthropic `stop_reason` and `stop_sequence` of a finished choice. */
 export function stopReasonOf(c: Pick<ChoiceResult, "reason" | "stopSequence">): { stop_reason: StopReason; stop_sequence: string | null } {
   if (c.reason === "length") return { stop_reason: "max_tokens", stop_sequence: null };
-  if (c.reason === "tool_calls") return { stop_reason: "tool_use", stop_sequence: null };
-  return c.stopSequence !== undefined ? { stop_reason: "stop_sequence", stop_sequence: c.stopSequence } : { stop_reason: "end_turn", stop_sequence: null };
+  // A stop sequence wins over tool_use: it may have cut a call short, and the client must be able to tell.
+  if (c.stopSequence !== undefined) return { stop_reason: "stop_sequence", stop_sequence: c.stopSequence };
+  return { stop_reason: c.reason === "tool_calls" ? "tool_use" : "end_turn", stop_sequence: null };
 }
 
 /** A tool-call id in Anthropic's shape: the parser's `call_…` becomes `toolu_…` (ids the client sends back as is). */
