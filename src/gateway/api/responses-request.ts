@@ -120,6 +120,14 @@ const reasoningSchema = z.unknown().optional().transform((v, ctx): { effort: Rea
 });
 
 /** Chat/completions request fields that clients send to /responses by mistake. */
+/** The Responses field a chat field's client means, where there is one. */
+const RESPONSES_NAME: Partial<Record<string, string>> = {
+  reasoning_effort: "reasoning.effort",
+  response_format: "text.format",
+  max_tokens: "max_output_tokens",
+  max_completion_tokens: "max_output_tokens",
+};
+
 const CHAT_ONLY_FIELDS = [
   "messages", "max_tokens", "max_completion_tokens", "seed", "stop", "n", "best_of", "logprobs", "logit_bias",
   "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p", "top_k", "min_tokens", "stop_token_ids",
@@ -164,7 +172,7 @@ const responsesBodySchema = z.object({
   moderation: unsupported(() => false, "Moderation is not available."),
   service_tier: unsupported((v) => v === "auto" || v === "default", "Service tiers are not available."),
   // Chat/completions fields that the Responses API does not have: refused with a hint, not accepted and ignored.
-  ...Object.fromEntries(CHAT_ONLY_FIELDS.map((f) => [f, unsupported(() => false, `'${f}' is not a Responses API field; ${f === "reasoning_effort" ? "use reasoning.effort" : f === "response_format" ? "use text.format" : "use /chat/completions for it"}.`)])),
+  ...Object.fromEntries(CHAT_ONLY_FIELDS.map((f) => [f, unsupported(() => false, `'${f}' is not a Responses API field; ${RESPONSES_NAME[f] ? `use ${RESPONSES_NAME[f]}` : "use /chat/completions for it"}.`)])),
 });
 
 /** Every top-level field the Responses body knows (the rest are refused as unknown). */
