@@ -21,8 +21,7 @@ import { runGeneration } from "../requests/generate.js";
 import { outputParserFactory, requestToolParser, toolsForTemplate } from "./agent-request.js";
 import { parseCountTokensRequest, parseMessagesRequest, type MessagesPromptRequest, type ThinkingRequest } from "./messages-request.js";
 import { messagesEncoder } from "./messages-stream.js";
-import { recordingParser } from "../parsers/recording.js";
-import type { ParsedDelta } from "../parsers/types.js";
+import { recordedForUnary } from "../parsers/recording.js";
 import { TOKENIZE_CHARS_PER_CONTEXT_TOKEN } from "./tokenize.js";
 
 /** The template variable HF templates read as their thinking switch (Qwen3's, and others'). */
@@ -59,8 +58,7 @@ export async function handleMessages(ctx: RouteContext, req: FastifyRequest, rep
   const { agents, toolParser, prompt } = renderPrompt(ctx, engine, body);
   const factory = outputParserFactory(body, toolParser, agents, prompt);
   // A unary answer lists its blocks in the order the parser found them, as the stream does: its deltas are recorded.
-  const parsed: ParsedDelta[] | null = factory && !body.stream ? [] : null;
-  const parser = factory && parsed ? () => recordingParser(factory(), parsed) : factory;
+  const { parser, parsed } = recordedForUnary(factory, body.stream);
   // A bad schema, or a guide this engine cannot apply, is a 400 here, before the engine sees the request.
   const guide = requestGuide(buildGuide, { ...body, responseFormat: { kind: "text" } }, toolParser, agents, prompt, engine.capabilities);
   const id = `msg_${randomUUID().replaceAll("-", "")}`;

@@ -12,7 +12,7 @@
  * {@link recordingParser}), so streamed and unary items agree — also when text follows a call.
  */
 import type { ParsedDelta, ToolCallDelta } from "../parsers/types.js";
-export { recordingParser } from "../parsers/recording.js";
+
 import type { ChoiceResult } from "../requests/session/events.js";
 
 /** Writes one stream event (`type` plus its payload; the encoder adds `sequence_number`). */

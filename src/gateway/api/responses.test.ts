@@ -11,7 +11,7 @@ import type { ResponseWriter } from "../http/sse.js";
 import type { ChoiceResult, SessionEvent } from "../requests/session/events.js";
 import type { ToolCallDelta } from "../parsers/types.js";
 import { parseResponsesRequest, responsesEncoder } from "./responses.js";
-import { recordingParser } from "./responses-output.js";
+import { recordingParser } from "../parsers/recording.js";
 import type { ParsedDelta } from "../parsers/types.js";
 import { createOutputParser } from "../parsers/index.js";
 import { GenerationSession } from "../requests/session/session.js";

@@ -24,7 +24,8 @@ import { checkModelName, readyEngine, renderMessages, type RouteContext } from "
 import type { ChoiceResult } from "../requests/session/events.js";
 import { parseResponsesRequest, type ResponsesRequest } from "./responses-request.js";
 import { templateKwargsFor } from "./reasoning-effort.js";
-import { feed, recordingParser, ResponseOutput, unaryOutput } from "./responses-output.js";
+import { feed, ResponseOutput, unaryOutput } from "./responses-output.js";
+import { recordedForUnary } from "../parsers/recording.js";
 import type { ParsedDelta } from "../parsers/types.js";
 
 export { parseResponsesRequest, type ResponsesRequest };
@@ -151,8 +152,7 @@ export async function handleResponses(ctx: RouteContext, req: FastifyRequest, re
   const prompt = renderMessages(engine, body.messages, kwargs, toolsForTemplate(body));
   const factory = outputParserFactory(body, toolParser, agents, prompt);
   // A unary answer lists its items in the order the parser found them, as a stream would: its deltas are recorded.
-  const parsed: ParsedDelta[] | null = factory && !body.stream ? [] : null;
-  const parser = factory && parsed ? () => recordingParser(factory(), parsed) : factory;
+  const { parser, parsed } = recordedForUnary(factory, body.stream);
   let guide;
   try {
     guide = requestGuide(buildGuide, body, toolParser, agents, prompt, caps);

@@ -20,3 +20,13 @@ export function recordingParser(parser: OutputParser, log: ParsedDelta[]): Outpu
     result: () => parser.result(),
   };
 }
+
+/**
+ * The parser factory of a request whose unary answer lists its parts in produced order: for a unary request (and a
+ * parser) each parser made records into `parsed`; a stream needs no log (`parsed` null, the factory as it was).
+ */
+export function recordedForUnary(factory: (() => OutputParser) | undefined, stream: boolean): { parser: (() => OutputParser) | undefined; parsed: ParsedDelta[] | null } {
+  if (factory === undefined || stream) return { parser: factory, parsed: null };
+  const parsed: ParsedDelta[] = [];
+  return { parser: () => recordingParser(factory(), parsed), parsed };
+}
