@@ -16,7 +16,7 @@ import { callsFromJson, tryParseJson } from "./call-shape.js";
 import { ContentGaps } from "./content-gaps.js";
 import { JsonCallReader } from "./json-call-reader.js";
 import { JsonScanner } from "./json-scanner.js";
-import { emptyOutput, pushArgs, pushWhole, type StageOutput, type ToolStage } from "./stage.js";
+import { announceWhenNamed, emptyOutput, pushArgs, pushWhole, type StageOutput, type ToolStage } from "./stage.js";
 import { findFirstTag, partialTagLength, skipSpace } from "./tag-scan.js";
 
 const OPEN = "<tool_call>";
@@ -247,11 +247,7 @@ export class Hermes3Stage implements ToolStage {
     for (let i = 0; i < this.#pending.length; i++) {
       const step = st.reader.push(this.#pending[i]!);
       // 1. The name just closed: the call exists from here on.
-      if (!st.announced && st.reader.name !== null) {
-        st.announced = true;
-        this.#gaps.call();
-        out.calls.push({ kind: "start", name: st.reader.name });
-      }
+      announceWhenNamed(st, this.#gaps, out);
       if (step === "more") continue;
       // 2. The object closed, or broke after its name (the rest is text), or was never the streamed shape.
       if (step === "giveUp") {

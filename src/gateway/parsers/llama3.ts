@@ -14,7 +14,7 @@ import { callsFromJson, tryParseJson } from "./call-shape.js";
 import { ContentGaps } from "./content-gaps.js";
 import { JsonScanner } from "./json-scanner.js";
 import { JsonCallReader } from "./json-call-reader.js";
-import { emptyOutput, pushArgs, pushWhole, type StageOutput, type ToolStage } from "./stage.js";
+import { announceWhenNamed, emptyOutput, pushArgs, pushWhole, type StageOutput, type ToolStage } from "./stage.js";
 import { findFirstTag, isSpace, partialTagLength, skipSpace } from "./tag-scan.js";
 
 const TAG = "<|python_tag|>";
@@ -191,11 +191,7 @@ export class Llama3Stage implements ToolStage {
     for (let i = 0; i < this.#pending.length; i++) {
       const step = st.reader.push(this.#pending[i]!);
       // 1. The name just closed: the call exists from here on.
-      if (!st.announced && st.reader.name !== null) {
-        st.announced = true;
-        this.#gaps.call();
-        out.calls.push({ kind: "start", name: st.reader.name });
-      }
+      announceWhenNamed(st, this.#gaps, out);
       if (step === "more") continue;
       // 2. Not the streamed shape: re-read what was consumed as one whole value (at the start: a bare candidate).
       if (step === "giveUp" && st.bare) {

@@ -8,6 +8,8 @@
  * @module
  */
 import type { FoundCall } from "./call-shape.js";
+import type { ContentGaps } from "./content-gaps.js";
+import type { JsonCallReader } from "./json-call-reader.js";
 
 /** One step of the calls: a new call (its name), or the next piece of the latest call's arguments text. */
 export type CallEvent = { kind: "start"; name: string } | { kind: "args"; text: string };
@@ -36,4 +38,18 @@ export function pushWhole(out: StageOutput, calls: readonly FoundCall[]): void {
 /** Appends an arguments fragment (nothing for ""). */
 export function pushArgs(out: StageOutput, text: string): void {
   if (text !== "") out.calls.push({ kind: "args", text });
+}
+
+/** A call object being streamed: its reader, and whether its `start` went out. */
+export interface StreamedCall {
+  readonly reader: JsonCallReader;
+  announced: boolean;
+}
+
+/** Announces `st`'s call once its name closed (once): a call exists from here on, and the text before it ends. */
+export function announceWhenNamed(st: StreamedCall, gaps: ContentGaps, out: StageOutput): void {
+  if (st.announced || st.reader.name === null) return;
+  st.announced = true;
+  gaps.call();
+  out.calls.push({ kind: "start", name: st.reader.name });
 }
