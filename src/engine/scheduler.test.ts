@@ -125,6 +125,27 @@ describe("batch planning", () => {
     expect([...firstTokenStep]).toEqual([["r0", 1], ["r1", 1], ["r2", 1], ["r3", 1], ["r4", 2], ["r5", 2], ["r6", 2], ["r7", 2]]);
   });
 
+  it("a prompt that fits what is left of the step is prefilled whole in one step, also while other prefills wait behind it", () => {
+    const s = mk({ maxNumSeqs: 8, maxNumBatchedTokens: 256, maxModelLen: 512 });
+    // 100-token prompts: above the cap (64), each within the step budget.
+    for (let i = 0; i < 8; i++) s.add(seq(`r${i}`, 100));
+    const firstTokenStep = new Map<string, number>();
+    const chunks = new Map<string, number>();
+    for (let stepNo = 1; stepNo <= 4; stepNo++) {
+      const { plan } = step(s);
+      expect(plan.totalTokens).toBeLessThanOrEqual(256);
+      for (const it of plan.items) {
+        if (it.kind !== "prefill") continue;
+        chunks.set(it.id, (chunks.get(it.id) ?? 0) + 1);
+        if (it.wantsLogits) firstTokenStep.set(it.id, stepNo);
+      }
+    }
+    // Step 1: r0 and r1 whole (200 tokens), r2 the 56 left; cutting each to the cap (64) finished none in step 1.
+    expect([...firstTokenStep]).toEqual([["r0", 1], ["r1", 1], ["r2", 2], ["r3", 2], ["r4", 2], ["r5", 3], ["r6", 3], ["r7", 4]]);
+    // A prompt that started in a step with room for it took exactly one chunk.
+    for (const id of ["r0", "r1", "r3", "r4", "r6"]) expect(chunks.get(id)).toBe(1);
+  });
+
   it("a long prompt ahead of short ones takes at most the cap while they wait, and the whole leftover when alone", () => {
     const s = mk({ maxNumSeqs: 4, maxNumBatchedTokens: 256, maxModelLen: 4096 });
     s.add(seq("long", 1000));
