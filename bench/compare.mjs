@@ -242,6 +242,10 @@ async function keelPhases(port) {
     other: ph("other"),
     steps: num(/^keel_engine_step_phase_seconds_count\{phase="decode"\} (\S+)/m),
     seqs: num(/^keel_engine_step_requests_sum (\S+)/m),
+    ttft: Object.fromEntries(["accept", "engine", "deliver"].map((k) => [k, num(new RegExp(`^keel_request_ttft_phase_seconds_sum\\{phase="${k}"\\} (\\S+)`, "m"))])),
+    ttftCount: num(/^keel_request_ttft_phase_seconds_count\{phase="accept"\} (\S+)/m),
+    queue: num(/^keel_request_queue_time_seconds_sum (\S+)/m),
+    queueCount: num(/^keel_request_queue_time_seconds_count (\S+)/m),
     at: performance.now(),
   };
 }
@@ -253,6 +257,14 @@ function phaseRow(a, b) {
   const wall = (b.at - a.at) / steps;
   const seqs = (b.seqs - a.seqs) / steps;
   return { steps, seqsPerStep: seqs, decode: per("decode"), sample: per("sample"), other: per("other"), between: wall - per("decode") - per("sample") - per("other"), samplePerSeqUs: (per("sample") * 1000) / Math.max(seqs, 1e-9) };
+}
+/** Mean ms per request of each first-token phase (keel_request_ttft_phase_seconds) and of the engine's queue time in a window. */
+function ttftRow(a, b) {
+  const n = b.ttftCount - a.ttftCount;
+  if (!(n > 0)) return null;
+  const ms = (k) => ((b.ttft[k] - a.ttft[k]) * 1000) / n;
+  const queue = ((b.queue - a.queue) * 1000) / Math.max(1, b.queueCount - a.queueCount);
+  return { requests: n, accept: ms("accept"), engine: ms("engine"), "of which queue": queue, deliver: ms("deliver") };
 }
 
 /** Whether Keel's engine_ready line (which names the GPU backend it loaded) was printed once. */
@@ -473,6 +485,8 @@ async function throughput(model) {
   const rows = [];
   /** Keel's engine step phases per round (ms per decoding step), from its /metrics. */
   const phaseRows = [];
+  /** Keel's mean first-token phases per round (ms per request), from its /metrics. */
+  const ttftRows = [];
   for (const c of CFG.concurrency) {
     const perClient = Math.max(CFG.reqs, Math.ceil(CFG.minReqs / c));
     const acc = { keel: [], other: [] };
@@ -482,7 +496,10 @@ async function throughput(model) {
           if (s.name !== "keel") return loadRound(s.port, c, perClient, `r${round}`);
           const before = await keelPhases(s.port);
           const r = await loadRound(s.port, c, perClient, `r${round}`);
-          const ph = phaseRow(before, await keelPhases(s.port));
+          const after = await keelPhases(s.port);
+          const ph = phaseRow(before, after);
+          const tt = ttftRow(before, after);
+          if (tt) ttftRows.push({ C: c, round, ...Object.fromEntries(Object.entries(tt).map(([k, v]) => [k, k === "requests" ? v : r2(v)])) });
           if (ph) phaseRows.push({ C: c, round, ...Object.fromEntries(Object.entries(ph).map(([k, v]) => [k, k === "steps" ? v : r2(v)])) });
           return r;
         });
@@ -520,6 +537,10 @@ async function throughput(model) {
   if (phaseRows.length > 0) {
     console.log("\n1b. Where Keel's engine time went, ms per decoding step (keel_engine_step_phase_seconds): decode = native batch decode, sample = all sequences' sampling, other = scheduling/bookkeeping, between = outside steps (frame write, event loop, waiting for work)");
     console.table(phaseRows);
+  }
+  if (ttftRows.length > 0) {
+    console.log("\n1c. Keel's time to first token by phase, mean ms per streamed request (keel_request_ttft_phase_seconds): accept = HTTP request received -> add written to the engine (body, template, admission), engine = add written -> the first token's step message read back (of which queue = the engine's wait for a slot and a step boundary, keel_request_queue_time_seconds), deliver = that message read -> first token written");
+    console.table(ttftRows);
   }
 }
 

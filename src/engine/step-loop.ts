@@ -49,7 +49,7 @@ export class StepLoop {
   private readonly requests = new Map<string, RequestState>();
   /** Step counter when an abort for a live or pending request arrived. */
   private readonly abortArrivedAtStep = new Map<string, number>();
-  /** When each `add` arrived (ms since epoch), until its admission: the queue time reported in `admitted.queueMs`. */
+  /** When each `add` arrived (performance.now() ms), until its admission: the queue time reported in `admitted.queueMs`. */
   private readonly addArrivedAt = new Map<string, number>();
   /** Resolves the idle wait when a command arrives. */
   private wake: (() => void) | null = null;
@@ -74,7 +74,7 @@ export class StepLoop {
 
   /** Queue a command for the next step boundary. Never touches engine state. */
   submit(cmd: LoopCommand): void {
-    if (cmd.type === "add" && !this.addArrivedAt.has(cmd.id)) this.addArrivedAt.set(cmd.id, Date.now());
+    if (cmd.type === "add" && !this.addArrivedAt.has(cmd.id)) this.addArrivedAt.set(cmd.id, performance.now());
     if (cmd.type === "abort") {
       // Remember when each abort arrived, to report how many steps it took to apply (the end-to-end invariant "an
       // abort is applied within 2 engine steps", docs/design-rules.md).
@@ -155,11 +155,11 @@ export class StepLoop {
   private schedule(outputs: StepOutputs): StepPlan {
     const plan = this.scheduler.schedule();
     // Queue time ends here, at admission — before the prefill runs (the step output arrives only after it).
-    const admittedAt = Date.now();
+    const admittedAt = performance.now();
     for (const a of plan.admitted) {
       const arrived = this.addArrivedAt.get(a.id);
       this.addArrivedAt.delete(a.id);
-      outputs.of(a.id).admitted = { promptTokens: a.promptTokens, cachedTokens: a.cachedTokens, ...(arrived !== undefined ? { queueMs: admittedAt - arrived } : {}) };
+      outputs.of(a.id).admitted = { promptTokens: a.promptTokens, cachedTokens: a.cachedTokens, ...(arrived !== undefined ? { queueMs: Math.round((admittedAt - arrived) * 1000) / 1000 } : {}) };
     }
     for (const op of plan.kvOps) {
       const ok = this.backend.trimSequence ? this.backend.trimSequence(op.slot, op.keep) : (this.backend.clearSequence(op.slot), op.keep === 0);

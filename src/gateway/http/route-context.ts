@@ -56,6 +56,13 @@ export interface ReadyEngine {
   tokenize(text: string, addSpecialTokens: boolean): Promise<number[]>;
 }
 
+/**
+ * The phases of a streamed request's time to first token (keel_request_ttft_phase_seconds): `accept` = HTTP request
+ * received → its add written to the engine; `engine` = add written → the step message with the first token read
+ * back; `deliver` = that message read → the first token written to the client.
+ */
+export type TtftPhase = "accept" | "engine" | "deliver";
+
 /** What a route needs: the model, its ready engine or none, the rejection metric, and the log. */
 export interface RouteContext {
   model: RouteModel;
@@ -65,6 +72,8 @@ export interface RouteContext {
   unavailable(): KeelHttpError;
   /** A request refused at the door, counted by reason. */
   rejected(reason: "queue_full" | "not_ready"): void;
+  /** One request's time in one phase of its first token (seconds). */
+  ttftPhase(phase: TtftPhase, seconds: number): void;
   log: Logger;
 }
 

@@ -57,6 +57,8 @@ export class Metrics {
   readonly stepRequests: client.Histogram;
   /** Engine step wall time by phase (decode, sample, other), from the step messages' phaseUs. */
   readonly stepPhase: client.Histogram<"phase">;
+  /** Where each streamed request's first token spent its time, by phase (`TtftPhase` of http/route-context.ts). */
+  readonly ttftPhase: client.Histogram<"phase">;
   readonly requestsResumed: client.Counter;
   /** Guided requests whose constraint the engine dropped (they went on unconstrained). */
   readonly guidedDropped: client.Counter;
@@ -121,6 +123,13 @@ export class Metrics {
     this.stepPhase = new client.Histogram({
       name: "keel_engine_step_phase_seconds",
       help: "Engine step wall time by phase: decode (the native batch decode), sample (every sequence's sampling), other (scheduling and bookkeeping; the output message is written after the step is timed), per step that decoded",
+      labelNames: ["phase"],
+      buckets: [0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5],
+      registers,
+    });
+    this.ttftPhase = new client.Histogram({
+      name: "keel_request_ttft_phase_seconds",
+      help: "Time to first token by phase, per request: accept (HTTP request received -> its add written to the engine: body, validation, chat template, admission), engine (add written -> the step message carrying the first token read back: the hop in, the wait for a step boundary, tokenisation, prefill, first sampling, the hop back), deliver (that message read -> the first token written to the client: output processing, parsers, encoding, the write)",
       labelNames: ["phase"],
       buckets: [0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5],
       registers,

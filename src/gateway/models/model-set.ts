@@ -136,6 +136,7 @@ export class ModelUnit {
         metrics.requestsRejected.inc({ reason });
         metrics.ovmsRejected.inc({ name: spec.name });
       },
+      ttftPhase: (phase, seconds) => metrics.ttftPhase.observe({ phase }, seconds),
       log,
     };
   }

@@ -60,6 +60,8 @@ interface Server {
   isKnownCulprit: (prompt: string) => boolean;
   rejected: (why: "queue_full" | "not_ready") => void;
   agents: () => AgentSettings;
+  /** The first-token phases the route recorded, in order. */
+  ttftPhases: { phase: string; seconds: number }[];
 }
 
 /** The route context of a model named "m" whose engine answers as `s` says. */
@@ -70,6 +72,7 @@ function contextOf(s: Server): RouteContext {
     engine: () => (s.isReady() ? { template, capabilities: s.capabilities, maxModelLen: 1000, maxNumSeqs: s.maxNumSeqs, vocabSize: s.vocabSize, tokenize: async () => [] } : null),
     unavailable: () => notReady(),
     rejected: (why) => s.rejected(why),
+    ttftPhase: (phase, seconds) => s.ttftPhases.push({ phase, seconds }),
     log: pino({ level: "silent" }),
   };
 }
@@ -100,12 +103,14 @@ function setup(maxUnreadBytes: number, body: Record<string, unknown> = {}, over:
     maxUnreadBytes,
     isKnownCulprit: () => false,
     rejected: () => undefined,
+    ttftPhases: [],
     agents: () => ({ toolParser: null, reasoningParser: null, guideAuto: false, toolParserSource: "none" }),
     ...over,
   };
   const ctx = contextOf(server);
   const res = new StalledResponse();
-  const reply = { hijack() {}, raw: res, header() { return reply; } } as unknown as FastifyReply;
+  // Fastify's time since it received the request: 5 ms of parsing before the route ran.
+  const reply = { hijack() {}, raw: res, header() { return reply; }, elapsedTime: 5 } as unknown as FastifyReply;
   const reqSocket = Object.assign(new EventEmitter(), { destroyed: false });
   const req = { body: { model: "m", messages: [{ role: "user", content: "hi" }], stream: true, temperature: 0, ...body }, raw: { socket: reqSocket, destroyed: false } } as unknown as FastifyRequest;
   return { ctx, server, res, reply, req, sent, disconnects, observed, registry };
@@ -634,5 +639,32 @@ describe("guided generation at the route", () => {
     hermes.registry.handleStep(step(1, [admit(id!), { id: id!, tokens: [5], text: '<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>', finish: { reason: "stop", promptTokens: 2, completionTokens: 1 } }]));
     const body = JSON.parse(chunks.join("")) as { choices: { message: { content: unknown; tool_calls: { function: { name: string; arguments: string } }[] }; finish_reason: string }[] };
     expect(body.choices[0]).toMatchObject({ finish_reason: "tool_calls", message: { content: null, tool_calls: [{ function: { name: "f", arguments: '{"a":1}' } }] } });
+  });
+});
+
+describe("time-to-first-token phases (keel_request_ttft_phase_seconds)", () => {
+  it("a streamed request records accept, engine and deliver once, when its first output is written", async () => {
+    const t = setup(1 << 20);
+    t.res.write = (chunk: string): boolean => chunk.length >= 0;
+    await handleChat(t.ctx, t.req, t.reply);
+    const id = idsOf(t.sent)[0]!;
+    // Admission alone writes no output: nothing recorded yet.
+    t.registry.handleStep(step(1, [admit(id)]));
+    expect(t.server.ttftPhases).toEqual([]);
+    t.registry.handleStep(step(2, [{ id, tokens: [5], text: "x" }]));
+    expect(t.server.ttftPhases.map((p) => p.phase)).toEqual(["accept", "engine", "deliver"]);
+    // accept runs from fastify's receive time (5 ms before the route) to the add's write.
+    expect(t.server.ttftPhases[0]!.seconds).toBeGreaterThanOrEqual(0.005);
+    for (const p of t.server.ttftPhases) expect(Number.isFinite(p.seconds) && p.seconds >= 0).toBe(true);
+    t.registry.handleStep(step(3, [{ id, tokens: [6], text: "y", finish: { reason: "length", promptTokens: 2, completionTokens: 2 } }]));
+    expect(t.server.ttftPhases).toHaveLength(3);
+  });
+
+  it("a unary request records none (its first token is not written on its own)", async () => {
+    const t = setup(1 << 20, { stream: false });
+    await handleChat(t.ctx, t.req, t.reply);
+    const id = idsOf(t.sent)[0]!;
+    t.registry.handleStep(step(1, [admit(id), { id, tokens: [5], text: "x", finish: { reason: "length", promptTokens: 2, completionTokens: 1 } }]));
+    expect(t.server.ttftPhases).toEqual([]);
   });
 });

@@ -175,7 +175,21 @@ export function runGeneration(ctx: RouteContext, req: FastifyRequest, reply: Fas
     ctx.rejected("not_ready");
     return ctx.unavailable();
   };
-  if (!ctx.model.requests.open(plan.id, session, children, (events) => events.forEach(emit), unavailable)) return;
+  // The first token's timeline (keel_request_ttft_phase_seconds): fastify's receive time, the add's write, and the
+  // first delivery that carries output (a delta), read against the step message it came in.
+  const receivedAt = performance.now() - reply.elapsedTime;
+  const submittedAt = performance.now();
+  let firstDelivered = false;
+  const deliver = (events: readonly SessionEvent[]): void => {
+    events.forEach(emit);
+    if (firstDelivered || !plan.stream || !events.some((ev) => ev.type === "delta")) return;
+    firstDelivered = true;
+    const readAt = ctx.model.requests.stepReadAt;
+    ctx.ttftPhase("accept", (submittedAt - receivedAt) / 1000);
+    ctx.ttftPhase("engine", Math.max(0, readAt - submittedAt) / 1000);
+    ctx.ttftPhase("deliver", Math.max(0, performance.now() - readAt) / 1000);
+  };
+  if (!ctx.model.requests.open(plan.id, session, children, deliver, unavailable)) return;
   log.info({ event: "accepted", stream: plan.stream, n: plan.n, maxTokens: plan.params.maxTokens, temperature: plan.params.temperature, guided: plan.params.guide !== undefined, parsed: plan.parser !== undefined }, "request accepted");
 
   // 2. The client leaving is an input of the request path: it releases every child still in the engine (vLLM

@@ -27,6 +27,11 @@ export class ModelRequests {
   private pending: Abort[] = [];
   /** Set while an outcome is being applied (inputs that arrive meanwhile join it). */
   private applying = false;
+  /**
+   * When the step message being applied was read (performance.now() ms; 0 before the first): where a request's
+   * `engine` phase of the first token ends and its `deliver` phase begins (keel_request_ttft_phase_seconds).
+   */
+  stepReadAt = 0;
 
   constructor(
     send: (msg: AddMessage | { v: number; type: "abort"; ids: string[] }) => boolean,
@@ -60,6 +65,7 @@ export class ModelRequests {
 
   /** One engine step. */
   handleStep(msg: StepMessage): void {
+    this.stepReadAt = performance.now();
     this.apply(() => this.processor.process(msg));
   }
 
@@ -143,13 +149,7 @@ export class ModelRequests {
 
   /** Deliver an outcome's events; a broken writer or observer fails nobody else. */
   private deliver(out: Outcome): void {
-    for (const ev of out.observed) {
-      try {
-        this.observe(ev);
-      } catch {
-        /* metrics/logging must never take a request or the gateway down */
-      }
-    }
+    // 1. The clients first: the step's tokens reach the sockets before metrics and logs take their turn.
     for (const [id, events] of out.deliveries) {
       const write = this.writers.get(id);
       if (!write) continue;
@@ -167,6 +167,14 @@ export class ModelRequests {
           /* the writer is broken: the client cannot be told */
         }
         this.pending.push(...failed.aborts);
+      }
+    }
+    // 2. Then metrics and logs.
+    for (const ev of out.observed) {
+      try {
+        this.observe(ev);
+      } catch {
+        /* metrics/logging must never take a request or the gateway down */
       }
     }
   }
