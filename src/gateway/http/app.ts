@@ -18,6 +18,7 @@ import type { Metrics } from "../metrics/metrics.js";
 import type { ModelSet, ModelSpec } from "../models/model-set.js";
 import type { GatewayOptions } from "../server.js";
 import { SilentConnections } from "./silent-connections.js";
+import { markReceived } from "./received-at.js";
 
 const utf8 = new TextDecoder("utf-8", { fatal: true });
 
@@ -118,6 +119,7 @@ export function buildHttpApp(deps: HttpAppDeps): HttpApp {
   /** The error envelope of a route: Anthropic's on the Messages routes, OpenAI's everywhere else. */
   const errorBody = (url: string, e: unknown): unknown => (isAnthropicRoute(url) ? toAnthropicErrorBody(e) : toErrorBody(e));
   app.addHook("onRequest", async (req, reply) => {
+    markReceived(req.raw);
     const preflight = req.method === "OPTIONS";
     const h = req.headers;
     // On the raw response: generation routes hijack the reply and write their own head, which Node merges with these.

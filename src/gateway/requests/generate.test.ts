@@ -24,6 +24,7 @@ import type { SessionEvent } from "./session/events.js";
 import type { FinishReason, Phase } from "./lifecycle.js";
 import { ModelRequests } from "./model-requests.js";
 import type { ObservedEvent } from "./events.js";
+import { markReceived } from "../http/received-at.js";
 
 /** A response whose client never reads: every write stays in the unsent buffer. */
 class StalledResponse extends EventEmitter {
@@ -109,10 +110,15 @@ function setup(maxUnreadBytes: number, body: Record<string, unknown> = {}, over:
   };
   const ctx = contextOf(server);
   const res = new StalledResponse();
-  // Fastify's time since it received the request: 5 ms of parsing before the route ran.
-  const reply = { hijack() {}, raw: res, header() { return reply; }, elapsedTime: 5 } as unknown as FastifyReply;
+  const reply = { hijack() {}, raw: res, header() { return reply; } } as unknown as FastifyReply;
   const reqSocket = Object.assign(new EventEmitter(), { destroyed: false });
   const req = { body: { model: "m", messages: [{ role: "user", content: "hi" }], stream: true, temperature: 0, ...body }, raw: { socket: reqSocket, destroyed: false } } as unknown as FastifyRequest;
+  // Received (the app's first hook) 5 ms before the route runs.
+  const realNow = performance.now.bind(performance);
+  const before = realNow() - 5;
+  performance.now = () => before;
+  markReceived(req.raw);
+  performance.now = realNow;
   return { ctx, server, res, reply, req, sent, disconnects, observed, registry };
 }
 
@@ -653,7 +659,7 @@ describe("time-to-first-token phases (keel_request_ttft_phase_seconds)", () => {
     expect(t.server.ttftPhases).toEqual([]);
     t.registry.handleStep(step(2, [{ id, tokens: [5], text: "x" }]));
     expect(t.server.ttftPhases.map((p) => p.phase)).toEqual(["accept", "engine", "deliver"]);
-    // accept runs from fastify's receive time (5 ms before the route) to the add's write.
+    // accept runs from the receive time (5 ms before the route) to the add's write.
     expect(t.server.ttftPhases[0]!.seconds).toBeGreaterThanOrEqual(0.005);
     for (const p of t.server.ttftPhases) expect(Number.isFinite(p.seconds) && p.seconds >= 0).toBe(true);
     t.registry.handleStep(step(3, [{ id, tokens: [6], text: "y", finish: { reason: "length", promptTokens: 2, completionTokens: 2 } }]));

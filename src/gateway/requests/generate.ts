@@ -20,6 +20,7 @@ import type { RouteContext } from "../http/route-context.js";
 import { GenerationSession } from "./session/session.js";
 import type { SessionEvent } from "./session/events.js";
 import { ResponseWriter } from "../http/sse.js";
+import { receivedAt } from "../http/received-at.js";
 import type { OutputParser } from "../parsers/types.js";
 
 /** A validated generation request, in the protocol's terms. */
@@ -175,17 +176,17 @@ export function runGeneration(ctx: RouteContext, req: FastifyRequest, reply: Fas
     ctx.rejected("not_ready");
     return ctx.unavailable();
   };
-  // The first token's timeline (keel_request_ttft_phase_seconds): fastify's receive time, the add's write, and the
-  // first delivery that carries output (a delta), read against the step message it came in.
-  const receivedAt = performance.now() - reply.elapsedTime;
+  // The first token's timeline (keel_request_ttft_phase_seconds): the receive time, the add's write, and the first
+  // delivery that carries output (a delta), read against the step message it came in.
   const submittedAt = performance.now();
+  const received = receivedAt(req.raw, submittedAt);
   let firstDelivered = false;
   const deliver = (events: readonly SessionEvent[]): void => {
     events.forEach(emit);
     if (firstDelivered || !plan.stream || !events.some((ev) => ev.type === "delta")) return;
     firstDelivered = true;
     const readAt = ctx.model.requests.stepReadAt;
-    ctx.ttftPhase("accept", (submittedAt - receivedAt) / 1000);
+    ctx.ttftPhase("accept", (submittedAt - received) / 1000);
     ctx.ttftPhase("engine", Math.max(0, readAt - submittedAt) / 1000);
     ctx.ttftPhase("deliver", Math.max(0, performance.now() - readAt) / 1000);
   };
