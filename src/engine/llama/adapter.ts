@@ -27,7 +27,7 @@ import { getLlama, LlamaLogLevel, type Llama, type LlamaContext, type LlamaModel
 import type { EngineBackend, ModelMetadata } from "../../protocol/messages.js";
 import { loadWithKeelAddon, type NativeAddonChoice } from "../../native/loader.js";
 import type { CompiledGrammar, GrammarBackend, GrammarState, ModelBackend, RawLogprobs, SampleRequest, SamplerConfig, SamplerHandle } from "../backend.js";
-import { decodeBatch, type LlamaBatchItem } from "./batch.js";
+import { decodeBatch, DecodePace, type LlamaBatchItem } from "./batch.js";
 import { LlamaGrammars } from "./grammar.js";
 import { internalsOf, NativeCallGuard, type Internals } from "./internals.js";
 import { kvElementsPerToken, LlamaKv, supportsPartialTrim } from "./kv.js";
@@ -76,6 +76,8 @@ export class LlamaAdapter implements ModelBackend, GrammarBackend {
   readonly vocabSize: number;
   /** The one-native-call-at-a-time guard every part shares. */
   private readonly guard = new NativeCallGuard();
+  /** How fast batches with prefill chunks decode: whether the next one runs on this thread (batch.ts). */
+  private readonly pace = new DecodePace();
   private readonly vocab: Vocabulary;
   private readonly grammars: LlamaGrammars;
   private readonly samplers: LlamaSamplers;
@@ -209,7 +211,7 @@ export class LlamaAdapter implements ModelBackend, GrammarBackend {
 
   /** Decode one batch (see {@link decodeBatch}); the step number is the loop's, unused here. */
   decode(items: readonly LlamaBatchItem[], _step?: number): Promise<number[]> {
-    return decodeBatch(this.native, this.guard, this.options.batchSize, items);
+    return decodeBatch(this.native, this.guard, this.options.batchSize, items, this.pace);
   }
 
   /** Sample the next token at a batch logit index (see {@link LlamaSamplers.sample}). @throws GrammarMaskedError */

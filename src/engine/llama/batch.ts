@@ -1,6 +1,7 @@
 /**
- * One llama.cpp batch per step: the step's items added in slot order, decoded on this thread (Keel's addon, decode
- * steps) or on a libuv worker (prefill chunks, or node-llama-cpp's own addon), never overlapping another native call.
+ * One llama.cpp batch per step: the step's items added in slot order, decoded on this thread (Keel's addon: decode
+ * steps, and batches with prefill chunks that the measured pace says finish quickly) or on a libuv worker (longer
+ * prefills, or node-llama-cpp's own addon), never overlapping another native call.
  */
 import type { DecodeItem } from "../backend.js";
 import type { Internals, NativeCallGuard } from "./internals.js";
@@ -15,6 +16,33 @@ export function slotOrder(items: readonly { slot: number }[]): number[] {
   return items.map((_, i) => i).sort((a, b) => items[a]!.slot - items[b]!.slot || a - b);
 }
 
+/**
+ * Longest a batch with prefill chunks may be expected to take on the engine's main thread (ms). Below it the worker
+ * hop and the event-loop wake-up that ends it are saved (they delay a short prompt's first token); above it the batch
+ * goes to a worker, so the engine keeps answering pings through a long prefill.
+ */
+export const SYNC_PREFILL_MAX_MS = 25;
+
+/**
+ * The measured decode pace of batches with prefill chunks: milliseconds per batch token of the last such batch (an
+ * upper bound for a larger batch, whose fixed cost is shared by more tokens). Null until one ran: the first goes to
+ * a worker.
+ */
+export class DecodePace {
+  /** Milliseconds per token of the last batch with prefill chunks, or null before the first. */
+  msPerToken: number | null = null;
+
+  /** Whether a batch of `tokens` tokens is expected to finish within {@link SYNC_PREFILL_MAX_MS}. */
+  quick(tokens: number): boolean {
+    return this.msPerToken !== null && tokens * this.msPerToken <= SYNC_PREFILL_MAX_MS;
+  }
+
+  /** Record a batch of `tokens` tokens (with prefill chunks) that took `ms`. */
+  record(tokens: number, ms: number): void {
+    this.msPerToken = ms / tokens;
+  }
+}
+
 /** What llama.cpp needs of a batch item (the port's DecodeItem without the request id). */
 export type LlamaBatchItem = Omit<DecodeItem, "id">;
 
@@ -22,7 +50,7 @@ export type LlamaBatchItem = Omit<DecodeItem, "id">;
  * Decode one batch. Returns, per item, the batch logit index of its last token (or -1 without logits).
  * @throws Error when llama.cpp refuses the batch (the batch is rolled back; the context stays usable).
  */
-export async function decodeBatch(native: Internals, guard: NativeCallGuard, batchSize: number, items: readonly LlamaBatchItem[]): Promise<number[]> {
+export async function decodeBatch(native: Internals, guard: NativeCallGuard, batchSize: number, items: readonly LlamaBatchItem[], pace?: DecodePace): Promise<number[]> {
   guard.assertIdle("decode()");
   const total = items.reduce((a, it) => a + it.tokens.length, 0);
   if (total === 0) return [];
@@ -40,10 +68,14 @@ export async function decodeBatch(native: Internals, guard: NativeCallGuard, bat
       if (it.wantsLogits) logitIdx[i] = r[0] ?? -1;
     }
     // A decode step (one token per sequence) runs on this thread with Keel's addon: the worker hop and the
-    // event-loop wake-up of decodeBatch cost as much as a small model's decode. Prefill chunks stay on a worker
-    // (long; the engine keeps answering pings). Either way no other native call overlaps (guard.decoding).
-    if (native.decodeSync && items.every((it) => it.tokens.length === 1)) native.decodeSync(native.ctx);
+    // event-loop wake-up of decodeBatch cost as much as a small model's decode. A batch with prefill chunks does too
+    // when the pace says it is quick (a short prompt's first token); a long one goes to a worker (the engine keeps
+    // answering pings). Either way no other native call overlaps (guard.decoding).
+    const prefill = items.some((it) => it.tokens.length > 1);
+    const t0 = performance.now();
+    if (native.decodeSync && (!prefill || pace?.quick(total))) native.decodeSync(native.ctx);
     else await native.ctx.decodeBatch();
+    if (prefill) pace?.record(total, performance.now() - t0);
     return logitIdx;
   } finally {
     disposal.dispose();
