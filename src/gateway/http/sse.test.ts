@@ -4,7 +4,8 @@
  * and the backpressure bound.
  */
 import { EventEmitter } from "node:events";
-import type { ServerResponse } from "node:http";
+import http, { type ServerResponse } from "node:http";
+import type { AddressInfo } from "node:net";
 import pino from "pino";
 import { describe, expect, it } from "vitest";
 import { ResponseWriter } from "./sse.js";
@@ -106,5 +107,51 @@ describe("ResponseWriter", () => {
     expect(res.writableLength).toBeGreaterThan(100);
     expect(res.writableLength).toBeLessThan(200);
     expect(gone).toBe(1);
+  });
+});
+
+describe("ResponseWriter.batch on a real response", () => {
+  /** Serve one request with `handle`, return what the client received and whether the response ended. */
+  async function serve(handle: (w: ResponseWriter, res: ServerResponse) => void): Promise<string> {
+    const server = http.createServer((req, res) => {
+      const w = new ResponseWriter(res, { requestId: "r1", maxUnreadBytes: 1 << 20, log: pino({ level: "silent" }), isSocketGone: () => false, socket: req.socket });
+      handle(w, res);
+    });
+    await new Promise<void>((r) => server.listen(0, "127.0.0.1", r));
+    const { port } = server.address() as AddressInfo;
+    try {
+      const body = await new Promise<string>((resolve, reject) => {
+        http.get({ host: "127.0.0.1", port, path: "/" }, (res) => {
+          let b = "";
+          res.setEncoding("utf8");
+          res.on("data", (d: string) => (b += d));
+          res.on("end", () => resolve(b));
+          res.on("error", reject);
+        }).on("error", reject);
+      });
+      return body;
+    } finally {
+      server.close();
+    }
+  }
+
+  it("holds the writes of one batch until it ends, then sends them; an end inside a batch completes the response", async () => {
+    const corked: number[] = [];
+    const body = await serve((w, res) => {
+      w.startStream();
+      w.batch(() => {
+        w.data({ role: "assistant" });
+        w.data({ content: "a" });
+        corked.push(res.writableCorked);
+      });
+      corked.push(res.writableCorked);
+      w.batch(() => {
+        w.data({ content: "b" });
+        w.endStream(true);
+      });
+      corked.push(res.writableCorked);
+    });
+    expect(corked).toEqual([1, 0, 0]);
+    expect(body).toBe('data: {"role":"assistant"}\n\ndata: {"content":"a"}\n\ndata: {"content":"b"}\n\ndata: [DONE]\n\n');
   });
 });

@@ -70,6 +70,20 @@ export class ResponseWriter {
     this.res.writeHead(200, { "content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache", "x-request-id": this.opts.requestId });
   }
 
+  /**
+   * Write everything `fn` writes as one send: the response is corked meanwhile, so the events of one engine step
+   * (e.g. the role chunk and the first token, or the last token, the usage and `[DONE]`) leave in one system call
+   * and reach the client together.
+   */
+  batch(fn: () => void): void {
+    this.res.cork();
+    try {
+      fn();
+    } finally {
+      if (this.res.writableCorked > 0) this.res.uncork();
+    }
+  }
+
   /** One data-only event: `data: <json>`. */
   data(payload: unknown): void {
     this.#write(`data: ${JSON.stringify(payload)}\n\n`);

@@ -31,8 +31,15 @@ class StalledResponse extends EventEmitter {
   writableLength = 0;
   destroyed = false;
   socket = { destroyed: false };
+  writableCorked = 0;
   writeHead(): this {
     return this;
+  }
+  cork(): void {
+    this.writableCorked += 1;
+  }
+  uncork(): void {
+    this.writableCorked = Math.max(0, this.writableCorked - 1);
   }
   write(chunk: string): boolean {
     this.writableLength += Buffer.byteLength(chunk);

@@ -182,7 +182,7 @@ export function runGeneration(ctx: RouteContext, req: FastifyRequest, reply: Fas
   const received = receivedAt(req.raw, submittedAt);
   let firstDelivered = false;
   const deliver = (events: readonly SessionEvent[]): void => {
-    events.forEach(emit);
+    writer.batch(() => events.forEach(emit));
     if (firstDelivered || !plan.stream || !events.some((ev) => ev.type === "delta")) return;
     firstDelivered = true;
     const readAt = ctx.model.requests.stepReadAt;
