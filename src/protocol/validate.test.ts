@@ -1,6 +1,7 @@
 import { describe, expect, it } from "vitest";
 import { PROTOCOL_VERSION } from "./messages.js";
-import { checkSamplingParams, parseGatewayMessage } from "./validate.js";
+import { checkSamplingParams, parseGatewayMessage, parseWithZod } from "./validate.js";
+import { GATEWAY_MESSAGES, mutations } from "../../test/support/protocol-mutations.js";
 
 const params = { maxTokens: 16, temperature: 0.7, topP: 0.9, topK: 40, seed: 123, ignoreEos: false };
 const addText = { v: PROTOCOL_VERSION, type: "add", id: "req-1", prompt: { text: "hello" }, params };
@@ -199,5 +200,36 @@ describe("params.guide shape", () => {
     const p = { ...params, guide: guide as never };
     expect(checkSamplingParams(p, { vocabSize: 100, maxTopLogprobs: -1 })).toMatch(/guides/);
     expect(checkSamplingParams(p, { vocabSize: 100, maxTopLogprobs: -1, grammars: true })).toBeNull();
+  });
+});
+
+describe("the compiled fast path", () => {
+  /** "ok", "protocol_error" or "refuse:<id>". */
+  const verdict = (r: ReturnType<typeof parseGatewayMessage>): string => (r.ok ? "ok" : "refuse" in r ? `refuse:${r.refuse.id}` : "protocol_error");
+
+  it("classifies every message as zod does, over the valid shapes and thousands of seeded mutations", () => {
+    const cases = [...GATEWAY_MESSAGES, ...mutations(GATEWAY_MESSAGES, 3000, 21)];
+    let accepted = 0;
+    for (const m of cases) {
+      const fast = parseGatewayMessage(m as Record<string, unknown>);
+      const reference = parseWithZod(m as Record<string, unknown>);
+      expect(verdict(fast), JSON.stringify(m)).toBe(verdict(reference));
+      if (fast.ok) accepted += 1;
+      // A refusal says what zod says.
+      if (!fast.ok && !reference.ok) expect(fast.error).toBe(reference.error);
+    }
+    // Both kinds occur in the corpus (the check is not vacuous).
+    expect(accepted).toBeGreaterThan(GATEWAY_MESSAGES.length);
+    expect(accepted).toBeLessThan(cases.length);
+  });
+
+  it("an add with a 128-entry logit bias is accepted with its params as sent", () => {
+    const logitBias: [number, number][] = Array.from({ length: 128 }, (_, i) => [128 + i, -100]);
+    const add = { v: PROTOCOL_VERSION, type: "add", id: "r1", prompt: { text: "hi" }, params: { maxTokens: 8, temperature: 0, topP: 1, topK: 0, seed: 1, ignoreEos: true, logitBias } };
+    const r = parseGatewayMessage(add);
+    expect(r.ok && r.message.type === "add" && r.message.params.logitBias).toEqual(logitBias);
+    // A duplicate token in the bias is refused for that request, as zod refuses it.
+    const dup = { ...add, params: { ...add.params, logitBias: [[5, 1], [5, 2]] } };
+    expect(verdict(parseGatewayMessage(dup))).toBe("refuse:r1");
   });
 });

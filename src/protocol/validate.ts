@@ -6,6 +6,8 @@
  */
 import type { z } from "zod";
 import { gatewayMessage, samplingParams } from "./gateway-schema.js";
+import { protocolJsonSchema } from "./json-schema.js";
+import { compile } from "./schema-validator.js";
 import { PROTOCOL_VERSION, type GatewayMessage, type SamplingParams } from "./messages.js";
 
 export { MAX_GUIDE_GRAMMAR_BYTES } from "./checks.js";
@@ -23,8 +25,30 @@ function describe(issues: readonly z.core.$ZodIssue[]): string {
   return `${first?.path.join(".") ?? ""} ${first?.message ?? ""}`.trim();
 }
 
-/** Parse a decoded frame as a gateway → engine message, or say why it is not one. */
+/**
+ * The same schemas compiled from their JSON Schema (protocol.schema.json, generated from gateway-schema.ts; what the
+ * gateway checks engine frames with): ~20× faster than zod on an add with a logit bias, so a sound add costs its
+ * first token tens of microseconds, not hundreds.
+ */
+const compiledSchema = protocolJsonSchema().$defs;
+const compiledMessage = compile(compiledSchema.gatewayMessage);
+const compiledParams = compile(compiledSchema.samplingParams);
+
+/**
+ * Parse a decoded frame as a gateway → engine message, or say why it is not one. A message the compiled schema
+ * accepts is taken as decoded; anything else goes through zod ({@link parseWithZod}), whose verdict and message
+ * stand (the two accept the same messages: validate.test.ts).
+ */
 export function parseGatewayMessage(raw: Record<string, unknown>): ParsedGatewayMessage {
+  if (raw["v"] !== PROTOCOL_VERSION) {
+    return { ok: false, error: `unsupported protocol version ${JSON.stringify(raw["v"])} (expected ${PROTOCOL_VERSION})` };
+  }
+  if (compiledMessage(raw) === null && (raw["type"] !== "add" || compiledParams(raw["params"]) === null)) return { ok: true, message: raw as unknown as GatewayMessage };
+  return parseWithZod(raw);
+}
+
+/** Parse with the zod schemas alone: the reference verdict, and every refusal's message. */
+export function parseWithZod(raw: Record<string, unknown>): ParsedGatewayMessage {
   if (raw["v"] !== PROTOCOL_VERSION) {
     return { ok: false, error: `unsupported protocol version ${JSON.stringify(raw["v"])} (expected ${PROTOCOL_VERSION})` };
   }
