@@ -150,6 +150,7 @@ export class ModelRequests {
   /** Deliver an outcome's events; a broken writer or observer fails nobody else. */
   private deliver(out: Outcome): void {
     // 1. The clients first: the step's tokens reach the sockets before metrics and logs take their turn.
+    const observed = [...out.observed];
     for (const [id, events] of out.deliveries) {
       const write = this.writers.get(id);
       if (!write) continue;
@@ -160,7 +161,7 @@ export class ModelRequests {
         // A gateway-side exception while writing fails this request alone: its children are aborted with the rest.
         this.writers.delete(id);
         const failed = this.processor.writerFailed(id, err);
-        for (const ev of failed.observed) this.observe(ev);
+        observed.push(...failed.observed);
         try {
           write(failed.deliveries.get(id) ?? []);
         } catch {
@@ -169,8 +170,8 @@ export class ModelRequests {
         this.pending.push(...failed.aborts);
       }
     }
-    // 2. Then metrics and logs.
-    for (const ev of out.observed) {
+    // 2. Then metrics and logs, in the order the events happened.
+    for (const ev of observed) {
       try {
         this.observe(ev);
       } catch {
