@@ -90,6 +90,9 @@ function setup(maxUnreadBytes: number, body: Record<string, unknown> = {}, over:
   /** What metrics read: disconnects counted (in their phase), guides dropped, and every cancel with its cause. */
   const disconnects: string[] = [];
   const observed: ObservedEvent[] = [];
+  const res = new StalledResponse();
+  /** Bytes the client had been sent when metrics saw each event (the writes go first). */
+  const writtenWhenObserved: { type: string; bytes: number }[] = [];
   const registry = new ModelRequests(
     (m) => {
       if (m.type === "add" && m.id === refuseSubmitOf) return false;
@@ -98,6 +101,7 @@ function setup(maxUnreadBytes: number, body: Record<string, unknown> = {}, over:
     },
     (ev) => {
       observed.push(ev);
+      writtenWhenObserved.push({ type: ev.type, bytes: res.writableLength });
       if (ev.type === "client_disconnect_released" && ev.phase) disconnects.push(ev.phase);
     },
   );
@@ -116,7 +120,6 @@ function setup(maxUnreadBytes: number, body: Record<string, unknown> = {}, over:
     ...over,
   };
   const ctx = contextOf(server);
-  const res = new StalledResponse();
   const reply = { hijack() {}, raw: res, header() { return reply; } } as unknown as FastifyReply;
   const reqSocket = Object.assign(new EventEmitter(), { destroyed: false });
   const req = { body: { model: "m", messages: [{ role: "user", content: "hi" }], stream: true, temperature: 0, ...body }, raw: { socket: reqSocket, destroyed: false } } as unknown as FastifyRequest;
@@ -126,7 +129,7 @@ function setup(maxUnreadBytes: number, body: Record<string, unknown> = {}, over:
   performance.now = () => before;
   markReceived(req.raw);
   performance.now = realNow;
-  return { ctx, server, res, reply, req, sent, disconnects, observed, registry };
+  return { ctx, server, res, reply, req, sent, disconnects, observed, writtenWhenObserved, registry };
 }
 
 const step = (n: number, outputs: StepMessage["outputs"]): StepMessage => ({
@@ -671,6 +674,18 @@ describe("time-to-first-token phases (keel_request_ttft_phase_seconds)", () => {
     for (const p of t.server.ttftPhases) expect(Number.isFinite(p.seconds) && p.seconds >= 0).toBe(true);
     t.registry.handleStep(step(3, [{ id, tokens: [6], text: "y", finish: { reason: "length", promptTokens: 2, completionTokens: 2 } }]));
     expect(t.server.ttftPhases).toHaveLength(3);
+  });
+
+  it("a step's output is written to the client before metrics and logs see its events", async () => {
+    const t = setup(1 << 20);
+    await handleChat(t.ctx, t.req, t.reply);
+    const id = idsOf(t.sent)[0]!;
+    t.registry.handleStep(step(1, [admit(id), { id, tokens: [5], text: "x" }]));
+    const first = t.writtenWhenObserved.find((o) => o.type === "first_token");
+    expect(first).toBeDefined();
+    // The role chunk and the first token were already sent when the first_token event was observed.
+    expect(first!.bytes).toBe(t.res.writableLength);
+    expect(first!.bytes).toBeGreaterThan(0);
   });
 
   it("a unary request records none (its first token is not written on its own)", async () => {
