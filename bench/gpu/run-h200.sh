@@ -100,8 +100,15 @@ CUDA_ENV=(
   NODE_LLAMA_CPP_CMAKE_OPTION_LLAMA_BUILD_TOOLS=ON
   NODE_LLAMA_CPP_CMAKE_OPTION_LLAMA_BUILD_SERVER=ON
   NODE_LLAMA_CPP_CMAKE_OPTION_LLAMA_USE_PREBUILT_UI=OFF
-  NODE_LLAMA_CPP_CMAKE_OPTION_GGML_CUDA_FA=OFF
+  NODE_LLAMA_CPP_CMAKE_OPTION_GGML_CUDA_FA="$( [ "$PLAN" = i21 ] && echo ON || echo OFF )"   # i21: flash attention kernels in
 )
+LB="$W/node_modules/node-llama-cpp/llama/localBuilds"
+# build_dir GPU: the local build folder of node-llama-cpp for that GPU (cuda, vulkan); lib_path DIR: its library
+# folders as an LD_LIBRARY_PATH value.
+build_dir() { find "$LB" -maxdepth 1 -type d -name "*-$1*" 2>/dev/null | head -1; }
+lib_path() { find "$1" -name '*.so*' -printf '%h\n' | sort -u | tr '\n' ':'; }
+# Plan i21 (issue #21) lives in its own file: both builds in parallel, flash attention, the roofline, Vulkan.
+if [ "$PLAN" = i21 ]; then . "$W/bench/gpu/plan-i21.sh"; exit 0; fi
 
 if [ "$PLAN" = vulkan ]; then
   # Vulkan only (no CUDA build): why Keel's getLlama({gpu: "auto"}) rejected the prebuilt Vulkan binary that
@@ -165,10 +172,13 @@ EOF
 cat "$R/bandwidth.log"
 wait "$BUILD_PID"
 tail -n 3 "$R/build.log"
-LB="$W/node_modules/node-llama-cpp/llama/localBuilds"
-LS="$(find "$LB" -name llama-server -type f -perm -u+x | head -1)"
-BENCH="$(find "$LB" -name llama-bench -type f -perm -u+x | head -1)"
-export LD_LIBRARY_PATH="$(find "$LB" -name '*.so*' -printf '%h\n' | sort -u | tr '\n' ':')${LD_LIBRARY_PATH:-}"
+CUDA_DIR="$(build_dir cuda)"
+LS="$(find "$CUDA_DIR" -name llama-server -type f -perm -u+x | head -1)"
+BENCH="$(find "$CUDA_DIR" -name llama-bench -type f -perm -u+x | head -1)"
+# The CUDA build's libraries reach the CUDA commands only (CUDA_ENV: llama-server, llama-bench, Keel on CUDA). A
+# global LD_LIBRARY_PATH made every other process — Keel on the prebuilt Vulkan binary too — load this build's
+# libggml instead of the one beside its own addon ($ORIGIN): the "Vulkan fails to load" of the first runs.
+CUDA_ENV+=(LD_LIBRARY_PATH="$(lib_path "$CUDA_DIR")")
 log "build done: llama-server=$LS llama-bench=$BENCH; folders: $(ls "$LB" | tr '\n' ' ')"
 
 # 1b. Keel's native addon (one synchronous call samples a step; src/native) linked against that CUDA build's libraries
@@ -181,7 +191,7 @@ env "${CUDA_ENV[@]}" "$NODE" scripts/build-native.mjs 2>&1 | tail -n 6
 # 2. The engine alone at batch 1 (no server): tg = decode of 256 tokens after an empty prompt.
 if [ -n "$BENCH" ]; then
   log "llama-bench batch-1 decode"
-  "$BENCH" -m "$MODEL" -ngl 999 -fa 0 -p 0 -n 256 -r 3 -o md 2>&1 | grep -v "^ggml_\|^load" | tail -n 8
+  env "${CUDA_ENV[@]}" "$BENCH" -m "$MODEL" -ngl 999 -fa 0 -p 0 -n 256 -r 3 -o md 2>&1 | grep -v "^ggml_\|^load" | tail -n 8
 fi
 
 # compare LOG ARGS...: compare.mjs with the CUDA build's environment, each line timestamped into $R/LOG, then shown.
@@ -194,7 +204,7 @@ compare() {
 roofline_8b() {
   wait "$MODEL8B_PID"; tail -n 30 "$R/model8b.log" | grep -E "Elapsed|Maximum resident|bytes"; ls -la "$MODEL8B"
   log "llama-bench 8B batch-1 decode"
-  "$BENCH" -m "$MODEL8B" -ngl 999 -fa 0 -p 0 -n 128 -r 2 -o md 2>&1 | grep -v "^ggml_\|^load" | tail -n 6 | tee "$R/bench-8b.log"
+  env "${CUDA_ENV[@]}" "$BENCH" -m "$MODEL8B" -ngl 999 -fa 0 -p 0 -n 128 -r 2 -o md 2>&1 | grep -v "^ggml_\|^load" | tail -n 6 | tee "$R/bench-8b.log"
   log "compare 8B at 1 stream"
   compare compare-8b.log --model "$MODEL8B" --tokens 128 --rounds 2 --concurrency 1 --min-reqs 3 --reqs 3 --ctx 1024 --llama-server "$LS" \
     --other-args "--cache-ram 0" --max-seconds 300 throughput
