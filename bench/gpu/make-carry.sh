@@ -44,6 +44,15 @@ if [ ! -d "$C/gl" ]; then
   (cd "$C/gl" && apt-get $o download libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2 > /dev/null)
 fi
 
+# 4b. The Vulkan SDK pieces a Vulkan build of llama.cpp needs (plan i21; bench/gpu/vulkan-build.sh unpacks them into a
+#     private prefix on the device): Debian bookworm's glslc, libshaderc1, libvulkan-dev and spirv-headers, ≈ 3.5 MB.
+if [ ! -d "$C/vk" ]; then
+  mkdir -p "$C/vk" "$TMP/apt/partial"
+  o="-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=$TMP/apt"
+  apt-get $o update > /dev/null
+  (cd "$C/vk" && apt-get $o download glslc libshaderc1 libvulkan-dev spirv-headers > /dev/null)
+fi
+
 # 5. This checkout's Keel (always refreshed; with the native addon's sources and build script) and the script itself.
 tar -C "$ROOT" -cJf "$C/keel.tar.xz" bin dist bench package.json scripts/build-native.mjs src/native
 cp "$ROOT/bench/gpu/run-h200.sh" "$C/run-h200.sh"
