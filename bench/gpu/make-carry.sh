@@ -45,12 +45,13 @@ if [ ! -d "$C/gl" ]; then
 fi
 
 # 4b. The Vulkan SDK pieces a Vulkan build of llama.cpp needs (plan i21; bench/gpu/vulkan-build.sh unpacks them into a
-#     private prefix on the device): Debian bookworm's glslc, libshaderc1, libvulkan-dev and spirv-headers, ≈ 3.5 MB.
+#     private prefix on the device): Debian bookworm's glslc, libshaderc1, libvulkan-dev (+ libvulkan1: its
+#     libvulkan.so links to libvulkan.so.1) and spirv-headers, ≈ 3.6 MB.
 if [ ! -d "$C/vk" ]; then
   mkdir -p "$C/vk" "$TMP/apt/partial"
   o="-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=$TMP/apt"
   apt-get $o update > /dev/null
-  (cd "$C/vk" && apt-get $o download glslc libshaderc1 libvulkan-dev spirv-headers > /dev/null)
+  (cd "$C/vk" && apt-get $o download glslc libshaderc1 libvulkan-dev libvulkan1 spirv-headers > /dev/null)
 fi
 
 # 5. This checkout's Keel (always refreshed; with the native addon's sources and build script) and the script itself.

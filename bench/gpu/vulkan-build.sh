@@ -8,7 +8,7 @@
 #   env "${VULKAN_ENV[@]}" ...     # the same options find the build again (they name its folder): serving, addon
 #
 # The .deb files (Debian bookworm, bench/gpu/make-carry.sh downloads them into vk/): glslc + libshaderc1 (shader
-# compiler, 2023.2), libvulkan-dev (headers 1.3.239 and libvulkan.so to link), spirv-headers (CMake config that
+# compiler, 2023.2), libvulkan-dev + libvulkan1 (headers 1.3.239, libvulkan.so to link), spirv-headers (CMake config that
 # ggml-vulkan's find_package(SPIRV-Headers CONFIG) needs). Bookworm's headers compile ggml-vulkan (every newer
 # feature is behind `#if defined(VK_…)`), but its glslc has none of the shader extensions ggml-vulkan tests for
 # (cooperative matrix KHR/NV2, integer dot, bfloat16, fp4/fp8): those paths are compiled out, for Keel and
