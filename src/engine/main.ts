@@ -18,7 +18,7 @@ import { FaultyBackend, faultSwitchesFrom } from "./faulty-backend.js";
 import { LlamaAdapter, NoGpuBackendError } from "./llama/adapter.js";
 import { parseEngineConfig, toAdapterOptions } from "./start-config.js";
 import { StepLoop } from "./step-loop.js";
-import { shouldWarmUp, warmUp } from "./warmup.js";
+import { shouldWarmUp, warmUp, WARMUP_BUDGET_MS } from "./warmup.js";
 
 function logLine(level: string, msg: string, extra: Record<string, unknown> = {}): void {
   process.stderr.write(JSON.stringify({ level, time: Date.now(), component: "engine", pid: process.pid, msg, ...extra }) + "\n");
@@ -81,7 +81,8 @@ async function main(): Promise<void> {
   if (shouldWarmUp(config.warmup ?? "auto", backend.gpu)) {
     const report = await warmUp(adapter, config, adapter.bosToken ?? 0);
     warmupMs = Math.round(report.ms);
-    logLine("info", `warm-up: ${report.shapes.length} batch shapes in ${warmupMs} ms`, { event: "warmup", ms: warmupMs, widths: report.shapes.map((s) => s.sequences * s.tokensPerSequence) });
+    const cut = report.skipped > 0 ? `; ${report.skipped} more left out: the ${WARMUP_BUDGET_MS / 1000} s budget ran out, their first use compiles` : "";
+    logLine(report.skipped > 0 ? "warn" : "info", `warm-up: ${report.shapes.length} batch shapes in ${warmupMs} ms${cut}`, { event: "warmup", ms: warmupMs, widths: report.shapes.map((s) => s.sequences * s.tokensPerSequence), skipped: report.skipped });
   }
 
   // Test-only fault injection wraps the adapter (docs/fault-injection.md); off unless KEEL_FAULT_INJECTION is set.

@@ -81,6 +81,17 @@ describe("warm-up at load", () => {
     ]);
   });
 
+  it("starts no batch once the time budget has passed, and says how many it left out", async () => {
+    const limits = { maxNumSeqs: 8, maxNumBatchedTokens: 64, maxModelLen: 512 };
+    const backend = new KvBackend(limits);
+    // A clock that advances 40 ms per batch decoded: with a 100 ms budget, batches start at 0, 40 and 80 ms.
+    const report = await warmUp(backend, limits, 1, 100, () => backend.batches.length * 40);
+    expect(backend.batches.map((b) => b.length)).toEqual([1, 1, 2]);
+    expect(report.shapes).toHaveLength(3);
+    expect(report.skipped).toBe(warmupShapes(limits).length - 3);
+    expect(backend.kv.size).toBe(0);
+  });
+
   it("clears the slots it used when a warm-up decode fails, and reports the failure", async () => {
     const limits = { maxNumSeqs: 8, maxNumBatchedTokens: 64, maxModelLen: 512 };
     const backend = new KvBackend(limits, 3);

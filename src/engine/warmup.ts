@@ -28,10 +28,20 @@ export interface WarmupShape {
   tokensPerSequence: number;
 }
 
+/**
+ * Time after which no further warm-up batch starts (ms). The gateway kills an engine that is not ready within
+ * max(10 × stall timeout, 60 s) of its start (5 min by default), model load included; a device that compiles slowly
+ * (Mesa's lavapipe on a small CPU took minutes) must still come up, warm or half warm.
+ */
+export const WARMUP_BUDGET_MS = 60_000;
+
 /** What a warm-up did, for the log line and `ready`. */
 export interface WarmupReport {
   ms: number;
+  /** The batches decoded, in order (all of {@link warmupShapes} unless the budget ran out). */
   shapes: WarmupShape[];
+  /** Batches left out because the time budget ran out (0: the warm-up is complete). */
+  skipped: number;
   /** Slots that held warm-up KV and were cleared. */
   slotsCleared: number;
 }
@@ -71,16 +81,26 @@ export function warmupShapes(limits: WarmupLimits): WarmupShape[] {
 }
 
 /**
- * Decode the warm-up batches with `token` (any id of the vocabulary) and clear every slot they used.
+ * Decode the warm-up batches with `token` (any id of the vocabulary), in order, until `budgetMs` has passed, and
+ * clear every slot they used.
  * @throws Error when a warm-up decode fails (the slots are cleared first): the engine cannot serve that shape either.
  */
-export async function warmUp(backend: Pick<ModelBackend, "decode" | "clearSequence">, limits: WarmupLimits, token: number): Promise<WarmupReport> {
-  const started = performance.now();
+export async function warmUp(
+  backend: Pick<ModelBackend, "decode" | "clearSequence">,
+  limits: WarmupLimits,
+  token: number,
+  budgetMs = WARMUP_BUDGET_MS,
+  now: () => number = () => performance.now(),
+): Promise<WarmupReport> {
+  const started = now();
   const shapes = warmupShapes(limits);
+  const done: WarmupShape[] = [];
   /** Next position per slot (a sequence's positions must follow on from what its KV holds). */
   const next: number[] = [];
   try {
     for (const shape of shapes) {
+      // 0. Past the budget no new batch starts (the one in flight finishes).
+      if (now() - started >= budgetMs) break;
       // 1. One item per slot 0..n-1, continuing each slot's positions; logits on the last token, as a step asks.
       const items: DecodeItem[] = [];
       for (let slot = 0; slot < shape.sequences; slot++) {
@@ -90,10 +110,11 @@ export async function warmUp(backend: Pick<ModelBackend, "decode" | "clearSequen
       }
       // 2. Decode; the step number 0 is never a loop step (the loop counts from 1).
       await backend.decode(items, 0);
+      done.push(shape);
     }
   } finally {
     // 3. Leave no KV behind: the first real request must see the slots as a fresh engine has them.
     for (let slot = 0; slot < next.length; slot++) backend.clearSequence(slot);
   }
-  return { ms: performance.now() - started, shapes, slotsCleared: next.length };
+  return { ms: now() - started, shapes: done, skipped: shapes.length - done.length, slotsCleared: next.length };
 }
