@@ -45,13 +45,19 @@ if [ ! -d "$C/gl" ]; then
 fi
 
 # 4b. The Vulkan SDK pieces a Vulkan build of llama.cpp needs (plan i21; bench/gpu/vulkan-build.sh unpacks them into a
-#     private prefix on the device): Debian bookworm's glslc, libshaderc1, libvulkan-dev (+ libvulkan1: its
-#     libvulkan.so links to libvulkan.so.1) and spirv-headers, ≈ 3.6 MB.
+#     private prefix on the device), ≈ 4 MB: Debian bookworm's glslc + libshaderc1 (binaries: bookworm's glibc 2.36
+#     is old enough for the device), libvulkan1 (libvulkan.so's target) and spirv-headers; the Vulkan headers from
+#     Debian trixie's libvulkan-dev (1.4.309, architecture-independent headers): bookworm's 1.3.239 lack
+#     vk::LayerSettingEXT, which ggml-vulkan.cpp uses unguarded (ggml_vk_instance_init).
 if [ ! -d "$C/vk" ]; then
-  mkdir -p "$C/vk" "$TMP/apt/partial"
+  mkdir -p "$C/vk" "$TMP/apt/partial" "$TMP/apt-trixie/partial"
   o="-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=$TMP/apt"
   apt-get $o update > /dev/null
-  (cd "$C/vk" && apt-get $o download glslc libshaderc1 libvulkan-dev libvulkan1 spirv-headers > /dev/null)
+  (cd "$C/vk" && apt-get $o download glslc libshaderc1 libvulkan1 spirv-headers > /dev/null)
+  echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian trixie main" > "$TMP/trixie.list"
+  t="-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=$TMP/apt-trixie -oDir::Etc::SourceList=$TMP/trixie.list -oDir::Etc::SourceParts=/dev/null"
+  apt-get $t update > /dev/null
+  (cd "$C/vk" && apt-get $t download libvulkan-dev > /dev/null)
 fi
 
 # 5. This checkout's Keel (always refreshed; with the native addon's sources and build script) and the script itself.

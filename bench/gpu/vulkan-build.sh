@@ -7,12 +7,13 @@
 #   vulkan_build NODE LOG          # node-llama-cpp source build --gpu vulkan with "${VULKAN_ENV[@]}" (cwd: Keel root)
 #   env "${VULKAN_ENV[@]}" ...     # the same options find the build again (they name its folder): serving, addon
 #
-# The .deb files (Debian bookworm, bench/gpu/make-carry.sh downloads them into vk/): glslc + libshaderc1 (shader
-# compiler, 2023.2), libvulkan-dev + libvulkan1 (headers 1.3.239, libvulkan.so to link), spirv-headers (CMake config that
-# ggml-vulkan's find_package(SPIRV-Headers CONFIG) needs). Bookworm's headers compile ggml-vulkan (every newer
-# feature is behind `#if defined(VK_…)`), but its glslc has none of the shader extensions ggml-vulkan tests for
-# (cooperative matrix KHR/NV2, integer dot, bfloat16, fp4/fp8): those paths are compiled out, for Keel and
-# llama-server alike (the prebuilt binary, built with a newer SDK, has them). At run time the Vulkan loader comes
+# The .deb files (bench/gpu/make-carry.sh downloads them into vk/): Debian bookworm's glslc + libshaderc1 (shader
+# compiler, 2023.2), libvulkan1 (the libvulkan.so.1 to link against) and spirv-headers (CMake config for ggml-vulkan's
+# find_package(SPIRV-Headers CONFIG)); Debian trixie's libvulkan-dev (headers 1.4.309): bookworm's 1.3.239 headers
+# lack vk::LayerSettingEXT, used unguarded in ggml_vk_instance_init (every other newer feature is behind
+# `#if defined(VK_…)`). Bookworm's glslc has none of the shader extensions ggml-vulkan tests for (cooperative matrix
+# KHR/NV2, integer dot, bfloat16, fp4/fp8): those paths are compiled out, for Keel and llama-server alike (the
+# prebuilt binary, built with a newer SDK, has them). Trixie's glslc would have them but needs glibc ≥ 2.38. At run time the Vulkan loader comes
 # from the machine or from gl/libvulkan1 (run-h200.sh), the driver from NVIDIA's ICD (or Mesa's lavapipe on a CPU).
 VKP="${VKP:-/tmp/vkp}"
 VK_LIB="$VKP/usr/lib/x86_64-linux-gnu"
