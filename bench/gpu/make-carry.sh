@@ -23,7 +23,9 @@ if [ ! -f "$C/nm.tar.xz" ]; then
   git -c advice.detachedHead=false clone -q "$LLAMA/gitRelease.bundle" "$TMP/llama.cpp"
   for p in "$LLAMA"/patches/*.diff; do git -C "$TMP/llama.cpp" apply --ignore-whitespace "$p"; done
   (cd "$TMP/llama.cpp" && rm -rf .git docs examples tests models media gguf-py pocs benches conversion app skills requirements ./*.py)
-  (cd "$ROOT" && npm ls --omit=dev --parseable --all 2>/dev/null | sed "s#^$ROOT/##" | grep -E '^node_modules/(@[^/]+/)?[^/@][^/]*$' \
+  # npm prints real paths: a node_modules that is a link (a git worktree sharing another checkout's) is mapped back.
+  NM_REAL="$(cd "$ROOT/node_modules" && pwd -P)"
+  (cd "$ROOT" && npm ls --omit=dev --parseable --all 2>/dev/null | sed "s#^$NM_REAL#node_modules#; s#^$ROOT/##" | grep -E '^node_modules/(@[^/]+/)?[^/@][^/]*$' \
     | grep -v -E '^node_modules/(@node-llama-cpp/|@typescript/|typescript$)' | sort -u) > "$TMP/top.txt"
   tar -C "$ROOT" -cf "$TMP/nm.tar" --exclude=node_modules/node-llama-cpp/llama/gitRelease.bundle \
     --exclude=node_modules/node-llama-cpp/llama/localBuilds -T "$TMP/top.txt"
