@@ -51,6 +51,8 @@ Options (flag, or the env variable in brackets):
                          {ctx} {kv} (= ctx*slots) {model} {threads} {batch} {ngl}; it must answer GET /health
                          or GET /v1/models with 200 when ready                                [OTHER_CMD]
   --other-name NAME      label of the other server (default llama-server)                     [OTHER_NAME]
+  --flash-attention on|off  flash attention for both servers (Keel --flash_attention, llama-server -fa; default off)
+                                                                                             [FLASH_ATTENTION]
   --keel-args "..."      extra flags for keel serve (space-separated)                        [KEEL_ARGS]
   --other-args "..."     extra flags for the default llama-server command                    [OTHER_ARGS]
   --mixed-decoders N (4) --mixed-long N (2) --long-reqs N (6) --long-prompt N (1500)
@@ -84,7 +86,7 @@ for (let i = 0; i < argv.length; i++) {
   else if (a === "--gpu") flags.set("gpu", "1");
   else flags.set(a.slice(2), argv[++i]);
 }
-const KNOWN = new Set("model gpu concurrency tokens rounds reqs min-reqs ctx batch threads llama-server other-cmd other-name keel-args other-args mixed-decoders mixed-long long-reqs long-prompt storm-conc storm-reqs seed max-seconds".split(" "));
+const KNOWN = new Set("flash-attention model gpu concurrency tokens rounds reqs min-reqs ctx batch threads llama-server other-cmd other-name keel-args other-args mixed-decoders mixed-long long-reqs long-prompt storm-conc storm-reqs seed max-seconds".split(" "));
 for (const k of flags.keys()) if (!KNOWN.has(k)) fail(`unknown option --${k} (see --help)`);
 for (const s of sections) if (!["throughput", "mixed", "storm"].includes(s)) fail(`unknown section ${s} (throughput, mixed, storm)`);
 function fail(msg) {
@@ -119,9 +121,11 @@ const CFG = {
   longPrompt: num("long-prompt", 1500),
   stormConc: num("storm-conc", 8),
   stormReqs: num("storm-reqs", 4),
+  flashAttention: opt("flash-attention", "off"),
   seed: num("seed", 7),
   maxSeconds: num("max-seconds", 1800),
 };
+if (!["on", "off"].includes(CFG.flashAttention)) fail("--flash-attention must be on or off");
 const SECTIONS = sections.length ? sections : ["throughput", "mixed", "storm"];
 
 // ---------- small helpers ----------
@@ -273,7 +277,7 @@ let keelBackendShown = false;
 async function startKeel(model, slots) {
   const args = [KEEL_BIN, "serve", "--model_path", model, "--model_name", "bench", "--rest_port", "0", "--rest_bind_address", "127.0.0.1", "--log_format", "json",
     "--max_num_seqs", String(slots), "--max_model_len", String(CFG.ctx), "--max_num_batched_tokens", String(Math.max(CFG.batch, slots)),
-    "--engine_threads", String(CFG.threads), "--flash_attention", "false", "--max_queued_requests", "4096", ...(GPU ? ["--target_device", "GPU"] : []), ...CFG.keelArgs];
+    "--engine_threads", String(CFG.threads), "--flash_attention", String(CFG.flashAttention === "on"), "--max_queued_requests", "4096", ...(GPU ? ["--target_device", "GPU"] : []), ...CFG.keelArgs];
   const proc = spawn(process.execPath, args, { cwd: ROOT, stdio: ["ignore", "pipe", "pipe"], detached: true });
   live.add(proc);
   const tail = [];
@@ -292,7 +296,7 @@ async function startKeel(model, slots) {
       if (j.event === "listening" && j.address?.port) port = j.address.port;
       if (j.event === "engine_ready") {
         ready = true;
-        if (!keelBackendShown) console.log(`keel engine_ready: ${JSON.stringify(Object.fromEntries(Object.entries(j).filter(([k]) => /gpu|device|backend|model|addon/i.test(k))))}`);
+        if (!keelBackendShown) console.log(`keel engine_ready: ${JSON.stringify(Object.fromEntries(Object.entries(j).filter(([k]) => /gpu|device|backend|model|addon|warmup/i.test(k))))}`);
         keelBackendShown = true;
       }
       if (port && ready) resolve(port);
@@ -306,7 +310,7 @@ async function startKeel(model, slots) {
 function defaultOtherCmd() {
   const bin = opt("llama-server", "") || buildOutput();
   return [bin, "-m", "{model}", "--host", "127.0.0.1", "--port", "{port}", "-np", "{slots}", "-c", "{kv}", "-b", "{batch}", "-ub", "{batch}",
-    "-t", "{threads}", "-tb", "{threads}", "-fa", "off", "-ngl", "{ngl}", "--jinja", "--no-webui", "--alias", "bench", "--no-warmup", ...CFG.otherArgs];
+    "-t", "{threads}", "-tb", "{threads}", "-fa", CFG.flashAttention, "-ngl", "{ngl}", "--jinja", "--no-webui", "--alias", "bench", "--no-warmup", ...CFG.otherArgs];
 }
 /** The llama-server bench/build-llama-server.sh leaves in the cache (without building: that is the setup step). */
 function buildOutput() {
@@ -530,7 +534,8 @@ async function throughput(model) {
       "errors k/o": `${k.errors}/${o.errors}`,
       "chunks/token k/o": `${r2(k.chunkPerTok)}/${r2(o.chunkPerTok)}`,
     });
-    console.log(`  C=${c} done: keel ${r0(k.tps)} vs ${CFG.otherName} ${r0(o.tps)} tok/s`);
+    // The whole row at once: a run stopped by its watchdog (or a device call's limit) keeps what it measured.
+    console.log(`  C=${c} done: keel ${r0(k.tps)} vs ${CFG.otherName} ${r0(o.tps)} tok/s; ${JSON.stringify(rows.at(-1))}`);
   }
   console.log(`\n1. Throughput: ${CFG.tokens} tokens per request, median tok/s of ${CFG.rounds} interleaved rounds; TTFT/ITL in ms, pooled (ratios are keel/${CFG.otherName})`);
   console.table(rows);
@@ -667,7 +672,7 @@ if (path.basename(model).startsWith("keel-tiny") || info.name.startsWith("keel-t
   extraBody = { logit_bias: await asciiOnlyBias(info) };
   console.log(`keel-tiny: ${Object.keys(extraBody.logit_bias).length} non-ASCII tokens banned by logit_bias on both servers (llama-server's chat parser refuses invalid UTF-8)`);
 }
-console.log(`model ${model}; ${GPU ? "GPU" : "CPU"}; threads ${CFG.threads}; ctx/slot ${CFG.ctx}; step budget ${CFG.batch}; other: ${CFG.otherCmd || defaultOtherCmd().join(" ")}`);
+console.log(`model ${model}; ${GPU ? "GPU" : "CPU"}; threads ${CFG.threads}; flash attention ${CFG.flashAttention}; ctx/slot ${CFG.ctx}; step budget ${CFG.batch}; other: ${CFG.otherCmd || defaultOtherCmd().join(" ")}`);
 try {
   for (const s of SECTIONS) {
     if (s === "throughput") await throughput(model);

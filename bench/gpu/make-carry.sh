@@ -23,7 +23,9 @@ if [ ! -f "$C/nm.tar.xz" ]; then
   git -c advice.detachedHead=false clone -q "$LLAMA/gitRelease.bundle" "$TMP/llama.cpp"
   for p in "$LLAMA"/patches/*.diff; do git -C "$TMP/llama.cpp" apply --ignore-whitespace "$p"; done
   (cd "$TMP/llama.cpp" && rm -rf .git docs examples tests models media gguf-py pocs benches conversion app skills requirements ./*.py)
-  (cd "$ROOT" && npm ls --omit=dev --parseable --all 2>/dev/null | sed "s#^$ROOT/##" | grep -E '^node_modules/(@[^/]+/)?[^/@][^/]*$' \
+  # npm prints real paths: a node_modules that is a link (a git worktree sharing another checkout's) is mapped back.
+  NM_REAL="$(cd "$ROOT/node_modules" && pwd -P)"
+  (cd "$ROOT" && npm ls --omit=dev --parseable --all 2>/dev/null | sed "s#^$NM_REAL#node_modules#; s#^$ROOT/##" | grep -E '^node_modules/(@[^/]+/)?[^/@][^/]*$' \
     | grep -v -E '^node_modules/(@node-llama-cpp/|@typescript/|typescript$)' | sort -u) > "$TMP/top.txt"
   tar -C "$ROOT" -cf "$TMP/nm.tar" --exclude=node_modules/node-llama-cpp/llama/gitRelease.bundle \
     --exclude=node_modules/node-llama-cpp/llama/localBuilds -T "$TMP/top.txt"
@@ -42,6 +44,22 @@ if [ ! -d "$C/gl" ]; then
   o="-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=$TMP/apt"
   apt-get $o update > /dev/null
   (cd "$C/gl" && apt-get $o download libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2 > /dev/null)
+fi
+
+# 4b. The Vulkan SDK pieces a Vulkan build of llama.cpp needs (plan i21; bench/gpu/vulkan-build.sh unpacks them into a
+#     private prefix on the device), ≈ 4 MB: Debian bookworm's glslc + libshaderc1 (binaries: bookworm's glibc 2.36
+#     is old enough for the device), libvulkan1 (libvulkan.so's target) and spirv-headers; the Vulkan headers from
+#     Debian trixie's libvulkan-dev (1.4.309, architecture-independent headers): bookworm's 1.3.239 lack
+#     vk::LayerSettingEXT, which ggml-vulkan.cpp uses unguarded (ggml_vk_instance_init).
+if [ ! -d "$C/vk" ]; then
+  mkdir -p "$C/vk" "$TMP/apt/partial" "$TMP/apt-trixie/partial"
+  o="-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=$TMP/apt"
+  apt-get $o update > /dev/null
+  (cd "$C/vk" && apt-get $o download glslc libshaderc1 libvulkan1 spirv-headers > /dev/null)
+  echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian trixie main" > "$TMP/trixie.list"
+  t="-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=$TMP/apt-trixie -oDir::Etc::SourceList=$TMP/trixie.list -oDir::Etc::SourceParts=/dev/null"
+  apt-get $t update > /dev/null
+  (cd "$C/vk" && apt-get $t download libvulkan-dev > /dev/null)
 fi
 
 # 5. This checkout's Keel (always refreshed; with the native addon's sources and build script) and the script itself.

@@ -9,7 +9,8 @@
 # nm.tar.xz (production node_modules without @node-llama-cpp/* prebuilt GPU packages and without gitRelease.bundle,
 # plus node-llama-cpp/llama/llama.cpp checked out from that bundle with llama/patches applied, plus Node headers
 # under hdr/include/node), vulkan.tar.xz (@node-llama-cpp/linux-x64-vulkan, the prebuilt Vulkan binary), keel.tar.xz
-# (bin/ dist/ bench/ package.json of this checkout) and gl/*.deb (the Vulkan loader, for machines without one).
+# (bin/ dist/ bench/ package.json of this checkout), gl/*.deb (the Vulkan loader, for machines without one) and
+# vk/*.deb (the Vulkan SDK pieces for a Vulkan build of llama.cpp: bench/gpu/vulkan-build.sh).
 #
 # Pipeline (each step logs to $R/run.log with a timestamp; a failed step is logged and the next steps still run):
 #   1. node-llama-cpp `source build --gpu cuda` with llama.cpp's tools and server on (one build: Keel's addon and a
@@ -25,7 +26,8 @@
 set -uo pipefail
 MODE="${1:-start}"
 # PLAN (second argument of start): main = the measurements below; probe = after a main run: why Vulkan did not load,
-# a V8 profile of Keel at 32 streams, engine threads 2 vs 15, and Keel vs llama-server with 2 threads each.
+# a V8 profile of Keel at 32 streams, engine threads 2 vs 15, and Keel vs llama-server with 2 threads each;
+# i21 = issue #21 in one session (bench/gpu/plan-i21.sh: CUDA with flash attention and a Vulkan build of both servers).
 export PLAN="${PLAN:-${2:-main}}"
 W="${KEEL_GPU_WORK:-/tmp/k}"   # work folder on the device (survives between calls while the machine is warm)
 R=$W/results             # logs, copied to $OUT by every call
@@ -34,11 +36,13 @@ T0=$(date +%s)
 
 copy_out() {
   [ -n "${OUT:-}" ] || return 0
-  for f in run.log native-ab.log nocache.log model8b.log bench-8b.log compare-8b.log bias-ab.log compare-cuda.log compare-vulkan.log mixed-storm.log dmon.log bandwidth.log vulkan-probe.log profile-c32.log threads-ab.log compare-cuda-t2.log; do
-    [ -f "$R/$f" ] && cp "$R/$f" "$OUT/$f"
-  done
-  [ -f "$R/build.log" ] && tail -n 400 "$R/build.log" > "$OUT/build-tail.log"
+  # The device tool brings back at most 8 files: run.log, DONE and one archive of every other log (build logs as
+  # their last 400 lines).
+  cp "$R/run.log" "$OUT/run.log"
   [ -f "$R/DONE" ] && cp "$R/DONE" "$OUT/DONE"
+  mkdir -p "$R/tails"
+  for f in "$R"/*build*.log; do [ -f "$f" ] && tail -n 400 "$f" > "$R/tails/$(basename "$f")"; done
+  (cd "$R" && tar -czf "$OUT/results.tar.gz" --exclude='*build*.log' --exclude=run.log ./*.log tails 2>/dev/null)
   return 0
 }
 wait_and_copy() {
@@ -64,6 +68,7 @@ if [ "$MODE" = start ]; then
     tar -C "$W" -xJf "$C/keel.tar.xz"
     mkdir -p "$W/node_modules/@node-llama-cpp" && tar -C "$W/node_modules/@node-llama-cpp" -xJf "$C/vulkan.tar.xz"
     mkdir -p "$W/node_modules/node-llama-cpp/llama/llama.cpp/.git"   # node-llama-cpp checks that the source is a checkout
+    [ -d "$C/vk" ] && rm -rf "$W/vk" && cp -r "$C/vk" "$W/vk"          # Vulkan SDK debs (plan i21: vulkan-build.sh)
     # Vulkan loader: only if the machine has none (README of the device tool).
     if command -v nvidia-smi > /dev/null && ! ldconfig -p | grep -q libvulkan.so.1; then for f in "$C"/gl/*.deb; do dpkg -x "$f" /; done; ldconfig; echo "installed the Vulkan loader from gl/"; fi
     echo "node $("$W/nodebin/node" -v); $(nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv,noheader)"
@@ -100,8 +105,15 @@ CUDA_ENV=(
   NODE_LLAMA_CPP_CMAKE_OPTION_LLAMA_BUILD_TOOLS=ON
   NODE_LLAMA_CPP_CMAKE_OPTION_LLAMA_BUILD_SERVER=ON
   NODE_LLAMA_CPP_CMAKE_OPTION_LLAMA_USE_PREBUILT_UI=OFF
-  NODE_LLAMA_CPP_CMAKE_OPTION_GGML_CUDA_FA=OFF
+  NODE_LLAMA_CPP_CMAKE_OPTION_GGML_CUDA_FA="$( [ "$PLAN" = i21 ] && echo ON || echo OFF )"   # i21: flash attention kernels in
 )
+LB="$W/node_modules/node-llama-cpp/llama/localBuilds"
+# build_dir GPU: the local build folder of node-llama-cpp for that GPU (cuda, vulkan); lib_path DIR: its library
+# folders as an LD_LIBRARY_PATH value.
+build_dir() { find "$LB" -maxdepth 1 -type d -name "*-$1*" 2>/dev/null | head -1; }
+lib_path() { find "$1" -name '*.so*' -printf '%h\n' | sort -u | tr '\n' ':'; }
+# Plan i21 (issue #21) lives in its own file: both builds in parallel, flash attention, the roofline, Vulkan.
+if [ "$PLAN" = i21 ]; then . "$W/bench/gpu/plan-i21.sh"; exit 0; fi
 
 if [ "$PLAN" = vulkan ]; then
   # Vulkan only (no CUDA build): why Keel's getLlama({gpu: "auto"}) rejected the prebuilt Vulkan binary that
@@ -146,29 +158,17 @@ if [ "$PLAN" = probe ]; then
   tail -n 15 "$R/vulkan-probe.log"
 fi
 log "bandwidth (torch, 4 GiB, 20 reps after 3 warm-ups)"
-python3 - > "$R/bandwidth.log" 2>&1 <<'EOF'
-import torch
-n = 1 << 31                                   # 2^31 fp16 values = 4 GiB
-a = torch.ones(n, dtype=torch.float16, device="cuda"); b = torch.empty_like(a)
-def t(fn, reps=20):
-    for _ in range(3): fn()
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize(); s.record()
-    for _ in range(reps): fn()
-    e.record(); torch.cuda.synchronize()
-    return s.elapsed_time(e) / 1000 / reps
-read = t(lambda: a.sum(dtype=torch.float32))
-copy = t(lambda: b.copy_(a))
-print(f"read-only (sum of 4 GiB): {2*n/read/1e12:.3f} TB/s; copy 4 GiB (read+write counted): {4*n/copy/1e12:.3f} TB/s")
-print(torch.cuda.get_device_name(), torch.__version__)
-EOF
+python3 bench/gpu/bandwidth.py > "$R/bandwidth.log" 2>&1
 cat "$R/bandwidth.log"
 wait "$BUILD_PID"
 tail -n 3 "$R/build.log"
-LB="$W/node_modules/node-llama-cpp/llama/localBuilds"
-LS="$(find "$LB" -name llama-server -type f -perm -u+x | head -1)"
-BENCH="$(find "$LB" -name llama-bench -type f -perm -u+x | head -1)"
-export LD_LIBRARY_PATH="$(find "$LB" -name '*.so*' -printf '%h\n' | sort -u | tr '\n' ':')${LD_LIBRARY_PATH:-}"
+CUDA_DIR="$(build_dir cuda)"
+LS="$(find "$CUDA_DIR" -name llama-server -type f -perm -u+x | head -1)"
+BENCH="$(find "$CUDA_DIR" -name llama-bench -type f -perm -u+x | head -1)"
+# The CUDA build's libraries reach the CUDA commands only (CUDA_ENV: llama-server, llama-bench, Keel on CUDA). A
+# global LD_LIBRARY_PATH made every other process — Keel on the prebuilt Vulkan binary too — load this build's
+# libggml instead of the one beside its own addon ($ORIGIN): the "Vulkan fails to load" of the first runs.
+CUDA_ENV+=(LD_LIBRARY_PATH="$(lib_path "$CUDA_DIR")")
 log "build done: llama-server=$LS llama-bench=$BENCH; folders: $(ls "$LB" | tr '\n' ' ')"
 
 # 1b. Keel's native addon (one synchronous call samples a step; src/native) linked against that CUDA build's libraries
@@ -181,7 +181,7 @@ env "${CUDA_ENV[@]}" "$NODE" scripts/build-native.mjs 2>&1 | tail -n 6
 # 2. The engine alone at batch 1 (no server): tg = decode of 256 tokens after an empty prompt.
 if [ -n "$BENCH" ]; then
   log "llama-bench batch-1 decode"
-  "$BENCH" -m "$MODEL" -ngl 999 -fa 0 -p 0 -n 256 -r 3 -o md 2>&1 | grep -v "^ggml_\|^load" | tail -n 8
+  env "${CUDA_ENV[@]}" "$BENCH" -m "$MODEL" -ngl 999 -fa 0 -p 0 -n 256 -r 3 -o md 2>&1 | grep -v "^ggml_\|^load" | tail -n 8
 fi
 
 # compare LOG ARGS...: compare.mjs with the CUDA build's environment, each line timestamped into $R/LOG, then shown.
@@ -194,7 +194,7 @@ compare() {
 roofline_8b() {
   wait "$MODEL8B_PID"; tail -n 30 "$R/model8b.log" | grep -E "Elapsed|Maximum resident|bytes"; ls -la "$MODEL8B"
   log "llama-bench 8B batch-1 decode"
-  "$BENCH" -m "$MODEL8B" -ngl 999 -fa 0 -p 0 -n 128 -r 2 -o md 2>&1 | grep -v "^ggml_\|^load" | tail -n 6 | tee "$R/bench-8b.log"
+  env "${CUDA_ENV[@]}" "$BENCH" -m "$MODEL8B" -ngl 999 -fa 0 -p 0 -n 128 -r 2 -o md 2>&1 | grep -v "^ggml_\|^load" | tail -n 6 | tee "$R/bench-8b.log"
   log "compare 8B at 1 stream"
   compare compare-8b.log --model "$MODEL8B" --tokens 128 --rounds 2 --concurrency 1 --min-reqs 3 --reqs 3 --ctx 1024 --llama-server "$LS" \
     --other-args "--cache-ram 0" --max-seconds 300 throughput

@@ -95,6 +95,17 @@ describe("engineBaseConfig: one start configuration for the flags path and --con
     expect(engineBaseConfig(parse("--engine", "openvino", "--num_kv_blocks", "16"), "/m.gguf", "openvino")).toMatchObject({ kvBlocks: 16 });
   });
 
+  it("--warmup reaches the llama.cpp engine as auto / on / off and is refused with OpenVINO when set", () => {
+    expect(engineBaseConfig(parse(), "/m.gguf", "llama.cpp").warmup).toBe("auto");
+    expect(engineBaseConfig(parse("--warmup", "true"), "/m.gguf", "llama.cpp").warmup).toBe("on");
+    expect(engineBaseConfig(parse("--warmup", "false"), "/m.gguf", "llama.cpp").warmup).toBe("off");
+    expect(engineBaseConfig(parse(), "/m.gguf", "openvino").warmup).toBeUndefined();
+    expect(problems("openvino", "--warmup", "false")).toEqual([expect.stringContaining("--warmup is a llama.cpp setting")]);
+    expect(problems("openvino", "--warmup", "auto")).toEqual([]);
+    expect(problems("llama.cpp", "--warmup", "true")).toEqual([]);
+    expect(() => parse("--warmup", "yes")).toThrow('--warmup must be one of auto, true, false, got "yes"');
+  });
+
   it("--deterministic with a --plugin_config precision key is refused on OpenVINO (it would void the exact numerics)", () => {
     expect(problems("openvino", "--deterministic", "true", "--plugin_config", '{"INFERENCE_PRECISION_HINT":"bf16"}')).toEqual([expect.stringContaining("--deterministic true needs the OpenVINO engine's exact numerics")]);
     expect(problems("openvino", "--deterministic", "true", "--plugin_config", '{"NUM_STREAMS":1}')).toEqual([]);

@@ -16,6 +16,9 @@ import type { EngineCommand, EngineConfig } from "../protocol/engine-config.js";
 import type { EngineFlag, EngineName } from "./flag-table.js";
 import type { ServeOptions } from "./flags.js";
 
+/** `--warmup`'s values → EngineConfig.warmup. */
+const WARMUP_MODES = { auto: "auto", true: "on", false: "off" } as const;
+
 /** The model as the choice sees it (a ServeModel): a GGUF file, or an IR directory (kind "openvino-ir", and a GGUF next to it or null). */
 export interface ModelToServe {
   kind: string;
@@ -60,6 +63,9 @@ export function engineFlagProblems(engine: EngineName, f: ServeOptions, given: R
       problems.push(`--plugin_config KV_CACHE_PRECISION ${JSON.stringify(f.pluginOpenvinoOnlyKv)} is an OpenVINO precision; the llama.cpp engine takes "u8" or "f16" (q8_0 or f16 KV cache)`);
     }
     return problems;
+  }
+  if (given.has("warmup") && f.warmup !== "auto") {
+    problems.push("--warmup is a llama.cpp setting (it decodes every batch shape before ready); the OpenVINO engine compiles its model at load, so it is refused with --engine openvino");
   }
   if (f.flash_attention && given.has("flash_attention")) {
     problems.push("--flash_attention is a llama.cpp setting; the OpenVINO engine chooses its attention kernels itself, so it is refused with --engine openvino");
@@ -125,6 +131,7 @@ export function engineBaseConfig(f: ServeOptions, modelPath: string, engine: Eng
     // Split-fuse off (OVMS): a prompt must fit one step.
     ...(f.dynamic_split_fuse === false ? { maxPromptLen: f.max_num_batched_tokens } : {}),
     device: f.target_device,
+    ...(engine === "llama.cpp" ? { warmup: WARMUP_MODES[f.warmup] } : {}),
     ...openvinoConfigFields(engine, f),
   };
 }

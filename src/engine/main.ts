@@ -18,6 +18,7 @@ import { FaultyBackend, faultSwitchesFrom } from "./faulty-backend.js";
 import { LlamaAdapter, NoGpuBackendError } from "./llama/adapter.js";
 import { parseEngineConfig, toAdapterOptions } from "./start-config.js";
 import { StepLoop } from "./step-loop.js";
+import { shouldWarmUp, warmUp, WARMUP_BUDGET_MS } from "./warmup.js";
 
 function logLine(level: string, msg: string, extra: Record<string, unknown> = {}): void {
   process.stderr.write(JSON.stringify({ level, time: Date.now(), component: "engine", pid: process.pid, msg, ...extra }) + "\n");
@@ -73,6 +74,16 @@ async function main(): Promise<void> {
     return;
   }
   if (!channel) throw new Error("serve mode without a channel");
+
+  // Warm-up before ready (src/engine/warmup.ts): every batch shape once, on slots that are cleared again, so the
+  // first requests pay no GPU pipeline compilation. On CPU only when asked (nothing to compile there).
+  let warmupMs: number | undefined;
+  if (shouldWarmUp(config.warmup ?? "auto", backend.gpu)) {
+    const report = await warmUp(adapter, config, adapter.bosToken ?? 0);
+    warmupMs = Math.round(report.ms);
+    const cut = report.skipped > 0 ? `; ${report.skipped} more left out: the ${WARMUP_BUDGET_MS / 1000} s budget ran out, their first use compiles` : "";
+    logLine(report.skipped > 0 ? "warn" : "info", `warm-up: ${report.shapes.length} batch shapes in ${warmupMs} ms${cut}`, { event: "warmup", ms: warmupMs, widths: report.shapes.map((s) => s.sequences * s.tokensPerSequence), skipped: report.skipped });
+  }
 
   // Test-only fault injection wraps the adapter (docs/fault-injection.md); off unless KEEL_FAULT_INJECTION is set.
   const switches = faultSwitchesFrom(process.env);
@@ -143,6 +154,7 @@ async function main(): Promise<void> {
     capabilities: { exactSeededResume: true, maxTopLogprobs: loop.maxTopLogprobs, extendedSampling: true, grammars: loop.grammars, sharedPrefill: false },
     backend,
     loadMs: Date.now() - startedAt,
+    ...(warmupMs !== undefined ? { warmupMs } : {}),
   });
   // Debug: the gateway logs its own "engine ready" line from `ready` (load time, backend, KV capacity).
   logLine("debug", "model loaded; step loop running", { model: config.modelPath, threads: config.threads, kvCacheType: config.kvCacheType, flashAttention: config.flashAttention, backend });

@@ -31,6 +31,11 @@ export interface EngineConfig {
    * backend: an engine that cannot load one exits with a message naming the device (never a silent CPU fallback).
    */
   device: "cpu" | "auto" | "gpu";
+  /**
+   * Warm-up before `ready` (`--warmup`; llama.cpp engine): decode one batch of every shape the scheduler produces
+   * and clear it, so the first requests pay no GPU pipeline compilation. auto (absent) = on a GPU backend only.
+   */
+  warmup?: "auto" | "on" | "off";
   /** 1 for the first engine process of a gateway, then 2, 3, … after restarts (fault injection keys on it). */
   generation?: number;
   /**

@@ -52,6 +52,7 @@ const readyMessage = z.object({
   capabilities,
   backend: z.object({ gpu: z.union([z.string(), z.literal(false)]), devices: z.array(z.string()), addon: z.enum(["keel", "node-llama-cpp"]).optional() }).optional(),
   loadMs: nonNegative.optional(),
+  warmupMs: nonNegative.optional(),
 });
 const loadingMessage = z.object({ v: z.number(), type: z.literal("loading"), progress: z.number().min(0).max(1) });
 const pongMessage = z.object({ v: z.number(), type: z.literal("pong"), nonce: z.number(), step: count });

@@ -237,8 +237,10 @@ export interface ReadyMessage {
   capabilities: EngineCapabilities;
   /** The compute backend actually loaded (optional: engines before issue #10 do not send it). */
   backend?: EngineBackend;
-  /** Milliseconds from the engine's start to ready (model load + context), optional. */
+  /** Milliseconds from the engine's start to ready (model load + context + warm-up), optional. */
   loadMs?: number;
+  /** Milliseconds of the warm-up decodes inside loadMs (llama.cpp engine); absent when none ran. */
+  warmupMs?: number;
 }
 
 /** The compute backend an engine runs on: `gpu` is the GPU backend's name ("cuda", "vulkan", "metal") or false for CPU. */

@@ -19,10 +19,11 @@ export function describeReady(msg: ReadyMessage, kvCacheType: EngineConfig["kvCa
   const devices = msg.backend?.devices ?? [];
   const parts = [
     msg.loadMs !== undefined ? `in ${(msg.loadMs / 1000).toFixed(1)} s` : null,
+    msg.warmupMs !== undefined ? `warm-up ${(msg.warmupMs / 1000).toFixed(2)} s` : null,
     `backend ${backend}${devices.length > 0 ? ` (${devices.join(", ")})` : ""}`,
     kvPoolTokens !== undefined
       ? `KV pool ${kvPoolTokens} tokens shared by ${maxNumSeqs} sequences (up to ${maxModelLen} per sequence)`
       : `KV capacity ${maxModelLen} tokens per sequence x ${maxNumSeqs} sequences${kvBytes !== null ? ` (${(kvBytes / 1e6).toFixed(1)} MB ${kvCacheType})` : ""}`,
   ].filter((p) => p !== null);
-  return { text: `engine ready ${parts.join("; ")}`, fields: { loadMs: msg.loadMs ?? null, backend, devices, ...(msg.backend?.addon ? { addon: msg.backend.addon } : {}), kvBytes, ...(kvPoolTokens !== undefined ? { kvPoolTokens } : {}) } };
+  return { text: `engine ready ${parts.join("; ")}`, fields: { loadMs: msg.loadMs ?? null, ...(msg.warmupMs !== undefined ? { warmupMs: msg.warmupMs } : {}), backend, devices, ...(msg.backend?.addon ? { addon: msg.backend.addon } : {}), kvBytes, ...(kvPoolTokens !== undefined ? { kvPoolTokens } : {}) } };
 }
