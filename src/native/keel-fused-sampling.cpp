@@ -1,0 +1,266 @@
+// Keel's fused sampler for temperature > 0: the token node-llama-cpp's chain would pick, without building and sorting
+// a candidate array of the whole vocabulary.
+//
+// Why: AddonSampler's chain (see AddonSampler::rebuildChainIfNeeded) is, for a sampled request,
+//   [logit bias] → [repetition penalty] → top-k (k = the vocabulary when top_k is off) → top-p → [min-p] → temperature
+//   → dist (a seeded draw). It copies every logit into (id, logit, p) candidates and top-k SORTS them (the whole
+// vocabulary when top_k is off): per sequence per step most of the sampling time, and more the larger the vocabulary.
+//
+// How (exact, not approximate): only the values of the sorted candidates matter for every float operation of the chain
+// (softmax sums, the top-p cut, the min-p cut, the draw), and those values are the same whatever sort produced them.
+// So the fused path gathers only the candidates ≥ a threshold t (everything below t is provably irrelevant, checked
+// per call: see below), sorts those, replays the chain's arithmetic on them in the chain's order with the chain's
+// float/double types, and lets the sampler's OWN dist sampler draw on the reduced array (the same RNG, advanced the
+// same way). The tail below t cannot matter when
+//   - it lies past top-k's k, or past the top-p / min-p cut found inside the gathered part, or
+//   - adding its largest possible term to a running sum leaves the sum unchanged (float for top-p's softmax, double
+//     for the draw): round-to-nearest is monotone, so every smaller term leaves it unchanged too.
+// Where these cannot be shown for t, t is lowered once; then the caller runs the chain (nothing was drawn yet).
+// Ties: ids at tied positions depend on the sort's internals, so a draw that selects a value tied with a neighbour is
+// replayed by the chain instead (the draw was made on a clone of the dist sampler, so the real RNG is untouched).
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "llama.h"
+#include "AddonSampler.h"
+#include "AddonGrammarEvaluationState.h"
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+namespace {
+
+/** Per-thread scratch (the sampling threads each keep their own; sized to the vocabulary once). */
+struct FusedScratch {
+    std::vector<float> values;              // logits + bias + penalty, when the sampler modifies any
+    std::vector<int32_t> counts;            // penalty: occurrences per token in the window (zero between calls)
+    std::vector<llama_token> touched;       // penalty: tokens whose count is non-zero
+    std::vector<llama_token_data> pool;     // gathered candidates ≥ t, sorted by value, descending
+    std::vector<float> sortedValues;        // the kept values before temperature (for the tie check)
+};
+thread_local FusedScratch scratch;
+
+/** Max of values[0..n) and whether any is NaN (SSE2 when available: this pass reads the whole vocabulary). */
+void scanMax(const float* values, int32_t n, float& maxOut, bool& nanOut) {
+    int32_t i = 0;
+    float best = -INFINITY;
+    bool nan = false;
+#if defined(__SSE2__)
+    __m128 m0 = _mm_set1_ps(-INFINITY), m1 = m0, u = _mm_setzero_ps();
+    for (; i + 8 <= n; i += 8) {
+        const __m128 a = _mm_loadu_ps(values + i), b = _mm_loadu_ps(values + i + 4);
+        m0 = _mm_max_ps(m0, a);
+        m1 = _mm_max_ps(m1, b);
+        u = _mm_or_ps(u, _mm_or_ps(_mm_cmpunord_ps(a, a), _mm_cmpunord_ps(b, b)));
+    }
+    alignas(16) float lanes[4];
+    _mm_store_ps(lanes, _mm_max_ps(m0, m1));
+    for (float v : lanes) best = v > best ? v : best;
+    nan = _mm_movemask_ps(u) != 0;
+#endif
+    for (; i < n; i++) {
+        const float v = values[i];
+        if (v != v) nan = true;
+        best = v > best ? v : best;
+    }
+    maxOut = best;
+    nanOut = nan;
+}
+
+/** Append every (id, value) with value ≥ t to pool. */
+void gather(const float* values, int32_t n, float t, std::vector<llama_token_data>& pool) {
+    pool.clear();
+    int32_t i = 0;
+#if defined(__SSE2__)
+    const __m128 tv = _mm_set1_ps(t);
+    for (; i + 4 <= n; i += 4) {
+        int mask = _mm_movemask_ps(_mm_cmpge_ps(_mm_loadu_ps(values + i), tv));
+        while (mask != 0) {
+            const int bit = __builtin_ctz(mask);
+            pool.push_back(llama_token_data{i + bit, values[i + bit], 0.0f});
+            mask &= mask - 1;
+        }
+    }
+#endif
+    for (; i < n; i++) {
+        if (values[i] >= t) pool.push_back(llama_token_data{i, values[i], 0.0f});
+    }
+}
+
+/**
+ * The logits as the chain's top-k sees them: the raw row, or (when the sampler has a bias or an active repetition
+ * penalty) a copy with the logit-bias sampler's and the penalty sampler's arithmetic applied to the affected tokens.
+ */
+const float* chainInput(AddonSampler* sampler, const float* logits, int32_t n) {
+    const bool bias = sampler->tokenBiasSampler != nullptr && !sampler->tokenBiasSampler_biases.empty();
+    const bool penalty = sampler->repeatPenaltySampler != nullptr && sampler->repeatPenalty_maxTokens != 0 &&
+        !(sampler->repeatPenalty_penalty == 1.0f && sampler->repeatPenalty_frequencyPenalty == 0.0f && sampler->repeatPenalty_presencePenalty == 0.0f);
+    if (!bias && !penalty) return logits;
+    auto& s = scratch;
+    s.values.assign(logits, logits + n);
+    // 1. llama_sampler_logit_bias: each entry, in order, adds its bias to its token's logit.
+    if (bias) {
+        for (const auto& lb : sampler->tokenBiasSampler_biases) {
+            if (lb.token >= 0 && lb.token < n) s.values[lb.token] += lb.bias;
+        }
+    }
+    // 2. llama_sampler_penalties: tokens of the window (the addon's mirror of the sampler's ring buffer), once each.
+    if (penalty) {
+        if ((int32_t)s.counts.size() < n) s.counts.assign(n, 0);
+        s.touched.clear();
+        const auto& window = sampler->repeatPenalty_lastTokens;
+        for (size_t i = 0; i < window.size(); i++) {
+            const llama_token tok = window.rat(i);
+            if (tok < 0 || tok >= n) continue;
+            if (s.counts[tok]++ == 0) s.touched.push_back(tok);
+        }
+        const float repeat = sampler->repeatPenalty_penalty, freq = sampler->repeatPenalty_frequencyPenalty, present = sampler->repeatPenalty_presencePenalty;
+        for (const llama_token tok : s.touched) {
+            const int count = s.counts[tok];
+            float v = s.values[tok];
+            if (v <= 0) v *= repeat;
+            else v /= repeat;
+            v -= float(count) * freq + float(count > 0) * present;
+            s.values[tok] = v;
+            s.counts[tok] = 0;
+        }
+    }
+    return s.values.data();
+}
+
+/** Outcome of one attempt at threshold t. */
+enum class Attempt { Sampled, LowerThreshold, UseChain };
+
+/**
+ * Replays top-k → top-p → min-p → temperature → dist on the candidates ≥ t (scratch.pool, sorted). `complete` when
+ * the pool holds the whole vocabulary.
+ */
+Attempt replayChain(AddonSampler* sampler, int32_t n, float t, llama_token& token) {
+    auto& pool = scratch.pool;
+    const size_t m = pool.size();
+    if (m == 0) return Attempt::LowerThreshold;
+    const bool complete = m == (size_t)n;
+    const float maxv = pool[0].logit;
+    // 1. top-k: k (the vocabulary when off). `tailOpen`: the chain's array goes on past the pool (values < t).
+    const int32_t k = sampler->topKSampler_topK <= 0 ? n : std::min(sampler->topKSampler_topK, n);
+    size_t size = std::min((size_t)k, m);
+    bool tailOpen = (size_t)k > m && !complete;
+    // 2. top-p (llama_sampler_top_p_apply on a sorted array): float softmax over the array, then the cumulative cut.
+    if (sampler->topPSampler != nullptr && sampler->topPSampler_topP < 1.0f) {
+        float sum = 0.0f;
+        for (size_t i = 0; i < size; i++) {
+            pool[i].p = expf(pool[i].logit - maxv);
+            sum += pool[i].p;
+        }
+        if (tailOpen && sum + expf(t - maxv) != sum) return Attempt::LowerThreshold;  // the tail would still add
+        const float p = sampler->topPSampler_topP;
+        float cum = 0.0f;
+        size_t last = size;
+        bool found = false;
+        for (size_t i = 0; i < size; i++) {
+            cum += pool[i].p / sum;
+            if (cum >= p && i + 1 >= 1) {
+                last = i + 1;
+                found = true;
+                break;
+            }
+        }
+        if (!found && tailOpen) return Attempt::LowerThreshold;  // the cut lies in the tail
+        size = last;
+        tailOpen = tailOpen && !found;
+    }
+    // 3. min-p (llama_sampler_min_p_apply, sorted branch): keep while logit ≥ max + log(p).
+    if (sampler->minPSampler != nullptr && sampler->minPSampler_minP > 0.0f) {
+        const float minLogit = pool[0].logit + logf(sampler->minPSampler_minP);
+        size_t i = 1;
+        for (; i < size; ++i) {
+            if (pool[i].logit < minLogit && i >= 1) break;
+        }
+        if (i == size && tailOpen) {
+            if (!(t <= minLogit)) return Attempt::LowerThreshold;  // tail values (< t) may still pass
+            tailOpen = false;  // the first tail value is < t ≤ minLogit: the cut is at the pool's end
+        }
+        size = i;
+    }
+    // 4. Ties: ids at equal values are ordered by the sort's internals; note them (the draw decides if they matter).
+    auto& pre = scratch.sortedValues;
+    pre.resize(size + 1);
+    for (size_t i = 0; i < size; i++) pre[i] = pool[i].logit;
+    pre[size] = size < m ? pool[size].logit : -INFINITY;  // the first value cut off (a tie across the cut counts)
+    const size_t span = size < m ? size + 1 : size;
+    bool ties = false;
+    for (size_t i = 0; i + 1 < span && !ties; i++) ties = pre[i] == pre[i + 1];
+    // 5. temperature (llama_sampler_temp_impl), then the draw's sum: with an open tail it must be saturated (double).
+    const float temp = sampler->temperatureSampler_temperature;
+    for (size_t i = 0; i < size; i++) pool[i].logit /= temp;
+    if (tailOpen) {
+        const float maxT = pool[0].logit;
+        double sum = 0.0;
+        for (size_t i = 0; i < size; i++) sum += expf(pool[i].logit - maxT);
+        if (sum + (double)expf(t / temp - maxT) != sum) return Attempt::LowerThreshold;
+    }
+    // 6. The draw, by the sampler's own dist sampler on the reduced (sorted) array; on a clone first when ties exist.
+    llama_token_data_array reduced{pool.data(), size, -1, true};
+    if (ties) {
+        std::vector<llama_token_data> copy(pool.begin(), pool.begin() + size);
+        llama_token_data_array probe{copy.data(), size, -1, true};
+        llama_sampler* clone = llama_sampler_clone(sampler->seedSampler);
+        llama_sampler_apply(clone, &probe);
+        llama_sampler_free(clone);
+        const int64_t s = probe.selected;
+        if (s < 0 || s >= (int64_t)size) return Attempt::UseChain;
+        if ((s > 0 && pre[s - 1] == pre[s]) || pre[s + 1] == pre[s]) return Attempt::UseChain;
+    }
+    llama_sampler_apply(sampler->seedSampler, &reduced);
+    if (reduced.selected < 0 || reduced.selected >= (int64_t)size) {
+        token = -1;
+        return Attempt::Sampled;
+    }
+    token = reduced.data[reduced.selected].id;
+    return Attempt::Sampled;
+}
+
+}  // namespace
+
+/**
+ * The fused sampling path (see the file comment) on the row `logits` of n values (the caller resolved it on the
+ * engine's thread and passes null for backend-sampled rows; this function touches no llama_context, so the sampling
+ * threads may call it for different samplers at once). True with `token` set (−1 when nothing was selected, as the chain
+ * reports it) when it applied; false, with nothing drawn and no state touched, when the caller must run the chain:
+ * a sampler not of the plain sampled shape (greedy, grammar, DRY, XTC, no top-k/dist stage), no row, NaN or infinite logits, a selected value tied with another, or a tail it could not rule out.
+ */
+bool keelSampleFused(const float* logits, int32_t n, AddonSampler* sampler, llama_token& token) {
+    if (sampler->greedySampler != nullptr || sampler->temperatureSampler == nullptr || sampler->temperatureSampler_temperature <= 0.0f) return false;
+    if (sampler->seedSampler == nullptr || sampler->topKSampler == nullptr) return false;
+    if (sampler->xtcSampler != nullptr || sampler->dryRepeatPenaltySampler != nullptr) return false;
+    if (sampler->grammarEvaluationState != nullptr && sampler->grammarEvaluationState->sampler != nullptr) return false;
+    if (logits == nullptr || n <= 1) return false;
+    const float* values = chainInput(sampler, logits, n);
+    float maxv;
+    bool nan;
+    scanMax(values, n, maxv, nan);
+    if (nan || !std::isfinite(maxv)) return false;
+    // llama.cpp's bucket sort (top-k above 128 candidates) puts a value whose bucket index overflows an int (above
+    // ~3.3e8, only reachable with a huge bias) into the LOWEST bucket: that chain's order is not a sort, so leave it.
+    const int32_t topK = sampler->topKSampler_topK <= 0 ? n : std::min(sampler->topKSampler_topK, n);
+    if (topK > 128 && maxv >= 3.0e8f) return false;
+    // The first threshold: what the stage that ends the chain's array needs in the common case (top-p's float sum
+    // saturates ~17 below the max; min-p cuts at log(p) below it; the draw's double sum ~37 temperatures below it).
+    const float temp = sampler->temperatureSampler_temperature;
+    const bool topP = sampler->topPSampler != nullptr && sampler->topPSampler_topP < 1.0f;
+    const bool minP = sampler->minPSampler != nullptr && sampler->minPSampler_minP > 0.0f;
+    float depth = topP ? 17.5f : minP ? std::min(-logf(sampler->minPSampler_minP) + 0.5f, 38.0f * temp) : 38.0f * temp;
+    for (int attempt = 0; attempt < 2; attempt++, depth *= 2.0f) {
+        const float t = maxv - depth;
+        gather(values, n, t, scratch.pool);
+        std::sort(scratch.pool.begin(), scratch.pool.end(), [](const llama_token_data& a, const llama_token_data& b) { return a.logit > b.logit; });
+        switch (replayChain(sampler, n, t, token)) {
+            case Attempt::Sampled: return true;
+            case Attempt::UseChain: return false;
+            case Attempt::LowerThreshold: break;
+        }
+    }
+    return false;
+}
