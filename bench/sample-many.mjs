@@ -52,6 +52,7 @@ for (const name of chosen) {
     // 2. ms per step of one mode: reconfigure (untimed: a new seed per iteration, as per position), then sample.
     const step = async (mode) => {
       let ms = 0;
+      let cpuMs = 0;
       const tokens = [];
       for (let k = 0; k < ITERS; k++) {
         if (cfg.temperature > 0) samplers.forEach((s, i) => s.configure({ ...cfg, seed: 1000 * k + i }));
@@ -62,23 +63,28 @@ for (const name of chosen) {
         } else {
           bindings.keelSamplingOptions({ fused: mode !== "chain" });
           samplerThreads(mode === "threads" ? THREADS : 1);
+          const c = process.cpuUsage();
           const t = performance.now();
           const got = a.sampleMany(batch);
           ms += performance.now() - t;
+          const dc = process.cpuUsage(c);
+          cpuMs += (dc.user + dc.system) / 1000;
           tokens.push(...got);
         }
       }
       bindings.keelSamplingOptions({ fused: true });
       samplerThreads(THREADS);
-      return { ms: ms / ITERS, tokens };
+      return { ms: ms / ITERS, cpuMs: cpuMs / ITERS, tokens };
     };
     const modes = [cfg.temperature > 0 ? "chain" : "single", "fused", ...(THREADS > 1 ? ["threads"] : [])];
     const times = Object.fromEntries(modes.map((m) => [m, []]));
+    const cpu = Object.fromEntries(modes.map((m) => [m, []]));
     for (let r = 0; r < ROUNDS; r++) {
       const runs = [];
       for (const m of modes) {
         const x = await step(m);
         times[m].push(x.ms);
+        cpu[m].push(x.cpuMs);
         runs.push(x.tokens.join());
       }
       if (new Set(runs).size !== 1) mismatches++;
@@ -87,7 +93,10 @@ for (const name of chosen) {
     const med = Object.fromEntries(modes.map((m) => [m, median(times[m])]));
     const names = { single: "sample() x N", chain: "chain", fused: cfg.temperature > 0 ? "fused" : "sampleMany", threads: `${THREADS} threads` };
     const parts = modes.map((m, i) => `${names[m]} ${us(med[m])}${i === 0 ? "" : ` (${(med[modes[0]] / med[m]).toFixed(1)}x)`}`);
-    console.log(`vocab ${a.vocabSize} ${name.padEnd(6)} ${String(N).padStart(2)} seqs, µs/seq: ${parts.join(", ")}; medians of ${ROUNDS}`);
+    // Process CPU time of the call (all threads): on a shared machine it is steadier than wall time (not for sample(),
+    // whose work runs on libuv workers around event-loop turns).
+    const cpuParts = modes.filter((m) => m !== "single").map((m) => `${names[m]} ${us(median(cpu[m]))}`);
+    console.log(`vocab ${a.vocabSize} ${name.padEnd(6)} ${String(N).padStart(2)} seqs, wall µs/seq: ${parts.join(", ")}; CPU µs/seq: ${cpuParts.join(", ")}; medians of ${ROUNDS}`);
     samplers.forEach((s) => s.dispose());
   }
 }

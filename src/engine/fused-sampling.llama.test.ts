@@ -5,7 +5,8 @@
  * Randomized (a fixed-seed PRNG picks the configs): every step of a real generation is sampled many times, each time
  * with a fresh config and seed, by twin A samplers through sampleMany (the fused path) and twin B samplers through
  * sample() (node-llama-cpp's async sampleToken: the chain). Seeded sampling must give the very same token on both, or
- * a request resumed on a restarted engine would not continue as it began.
+ * a request resumed on a restarted engine would not continue as it began. sampleMany runs on 2 threads, so it
+ * spreads the sequences over the sampling pool as an engine with 2 threads does.
  */
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { realModelPath } from "../../test/support/real-models.js";
@@ -74,6 +75,8 @@ describe.each(models)("the fused sampling path on %s", (_name, modelPath) => {
 
   beforeAll(async () => {
     adapter = await LlamaAdapter.open({ modelPath: await modelPath(), sequences: TEXTS.length, contextSize: 256, batchSize: 256, threads: 1, flashAttention: false, kvCacheType: "f16", gpu: "cpu" });
+    // sampleMany on 2 threads (as an engine with 2 threads); ggml keeps 1 (its spinning threads crawl on a busy machine).
+    (adapter as unknown as { samplers: { threads: number } }).samplers.threads = 2;
     const bindings = (adapter as unknown as { llama: { _bindings: { keelSamplingCounts(): Counts; keelSamplingOptions(o: { fused?: boolean }): { fused: boolean } } } }).llama._bindings;
     counts = () => bindings.keelSamplingCounts();
     options = (o) => bindings.keelSamplingOptions(o);
@@ -163,7 +166,7 @@ describe.each(models)("the fused sampling path on %s", (_name, modelPath) => {
     const after = counts();
     expect(after.chain - before.chain).toBe(STEPS * ROUNDS * TEXTS.length);
     expect(after.fused - before.fused).toBe(0);
-  });
+  }, 180_000);
 
   it("values beyond llama.cpp's bucket sort (a bias of 2^30 without top-k) are left to the chain, which stays the reference", async () => {
     const before = counts();
@@ -172,6 +175,37 @@ describe.each(models)("the fused sampling path on %s", (_name, modelPath) => {
     const after = counts();
     expect(after.chain - before.chain).toBe(STEPS * ROUNDS * TEXTS.length);
     expect(after.fused - before.fused).toBe(0);
+  }, 180_000); // every item on the chain (a full-vocabulary sort each) on a shared 2-core machine
+
+  it("one sampler at several positions of one call (a verification round) samples them in order, as sample() one by one", async () => {
+    const prompts = TEXTS.map((t) => adapter.tokenize(t));
+    prompts.forEach((_, s) => adapter.clearSequence(s));
+    const idx = await adapter.decode(prompts.map((tokens, slot) => ({ slot, pos: 0, tokens, wantsLogits: true })));
+    const shared: SamplerConfig = { ...base, temperature: 1.2, topK: 40, topP: 0.95, repetitionPenalty: 1.3, seed: 99 };
+    const others = (s: number): SamplerConfig => ({ ...base, topP: 0.9, seed: 500 + s });
+    const a = adapter.createSampler(shared, prompts[0]);
+    const b = adapter.createSampler(shared, prompts[0]);
+    const aOthers = [3, 4, 5].map((s) => adapter.createSampler(others(s)));
+    const bOthers = [3, 4, 5].map((s) => adapter.createSampler(others(s)));
+    // The shared sampler's three items are interleaved with the others': its RNG and penalty window move on per item.
+    const got = adapter.sampleMany!([
+      { batchLogitIndex: idx[0]!, sampler: a },
+      { batchLogitIndex: idx[3]!, sampler: aOthers[0]! },
+      { batchLogitIndex: idx[1]!, sampler: a },
+      { batchLogitIndex: idx[4]!, sampler: aOthers[1]! },
+      { batchLogitIndex: idx[2]!, sampler: a },
+      { batchLogitIndex: idx[5]!, sampler: aOthers[2]! },
+    ]);
+    const expected = [
+      await adapter.sample(idx[0]!, b),
+      await adapter.sample(idx[3]!, bOthers[0]!),
+      await adapter.sample(idx[1]!, b),
+      await adapter.sample(idx[4]!, bOthers[1]!),
+      await adapter.sample(idx[2]!, b),
+      await adapter.sample(idx[5]!, bOthers[2]!),
+    ];
+    expect(got).toEqual(expected);
+    [a, b, ...aOthers, ...bOthers].forEach((h) => h.dispose());
   });
 
   it("keelSamplingOptions({ fused: false }) sends sampled items through the chain (the A/B switch of the benchmark)", async () => {
@@ -186,5 +220,5 @@ describe.each(models)("the fused sampling path on %s", (_name, modelPath) => {
     } finally {
       expect(options({ fused: true })).toEqual({ fused: true });
     }
-  });
+  }, 180_000);
 });

@@ -37,8 +37,10 @@ struct FusedScratch {
     std::vector<float> values;              // logits + bias + penalty, when the sampler modifies any
     std::vector<int32_t> counts;            // penalty: occurrences per token in the window (zero between calls)
     std::vector<llama_token> touched;       // penalty: tokens whose count is non-zero
-    std::vector<llama_token_data> pool;     // gathered candidates ≥ t, sorted by value, descending
-    std::vector<float> sortedValues;        // the kept values before temperature (for the tie check)
+    std::vector<llama_token_data> pool;     // gathered candidates (id, value)
+    std::vector<float> sorted;              // the gathered values, descending
+    std::vector<uint32_t> keys, keysTmp;    // radix sort buffers
+    std::vector<llama_token_data> reduced;  // what the dist sampler draws from
 };
 thread_local FusedScratch scratch;
 
@@ -130,29 +132,105 @@ const float* chainInput(AddonSampler* sampler, const float* logits, int32_t n) {
     return s.values.data();
 }
 
-/** Outcome of one attempt at threshold t. */
+/** Sort values descending: LSD radix (11/11/10 bits) on the order-preserving bit pattern; std::sort when few. */
+void sortDescending(std::vector<float>& v) {
+    const size_t m = v.size();
+    if (m < 512) {
+        std::sort(v.begin(), v.end(), [](float a, float b) { return a > b; });
+        return;
+    }
+    auto& a = scratch.keys;
+    auto& b = scratch.keysTmp;
+    a.resize(m);
+    b.resize(m);
+    static thread_local uint32_t hist[3][2048];
+    std::memset(hist, 0, sizeof(hist));
+    for (size_t i = 0; i < m; i++) {
+        uint32_t x;
+        std::memcpy(&x, &v[i], 4);
+        x = (x & 0x80000000u) ? ~x : (x | 0x80000000u);  // ascending key of the float
+        a[i] = ~x;                                        // descending
+        hist[0][a[i] & 0x7ff]++;
+        hist[1][(a[i] >> 11) & 0x7ff]++;
+        hist[2][a[i] >> 22]++;
+    }
+    for (int pass = 0; pass < 3; pass++) {
+        uint32_t sum = 0;
+        for (auto& h : hist[pass]) {
+            const uint32_t c = h;
+            h = sum;
+            sum += c;
+        }
+        const int shift = pass * 11;
+        for (size_t i = 0; i < m; i++) b[hist[pass][(a[i] >> shift) & 0x7ff]++] = a[i];
+        a.swap(b);
+    }
+    for (size_t i = 0; i < m; i++) {
+        uint32_t y = ~a[i];
+        y = (y & 0x80000000u) ? (y & 0x7fffffffu) : ~y;
+        std::memcpy(&v[i], &y, 4);
+    }
+}
+
+/** The `want` largest (id, value) of the row, sorted by value descending; false when fewer than `want` are > −∞. */
+bool selectTop(const float* values, int32_t n, size_t want, std::vector<llama_token_data>& out) {
+    const auto desc = [](const llama_token_data& a, const llama_token_data& b) { return a.logit > b.logit; };
+    const size_t cap = std::max<size_t>(4 * want, 512);
+    out.clear();
+    float thr = -INFINITY;
+    // Keep a buffer of candidates above the running threshold; when it fills, trim it to the best `want` and raise
+    // the threshold to the smallest of them (a value equal to it cannot change the top `want` values).
+    auto trim = [&] {
+        std::nth_element(out.begin(), out.begin() + (want - 1), out.end(), desc);
+        out.resize(want);
+        thr = out[want - 1].logit;
+    };
+    int32_t i = 0;
+#if defined(__SSE2__)
+    for (; i + 4 <= n; i += 4) {
+        int mask = _mm_movemask_ps(_mm_cmpgt_ps(_mm_loadu_ps(values + i), _mm_set1_ps(thr)));
+        while (mask != 0) {
+            const int bit = __builtin_ctz(mask);
+            out.push_back(llama_token_data{i + bit, values[i + bit], 0.0f});
+            mask &= mask - 1;
+        }
+        if (out.size() >= cap) trim();
+    }
+#endif
+    for (; i < n; i++) {
+        if (values[i] > thr) out.push_back(llama_token_data{i, values[i], 0.0f});
+        if (out.size() >= cap) trim();
+    }
+    if (out.size() < want) return false;
+    trim();
+    std::sort(out.begin(), out.end(), desc);
+    return true;
+}
+
+/** Outcome of one attempt. */
 enum class Attempt { Sampled, LowerThreshold, UseChain };
 
 /**
- * Replays top-k → top-p → min-p → temperature → dist on the candidates ≥ t (scratch.pool, sorted). `complete` when
- * the pool holds the whole vocabulary.
+ * Replays top-k → top-p → min-p → temperature → dist on `vals`, the m largest values of the row in descending order
+ * (every other value is < t; `complete` when they are the whole row). On success `token` is the id at the drawn
+ * position, found by `idOf` (called only for a value no other candidate shares).
  */
-Attempt replayChain(AddonSampler* sampler, int32_t n, float t, llama_token& token) {
-    auto& pool = scratch.pool;
-    const size_t m = pool.size();
+template <typename IdOf>
+Attempt replayChain(AddonSampler* sampler, const float* vals, size_t m, int32_t n, float t, bool complete, IdOf idOf, llama_token& token) {
     if (m == 0) return Attempt::LowerThreshold;
-    const bool complete = m == (size_t)n;
-    const float maxv = pool[0].logit;
-    // 1. top-k: k (the vocabulary when off). `tailOpen`: the chain's array goes on past the pool (values < t).
+    const float maxv = vals[0];
+    // 1. top-k: k (the vocabulary when off). `tailOpen`: the chain's array goes on past `vals` (values < t).
     const int32_t k = sampler->topKSampler_topK <= 0 ? n : std::min(sampler->topKSampler_topK, n);
     size_t size = std::min((size_t)k, m);
     bool tailOpen = (size_t)k > m && !complete;
     // 2. top-p (llama_sampler_top_p_apply on a sorted array): float softmax over the array, then the cumulative cut.
     if (sampler->topPSampler != nullptr && sampler->topPSampler_topP < 1.0f) {
+        auto& e = scratch.reduced;
+        e.resize(size);
         float sum = 0.0f;
         for (size_t i = 0; i < size; i++) {
-            pool[i].p = expf(pool[i].logit - maxv);
-            sum += pool[i].p;
+            e[i].p = expf(vals[i] - maxv);
+            sum += e[i].p;
         }
         if (tailOpen && sum + expf(t - maxv) != sum) return Attempt::LowerThreshold;  // the tail would still add
         const float p = sampler->topPSampler_topP;
@@ -160,7 +238,7 @@ Attempt replayChain(AddonSampler* sampler, int32_t n, float t, llama_token& toke
         size_t last = size;
         bool found = false;
         for (size_t i = 0; i < size; i++) {
-            cum += pool[i].p / sum;
+            cum += e[i].p / sum;
             if (cum >= p && i + 1 >= 1) {
                 last = i + 1;
                 found = true;
@@ -173,52 +251,53 @@ Attempt replayChain(AddonSampler* sampler, int32_t n, float t, llama_token& toke
     }
     // 3. min-p (llama_sampler_min_p_apply, sorted branch): keep while logit ≥ max + log(p).
     if (sampler->minPSampler != nullptr && sampler->minPSampler_minP > 0.0f) {
-        const float minLogit = pool[0].logit + logf(sampler->minPSampler_minP);
+        const float minLogit = vals[0] + logf(sampler->minPSampler_minP);
         size_t i = 1;
         for (; i < size; ++i) {
-            if (pool[i].logit < minLogit && i >= 1) break;
+            if (vals[i] < minLogit && i >= 1) break;
         }
         if (i == size && tailOpen) {
             if (!(t <= minLogit)) return Attempt::LowerThreshold;  // tail values (< t) may still pass
-            tailOpen = false;  // the first tail value is < t ≤ minLogit: the cut is at the pool's end
+            tailOpen = false;  // the first tail value is < t ≤ minLogit: the cut is at the end of `vals`
         }
         size = i;
     }
-    // 4. Ties: ids at equal values are ordered by the sort's internals; note them (the draw decides if they matter).
-    auto& pre = scratch.sortedValues;
-    pre.resize(size + 1);
-    for (size_t i = 0; i < size; i++) pre[i] = pool[i].logit;
-    pre[size] = size < m ? pool[size].logit : -INFINITY;  // the first value cut off (a tie across the cut counts)
-    const size_t span = size < m ? size + 1 : size;
-    bool ties = false;
-    for (size_t i = 0; i + 1 < span && !ties; i++) ties = pre[i] == pre[i + 1];
-    // 5. temperature (llama_sampler_temp_impl), then the draw's sum: with an open tail it must be saturated (double).
+    // 4. temperature (llama_sampler_temp_impl) into the array the draw reads (ids: positions); with an open tail the
+    //    draw's double sum must be saturated.
     const float temp = sampler->temperatureSampler_temperature;
-    for (size_t i = 0; i < size; i++) pool[i].logit /= temp;
+    auto& reduced = scratch.reduced;
+    reduced.resize(size);
+    for (size_t i = 0; i < size; i++) reduced[i] = llama_token_data{(llama_token)i, vals[i] / temp, 0.0f};
     if (tailOpen) {
-        const float maxT = pool[0].logit;
+        const float maxT = reduced[0].logit;
         double sum = 0.0;
-        for (size_t i = 0; i < size; i++) sum += expf(pool[i].logit - maxT);
+        for (size_t i = 0; i < size; i++) sum += expf(reduced[i].logit - maxT);
         if (sum + (double)expf(t / temp - maxT) != sum) return Attempt::LowerThreshold;
     }
-    // 6. The draw, by the sampler's own dist sampler on the reduced (sorted) array; on a clone first when ties exist.
-    llama_token_data_array reduced{pool.data(), size, -1, true};
+    // 5. The draw, by the sampler's own dist sampler. Ids at equal values are ordered by the chain's sort internals:
+    //    when the kept values (or the first cut one) have ties, draw on a clone first; a draw on a tied value goes to
+    //    the chain with the real RNG untouched, otherwise the real RNG makes its one draw (any array of size ≥ 1
+    //    advances it by exactly one uniform draw).
+    const auto tiedAt = [&](size_t s) { return (s > 0 && vals[s - 1] == vals[s]) || (s + 1 < m && vals[s + 1] == vals[s]); };
+    bool ties = false;
+    for (size_t i = 0; i + 1 < std::min(size + 1, m) && !ties; i++) ties = vals[i] == vals[i + 1];
+    llama_token_data_array arr{reduced.data(), size, -1, true};
     if (ties) {
-        std::vector<llama_token_data> copy(pool.begin(), pool.begin() + size);
-        llama_token_data_array probe{copy.data(), size, -1, true};
         llama_sampler* clone = llama_sampler_clone(sampler->seedSampler);
-        llama_sampler_apply(clone, &probe);
+        llama_sampler_apply(clone, &arr);
         llama_sampler_free(clone);
-        const int64_t s = probe.selected;
-        if (s < 0 || s >= (int64_t)size) return Attempt::UseChain;
-        if ((s > 0 && pre[s - 1] == pre[s]) || pre[s + 1] == pre[s]) return Attempt::UseChain;
+        if (arr.selected < 0 || arr.selected >= (int64_t)size || tiedAt((size_t)arr.selected)) return Attempt::UseChain;
+        llama_token_data one{0, 0.0f, 0.0f};
+        llama_token_data_array advance{&one, 1, -1, true};
+        llama_sampler_apply(sampler->seedSampler, &advance);
+    } else {
+        llama_sampler_apply(sampler->seedSampler, &arr);
+        if (arr.selected < 0 || arr.selected >= (int64_t)size) {
+            token = -1;
+            return Attempt::Sampled;
+        }
     }
-    llama_sampler_apply(sampler->seedSampler, &reduced);
-    if (reduced.selected < 0 || reduced.selected >= (int64_t)size) {
-        token = -1;
-        return Attempt::Sampled;
-    }
-    token = reduced.data[reduced.selected].id;
+    token = idOf((size_t)arr.selected, vals[arr.selected]);
     return Attempt::Sampled;
 }
 
@@ -227,9 +306,10 @@ Attempt replayChain(AddonSampler* sampler, int32_t n, float t, llama_token& toke
 /**
  * The fused sampling path (see the file comment) on the row `logits` of n values (the caller resolved it on the
  * engine's thread and passes null for backend-sampled rows; this function touches no llama_context, so the sampling
- * threads may call it for different samplers at once). True with `token` set (−1 when nothing was selected, as the chain
- * reports it) when it applied; false, with nothing drawn and no state touched, when the caller must run the chain:
- * a sampler not of the plain sampled shape (greedy, grammar, DRY, XTC, no top-k/dist stage), no row, NaN or infinite logits, a selected value tied with another, or a tail it could not rule out.
+ * threads may call it for different samplers at once). True with `token` set (−1 when nothing was selected, as the
+ * chain reports it) when it applied; false, with nothing drawn and no state touched, when the caller must run the
+ * chain: a sampler not of the plain sampled shape (greedy, grammar, DRY, XTC, no top-k/dist stage), no row, NaN or
+ * infinite logits, a drawn value tied with another, or a tail it could not rule out.
  */
 bool keelSampleFused(const float* logits, int32_t n, AddonSampler* sampler, llama_token& token) {
     if (sampler->greedySampler != nullptr || sampler->temperatureSampler == nullptr || sampler->temperatureSampler_temperature <= 0.0f) return false;
@@ -246,17 +326,37 @@ bool keelSampleFused(const float* logits, int32_t n, AddonSampler* sampler, llam
     // ~3.3e8, only reachable with a huge bias) into the LOWEST bucket: that chain's order is not a sort, so leave it.
     const int32_t topK = sampler->topKSampler_topK <= 0 ? n : std::min(sampler->topKSampler_topK, n);
     if (topK > 128 && maxv >= 3.0e8f) return false;
-    // The first threshold: what the stage that ends the chain's array needs in the common case (top-p's float sum
-    // saturates ~17 below the max; min-p cuts at log(p) below it; the draw's double sum ~37 temperatures below it).
+    auto& pool = scratch.pool;
+    auto& sorted = scratch.sorted;
+    // 1. A small top-k: its k + 1 largest values (the one after the cut shows a tie across it) are all the chain uses.
+    if ((size_t)topK + 1 <= 4096 && topK + 1 < n / 4) {
+        if (!selectTop(values, n, (size_t)topK + 1, pool)) return false;
+        sorted.resize(pool.size());
+        for (size_t i = 0; i < pool.size(); i++) sorted[i] = pool[i].logit;
+        const auto id = [&](size_t s, float) { return pool[s].id; };
+        return replayChain(sampler, sorted.data(), sorted.size(), n, sorted.back(), false, id, token) == Attempt::Sampled;
+    }
+    // 2. Otherwise the candidates ≥ t, where t starts at what the stage that ends the chain's array needs in the
+    //    common case (top-p's float sum saturates ~17 below the max; min-p cuts at log(p) below it; the draw's double
+    //    sum ~37 temperatures below it), lowered once when that does not suffice.
     const float temp = sampler->temperatureSampler_temperature;
     const bool topP = sampler->topPSampler != nullptr && sampler->topPSampler_topP < 1.0f;
     const bool minP = sampler->minPSampler != nullptr && sampler->minPSampler_minP > 0.0f;
     float depth = topP ? 17.5f : minP ? std::min(-logf(sampler->minPSampler_minP) + 0.5f, 38.0f * temp) : 38.0f * temp;
     for (int attempt = 0; attempt < 2; attempt++, depth *= 2.0f) {
         const float t = maxv - depth;
-        gather(values, n, t, scratch.pool);
-        std::sort(scratch.pool.begin(), scratch.pool.end(), [](const llama_token_data& a, const llama_token_data& b) { return a.logit > b.logit; });
-        switch (replayChain(sampler, n, t, token)) {
+        gather(values, n, t, pool);
+        sorted.resize(pool.size());
+        for (size_t i = 0; i < pool.size(); i++) sorted[i] = pool[i].logit;
+        sortDescending(sorted);
+        // The drawn value is unique (checked): its id is the one pool entry with that value.
+        const auto id = [&](size_t, float v) {
+            for (const auto& c : pool) {
+                if (c.logit == v) return c.id;
+            }
+            return (llama_token)-1;
+        };
+        switch (replayChain(sampler, sorted.data(), sorted.size(), n, t, pool.size() == (size_t)n, id, token)) {
             case Attempt::Sampled: return true;
             case Attempt::UseChain: return false;
             case Attempt::LowerThreshold: break;
