@@ -8,16 +8,16 @@
 //
 // How (exact, not approximate): only the values of the sorted candidates matter for every float operation of the chain
 // (softmax sums, the top-p cut, the min-p cut, the draw), and those values are the same whatever sort produced them.
-// So the fused path gathers only the candidates ≥ a threshold t (everything below t is provably irrelevant, checked
-// per call: see below), sorts those, replays the chain's arithmetic on them in the chain's order with the chain's
-// float/double types, and lets the sampler's OWN dist sampler draw on the reduced array (the same RNG, advanced the
-// same way). The tail below t cannot matter when
-//   - it lies past top-k's k, or past the top-p / min-p cut found inside the gathered part, or
+// With a small top-k the k + 1 largest values are selected in one pass (the chain uses no others). Otherwise the
+// values ≥ a threshold t are gathered and radix-sorted (everything below t is provably irrelevant, checked per call:
+// see below). The chain's arithmetic is replayed on them in the chain's order with the chain's float/double types,
+// and the sampler's OWN dist sampler draws (the same RNG, advanced the same way). The tail below t cannot matter when
+//   - it lies past the top-p / min-p cut found above t, or
 //   - adding its largest possible term to a running sum leaves the sum unchanged (float for top-p's softmax, double
 //     for the draw): round-to-nearest is monotone, so every smaller term leaves it unchanged too.
 // Where these cannot be shown for t, t is lowered once; then the caller runs the chain (nothing was drawn yet).
 // Ties: ids at tied positions depend on the sort's internals, so a draw that selects a value tied with a neighbour is
-// replayed by the chain instead (the draw was made on a clone of the dist sampler, so the real RNG is untouched).
+// left to the chain (with ties present the draw is made on a clone of the dist sampler first: the real RNG is untouched).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -172,7 +172,10 @@ void sortDescending(std::vector<float>& v) {
     }
 }
 
-/** The `want` largest (id, value) of the row, sorted by value descending; false when fewer than `want` are > −∞. */
+/**
+ * The `want` largest (id, value) of the row, sorted by value descending; false when fewer than `want` are > −∞ or
+ * when the row holds a NaN (the chain's comparisons are then not a sort).
+ */
 bool selectTop(const float* values, int32_t n, size_t want, std::vector<llama_token_data>& out) {
     const auto desc = [](const llama_token_data& a, const llama_token_data& b) { return a.logit > b.logit; };
     const size_t cap = std::max<size_t>(4 * want, 512);
@@ -186,9 +189,13 @@ bool selectTop(const float* values, int32_t n, size_t want, std::vector<llama_to
         thr = out[want - 1].logit;
     };
     int32_t i = 0;
+    bool nan = false;
 #if defined(__SSE2__)
+    __m128 unordered = _mm_setzero_ps();
     for (; i + 4 <= n; i += 4) {
-        int mask = _mm_movemask_ps(_mm_cmpgt_ps(_mm_loadu_ps(values + i), _mm_set1_ps(thr)));
+        const __m128 v = _mm_loadu_ps(values + i);
+        unordered = _mm_or_ps(unordered, _mm_cmpunord_ps(v, v));
+        int mask = _mm_movemask_ps(_mm_cmpgt_ps(v, _mm_set1_ps(thr)));
         while (mask != 0) {
             const int bit = __builtin_ctz(mask);
             out.push_back(llama_token_data{i + bit, values[i + bit], 0.0f});
@@ -196,12 +203,14 @@ bool selectTop(const float* values, int32_t n, size_t want, std::vector<llama_to
         }
         if (out.size() >= cap) trim();
     }
+    nan = _mm_movemask_ps(unordered) != 0;
 #endif
     for (; i < n; i++) {
+        if (values[i] != values[i]) nan = true;
         if (values[i] > thr) out.push_back(llama_token_data{i, values[i], 0.0f});
         if (out.size() >= cap) trim();
     }
-    if (out.size() < want) return false;
+    if (nan || out.size() < want) return false;
     trim();
     std::sort(out.begin(), out.end(), desc);
     return true;
@@ -304,6 +313,36 @@ Attempt replayChain(AddonSampler* sampler, const float* vals, size_t m, int32_t 
 }  // namespace
 
 /**
+ * The first index of the maximum of values[0..n) — what a scan keeping the first strict maximum picks (the chain's
+ * greedy) — in two SSE2 passes (the max, then its first position); false when the row holds a NaN (a NaN never wins
+ * that scan but breaks the max: the caller scans itself).
+ */
+bool keelFirstMax(const float* values, int32_t n, int32_t& index) {
+    float maxv;
+    bool nan;
+    scanMax(values, n, maxv, nan);
+    if (nan || n <= 0) return false;
+    int32_t i = 0;
+#if defined(__SSE2__)
+    const __m128 mv = _mm_set1_ps(maxv);
+    for (; i + 4 <= n; i += 4) {
+        const int mask = _mm_movemask_ps(_mm_cmpeq_ps(_mm_loadu_ps(values + i), mv));
+        if (mask != 0) {
+            index = i + __builtin_ctz(mask);
+            return true;
+        }
+    }
+#endif
+    for (; i < n; i++) {
+        if (values[i] == maxv) {
+            index = i;
+            return true;
+        }
+    }
+    return false;
+}
+
+/**
  * The fused sampling path (see the file comment) on the row `logits` of n values (the caller resolved it on the
  * engine's thread and passes null for backend-sampled rows; this function touches no llama_context, so the sampling
  * threads may call it for different samplers at once). True with `token` set (−1 when nothing was selected, as the
@@ -318,24 +357,27 @@ bool keelSampleFused(const float* logits, int32_t n, AddonSampler* sampler, llam
     if (sampler->grammarEvaluationState != nullptr && sampler->grammarEvaluationState->sampler != nullptr) return false;
     if (logits == nullptr || n <= 1) return false;
     const float* values = chainInput(sampler, logits, n);
+    const int32_t topK = sampler->topKSampler_topK <= 0 ? n : std::min(sampler->topKSampler_topK, n);
+    auto& pool = scratch.pool;
+    auto& sorted = scratch.sorted;
+    // 1. A small top-k: its k + 1 largest values (the one after the cut shows a tie across it) are all the chain uses
+    //    (one pass over the row; it also refuses NaN).
+    if ((size_t)topK + 1 <= 4096 && topK + 1 < n / 4) {
+        if (!selectTop(values, n, (size_t)topK + 1, pool)) return false;
+        // The bucket-sort overflow below concerns top-k > 128 only; an infinite maximum is left to the chain.
+        if (!std::isfinite(pool[0].logit) || (topK > 128 && pool[0].logit >= 3.0e8f)) return false;
+        sorted.resize(pool.size());
+        for (size_t i = 0; i < pool.size(); i++) sorted[i] = pool[i].logit;
+        const auto id = [&](size_t s, float) { return pool[s].id; };
+        return replayChain(sampler, sorted.data(), sorted.size(), n, sorted.back(), false, id, token) == Attempt::Sampled;
+    }
     float maxv;
     bool nan;
     scanMax(values, n, maxv, nan);
     if (nan || !std::isfinite(maxv)) return false;
     // llama.cpp's bucket sort (top-k above 128 candidates) puts a value whose bucket index overflows an int (above
     // ~3.3e8, only reachable with a huge bias) into the LOWEST bucket: that chain's order is not a sort, so leave it.
-    const int32_t topK = sampler->topKSampler_topK <= 0 ? n : std::min(sampler->topKSampler_topK, n);
     if (topK > 128 && maxv >= 3.0e8f) return false;
-    auto& pool = scratch.pool;
-    auto& sorted = scratch.sorted;
-    // 1. A small top-k: its k + 1 largest values (the one after the cut shows a tie across it) are all the chain uses.
-    if ((size_t)topK + 1 <= 4096 && topK + 1 < n / 4) {
-        if (!selectTop(values, n, (size_t)topK + 1, pool)) return false;
-        sorted.resize(pool.size());
-        for (size_t i = 0; i < pool.size(); i++) sorted[i] = pool[i].logit;
-        const auto id = [&](size_t s, float) { return pool[s].id; };
-        return replayChain(sampler, sorted.data(), sorted.size(), n, sorted.back(), false, id, token) == Attempt::Sampled;
-    }
     // 2. Otherwise the candidates ≥ t, where t starts at what the stage that ends the chain's array needs in the
     //    common case (top-p's float sum saturates ~17 below the max; min-p cuts at log(p) below it; the draw's double
     //    sum ~37 temperatures below it), lowered once when that does not suffice.

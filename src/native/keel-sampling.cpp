@@ -35,6 +35,8 @@
 
 /** keel-fused-sampling.cpp: the chain's pick for a sampled (temperature > 0) sampler without the full candidate array. */
 bool keelSampleFused(const float* logits, int32_t n, AddonSampler* sampler, llama_token& token);
+/** keel-fused-sampling.cpp: the first index of the row's maximum (SSE2); false when the row holds a NaN. */
+bool keelFirstMax(const float* values, int32_t n, int32_t& index);
 /** keel-sampling-pool.cpp: fn(0..jobs-1) over the calling thread and up to threads-1 pool threads. */
 void keelParallelFor(unsigned threads, size_t jobs, const std::function<void(size_t)>& fn);
 
@@ -73,8 +75,14 @@ bool sampleGreedyFast(const float* logits, int32_t n, AddonSampler* sampler, lla
         }
         values = biased.data();
     }
-    // The chain's greedy compares each candidate with the selected one's logit; keeping that logit in a register is
-    // the same comparison (strict: the first maximum wins; a NaN never wins, and a NaN first stays selected).
+    // The chain's greedy compares each candidate with the selected one's logit: the first strict maximum wins. Without
+    // NaN that is the first index holding the maximum (found vectorized); with one, the scalar scan below (a NaN never
+    // wins, and a NaN first stays selected).
+    int32_t first;
+    if (keelFirstMax(values, n, first)) {
+        token = first;
+        return true;
+    }
     int32_t selected = 0;
     float best = values[0];
     for (int32_t i = 1; i < n; i++) {
