@@ -24,10 +24,10 @@ export async function benchModel() {
   return arg("model", null) ?? (await ensureDefaultModel());
 }
 
-/** A LlamaAdapter on `modelPath` with `sequences` slots of `contextSize` tokens each. */
-export async function openAdapter(modelPath, { sequences, contextSize, batchSize = 256, gpu = "cpu" }) {
+/** A LlamaAdapter on `modelPath` with `sequences` slots of `contextSize` tokens each (`threads`: ggml's and sampleMany's). */
+export async function openAdapter(modelPath, { sequences, contextSize, batchSize = 256, gpu = "cpu", threads = 1 }) {
   const { LlamaAdapter } = await import(path.join(ROOT, "dist/engine/llama/adapter.js"));
-  return LlamaAdapter.open({ modelPath, sequences, contextSize, batchSize, threads: 1, flashAttention: false, kvCacheType: "f16", gpu });
+  return LlamaAdapter.open({ modelPath, sequences, contextSize, batchSize, threads, flashAttention: false, kvCacheType: "f16", gpu });
 }
 
 /** Call `onLine` with every complete line `stream` emits (a child process's stdout or stderr). */

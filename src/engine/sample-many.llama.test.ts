@@ -119,8 +119,8 @@ describe("LlamaAdapter.sampleMany (Keel's addon) equals sequential sample()", ()
     expect(many[1]).not.toEqual(greedy1);
   });
 
-  it("greedy samplers (with or without a bias) take the fast path without the candidate array; the others the chain", async () => {
-    const counts = (): { fast: number; chain: number } => (adapter as unknown as { llama: { _bindings: { keelSamplingCounts(): { fast: number; chain: number } } } }).llama._bindings.keelSamplingCounts();
+  it("greedy samplers (with or without a bias) take the fast path, sampled ones the fused path, greedy with a penalty the chain", async () => {
+    const counts = (): { fast: number; fused: number; chain: number } => (adapter as unknown as { llama: { _bindings: { keelSamplingCounts(): { fast: number; fused: number; chain: number } } } }).llama._bindings.keelSamplingCounts();
     const greedyToks = (await runTwins([() => base], [PROMPTS[2]!])).many[0]!;
     const before = counts();
     // A bias that bans greedy's own second pick, and one that lifts a token greedy never picks to the top.
@@ -132,11 +132,13 @@ describe("LlamaAdapter.sampleMany (Keel's addon) equals sequential sample()", ()
     const mid = counts();
     expect(mid.fast - before.fast).toBe(3 * STEPS);
     expect(mid.chain - before.chain).toBe(0);
+    expect(mid.fused - before.fused).toBe(0);
     const chainPlans: Plan[] = [() => ({ ...base, repetitionPenalty: 1.5 }), (step) => ({ ...base, temperature: 0.8, seed: 9 + step })];
     const chain = await runTwins(chainPlans, [PROMPTS[0]!, PROMPTS[1]!]);
     expect(chain.many).toEqual(chain.single);
     const after = counts();
-    expect(after.chain - mid.chain).toBe(2 * STEPS);
+    expect(after.chain - mid.chain).toBe(STEPS);
+    expect(after.fused - mid.fused).toBe(STEPS);
     expect(after.fast - mid.fast).toBe(0);
   });
 

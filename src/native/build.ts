@@ -28,7 +28,7 @@ export const ADDON_FILE = "llama-addon.node";
 
 /** Keel's native sources: `<repo>/src/native` whether this module runs from src/ (tests) or dist/ (built). */
 export const NATIVE_SOURCE_DIR = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..", "..", "src", "native");
-const OUR_SOURCES = ["keel-sampling.cpp", "register.patch"] as const;
+const OUR_SOURCES = ["keel-sampling.cpp", "keel-fused-sampling.cpp", "keel-sampling-pool.cpp", "register.patch"] as const;
 
 /** A build is not possible here (no compiler, no headers, a binary directory it cannot link against). */
 export class NativeBuildError extends Error {
@@ -378,7 +378,7 @@ export async function buildNativeAddon(opts: NativeBuildOptions): Promise<Native
   try {
     const src = path.join(tmp, "addon");
     fs.cpSync(path.join(nodeLlamaCppDir(), "llama", "addon"), src, { recursive: true });
-    fs.copyFileSync(path.join(NATIVE_SOURCE_DIR, "keel-sampling.cpp"), path.join(src, "keel-sampling.cpp"));
+    for (const f of OUR_SOURCES) if (f.endsWith(".cpp")) fs.copyFileSync(path.join(NATIVE_SOURCE_DIR, f), path.join(src, f));
     applyPatch(src, fs.readFileSync(path.join(NATIVE_SOURCE_DIR, "register.patch"), "utf8"));
     const sources = listFiles(src).filter((f) => f.endsWith(".cpp"));
     const flags = [

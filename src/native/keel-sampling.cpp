@@ -2,19 +2,29 @@
 //
 // Why: node-llama-cpp's `AddonContext.sampleToken` is an AsyncWorker, so each sequence of each step costs a libuv
 // worker hop plus an event-loop wake-up, and the calls must run one after another (llama.cpp's lazy output reorder
-// is not thread-safe). The engine's main thread is idle while it samples anyway, so here the whole step is sampled
-// on that thread, in order, with the same per-item steps as a plain (no probabilities) sampleToken: rebuild the
-// sampler's chain if its config changed, sample at the item's batch logit index, take the selected id (or -1 when
-// nothing was selected), and let the sampler accept it (penalty history, grammar state).
+// is not thread-safe). Here the whole step is sampled in one call, with the same per-item steps as a plain (no
+// probabilities) sampleToken: rebuild the sampler's chain if its config changed, sample at the item's batch logit
+// index, take the selected id (or -1 when nothing was selected), and let the sampler accept it (penalty history,
+// grammar state). Greedy items take a fast path and sampled ones Keel's fused path (keel-fused-sampling.cpp), both
+// exact replays of the chain without its full-vocabulary candidate array; those two paths touch no llama_context, so
+// they run on a few threads (keel-sampling-pool.cpp) once the rows are resolved on the calling thread. The chain
+// itself (and any sampler with a grammar) runs on the calling thread, in order.
 //
 // JS signature (registered on the addon's exports by src/native/register.patch):
-//   keelSampleTokens(context: AddonContext, logitIndices: Int32Array, samplers: AddonSampler[], out: Int32Array)
+//   keelSampleTokens(context: AddonContext, logitIndices: Int32Array, samplers: AddonSampler[], out: Int32Array,
+//                    threads?: number)
 //     → undefined when every item succeeded, else an Array whose entry i is the error message of failed item i
-//       (out[i] is then KEEL_SAMPLE_ERROR); other items are unaffected.
-// Only public members of node-llama-cpp's classes are used (AddonContext::ctx, AddonSampler::rebuildChainIfNeeded /
-// sample / acceptToken); the file is compiled into a Keel-built copy of node-llama-cpp's addon (scripts/build-native.mjs).
+//       (out[i] is then KEEL_SAMPLE_ERROR); other items are unaffected. `threads` (default 1): the most threads
+//       (the calling one included) that sample the step; the items of one sampler are always sampled in order.
+// Only public members of node-llama-cpp's classes are used (AddonContext::ctx, AddonSampler's fields and
+// rebuildChainIfNeeded / sample / acceptToken); the files are compiled into a Keel-built copy of node-llama-cpp's
+// addon (scripts/build-native.mjs).
+#include <algorithm>
+#include <atomic>
 #include <exception>
+#include <functional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "napi.h"
@@ -23,6 +33,13 @@
 #include "AddonSampler.h"
 #include "AddonGrammarEvaluationState.h"
 
+/** keel-fused-sampling.cpp: the chain's pick for a sampled (temperature > 0) sampler without the full candidate array. */
+bool keelSampleFused(const float* logits, int32_t n, AddonSampler* sampler, llama_token& token);
+/** keel-fused-sampling.cpp: the first index of the row's maximum (SSE2); false when the row holds a NaN. */
+bool keelFirstMax(const float* values, int32_t n, int32_t& index);
+/** keel-sampling-pool.cpp: fn(0..jobs-1) over the calling thread and up to threads-1 pool threads. */
+void keelParallelFor(unsigned threads, size_t jobs, const std::function<void(size_t)>& fn);
+
 namespace {
 
 /** out[i] of an item whose sampling threw (its message is in the returned array). */
@@ -30,9 +47,12 @@ constexpr int32_t KEEL_SAMPLE_ERROR = -2;
 /** out[i] of an item where the chain selected nothing (what sampleToken reports as -1). */
 constexpr int32_t KEEL_SAMPLE_NONE = -1;
 
-/** Items sampled by the greedy fast path and by the sampler's chain since the addon loaded (keelSamplingCounts). */
-uint64_t fastSamples = 0;
-uint64_t chainSamples = 0;
+/** Items sampled by the greedy fast path, the fused path and the sampler's chain since the addon loaded (keelSamplingCounts). */
+std::atomic<uint64_t> fastSamples{0};
+std::atomic<uint64_t> fusedSamples{0};
+std::atomic<uint64_t> chainSamples{0};
+/** Whether sampled items try the fused path (keelSamplingOptions({ fused }); off only for A/B measurements and tests). */
+bool fusedEnabled = true;
 
 /**
  * Greedy without the candidate array: for a sampler whose chain is [logit bias] + greedy (temperature 0, no
@@ -40,17 +60,12 @@ uint64_t chainSamples = 0;
  * of logits + biases. The chain would first copy the whole vocabulary into (id, logit, p) candidates — per sequence
  * per step the largest part of sampling (31 % of a 64-stream step on the H200). Same arithmetic as the chain: biases
  * added in the sampler's order to the token's logit, then the first strict maximum from index 0. False when the
- * sampler or the context is not of that shape (the caller uses the chain).
+ * sampler is not of that shape or there is no row (the caller uses the chain). Touches no llama_context.
  */
-bool sampleGreedyFast(AddonContext* context, AddonSampler* sampler, int32_t batchLogitIndex, llama_token& token) {
+bool sampleGreedyFast(const float* logits, int32_t n, AddonSampler* sampler, llama_token& token) {
     if (sampler->greedySampler == nullptr || sampler->repeatPenaltySampler != nullptr || sampler->dryRepeatPenaltySampler != nullptr || sampler->xtcSampler != nullptr) return false;
     if (sampler->grammarEvaluationState != nullptr && sampler->grammarEvaluationState->sampler != nullptr) return false;
-    // Backend sampling (llama.cpp's sampled candidates) gives the chain other candidates than the raw logits.
-    if (llama_get_sampled_probs_ith(context->ctx, batchLogitIndex) != nullptr || llama_get_sampled_logits_ith(context->ctx, batchLogitIndex) != nullptr) return false;
-    const float* logits = llama_get_logits_ith(context->ctx, batchLogitIndex);
-    if (logits == nullptr) return false;
-    const int32_t n = llama_vocab_n_tokens(llama_model_get_vocab(llama_get_model(context->ctx)));
-    if (n <= 0) return false;
+    if (logits == nullptr || n <= 0) return false;
     const float* values = logits;
     static thread_local std::vector<float> biased;
     if (sampler->tokenBiasSampler != nullptr && !sampler->tokenBiasSampler_biases.empty()) {
@@ -60,8 +75,14 @@ bool sampleGreedyFast(AddonContext* context, AddonSampler* sampler, int32_t batc
         }
         values = biased.data();
     }
-    // The chain's greedy compares each candidate with the selected one's logit; keeping that logit in a register is
-    // the same comparison (strict: the first maximum wins; a NaN never wins, and a NaN first stays selected).
+    // The chain's greedy compares each candidate with the selected one's logit: the first strict maximum wins. Without
+    // NaN that is the first index holding the maximum (found vectorized); with one, the scalar scan below (a NaN never
+    // wins, and a NaN first stays selected).
+    int32_t first;
+    if (keelFirstMax(values, n, first)) {
+        token = first;
+        return true;
+    }
     int32_t selected = 0;
     float best = values[0];
     for (int32_t i = 1; i < n; i++) {
@@ -74,17 +95,43 @@ bool sampleGreedyFast(AddonContext* context, AddonSampler* sampler, int32_t batc
     return true;
 }
 
-/** Samples one item; returns the token id or KEEL_SAMPLE_NONE, throws on a sampler or accept failure. */
-int32_t sampleOne(AddonContext* context, AddonSampler* sampler, int32_t batchLogitIndex) {
+/**
+ * One item by the greedy fast path or the fused path, without the chain: true with the token (or KEEL_SAMPLE_NONE)
+ * when one applied, false when the item needs the chain (nothing drawn, nothing accepted). Safe on a sampling thread
+ * (per-sampler state only; the row was resolved on the engine's thread). Throws when accepting the token fails.
+ */
+bool sampleWithoutChain(const float* logits, int32_t n, AddonSampler* sampler, int32_t& out) {
+    llama_token token;
+    if (sampleGreedyFast(logits, n, sampler, token)) {
+        fastSamples.fetch_add(1, std::memory_order_relaxed);
+    } else if (fusedEnabled && keelSampleFused(logits, n, sampler, token)) {
+        fusedSamples.fetch_add(1, std::memory_order_relaxed);
+        if (token < 0) {
+            out = KEEL_SAMPLE_NONE;
+            return true;
+        }
+    } else {
+        return false;
+    }
+    sampler->acceptToken(token);  // no grammar on these paths: only the penalty window moves on, as after the chain
+    out = token;
+    return true;
+}
+
+/** The row of a batch logit index for the paths without the chain; null when backend sampling replaced it. */
+const float* rowOf(llama_context* ctx, int32_t batchLogitIndex) {
+    // Backend sampling (llama.cpp's sampled candidates) gives the chain other candidates than the raw logits.
+    if (llama_get_sampled_probs_ith(ctx, batchLogitIndex) != nullptr || llama_get_sampled_logits_ith(ctx, batchLogitIndex) != nullptr) return nullptr;
+    return llama_get_logits_ith(ctx, batchLogitIndex);
+}
+
+/** Samples one item on the engine's thread, the chain when needed; returns the token id or KEEL_SAMPLE_NONE, throws on failure. */
+int32_t sampleOne(AddonContext* context, AddonSampler* sampler, int32_t batchLogitIndex, int32_t n) {
     // 1. A disposed sampler throws here ("Sampler is disposed"), before touching the logits.
     sampler->rebuildChainIfNeeded();
-    llama_token fast;
-    if (sampleGreedyFast(context, sampler, batchLogitIndex, fast)) {
-        fastSamples++;
-        sampler->acceptToken(fast);  // no penalty and no grammar here: keeps the sampler's bookkeeping as the chain path
-        return fast;
-    }
-    chainSamples++;
+    int32_t quick;
+    if (sampleWithoutChain(rowOf(context->ctx, batchLogitIndex), n, sampler, quick)) return quick;
+    chainSamples.fetch_add(1, std::memory_order_relaxed);
     // 2. The sampler copies the logits of this batch index into its own candidate array and applies its chain.
     llama_token_data_array candidates;
     sampler->sample(context->ctx, batchLogitIndex, candidates, false);
@@ -101,10 +148,13 @@ int32_t sampleOne(AddonContext* context, AddonSampler* sampler, int32_t batchLog
     return token;
 }
 
+/** Where an item of a step stands while keelSampleTokens runs. */
+enum class ItemState : uint8_t { Pending, Done, Failed };
+
 Napi::Value keelSampleTokens(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
     if (info.Length() < 4 || !info[0].IsObject() || !info[1].IsTypedArray() || !info[2].IsArray() || !info[3].IsTypedArray()) {
-        throw Napi::TypeError::New(env, "keelSampleTokens(context, logitIndices: Int32Array, samplers: AddonSampler[], out: Int32Array)");
+        throw Napi::TypeError::New(env, "keelSampleTokens(context, logitIndices: Int32Array, samplers: AddonSampler[], out: Int32Array, threads?: number)");
     }
     AddonContext* context = Napi::ObjectWrap<AddonContext>::Unwrap(info[0].As<Napi::Object>());
     Napi::TypedArray indicesArray = info[1].As<Napi::TypedArray>();
@@ -122,6 +172,7 @@ Napi::Value keelSampleTokens(const Napi::CallbackInfo& info) {
     if (context == nullptr || context->disposed || context->ctx == nullptr) {
         throw Napi::Error::New(env, "keelSampleTokens: the context is disposed");
     }
+    const unsigned threads = info.Length() >= 5 && info[4].IsNumber() ? std::max(1, std::min(64, info[4].As<Napi::Number>().Int32Value())) : 1;
 
     // Unwrap every sampler first (a JS-level type error refuses the whole call before anything is sampled).
     std::vector<AddonSampler*> samplers(count);
@@ -134,27 +185,81 @@ Napi::Value keelSampleTokens(const Napi::CallbackInfo& info) {
     }
 
     // Per-item failures are collected, not thrown: the other items of the step keep their tokens.
-    std::vector<std::pair<size_t, std::string>> failures;
+    std::vector<ItemState> state(count, ItemState::Pending);
+    std::vector<std::string> errors(count);
+    std::vector<int32_t> tokens(count, KEEL_SAMPLE_NONE);
+    std::vector<const float*> rows(count, nullptr);
+    const int32_t n = llama_vocab_n_tokens(llama_model_get_vocab(llama_get_model(context->ctx)));
     const bool hasLogits = llama_get_logits(context->ctx) != nullptr;
+    auto fail = [&](size_t i, std::string message) {
+        state[i] = ItemState::Failed;
+        errors[i] = std::move(message);
+    };
+    // 1. On this thread: everything that touches the context or JS-visible state — the chains (a disposed sampler
+    //    throws), the rows (llama.cpp's lazy output reorder and synchronize are not thread-safe).
     for (size_t i = 0; i < count; i++) {
         if (!hasLogits) {
-            out[i] = KEEL_SAMPLE_ERROR;
-            failures.emplace_back(i, "This model does not support token generation");
+            fail(i, "This model does not support token generation");
             continue;
         }
         try {
-            out[i] = sampleOne(context, samplers[i], indices[i]);
+            samplers[i]->rebuildChainIfNeeded();
+            rows[i] = rowOf(context->ctx, indices[i]);
         } catch (const std::exception& e) {
-            out[i] = KEEL_SAMPLE_ERROR;
-            failures.emplace_back(i, e.what());
-        } catch (...) {
-            out[i] = KEEL_SAMPLE_ERROR;
-            failures.emplace_back(i, "Unknown error while sampling");
+            fail(i, e.what());
         }
     }
-    if (failures.empty()) return env.Undefined();
+    // 2. On the sampling threads: the greedy and fused paths, one job per sampler (its items in order, since each
+    //    sample moves its penalty window and RNG on). A sampler under a grammar stays on this thread (step 3), and so
+    //    does the rest of a job from its first item that needs the chain.
+    std::vector<std::vector<size_t>> jobs;
+    {
+        std::unordered_map<AddonSampler*, size_t> jobOf;
+        for (size_t i = 0; i < count; i++) {
+            AddonSampler* s = samplers[i];
+            if (state[i] != ItemState::Pending || (s->grammarEvaluationState != nullptr && s->grammarEvaluationState->sampler != nullptr)) continue;
+            auto found = jobOf.emplace(s, jobs.size());
+            if (found.second) jobs.emplace_back();
+            jobs[found.first->second].push_back(i);
+        }
+    }
+    // Waking a thread costs about as much as sampling a small vocabulary once: at least two jobs per thread.
+    const unsigned useThreads = static_cast<unsigned>(std::min<size_t>(threads, std::max<size_t>(1, jobs.size() / 2)));
+    keelParallelFor(useThreads, jobs.size(), [&](size_t j) {
+        for (size_t i : jobs[j]) {
+            if (state[i] != ItemState::Pending) continue;
+            try {
+                if (!sampleWithoutChain(rows[i], n, samplers[i], tokens[i])) return;  // the chain, on this thread, from here
+                state[i] = ItemState::Done;
+            } catch (const std::exception& e) {
+                fail(i, std::string("Failed to accept token in sampler: ") + e.what());
+            } catch (...) {
+                fail(i, "Unknown error while sampling");
+            }
+        }
+    });
+    // 3. On this thread, in order: what is left (grammar samplers, items that need the chain).
+    for (size_t i = 0; i < count; i++) {
+        if (state[i] != ItemState::Pending) continue;
+        try {
+            tokens[i] = sampleOne(context, samplers[i], indices[i], n);
+            state[i] = ItemState::Done;
+        } catch (const std::exception& e) {
+            fail(i, e.what());
+        } catch (...) {
+            fail(i, "Unknown error while sampling");
+        }
+    }
+    bool failed = false;
+    for (size_t i = 0; i < count; i++) {
+        out[i] = state[i] == ItemState::Failed ? KEEL_SAMPLE_ERROR : tokens[i];
+        failed = failed || state[i] == ItemState::Failed;
+    }
+    if (!failed) return env.Undefined();
     Napi::Array messages = Napi::Array::New(env, count);
-    for (const auto& failure : failures) messages.Set(static_cast<uint32_t>(failure.first), Napi::String::New(env, failure.second));
+    for (size_t i = 0; i < count; i++) {
+        if (state[i] == ItemState::Failed) messages.Set(static_cast<uint32_t>(i), Napi::String::New(env, errors[i]));
+    }
     return messages;
 }
 
@@ -182,11 +287,27 @@ Napi::Value keelDecodeBatch(const Napi::CallbackInfo& info) {
     return env.Undefined();
 }
 
-/** keelSamplingCounts() → { fast, chain }: items each path sampled since load (tests check the fast path is taken). */
+/** keelSamplingCounts() → { fast, fused, chain }: items each path sampled since load (tests check which path is taken). */
 Napi::Value keelSamplingCounts(const Napi::CallbackInfo& info) {
     Napi::Object out = Napi::Object::New(info.Env());
-    out.Set("fast", Napi::Number::New(info.Env(), static_cast<double>(fastSamples)));
-    out.Set("chain", Napi::Number::New(info.Env(), static_cast<double>(chainSamples)));
+    out.Set("fast", Napi::Number::New(info.Env(), static_cast<double>(fastSamples.load())));
+    out.Set("fused", Napi::Number::New(info.Env(), static_cast<double>(fusedSamples.load())));
+    out.Set("chain", Napi::Number::New(info.Env(), static_cast<double>(chainSamples.load())));
+    return out;
+}
+
+/**
+ * keelSamplingOptions({ fused?: boolean }) → the options in force after the call. `fused: false` sends sampled items
+ * through node-llama-cpp's chain (what the fused path replays): for A/B benchmarks and the equality tests.
+ */
+Napi::Value keelSamplingOptions(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    if (info.Length() >= 1 && info[0].IsObject()) {
+        Napi::Object options = info[0].As<Napi::Object>();
+        if (options.Has("fused")) fusedEnabled = options.Get("fused").ToBoolean().Value();
+    }
+    Napi::Object out = Napi::Object::New(env);
+    out.Set("fused", Napi::Boolean::New(env, fusedEnabled));
     return out;
 }
 
@@ -197,4 +318,5 @@ void keelRegisterSampling(Napi::Object exports) {
     exports.Set("keelSampleTokens", Napi::Function::New(exports.Env(), keelSampleTokens, "keelSampleTokens"));
     exports.Set("keelDecodeBatch", Napi::Function::New(exports.Env(), keelDecodeBatch, "keelDecodeBatch"));
     exports.Set("keelSamplingCounts", Napi::Function::New(exports.Env(), keelSamplingCounts, "keelSamplingCounts"));
+    exports.Set("keelSamplingOptions", Napi::Function::New(exports.Env(), keelSamplingOptions, "keelSamplingOptions"));
 }

@@ -98,7 +98,7 @@ export class LlamaAdapter implements ModelBackend, GrammarBackend {
     this.vocab = new Vocabulary(native.model, this.vocabSize);
     this.eogTokens = this.vocab.eogTokens;
     this.grammars = new LlamaGrammars(native, (llama as unknown as { _bindings: unknown })._bindings, this.vocab, this.guard);
-    this.samplers = new LlamaSamplers(native, this.vocab, this.grammars, this.guard, options.contextSize);
+    this.samplers = new LlamaSamplers(native, this.vocab, this.grammars, this.guard, options.contextSize, options.threads);
     this.raw = new LlamaLogprobs(native, this.guard);
     this.kv = new LlamaKv(native.ctx, this.guard);
     const sampleTokens = native.sampleTokens;

@@ -41,9 +41,10 @@ export interface NativeModel {
 }
 /**
  * Keel's synchronous step sampler (src/native/keel-sampling.cpp), present only when Keel's addon is loaded: fills
- * `out[i]` with the token of item i (-1: nothing selected; -2: failed, its message at index i of the returned array).
+ * `out[i]` with the token of item i (-1: nothing selected; -2: failed, its message at index i of the returned array),
+ * on up to `threads` threads (default 1; the items of one sampler in order).
  */
-export type NativeSampleTokens = (context: NativeContext, logitIndices: Int32Array, samplers: NativeSampler[], out: Int32Array) => (string | undefined)[] | undefined;
+export type NativeSampleTokens = (context: NativeContext, logitIndices: Int32Array, samplers: NativeSampler[], out: Int32Array, threads?: number) => (string | undefined)[] | undefined;
 /** Keel's synchronous decode of the batch built with initBatch/addToBatch (throws decodeBatch's messages). */
 export type NativeDecodeSync = (context: NativeContext) => void;
 export interface Internals {

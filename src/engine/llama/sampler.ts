@@ -24,13 +24,18 @@ export class LlamaSamplers {
   /** Reused input/output arrays of {@link sampleMany}'s native call. */
   private scratch = { indices: new Int32Array(0), out: new Int32Array(0) };
 
-  /** @param contextSize capacity of one slot (the penalty window never slides below it). */
+  /**
+   * @param contextSize capacity of one slot (the penalty window never slides below it).
+   * @param threads the engine's CPU threads: {@link sampleMany} spreads a step's sequences over at most this many
+   *   (they are idle between decodes; on a GPU the decode does not use them at all).
+   */
   constructor(
     private readonly native: Internals,
     private readonly vocab: Vocabulary,
     private readonly grammars: LlamaGrammars,
     private readonly guard: NativeCallGuard,
     private readonly contextSize: number,
+    private readonly threads = 1,
   ) {}
 
   /**
@@ -128,8 +133,9 @@ export class LlamaSamplers {
 
   /**
    * Sample every item of the current step in ONE synchronous native call (Keel's addon, src/native/keel-sampling.cpp):
-   * per item exactly what {@link sample} does, in order, with the same bookkeeping (penalty mirror, grammar checks),
-   * without a libuv worker hop and an event-loop wake-up per sequence. A failing item (unknown or disposed sampler,
+   * per item exactly the token {@link sample} would give (each sampler's items in order; different sequences on up to
+   * `threads` native threads), with the same bookkeeping (penalty mirror, grammar checks), without a libuv worker hop
+   * and an event-loop wake-up per sequence. A failing item (unknown or disposed sampler,
    * nothing selected, a grammar rejection) is an Error in its place; the other items are unaffected. Only with
    * Keel's addon (`sampleTokens`); call between decodes, like {@link sample}.
    */
@@ -153,7 +159,7 @@ export class LlamaSamplers {
     const indices = this.scratch.indices.subarray(0, n);
     const out = this.scratch.out.subarray(0, n);
     for (let k = 0; k < n; k++) indices[k] = batch[positions[k]!]!.batchLogitIndex;
-    const messages = sampleTokens(this.native.ctx, indices, states.map((s) => s.native), out);
+    const messages = sampleTokens(this.native.ctx, indices, states.map((s) => s.native), out, this.threads);
     // 3. The same per-item bookkeeping as sample().
     for (let k = 0; k < n; k++) {
       const i = positions[k]!;
