@@ -41,6 +41,7 @@ export function parseEngineConfig(arg: string | undefined): EngineConfig {
   need("kvCacheType", (v) => v === "f16" || v === "f32" || v === "q8_0" || v === "q4_0");
   need("maxPromptLen", (v) => v === undefined || posInt(v));
   need("device", (v) => v === "cpu" || v === "auto" || v === "gpu");
+  need("promptLookup", (v) => v === undefined || typeof v === "boolean");
   // Fields of another engine are refused, never ignored: llama.cpp has no shared block pool (its KV is one partition
   // per sequence) and takes no raw OpenVINO properties (the CLI maps the plugin-config keys it understands).
   if (c.kvBlocks !== undefined) throw new Error(`EngineConfig.kvBlocks (--num_kv_blocks ${JSON.stringify(c.kvBlocks)}) is not supported by the llama.cpp engine: it has no shared KV block pool (size its KV with maxModelLen per sequence)`);

@@ -31,6 +31,11 @@ export interface EngineConfig {
    * backend: an engine that cannot load one exits with a message naming the device (never a silent CPU fallback).
    */
   device: "cpu" | "auto" | "gpu";
+  /**
+   * Prompt-lookup speculative decoding for every request that does not set `params.speculation` (`--prompt_lookup`),
+   * with OVMS's defaults (5 draft tokens, n-grams up to 3). Absent = off. The OpenVINO engine refuses it.
+   */
+  promptLookup?: boolean;
   /** 1 for the first engine process of a gateway, then 2, 3, … after restarts (fault injection keys on it). */
   generation?: number;
   /**
