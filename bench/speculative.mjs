@@ -139,6 +139,8 @@ async function startKeel(model) {
   const port = await freePort();
   const args = ["bin/keel.mjs", "serve", "--model_path", model, "--model_name", "bench", "--rest_port", String(port), "--rest_bind_address", "127.0.0.1", "--log_format", "json",
     "--max_num_seqs", "1", "--max_model_len", String(CTX), "--max_num_batched_tokens", "512", "--engine_threads", String(CFG.threads), "--flash_attention", "false",
+    // A shared CPU can take longer than the default 30 s for one 512-token prefill step: not a stall.
+    "--engine_stall_timeout", "600",
     ...(GPU ? ["--target_device", "GPU"] : []), ...CFG.keelArgs];
   return start("keel", process.execPath, args, port);
 }
