@@ -59,6 +59,9 @@ export function engineFlagProblems(engine: EngineName, f: ServeOptions, given: R
     if (f.num_kv_blocks !== undefined) {
       problems.push("--num_kv_blocks sets the OpenVINO engine's shared KV block pool; the llama.cpp engine has none (its KV is one partition per sequence: size it with --cache_size or --max_model_len), so it is refused with the llama.cpp engine (use --engine openvino)");
     }
+    if (f.prompt_lookup && f.deterministic) {
+      problems.push("--prompt_lookup true verifies draft tokens in multi-token batches whose numerics may differ from one-token steps; it contradicts --deterministic true");
+    }
     if (f.pluginOpenvinoOnlyKv !== undefined) {
       problems.push(`--plugin_config KV_CACHE_PRECISION ${JSON.stringify(f.pluginOpenvinoOnlyKv)} is an OpenVINO precision; the llama.cpp engine takes "u8" or "f16" (q8_0 or f16 KV cache)`);
     }
@@ -66,6 +69,9 @@ export function engineFlagProblems(engine: EngineName, f: ServeOptions, given: R
   }
   if (given.has("warmup") && f.warmup !== "auto") {
     problems.push("--warmup is a llama.cpp setting (it decodes every batch shape before ready); the OpenVINO engine compiles its model at load, so it is refused with --engine openvino");
+  }
+  if (f.prompt_lookup) {
+    problems.push("--prompt_lookup (or --plugin_config prompt_lookup) is applied by the llama.cpp engine only; the OpenVINO engine is started without prompt-lookup decoding, so it is refused with --engine openvino");
   }
   if (f.flash_attention && given.has("flash_attention")) {
     problems.push("--flash_attention is a llama.cpp setting; the OpenVINO engine chooses its attention kernels itself, so it is refused with --engine openvino");
@@ -132,6 +138,7 @@ export function engineBaseConfig(f: ServeOptions, modelPath: string, engine: Eng
     ...(f.dynamic_split_fuse === false ? { maxPromptLen: f.max_num_batched_tokens } : {}),
     device: f.target_device,
     ...(engine === "llama.cpp" ? { warmup: WARMUP_MODES[f.warmup] } : {}),
+    ...(f.prompt_lookup && engine === "llama.cpp" ? { promptLookup: true } : {}),
     ...openvinoConfigFields(engine, f),
   };
 }

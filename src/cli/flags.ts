@@ -129,6 +129,7 @@ export function parseServeCommand(argv: string[], host: HostCpus = hostCpus()): 
     if (plugin.kvCachePrecision !== undefined) options.kv_cache_precision = plugin.kvCachePrecision;
     if (plugin.threads !== undefined) options.engine_threads = plugin.threads;
     if (plugin.cacheDir !== undefined) options.cache_dir = plugin.cacheDir;
+    if (plugin.promptLookup !== undefined) options.prompt_lookup = plugin.promptLookup;
     if (plugin.raw !== undefined) options.pluginConfig = plugin.raw;
     if (plugin.openvinoOnlyKv !== undefined) options.pluginOpenvinoOnlyKv = plugin.openvinoOnlyKv;
   }

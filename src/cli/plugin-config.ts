@@ -12,6 +12,8 @@ export interface PluginSettings {
   kvCachePrecision?: "f16" | "u8";
   /** INFERENCE_NUM_THREADS → engine threads. */
   threads?: number;
+  /** `prompt_lookup` (OVMS's LLM extra) → the --prompt_lookup switch. */
+  promptLookup?: boolean;
   /** CACHE_DIR → the cache directory (as --cache_dir). */
   cacheDir?: string;
   /**
@@ -32,6 +34,7 @@ const FLAG_OF_KEY: Record<string, string> = {
   CACHE_DIR: "cache_dir",
   MAX_PROMPT_LEN: "max_prompt_len",
   MODEL_DISTRIBUTION_POLICY: "model_distribution_policy",
+  prompt_lookup: "prompt_lookup",
 };
 
 /** OpenVINO properties that only tune OpenVINO's own runtime: no llama.cpp meaning, warned. */
@@ -86,6 +89,12 @@ export function parsePluginConfig(raw: string, flagsGiven: ReadonlySet<string>):
         else out.notes.push({ level: "info", msg: "--plugin_config ENABLE_CPU_PINNING false: as Keel always runs, llama.cpp's threads are not pinned to cores (the OS schedules them)", engine: "llama.cpp" });
         break;
       }
+      case "prompt_lookup": {
+        const on = asBool(value);
+        if (on === null) out.problems.push(`--plugin_config prompt_lookup must be true or false, got ${JSON.stringify(value)}`);
+        else out.promptLookup = on;
+        break;
+      }
       case "CACHE_DIR":
         if (typeof value === "string" && value !== "") out.cacheDir = value;
         else out.problems.push(`--plugin_config CACHE_DIR must be a directory path, got ${JSON.stringify(value)}`);
@@ -100,7 +109,7 @@ export function parsePluginConfig(raw: string, flagsGiven: ReadonlySet<string>):
           level: "warn",
           msg: OPENVINO_ONLY.has(key)
             ? `--plugin_config ${key} is an OpenVINO runtime property with no llama.cpp equivalent; not applied`
-            : `--plugin_config ${key} is not a property Keel knows; not applied (known: KV_CACHE_PRECISION, INFERENCE_NUM_THREADS, ENABLE_CPU_PINNING, CACHE_DIR)`,
+            : `--plugin_config ${key} is not a property Keel knows; not applied (known: KV_CACHE_PRECISION, INFERENCE_NUM_THREADS, ENABLE_CPU_PINNING, CACHE_DIR, prompt_lookup)`,
         });
     }
   }

@@ -11,6 +11,7 @@ import type { GuideState } from "./guides/guide-state.js";
 import { samplerConfig, tokenSeed, type RequestState } from "./request-state.js";
 import { SamplingState } from "./sampling-state.js";
 import type { Scheduler } from "./scheduler.js";
+import type { NgramSettings } from "./speculation/ngram.js";
 
 /** Why an add was refused (the request never became live). */
 export interface AddRefused {
@@ -26,6 +27,8 @@ export interface AdmissionContext {
   maxTopLogprobs: number;
   /** Whether guides are applied (capabilities.grammars). */
   grammars: boolean;
+  /** Prompt-lookup settings of a request that sets none (`--prompt_lookup`), or null when off by default. */
+  promptLookup?: NgramSettings | null;
 }
 
 /** Make `cmd` a live request (queued in the scheduler), or say why not. */
@@ -81,6 +84,7 @@ export function admitAdd(cmd: AddMessage, ctx: AdmissionContext): RequestState |
     ignoreEos: cmd.params.ignoreEos,
     ...(sampling.stopTokens.size > 0 ? { stopTokens: sampling.stopTokens } : {}),
     ...(sampling.minTokens > 0 ? { minTokens: sampling.minTokens } : {}),
+    speculation: speculationOf(cmd, ctx),
   });
   if (refusal) {
     sampler.dispose();
@@ -90,6 +94,20 @@ export function admitAdd(cmd: AddMessage, ctx: AdmissionContext): RequestState |
   // Re-prime the decoder with resumed tokens so a character split across the resume point completes.
   for (const t of generated) if (!backend.isEndOfGeneration(t)) decoder.decode(backend.bytesOf(t), { stream: true });
   return { params: cmd.params, sampler, decoder, sampling, guide, configured: null, guideBias: null };
+}
+
+/**
+ * The request's prompt-lookup settings when speculation can run for it, else null: its own (`numAssistantTokens` 0
+ * turns it off), else the server's default. It is an optimisation that never changes the output, so it is left off
+ * (not refused) where it could not stay exact or cheap: a guided request (its grammar state moves one token at a
+ * time), log probabilities (read per sampled position), and memory that cannot drop rejected drafts (recurrent
+ * state, a backend without partial trims).
+ */
+export function speculationOf(cmd: AddMessage, { backend, scheduler, promptLookup }: AdmissionContext): NgramSettings | null {
+  const spec = cmd.params.speculation ?? promptLookup ?? null;
+  if (!spec || spec.numAssistantTokens < 1 || cmd.params.guide || cmd.params.logprobs != null) return null;
+  if (!backend.trimSequence || backend.canRollBack === false || scheduler.config.partialTrim === false) return null;
+  return spec;
 }
 
 /** True for a refusal (a live request has a sampler). */

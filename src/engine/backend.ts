@@ -18,6 +18,12 @@ export interface DecodeItem {
   tokens: number[];
   /** True when the last token's logits are needed (a decode, or the final prefill chunk). */
   wantsLogits: boolean;
+  /**
+   * Draft tokens at the end of `tokens` (prompt-lookup speculation; absent = 0): logits are wanted at each of the
+   * last drafts + 1 positions. `decode` then returns the logit index of the first of them; the others follow it
+   * consecutively (index + j for position j).
+   */
+  drafts?: number;
 }
 
 /**
@@ -137,7 +143,8 @@ export interface ModelBackend extends Partial<GrammarBackend> {
   createSampler(cfg: SamplerConfig, history?: readonly number[]): SamplerHandle;
   /**
    * Decode one batch of step `step` (the loop's step counter + 1; a retried or bisected batch keeps its step);
-   * returns the batch logit index per item (-1 without logits). @throws when the batch cannot be decoded.
+   * returns the batch logit index per item (-1 without logits; the first of its run for a drafted item).
+   * @throws when the batch cannot be decoded.
    */
   decode(items: DecodeItem[], step: number): Promise<number[]>;
   /** Sample the next token at a batch logit index (sequentially, never in parallel). */

@@ -10,6 +10,12 @@ import { configureGuided, prepareGuide } from "./guides/guided-sampler.js";
 import type { GuideSampling } from "./guides/guide-state.js";
 import { configureUnguided, tokenSeed, type RequestState } from "./request-state.js";
 import type { BatchItem } from "./scheduler.js";
+import { acceptsDraft, verifyDrafts } from "./speculation/verify.js";
+
+/** Position of the token an item's first logits predict: after its last token, or after its pending token when drafted. */
+function firstSampledPosition(it: BatchItem): number {
+  return it.pos + it.tokens.length - (it.drafts ?? 0);
+}
 
 /** A token sampled for a request, with its log probabilities when the request asked for them. */
 export interface SampledToken {
@@ -22,7 +28,10 @@ export interface SampledToken {
 
 /** What executing a batch produced. */
 export interface Executed {
-  /** One token per sampled item, in batch order. */
+  /**
+   * One token per sampled item, in batch order, then the further tokens of drafted items (in order per request);
+   * each is already recorded in its request's sampling state.
+   */
   sampled: SampledToken[];
   /** Items whose tokens are now in the KV (their requests advance). */
   decoded: BatchItem[];
@@ -96,7 +105,8 @@ export class BatchExecutor {
     const decoded: BatchItem[] = [];
     const failed: { item: BatchItem; message: string }[] = [];
     const batched = this.sampleUnguidedTogether(items, logitIdx);
-    // In batch order: finish the batched ones, sample the rest one call each.
+    const verifying: { item: BatchItem; st: RequestState; firstLogit: number }[] = [];
+    // 1. In batch order: finish the batched ones, sample the rest one call each.
     for (let i = 0; i < items.length; i++) {
       const it = items[i]!;
       const st = this.requests.get(it.id);
@@ -105,12 +115,17 @@ export class BatchExecutor {
         continue;
       }
       try {
-        sampled.push(await this.sampleOne(it, st, logitIdx[i]!, batched.get(i)));
+        const s = await this.sampleOne(it, st, logitIdx[i]!, batched.get(i));
+        st.sampling.accept(s.token);
+        sampled.push(s);
         decoded.push(it);
+        if (acceptsDraft(this.backend, st, it, 1, s.token)) verifying.push({ item: it, st, firstLogit: logitIdx[i]! });
       } catch (err) {
         failed.push({ item: it, message: (err as Error).message });
       }
     }
+    // 2. Drafted items whose first sample matched their draft sample their next positions (speculation/verify.ts).
+    await verifyDrafts(this.backend, verifying, (item, token) => sampled.push({ id: item.id, token }));
     return { sampled, decoded, failed };
   }
 
@@ -127,7 +142,7 @@ export class BatchExecutor {
       const st = this.requests.get(it.id);
       if (!it.wantsLogits || !st || st.guide) continue;
       try {
-        configureUnguided(st, tokenSeed(st.params.seed, it.pos + it.tokens.length));
+        configureUnguided(st, tokenSeed(st.params.seed, firstSampledPosition(it)));
         picks.push(i);
       } catch (err) {
         batched.set(i, err as Error);
@@ -147,7 +162,7 @@ export class BatchExecutor {
   /** The token of one item: sampled together already (`pre`), or sampled now (guided: the guide decides first). */
   private async sampleOne(it: BatchItem, st: RequestState, logitIndex: number, pre: number | Error | undefined): Promise<SampledToken> {
     if (pre instanceof Error) throw pre;
-    const seed = tokenSeed(st.params.seed, it.pos + it.tokens.length);
+    const seed = tokenSeed(st.params.seed, firstSampledPosition(it));
     let guided: GuideSampling | null = null;
     if (pre === undefined) {
       if (st.guide) {

@@ -19,6 +19,7 @@ import { LlamaAdapter, NoGpuBackendError } from "./llama/adapter.js";
 import { parseEngineConfig, toAdapterOptions } from "./start-config.js";
 import { StepLoop } from "./step-loop.js";
 import { shouldWarmUp, warmUp, WARMUP_BUDGET_MS } from "./warmup.js";
+import { DEFAULT_MAX_NGRAM_SIZE, DEFAULT_NUM_ASSISTANT_TOKENS } from "./speculation/ngram.js";
 
 function logLine(level: string, msg: string, extra: Record<string, unknown> = {}): void {
   process.stderr.write(JSON.stringify({ level, time: Date.now(), component: "engine", pid: process.pid, msg, ...extra }) + "\n");
@@ -106,7 +107,10 @@ async function main(): Promise<void> {
       ...(config.maxPromptLen !== undefined ? { maxPromptLen: config.maxPromptLen } : {}),
     },
     send,
-    { onInvariantViolation: (v) => logLine("error", "scheduler invariant violated", { violations: v }) },
+    {
+      onInvariantViolation: (v) => logLine("error", "scheduler invariant violated", { violations: v }),
+      promptLookup: config.promptLookup ? { numAssistantTokens: DEFAULT_NUM_ASSISTANT_TOKENS, maxNgramSize: DEFAULT_MAX_NGRAM_SIZE } : null,
+    },
   );
 
   const decoder = new FrameDecoder();
@@ -151,7 +155,7 @@ async function main(): Promise<void> {
     // Truthful: resume is exact (per-position seeds, penalty state from ids; docs/protocol.md §6.3–6.4), raw
     // logprobs up to loop.maxTopLogprobs, the whole sampling set, guides (GBNF; resumed guides replay exactly);
     // no shared prefill (prefix cache only).
-    capabilities: { exactSeededResume: true, maxTopLogprobs: loop.maxTopLogprobs, extendedSampling: true, grammars: loop.grammars, sharedPrefill: false },
+    capabilities: { exactSeededResume: true, maxTopLogprobs: loop.maxTopLogprobs, extendedSampling: true, grammars: loop.grammars, sharedPrefill: false, promptLookup: true },
     backend,
     loadMs: Date.now() - startedAt,
     ...(warmupMs !== undefined ? { warmupMs } : {}),

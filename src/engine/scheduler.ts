@@ -16,6 +16,7 @@
  * chunk plan), stop.ts (the stop decision), invariants.ts.
  */
 import type { EngineErrorCode } from "../protocol/messages.js";
+import { draftRoom, draftsFor } from "./scheduler/drafts.js";
 import { findViolations, type SchedulerView } from "./scheduler/invariants.js";
 import { planPrefill } from "./scheduler/prefill-plan.js";
 import { chooseSlot, processedOf, slotOf, slotOfId, type SlotState } from "./scheduler/slots.js";
@@ -145,6 +146,7 @@ export class Scheduler {
       ignoreEos: req.ignoreEos,
       stopTokens: req.stopTokens ?? null,
       minTokens: req.minTokens ?? 0,
+      speculation: req.speculation ?? null,
     };
     this.queued.push(seq);
     this.live.set(req.id, seq);
@@ -191,6 +193,15 @@ export class Scheduler {
       plan.items.push({ id: s.id, slot, pos: processed, tokens: [s.tokens[processed]!], wantsLogits: true, kind: "decode" });
       budget -= 1;
     }
+    // 2b. Draft tokens (prompt lookup) from what is left, in admission order: they count against the step budget.
+    for (const it of plan.items) {
+      const s = this.live.get(it.id)!;
+      const drafts = draftsFor(s, draftRoom(s, budget, this.config.maxModelLen));
+      if (drafts.length === 0) continue;
+      it.tokens.push(...drafts);
+      it.drafts = drafts.length;
+      budget -= drafts.length;
+    }
     // 3. Prefill chunks from what is left (the chunk plan: scheduler/prefill-plan.ts).
     const prefilling = this.running.filter((s): s is Sequence & { status: { phase: "prefill" } } => s.status.phase === "prefill");
     const take = planPrefill(prefilling.map((s) => s.inputLength - s.status.processed), budget, this.config.maxNumBatchedTokens);
@@ -219,10 +230,13 @@ export class Scheduler {
    */
   commit(plan: StepPlan, sampled: Sampled[], isEndOfGeneration: (token: number) => boolean): Outcome {
     const out: Outcome = { finished: [], freedSlots: [] };
+    const emitted = new Map<string, number>();
+    for (const { id } of sampled) emitted.set(id, (emitted.get(id) ?? 0) + 1);
     for (const it of plan.items) {
       const s = this.live.get(it.id);
       if (!s || slotOf(s) !== it.slot) continue;
-      this.advance(s, it.pos + it.tokens.length);
+      // A drafted item keeps in its KV the pending token and the accepted drafts: one position per emitted token.
+      this.advance(s, it.pos + (it.drafts ? Math.min(emitted.get(it.id) ?? 1, it.tokens.length) : it.tokens.length));
     }
     for (const { id, token, guideEnd } of sampled) {
       const s = this.live.get(id);

@@ -42,6 +42,7 @@ export function parseEngineConfig(arg: string | undefined): EngineConfig {
   need("maxPromptLen", (v) => v === undefined || posInt(v));
   need("device", (v) => v === "cpu" || v === "auto" || v === "gpu");
   need("warmup", (v) => v === undefined || v === "auto" || v === "on" || v === "off");
+  need("promptLookup", (v) => v === undefined || typeof v === "boolean");
   // Fields of another engine are refused, never ignored: llama.cpp has no shared block pool (its KV is one partition
   // per sequence) and takes no raw OpenVINO properties (the CLI maps the plugin-config keys it understands).
   if (c.kvBlocks !== undefined) throw new Error(`EngineConfig.kvBlocks (--num_kv_blocks ${JSON.stringify(c.kvBlocks)}) is not supported by the llama.cpp engine: it has no shared KV block pool (size its KV with maxModelLen per sequence)`);

@@ -16,7 +16,8 @@ import { admitAdd, isRefused } from "./admission.js";
 import { grammarSupport, type ModelBackend } from "./backend.js";
 import { BatchExecutor, type Executed } from "./execute.js";
 import type { RequestState } from "./request-state.js";
-import { Scheduler, type Outcome, type SchedulerConfig, type StepPlan } from "./scheduler.js";
+import type { NgramSettings } from "./speculation/ngram.js";
+import { Scheduler, type BatchItem, type Outcome, type SchedulerConfig, type StepPlan } from "./scheduler.js";
 
 /** A command for the loop, applied at the next step boundary. */
 export type LoopCommand = AddMessage | { type: "abort"; ids: string[] } | TokenizeMessage;
@@ -28,6 +29,8 @@ export const MAX_TOP_LOGPROBS = 20;
 export interface StepLoopOptions {
   /** Receives the scheduler's invariant violations after a step that found any (tests fail on any; main logs). */
   onInvariantViolation?: (violations: string[]) => void;
+  /** Prompt-lookup settings of requests that set none (`--prompt_lookup`); absent = off unless a request asks. */
+  promptLookup?: NgramSettings | null;
 }
 
 /** The outputs of one step, one per request it touched, in first-touch order. */
@@ -57,6 +60,8 @@ export class StepLoop {
   private stopping = false;
   /** Steps that decoded a batch. */
   steps = 0;
+  /** Prompt-lookup draft tokens verified since start, and those accepted (the step message's cumulative counters). */
+  readonly drafts = { proposed: 0, accepted: 0 };
   /** Decodes and samples each step's batch; keeps the step's decode and sample times. */
   private readonly executor: BatchExecutor;
 
@@ -184,6 +189,7 @@ export class StepLoop {
     if (decoded.length === 0) return 0;
     this.steps += 1;
     const outcome = this.scheduler.commit({ ...plan, items: decoded }, sampled, (t) => this.backend.isEndOfGeneration(t));
+    this.settleDrafts(decoded, sampled, outcome);
     const stoppedBy = new Set(outcome.finished.filter((f) => f.reason === "stop").map((f) => f.id));
     for (const { id, token, logprobs } of sampled) {
       const st = this.requests.get(id);
@@ -191,7 +197,6 @@ export class StepLoop {
       const o = outputs.of(id);
       o.tokens.push(token);
       if (logprobs) (o.logprobs ??= []).push(logprobs);
-      st.sampling.accept(token);
       if (st.guide) {
         // The guide's phase moves between steps only: here, after this sequence's sample settled.
         st.guide.onToken(token);
@@ -203,6 +208,28 @@ export class StepLoop {
     }
     this.finish(outcome, outputs);
     return decoded.reduce((a, it) => a + it.tokens.length, 0);
+  }
+
+  /**
+   * After a step with drafted items: count proposed and accepted drafts, and drop from each drafted slot's KV the
+   * drafts that were not accepted (positions past the emitted tokens), before anything decodes into it again. A slot
+   * that cannot be trimmed fails its request (never stale KV under a live or cached sequence).
+   */
+  private settleDrafts(decoded: readonly BatchItem[], sampled: readonly { id: string }[], outcome: Outcome): void {
+    const drafted = decoded.filter((it) => (it.drafts ?? 0) > 0);
+    if (drafted.length === 0) return;
+    const emitted = new Map<string, number>();
+    for (const { id } of sampled) emitted.set(id, (emitted.get(id) ?? 0) + 1);
+    for (const it of drafted) {
+      const n = emitted.get(it.id) ?? 0;
+      this.drafts.proposed += it.drafts!;
+      this.drafts.accepted += Math.max(0, n - 1);
+      if (n >= it.tokens.length || outcome.freedSlots.includes(it.slot)) continue;
+      if (this.backend.trimSequence?.(it.slot, it.pos + n)) continue;
+      const failed = this.scheduler.failStep({ kvOps: [], items: [it], admitted: [], totalTokens: 0 }, { code: "engine_error", message: "rejected draft tokens could not be removed from the KV cache" });
+      outcome.finished.push(...failed.finished);
+      outcome.freedSlots.push(...failed.freedSlots);
+    }
   }
 
   /** The step message: every output, the scheduler's gauges, and the step's times. */
@@ -221,6 +248,7 @@ export class StepLoop {
         cachedSequences: this.scheduler.cachedSlots,
         prefixCacheHitTokens: this.scheduler.prefixHitTokens,
         kvTokensInUse: this.scheduler.kvTokensInUse,
+        ...(this.drafts.proposed > 0 ? { draftTokens: this.drafts.proposed, acceptedDraftTokens: this.drafts.accepted } : {}),
         phaseUs: { decode: Math.round(times.decodeUs), sample: Math.round(times.sampleUs), step: Math.round((performance.now() - stepStart) * 1000) },
       },
     });
@@ -255,7 +283,7 @@ export class StepLoop {
       this.emit({ v: PROTOCOL_VERSION, type: "request_error", id: cmd.id, code, message });
     };
     if (this.requests.has(cmd.id)) return refuse("duplicate_id", `request id ${cmd.id} is already live`);
-    const admitted = admitAdd(cmd, { backend: this.backend, scheduler: this.scheduler, maxTopLogprobs: this.maxTopLogprobs, grammars: this.grammars });
+    const admitted = admitAdd(cmd, { backend: this.backend, scheduler: this.scheduler, maxTopLogprobs: this.maxTopLogprobs, grammars: this.grammars, promptLookup: this.options.promptLookup ?? null });
     if (isRefused(admitted)) return refuse(admitted.code, admitted.message);
     this.requests.set(cmd.id, admitted);
   }

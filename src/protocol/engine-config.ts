@@ -36,6 +36,11 @@ export interface EngineConfig {
    * and clear it, so the first requests pay no GPU pipeline compilation. auto (absent) = on a GPU backend only.
    */
   warmup?: "auto" | "on" | "off";
+  /**
+   * Prompt-lookup speculative decoding for every request that does not set `params.speculation` (`--prompt_lookup`),
+   * with OVMS's defaults (5 draft tokens, n-grams up to 3). Absent = off. The OpenVINO engine refuses it.
+   */
+  promptLookup?: boolean;
   /** 1 for the first engine process of a gateway, then 2, 3, … after restarts (fault injection keys on it). */
   generation?: number;
   /**

@@ -40,6 +40,7 @@ const capabilities = z.object({
   extendedSampling: z.boolean(),
   grammars: z.boolean(),
   sharedPrefill: z.boolean(),
+  promptLookup: z.boolean().optional(),
   samplingFields: z.array(samplingField).optional(),
 });
 const readyMessage = z.object({
@@ -88,6 +89,8 @@ const stepMessage = z.object({
     cachedSequences: count,
     prefixCacheHitTokens: count,
     kvTokensInUse: count.optional(),
+    draftTokens: count.optional(),
+    acceptedDraftTokens: count.optional(),
     preemptions: count.optional(),
     linearAttentionBlocks: z.object({ inUse: count, total: count }).optional(),
     phaseUs: z.object({ decode: nonNegative, sample: nonNegative, step: nonNegative }).optional(),

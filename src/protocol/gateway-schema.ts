@@ -54,6 +54,7 @@ export const samplingParams = withChecks(
       stopTokenIds: tokenIds.optional(),
       logprobs: z.number().int().min(0).nullable().optional(),
       guide: guideSpec.optional(),
+      speculation: z.object({ numAssistantTokens: z.number().int().min(0).max(32), maxNgramSize: z.number().int().min(1).max(16) }).strict().optional(),
     })
     .strict(),
   ["minTokensWithinMax", "logitBiasUnique"],

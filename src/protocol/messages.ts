@@ -63,6 +63,14 @@ export interface SamplingParams {
    * `grammars`; absent = unconstrained. See {@link GuideSpec}.
    */
   guide?: GuideSpec;
+  /**
+   * Prompt-lookup (n-gram) speculative decoding for this request (OVMS `num_assistant_tokens` / `max_ngram_size`;
+   * docs/speculative.md): each decode step may verify up to `numAssistantTokens` draft tokens copied from the
+   * request's own history after a match of its last ≤ `maxNgramSize` tokens (0 draft tokens: off for this request).
+   * Exact: every emitted token is sampled at its own position with its own seed, as without it. Needs the engine
+   * capability `promptLookup` (unless 0). Absent = the engine's default (EngineConfig.promptLookup).
+   */
+  speculation?: { numAssistantTokens: number; maxNgramSize: number };
 }
 
 /**
@@ -181,6 +189,8 @@ export interface EngineCapabilities {
   grammars: boolean;
   /** Requests with the same prompt submitted together share one prefill (for `n` > 1); else the prefix cache. */
   sharedPrefill: boolean;
+  /** `params.speculation` (prompt-lookup speculative decoding) is applied. Absent = false. */
+  promptLookup?: boolean;
   /**
    * Without `extendedSampling`: the extended sampling fields this engine applies nonetheless (e.g. the OpenVINO
    * engine applies penalties, min_p, min_tokens and stop_token_ids but has no logit_bias). Absent = none.
@@ -375,6 +385,12 @@ export interface StepMessage {
      * does not report it shows 0 KV usage in the gateway gauges.
      */
     kvTokensInUse?: number;
+    /**
+     * Prompt-lookup draft tokens verified since the engine started, and those of them accepted (cumulative; vLLM's
+     * num_draft_tokens / num_accepted_tokens). Optional: an engine without speculation omits them.
+     */
+    draftTokens?: number;
+    acceptedDraftTokens?: number;
     /**
      * Preemptions since the engine started (cumulative): times a running request lost its KV to make room for
      * others and had to wait to be recomputed. Optional: an engine without preemption (llama.cpp) omits it.

@@ -81,7 +81,7 @@ export class FakeBackend implements ModelBackend {
   /** Log-probability calls: [batch logit index, token, top]. */
   readonly logprobCalls: [number, number, number][] = [];
   /** Items of the last decoded batch, by logit index. */
-  private logitItems: DecodeItem[] = [];
+  protected logitItems: DecodeItem[] = [];
 
   tokenize(text: string): number[] {
     return [...text].map((c) => c.charCodeAt(0));

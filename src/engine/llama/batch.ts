@@ -43,11 +43,19 @@ export class DecodePace {
   }
 }
 
+/** The positions of an item whose logits are wanted: none, its last, or its last drafts + 1 (a drafted decode item). */
+function logitPositions(it: LlamaBatchItem): Uint32Array {
+  if (!it.wantsLogits) return new Uint32Array(0);
+  const n = 1 + (it.drafts ?? 0);
+  return Uint32Array.from({ length: n }, (_, j) => it.tokens.length - n + j);
+}
+
 /** What llama.cpp needs of a batch item (the port's DecodeItem without the request id). */
 export type LlamaBatchItem = Omit<DecodeItem, "id">;
 
 /**
- * Decode one batch. Returns, per item, the batch logit index of its last token (or -1 without logits).
+ * Decode one batch. Returns, per item, the batch logit index of its last token (or -1 without logits); for a drafted
+ * item the index of its first logits position, its other positions' indices following consecutively.
  * @throws Error when llama.cpp refuses the batch (the batch is rolled back; the context stays usable).
  */
 export async function decodeBatch(native: Internals, guard: NativeCallGuard, batchSize: number, items: readonly LlamaBatchItem[], pace?: DecodePace): Promise<number[]> {
@@ -63,15 +71,18 @@ export async function decodeBatch(native: Internals, guard: NativeCallGuard, bat
     const logitIdx = new Array<number>(items.length).fill(-1);
     for (const i of slotOrder(items)) {
       const it = items[i]!;
-      const idx = it.wantsLogits ? Uint32Array.of(it.tokens.length - 1) : new Uint32Array(0);
+      const idx = logitPositions(it);
       const r = native.ctx.addToBatch(it.slot, it.pos, Uint32Array.from(it.tokens), idx);
       if (it.wantsLogits) logitIdx[i] = r[0] ?? -1;
+      // The addon numbers outputs by batch position, so one item's run is consecutive; checked, not assumed.
+      if (r.length > 1 && r[r.length - 1]! - r[0]! !== r.length - 1) throw new Error("llama.cpp returned non-consecutive logit indices for a drafted item");
     }
     // A decode step (one token per sequence) runs on this thread with Keel's addon: the worker hop and the
     // event-loop wake-up of decodeBatch cost as much as a small model's decode. A batch with prefill chunks does too
     // when the pace says it is quick (a short prompt's first token); a long one goes to a worker (the engine keeps
     // answering pings). Either way no other native call overlaps (guard.decoding).
-    const prefill = items.some((it) => it.tokens.length > 1);
+    // A drafted decode item ([pending, d1..dk]) is a decode, not a prefill chunk.
+    const prefill = items.some((it) => it.tokens.length > 1 + (it.drafts ?? 0));
     const t0 = performance.now();
     if (native.decodeSync && (!prefill || pace?.quick(total))) native.decodeSync(native.ctx);
     else await native.ctx.decodeBatch();

@@ -4,6 +4,7 @@
  * `queued`, then in `prefill`, then in `decode`.
  */
 import type { EngineErrorCode, FinishReason } from "../../protocol/messages.js";
+import type { NgramSettings } from "../speculation/ngram.js";
 
 /** Scheduler limits (tokens / sequences). */
 export interface SchedulerConfig {
@@ -49,6 +50,11 @@ export interface NewSequence {
    * (the sampler bans them until then; this is the scheduler's half of the rule). Absent = 0.
    */
   minTokens?: number;
+  /**
+   * Prompt-lookup speculation: each decode step may verify draft tokens copied from the sequence's history. Absent
+   * or null = off (the engine turns it off for guided requests, log probabilities and untrimmable memory).
+   */
+  speculation?: NgramSettings | null;
 }
 
 /**
@@ -88,6 +94,8 @@ export interface Sequence {
   readonly stopTokens: ReadonlySet<number> | null;
   /** See {@link NewSequence.minTokens}. */
   readonly minTokens: number;
+  /** See {@link NewSequence.speculation}. */
+  readonly speculation: NgramSettings | null;
 }
 
 /** One entry of a planned batch: `tokens` are placed at positions pos, pos+1, … of `slot`. */
@@ -100,6 +108,12 @@ export interface BatchItem {
   /** True when logits are needed for the last token (a decode, or the final prefill chunk). */
   wantsLogits: boolean;
   kind: "decode" | "prefill";
+  /**
+   * Draft tokens at the end of `tokens` (a decode item under prompt-lookup speculation; absent = 0): logits are
+   * wanted at each of the last drafts + 1 positions, and the step emits the sampled tokens up to the first that
+   * differs from its draft.
+   */
+  drafts?: number;
 }
 
 /** A KV operation on a slot, applied before the step's decode: keep the first `keep` tokens (0 = clear all). */

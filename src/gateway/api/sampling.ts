@@ -17,8 +17,16 @@ export const MAX_TOP_LOGPROBS = 20;
 /** The extended sampling fields of a request, only those set to something other than their no-op value. */
 export type ExtendedSampling = Pick<
   SamplingParams,
-  "presencePenalty" | "frequencyPenalty" | "repetitionPenalty" | "minP" | "logitBias" | "minTokens" | "stopTokenIds"
+  "presencePenalty" | "frequencyPenalty" | "repetitionPenalty" | "minP" | "logitBias" | "minTokens" | "stopTokenIds" | "speculation"
 >;
+
+/** Largest `num_assistant_tokens` (draft tokens verified per step): past a few dozen a miss only wastes compute. */
+export const MAX_ASSISTANT_TOKENS = 32;
+/** Largest `max_ngram_size` (OVMS sets no bound; longer n-grams than this hardly ever match where shorter fail). */
+export const MAX_NGRAM_SIZE = 16;
+/** OVMS's `num_assistant_tokens` when a request sets only `max_ngram_size`, and its `max_ngram_size` default. */
+const DEFAULT_ASSISTANT_TOKENS = 5;
+const DEFAULT_NGRAM_SIZE = 3;
 
 /** Human ranges, for error messages (merged into the request parser's range table). */
 export const SAMPLING_RANGES: Record<string, string> = {
@@ -28,6 +36,8 @@ export const SAMPLING_RANGES: Record<string, string> = {
   min_p: "must be between 0 and 1",
   min_tokens: "must be a non-negative integer",
   n: `must be an integer between 1 and ${MAX_N}`,
+  num_assistant_tokens: `must be an integer between 0 and ${MAX_ASSISTANT_TOKENS} (0 = no prompt-lookup decoding for this request)`,
+  max_ngram_size: `must be an integer between 1 and ${MAX_NGRAM_SIZE}`,
   top_logprobs: `must be an integer between 0 and ${MAX_TOP_LOGPROBS}`,
 };
 
@@ -72,6 +82,8 @@ export const samplingFields = {
   stop_token_ids: z.array(z.number().int().min(0).max(0x7fffffff)).max(64).nullish(),
   include_stop_str_in_output: z.boolean().nullish(),
   n: z.number().int().min(1).max(MAX_N).nullish(),
+  num_assistant_tokens: z.number().int().min(0).max(MAX_ASSISTANT_TOKENS).nullish(),
+  max_ngram_size: z.number().int().min(1).max(MAX_NGRAM_SIZE).nullish(),
 };
 
 /** The parsed sampling fields, before mapping. */
@@ -87,6 +99,11 @@ export function extendedSampling(b: SamplingFieldsBody): ExtendedSampling {
   if (b.logit_bias && b.logit_bias.length > 0) out.logitBias = b.logit_bias;
   if (b.min_tokens != null && b.min_tokens !== 0) out.minTokens = b.min_tokens;
   if (b.stop_token_ids && b.stop_token_ids.length > 0) out.stopTokenIds = [...new Set(b.stop_token_ids)];
+  // Prompt lookup (OVMS): either field asks for it for this request (num_assistant_tokens 0 turns it off); neither
+  // leaves the server's --prompt_lookup default.
+  if (b.num_assistant_tokens != null || b.max_ngram_size != null) {
+    out.speculation = { numAssistantTokens: b.num_assistant_tokens ?? DEFAULT_ASSISTANT_TOKENS, maxNgramSize: b.max_ngram_size ?? DEFAULT_NGRAM_SIZE };
+  }
   return out;
 }
 
@@ -105,6 +122,7 @@ const EXTENDED_FIELD_NAMES: Record<keyof ExtendedSampling, string> = {
   logitBias: "logit_bias",
   minTokens: "min_tokens",
   stopTokenIds: "stop_token_ids",
+  speculation: "num_assistant_tokens",
 };
 
 /**
@@ -119,11 +137,15 @@ export function checkCapabilities(
   engineName?: string,
 ): KeelHttpError | null {
   const engine = engineName === undefined ? "The current engine" : `The current engine (${engineName})`;
+  // Prompt lookup needs the capability unless the request turns it off (0 is what every engine does anyway).
+  if (ext.speculation && ext.speculation.numAssistantTokens > 0 && caps.promptLookup !== true) {
+    return unsupportedField("num_assistant_tokens", `${engine} does not apply prompt-lookup decoding (num_assistant_tokens, max_ngram_size); leave them out or set num_assistant_tokens to 0.`);
+  }
   // Every extended field with extendedSampling; else only those the engine lists in samplingFields (the OpenVINO
   // engine applies penalties, min_p, min_tokens and stop ids but has no logit_bias).
   if (!caps.extendedSampling) {
     const applied = new Set(caps.samplingFields ?? []);
-    const first = (Object.keys(ext) as (keyof ExtendedSampling)[]).find((k) => !applied.has(k));
+    const first = (Object.keys(ext) as (keyof ExtendedSampling)[]).find((k) => k !== "speculation" && !applied.has(k as never));
     if (first) return unsupportedField(EXTENDED_FIELD_NAMES[first], `${engine} does not apply this sampling parameter.`);
   }
   if (logprobs && logprobs.n > caps.maxTopLogprobs) {

@@ -168,6 +168,25 @@ describe("StepObserver: preemptions from the engine's cumulative count", () => {
     expect(dense.linearAttentionBlocks).toBeUndefined();
   });
 
+  it("draft tokens: proposed and accepted counted per model from the cumulative stats, from 0 again after a restart", async () => {
+    const t = setup();
+    const coder = new StepObserver(t.metrics, "coder");
+    t.metrics.registerModel("coder");
+    const at = (step: number, drafts?: [number, number]) => {
+      const m = stepMsg(step, 0);
+      return drafts ? { ...m, stats: { ...m.stats, draftTokens: drafts[0], acceptedDraftTokens: drafts[1] } } : m;
+    };
+    coder.observe(at(1));
+    coder.observe(at(2, [5, 4]));
+    coder.observe(at(3, [10, 6]));
+    coder.engineStarted();
+    coder.observe(at(1, [3, 3]));
+    expect(await t.value("keel_engine_draft_tokens_total", '{model="coder"}')).toBe(13);
+    expect(await t.value("keel_engine_accepted_draft_tokens_total", '{model="coder"}')).toBe(9);
+    expect(await t.value("vllm:spec_decode_num_draft_tokens_total", '{model_name="coder"}')).toBe(13);
+    expect(await t.value("vllm:spec_decode_num_accepted_tokens_total", '{model_name="coder"}')).toBe(9);
+  });
+
   it("both names are metric families --metrics_list may name", async () => {
     const { metricFamilies } = await import("./metrics.js");
     expect(metricFamilies()).toEqual(expect.arrayContaining(["keel_engine_preemptions_total", "vllm:num_preemptions_total"]));

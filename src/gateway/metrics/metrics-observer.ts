@@ -24,6 +24,8 @@ export class StepObserver {
   kvTokensInUse = 0;
   /** Cumulative preemptions of the current engine as last reported (0 before its first report). */
   private lastPreemptions = 0;
+  /** Cumulative draft / accepted draft tokens of the current engine as last reported. */
+  private lastDrafts = { proposed: 0, accepted: 0 };
   /** Linear-attention blocks (in use, pool) as last reported; undefined for engines and models without them. */
   linearAttentionBlocks: { inUse: number; total: number } | undefined = undefined;
 
@@ -38,6 +40,7 @@ export class StepObserver {
     this.lastStep = 0;
     this.lastPrefixHits = 0;
     this.lastPreemptions = 0;
+    this.lastDrafts = { proposed: 0, accepted: 0 };
     this.engineGone();
   }
 
@@ -78,6 +81,17 @@ export class StepObserver {
       this.metrics.preemptions.inc({ model: this.modelName }, preemptions - this.lastPreemptions);
       this.metrics.vllmPreemptions.inc({ model_name: this.modelName }, preemptions - this.lastPreemptions);
       this.lastPreemptions = preemptions;
+    }
+    // Draft tokens: cumulative per engine process (absent: no speculation yet, or an engine without it).
+    const proposed = msg.stats.draftTokens ?? 0;
+    const accepted = msg.stats.acceptedDraftTokens ?? 0;
+    if (proposed > this.lastDrafts.proposed) {
+      const m = this.metrics;
+      m.draftTokens.inc({ model: this.modelName }, proposed - this.lastDrafts.proposed);
+      m.vllmDraftTokens.inc({ model_name: this.modelName }, proposed - this.lastDrafts.proposed);
+      m.acceptedDraftTokens.inc({ model: this.modelName }, accepted - this.lastDrafts.accepted);
+      m.vllmAcceptedDraftTokens.inc({ model_name: this.modelName }, accepted - this.lastDrafts.accepted);
+      this.lastDrafts = { proposed, accepted };
     }
   }
 }

@@ -83,6 +83,11 @@ export class Metrics {
   readonly preemptions: client.Counter<"model">;
   /** The same count under vLLM's name. */
   readonly vllmPreemptions: client.Counter<"model_name">;
+  /** Prompt-lookup draft tokens verified, and accepted, per model (keel_engine_*; vLLM's spec_decode names too). */
+  readonly draftTokens: client.Counter<"model">;
+  readonly acceptedDraftTokens: client.Counter<"model">;
+  readonly vllmDraftTokens: client.Counter<"model_name">;
+  readonly vllmAcceptedDraftTokens: client.Counter<"model_name">;
 
   constructor(src: GaugeSources) {
     const registers = [this.registry];
@@ -225,6 +230,11 @@ export class Metrics {
     // (llama.cpp: a KV partition per sequence) keeps them at 0.
     this.preemptions = new client.Counter({ name: "keel_engine_preemptions_total", help: "Running requests preempted by the engine (their KV freed for others; recomputed later), per model", labelNames: ["model"], registers });
     this.vllmPreemptions = new client.Counter({ name: "vllm:num_preemptions_total", help: "Cumulative number of preemptions from the engine, per model (vLLM name)", labelNames: ["model_name"], registers });
+    // Prompt-lookup speculative decoding (docs/speculative.md); acceptance rate = accepted / draft.
+    this.draftTokens = new client.Counter({ name: "keel_engine_draft_tokens_total", help: "Prompt-lookup draft tokens the engine verified, per model", labelNames: ["model"], registers });
+    this.acceptedDraftTokens = new client.Counter({ name: "keel_engine_accepted_draft_tokens_total", help: "Prompt-lookup draft tokens accepted (equal to the token sampled at their position), per model", labelNames: ["model"], registers });
+    this.vllmDraftTokens = new client.Counter({ name: "vllm:spec_decode_num_draft_tokens_total", help: "Number of draft tokens (vLLM name)", labelNames: ["model_name"], registers });
+    this.vllmAcceptedDraftTokens = new client.Counter({ name: "vllm:spec_decode_num_accepted_tokens_total", help: "Number of accepted tokens (vLLM name)", labelNames: ["model_name"], registers });
   }
 
   /** Create the per-model series at 0 (OVMS families, preemptions), so a fresh server shows each name for `modelName`. */
@@ -232,6 +242,10 @@ export class Metrics {
     for (const c of [this.ovmsAccepted, this.ovmsRejected, this.ovmsSuccess, this.ovmsFail]) c.inc({ name: modelName }, 0);
     this.preemptions.inc({ model: modelName }, 0);
     this.vllmPreemptions.inc({ model_name: modelName }, 0);
+    this.draftTokens.inc({ model: modelName }, 0);
+    this.acceptedDraftTokens.inc({ model: modelName }, 0);
+    this.vllmDraftTokens.inc({ model_name: modelName }, 0);
+    this.vllmAcceptedDraftTokens.inc({ model_name: modelName }, 0);
   }
 }
 
