@@ -204,6 +204,9 @@ describe("LlamaAdapter.sampleMany (Keel's addon) equals sequential sample()", ()
   it("is refused while a decode is in flight (one native call at a time)", async () => {
     adapter.clearSequence(0);
     const sampler = adapter.createSampler(base);
+    // A prefill the measured pace calls quick runs on this thread (nothing in flight): forget the pace so this one
+    // goes to node-llama-cpp's worker, as an engine's first prefill does.
+    (adapter as unknown as { pace: { msPerToken: number | null } }).pace.msPerToken = null;
     const pending = adapter.decode([{ slot: 0, pos: 0, tokens: adapter.tokenize(PROMPTS[2]!), wantsLogits: true }]);
     expect(() => adapter.sampleMany!([{ batchLogitIndex: 0, sampler }])).toThrow(/in flight/);
     await pending;
@@ -221,6 +224,8 @@ describe("LlamaAdapter.sampleMany (Keel's addon) equals sequential sample()", ()
     const prompts = [adapter.tokenize(PROMPTS[0]!), adapter.tokenize(PROMPTS[1]!)];
     const run = async (): Promise<{ tokens: number[][]; where: string[] }> => {
       for (const s of [0, 1]) adapter.clearSequence(s);
+      // The first prefill of an engine goes to the worker (no pace measured yet; a quick one later stays here).
+      (adapter as unknown as { pace: { msPerToken: number | null } }).pace.msPerToken = null;
       const samplers = [adapter.createSampler(base), adapter.createSampler(base)];
       const where: string[] = [];
       const tokens: number[][] = [[], []];
