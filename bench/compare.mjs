@@ -5,11 +5,10 @@
 import { spawn } from "node:child_process";
 import { existsSync, readFileSync } from "node:fs";
 import http from "node:http";
-import net from "node:net";
 import os from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
-import { lines } from "./lib.mjs";
+import { freePort, httpGet, killGroup, lines, serverGroups } from "./lib.mjs";
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
 const KEEL_BIN = path.join(ROOT, "bin", "keel.mjs");
@@ -197,44 +196,11 @@ async function readModelInfo(file) {
 let extraBody = {};
 
 // ---------- processes (own process groups; killed on exit whatever happens) ----------
-const live = new Set();
-process.on("exit", () => {
-  for (const p of live) killGroup(p, "SIGKILL");
-});
-for (const sig of ["SIGINT", "SIGTERM"]) process.on(sig, () => process.exit(130));
+const live = serverGroups();
 setTimeout(() => {
   console.error(`watchdog: ${CFG.maxSeconds} s passed; stopping the servers and exiting`);
   process.exit(3);
 }, CFG.maxSeconds * 1000).unref();
-function killGroup(proc, sig) {
-  try {
-    process.kill(-proc.pid, sig);
-  } catch {
-    /* already gone */
-  }
-}
-const freePort = () =>
-  new Promise((resolve, reject) => {
-    const s = net.createServer();
-    s.listen(0, "127.0.0.1", () => {
-      const { port } = s.address();
-      s.close(() => resolve(port));
-    });
-    s.on("error", reject);
-  });
-/** GET a path: { status, body } (status 0 when the server cannot be reached). */
-function httpGet(port, p) {
-  return new Promise((resolve) => {
-    http
-      .get({ host: "127.0.0.1", port, path: p, agent: false }, (res) => {
-        let body = "";
-        res.setEncoding("utf8");
-        res.on("data", (d) => (body += d));
-        res.on("end", () => resolve({ status: res.statusCode, body }));
-      })
-      .on("error", () => resolve({ status: 0, body: "" }));
-  });
-}
 /** Keel's cumulative step-phase sums (seconds) and counts from /metrics (keel_engine_step_phase_seconds, step requests). */
 async function keelPhases(port) {
   const { body: text } = await httpGet(port, "/metrics");

@@ -1,6 +1,9 @@
-// Shared by the benchmarks: command-line flags, the median, a child's output line by line, and (for the engine-level
+// Shared by the benchmarks: command-line flags, the median, a child's output line by line, server processes and
+// their ports (the side-by-side ones: compare, speculative, llm-serving-tests), and (for the engine-level
 // ones: sample-many, slot-order, decode-floor) Keel's llama.cpp adapter opened as the engine opens it (1 thread, F16
 // KV, flash attention off). Needs dist/ for the adapter.
+import http from "node:http";
+import net from "node:net";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 
@@ -67,4 +70,54 @@ export function benchTools(n) {
       },
     },
   }));
+}
+
+/** Signal a process's whole group (servers are started `detached`: Keel's engine child goes too); gone is fine. */
+export function killGroup(proc, sig) {
+  try {
+    process.kill(-proc.pid, sig);
+  } catch {
+    /* already gone */
+  }
+}
+
+let serverSet = null;
+/**
+ * The set of server processes still running, each killed (its group, SIGKILL) when this script exits whatever
+ * happens; SIGINT/SIGTERM exit with 130 so that runs. Add a process once it is spawned, delete it once stopped.
+ */
+export function serverGroups() {
+  if (serverSet) return serverSet;
+  const live = (serverSet = new Set());
+  process.on("exit", () => {
+    for (const p of live) killGroup(p, "SIGKILL");
+  });
+  for (const sig of ["SIGINT", "SIGTERM"]) process.on(sig, () => process.exit(130));
+  return live;
+}
+
+/** A TCP port free on 127.0.0.1 right now. */
+export function freePort() {
+  return new Promise((resolve, reject) => {
+    const s = net.createServer();
+    s.listen(0, "127.0.0.1", () => {
+      const { port } = s.address();
+      s.close(() => resolve(port));
+    });
+    s.on("error", reject);
+  });
+}
+
+/** GET a path on 127.0.0.1: { status, body } (status 0 when the server cannot be reached). */
+export function httpGet(port, p) {
+  return new Promise((resolve) => {
+    http
+      .get({ host: "127.0.0.1", port, path: p, agent: false }, (res) => {
+        let body = "";
+        res.setEncoding("utf8");
+        res.on("data", (d) => (body += d));
+        res.on("end", () => resolve({ status: res.statusCode, body }));
+      })
+      .on("error", () => resolve({ status: 0, body: "" }));
+  });
 }

@@ -7,12 +7,10 @@
 // Run `node bench/llm-serving-tests.mjs --help` for the options.
 import { spawn } from "node:child_process";
 import { existsSync, mkdirSync, readFileSync, writeFileSync, readdirSync, openSync } from "node:fs";
-import http from "node:http";
-import net from "node:net";
 import os from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
-import { lines } from "./lib.mjs";
+import { freePort, httpGet, killGroup, lines, serverGroups } from "./lib.mjs";
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
 
@@ -95,37 +93,9 @@ function fail(msg) {
 
 // ---------- processes ----------
 /** Servers still running, killed (process group) when this script exits. */
-const live = new Set();
-process.on("exit", () => {
-  for (const p of live) killGroup(p, "SIGKILL");
-});
-for (const sig of ["SIGINT", "SIGTERM"]) process.on(sig, () => process.exit(130));
-function killGroup(proc, sig) {
-  try {
-    process.kill(-proc.pid, sig);
-  } catch {
-    /* already gone */
-  }
-}
-const freePort = () =>
-  new Promise((resolve, reject) => {
-    const s = net.createServer();
-    s.listen(0, "127.0.0.1", () => {
-      const { port } = s.address();
-      s.close(() => resolve(port));
-    });
-    s.on("error", reject);
-  });
+const live = serverGroups();
 /** GET a path: its status (0 when the server cannot be reached). */
-const httpStatus = (port, p) =>
-  new Promise((resolve) => {
-    http
-      .get({ host: "127.0.0.1", port, path: p, agent: false }, (res) => {
-        res.resume();
-        res.on("end", () => resolve(res.statusCode));
-      })
-      .on("error", () => resolve(0));
-  });
+const httpStatus = async (port, p) => (await httpGet(port, p)).status;
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
 /** The GGUF both servers load: a .gguf path, or a catalogue name from Keel's cache. */

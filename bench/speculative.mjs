@@ -6,10 +6,9 @@
 import { spawn } from "node:child_process";
 import { existsSync } from "node:fs";
 import http from "node:http";
-import net from "node:net";
 import os from "node:os";
 import path from "node:path";
-import { lines, median, ROOT } from "./lib.mjs";
+import { freePort, httpGet as get, killGroup as kill, lines, median, ROOT, serverGroups } from "./lib.mjs";
 import { TOOL_RESULT_MESSAGES, EDIT_FILE_MESSAGES } from "./speculative-workload.mjs";
 
 const HELP = `Usage: node bench/speculative.mjs [--flag value ...]
@@ -71,40 +70,8 @@ const CFG = {
 const CTX = 4096;
 
 // ---------- processes ----------
-const live = new Set();
-process.on("exit", () => {
-  for (const p of live) kill(p, "SIGKILL");
-});
-for (const sig of ["SIGINT", "SIGTERM"]) process.on(sig, () => process.exit(130));
-function kill(p, sig) {
-  try {
-    process.kill(-p.pid, sig);
-  } catch {
-    /* gone */
-  }
-}
+const live = serverGroups();
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
-const freePort = () =>
-  new Promise((resolve, reject) => {
-    const s = net.createServer();
-    s.listen(0, "127.0.0.1", () => {
-      const { port } = s.address();
-      s.close(() => resolve(port));
-    });
-    s.on("error", reject);
-  });
-function get(port, p) {
-  return new Promise((resolve) => {
-    http
-      .get({ host: "127.0.0.1", port, path: p, agent: false }, (res) => {
-        let body = "";
-        res.setEncoding("utf8");
-        res.on("data", (d) => (body += d));
-        res.on("end", () => resolve({ status: res.statusCode, body }));
-      })
-      .on("error", () => resolve({ status: 0, body: "" }));
-  });
-}
 /** Start a server process; resolve once GET `ready` answers 200. */
 async function start(name, cmd, args, port) {
   const proc = spawn(cmd, args, { cwd: ROOT, stdio: ["ignore", "pipe", "pipe"], detached: true });
