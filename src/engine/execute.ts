@@ -10,12 +10,7 @@ import { configureGuided, prepareGuide } from "./guides/guided-sampler.js";
 import type { GuideSampling } from "./guides/guide-state.js";
 import { configureUnguided, tokenSeed, type RequestState } from "./request-state.js";
 import type { BatchItem } from "./scheduler.js";
-import { acceptsDraft, verifyDrafts } from "./speculation/verify.js";
-
-/** Position of the token an item's first logits predict: after its last token, or after its pending token when drafted. */
-function firstSampledPosition(it: BatchItem): number {
-  return it.pos + it.tokens.length - (it.drafts ?? 0);
-}
+import { acceptsDraft, firstSampledPosition, verifyDrafts } from "./speculation/verify.js";
 
 /** A token sampled for a request, with its log probabilities when the request asked for them. */
 export interface SampledToken {

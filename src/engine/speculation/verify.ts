@@ -19,12 +19,9 @@ interface Verifying {
   round: number;
 }
 
-/** Token counts of one step's verification (the engine's draft metrics). */
-export interface DraftCounts {
-  /** Draft tokens verified (all drafts of the step's drafted items). */
-  proposed: number;
-  /** Draft tokens equal to the token sampled at their position. */
-  accepted: number;
+/** Position of the token an item's first logits predict: after its last token, or after its pending token when drafted. */
+export function firstSampledPosition(it: BatchItem): number {
+  return it.pos + it.tokens.length - (it.drafts ?? 0);
 }
 
 /** True when `token` ends its request here (end-of-generation or a stop token): nothing after it is sampled. */
@@ -58,7 +55,7 @@ export async function verifyDrafts(
     const ready: Verifying[] = [];
     for (const v of active) {
       try {
-        configureUnguided(v.st, tokenSeed(v.st.params.seed, v.item.pos + 1 + v.round));
+        configureUnguided(v.st, tokenSeed(v.st.params.seed, firstSampledPosition(v.item) + v.round));
         ready.push(v);
       } catch {
         // the item stops here

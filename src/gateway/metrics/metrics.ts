@@ -46,6 +46,9 @@ export function kvUsage(m: Pick<ModelGauges, "kvTokensInUse" | "kvTokenCapacity"
   return m.kvTokenCapacity > 0 ? Math.min(1, m.kvTokensInUse / m.kvTokenCapacity) : 0;
 }
 
+/** Buckets (seconds) of the phase histograms: a step's or a first token's parts, 10 µs to 2.5 s. */
+const PHASE_BUCKETS = [0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5];
+
 export class Metrics {
   readonly registry = new client.Registry();
   readonly engineSteps: client.Counter;
@@ -129,14 +132,14 @@ export class Metrics {
       name: "keel_engine_step_phase_seconds",
       help: "Engine step wall time by phase: decode (the native batch decode), sample (every sequence's sampling), other (scheduling and bookkeeping; the output message is written after the step is timed), per step that decoded",
       labelNames: ["phase"],
-      buckets: [0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5],
+      buckets: PHASE_BUCKETS,
       registers,
     });
     this.ttftPhase = new client.Histogram({
       name: "keel_request_ttft_phase_seconds",
       help: "Time to first token by phase, per request: accept (HTTP request received -> its add written to the engine: body, validation, chat template, admission), engine (add written -> the step message carrying the first token read back: the hop in, the wait for a step boundary, tokenisation, prefill, first sampling, the hop back), deliver (that message read -> the first token written to the client: output processing, parsers, encoding, the write)",
       labelNames: ["phase"],
-      buckets: [0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5],
+      buckets: PHASE_BUCKETS,
       registers,
     });
     this.clientDisconnects = labelled("keel_client_disconnects_total", "Clients that closed their connection before their response ended, by request phase", "phase", PHASES);
