@@ -8,7 +8,7 @@ import http from "node:http";
 import os from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
-import { freePort, httpGet, killGroup, lines, serverGroups } from "./lib.mjs";
+import { freePort, httpGet, killGroup, lines, serverGroups, waitReady } from "./lib.mjs";
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
 const KEEL_BIN = path.join(ROOT, "bin", "keel.mjs");
@@ -293,21 +293,9 @@ async function startOther(model, slots) {
     ? spawn("sh", ["-c", fill(CFG.otherCmd)], { stdio: ["ignore", "pipe", "pipe"], detached: true })
     : spawn(fill(defaultOtherCmd()[0]), defaultOtherCmd().slice(1).map(fill), { stdio: ["ignore", "pipe", "pipe"], detached: true });
   live.add(proc);
-  const tail = [];
-  const keep = (line) => {
-    tail.push(line);
-    if (tail.length > 20) tail.shift();
-  };
-  lines(proc.stdout, keep);
-  lines(proc.stderr, keep);
-  let exited = false;
-  proc.once("exit", () => (exited = true));
   // Poll for readiness: /health answers 503 while loading, then 200; some servers only have /v1/models.
-  for (const end = Date.now() + 300_000; Date.now() < end; await sleep(100)) {
-    if (exited) throw new Error(`${CFG.otherName} exited before ready:\n${tail.join("\n")}`);
-    if ((await httpGet(port, "/health")).status === 200 || (await httpGet(port, "/v1/models")).status === 200) return { name: CFG.otherName, port, stop: () => stopProc(proc) };
-  }
-  throw new Error(`${CFG.otherName} not ready after 300 s:\n${tail.join("\n")}`);
+  await waitReady(proc, CFG.otherName, async () => (await httpGet(port, "/health")).status === 200 || (await httpGet(port, "/v1/models")).status === 200);
+  return { name: CFG.otherName, port, stop: () => stopProc(proc) };
 }
 async function stopProc(proc) {
   if (proc.exitCode !== null || proc.signalCode !== null) return live.delete(proc);

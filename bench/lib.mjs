@@ -121,3 +121,24 @@ export function httpGet(port, p) {
       .on("error", () => resolve({ status: 0, body: "" }));
   });
 }
+
+/**
+ * Follow a spawned server until `isReady()` (polled every `everyMs`) says it is up: its last `keepLines` output lines
+ * are kept for the error when it exits first or is not ready within 300 s.
+ */
+export async function waitReady(proc, name, isReady, { everyMs = 100, keepLines = 20 } = {}) {
+  const tail = [];
+  const keep = (l) => {
+    tail.push(l);
+    if (tail.length > keepLines) tail.shift();
+  };
+  lines(proc.stdout, keep);
+  lines(proc.stderr, keep);
+  let exited = false;
+  proc.once("exit", () => (exited = true));
+  for (const end = Date.now() + 300_000; Date.now() < end; await new Promise((r) => setTimeout(r, everyMs))) {
+    if (exited) throw new Error(`${name} exited before ready:\n${tail.join("\n")}`);
+    if (await isReady()) return;
+  }
+  throw new Error(`${name} not ready after 300 s:\n${tail.join("\n")}`);
+}

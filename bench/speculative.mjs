@@ -8,7 +8,7 @@ import { existsSync } from "node:fs";
 import http from "node:http";
 import os from "node:os";
 import path from "node:path";
-import { freePort, httpGet as get, killGroup as kill, lines, median, ROOT, serverGroups } from "./lib.mjs";
+import { freePort, httpGet as get, killGroup as kill, median, ROOT, serverGroups, waitReady } from "./lib.mjs";
 import { TOOL_RESULT_MESSAGES, EDIT_FILE_MESSAGES } from "./speculative-workload.mjs";
 
 const HELP = `Usage: node bench/speculative.mjs [--flag value ...]
@@ -71,27 +71,14 @@ const CTX = 4096;
 
 // ---------- processes ----------
 const live = serverGroups();
-const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 /** Start a server process; resolve once GET `ready` answers 200. */
 async function start(name, cmd, args, port) {
   const proc = spawn(cmd, args, { cwd: ROOT, stdio: ["ignore", "pipe", "pipe"], detached: true });
   live.add(proc);
-  const tail = [];
-  const keep = (l) => {
-    tail.push(l);
-    if (tail.length > 15) tail.shift();
-  };
-  lines(proc.stdout, keep);
-  lines(proc.stderr, keep);
-  let exited = false;
-  proc.once("exit", () => (exited = true));
-  for (const end = Date.now() + 300_000; Date.now() < end; await sleep(200)) {
-    if (exited) throw new Error(`${name} exited before ready:\n${tail.join("\n")}`);
-    // llama-server: /health 200 once loaded; Keel: /v2/health/ready 200 once its engine is up.
-    const ready = name === "keel" ? await get(port, "/v2/health/ready") : await get(port, "/health");
-    if (ready.status === 200) return { name, port, proc };
-  }
-  throw new Error(`${name} not ready after 300 s:\n${tail.join("\n")}`);
+  // llama-server: /health 200 once loaded; Keel: /v2/health/ready 200 once its engine is up.
+  const probe = name === "keel" ? "/v2/health/ready" : "/health";
+  await waitReady(proc, name, async () => (await get(port, probe)).status === 200, { everyMs: 200, keepLines: 15 });
+  return { name, port, proc };
 }
 async function stop(s) {
   const exited = new Promise((r) => (s.proc.exitCode !== null ? r() : s.proc.once("exit", r)));
