@@ -29,19 +29,29 @@ class Detokenizer:
         self.decode = decode
         #: Non-end-of-generation tokens so far (resumed ones included).
         self.ids: list[int] = list(primed)
-        #: Start of the decoding window.
-        self.prefix = max(0, len(self.ids) - 6)
-        #: End of the text already emitted (tokens before it were emitted, up to a held-back partial character).
-        self.read = len(self.ids)
+        # A resumed request continues where the first engine stood: at the last point its text did not end in an
+        # incomplete or invalid character (the tokens after it were held back). A window that starts inside a
+        # character only garbles its start, never its end, so eight tokens back tell where the text ends.
+        held = len(self.ids)
+        while held > 0 and decode(self.ids[max(0, held - 8):held]).endswith("\ufffd"):
+            held -= 1
+        #: Start of the decoding window (a character boundary).
+        self.prefix = held
+        #: End of the text already emitted (tokens after it are held back until their character completes).
+        self.read = held
 
     def push(self, tokens: list[int], final: bool = False) -> str:
         self.ids.extend(tokens)
-        if len(self.ids) == self.read and not final:
+        end = len(self.ids)
+        if not final:
+            # Emit up to the last token after which the text ends in a whole character, however the tokens came
+            # (one or several a step): where the text stands is then a function of the tokens alone, as a resume needs.
+            while end > self.read and self.decode(self.ids[self.prefix:end]).endswith("\ufffd"):
+                end -= 1
+        if end == self.read:
             return ""
-        done = self.decode(self.ids[self.prefix:self.read]).rstrip("\ufffd") if self.read > self.prefix else ""
-        full = self.decode(self.ids[self.prefix:])
-        if full.endswith("\ufffd") and not final:
-            return ""
-        delta = full[len(done):] if full.startswith(done) else full[len(done):]
-        self.prefix, self.read = self.read, len(self.ids)
+        # Both window ends are character boundaries, so the emitted text is a prefix of the longer decoding.
+        done = self.decode(self.ids[self.prefix:self.read]) if self.read > self.prefix else ""
+        delta = self.decode(self.ids[self.prefix:end])[len(done):]
+        self.prefix, self.read = self.read, end
         return delta

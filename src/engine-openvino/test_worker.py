@@ -73,6 +73,19 @@ class Text(unittest.TestCase):
         d = ByteDetokenizer(self.TABLE, [0, 1])
         self.assertEqual(d.push([2, 4]), "é<|x|>")
 
+    def test_window_detokenizer_resumed_anywhere_continues_exactly(self):
+        # Invalid and split characters everywhere (a random-weight model's bytes): what the first engine emitted
+        # before the cut + what an engine primed with the cut's tokens emits = the whole text, at every cut.
+        decode = lambda ids: b"".join(self.TABLE[i] for i in ids).decode("utf-8", errors="replace")  # noqa: E731
+        ids = [3, 1, 0, 3, 3, 1, 2, 3, 1, 1, 2, 0, 3, 1, 4, 3, 3, 3, 0, 1, 2]
+        whole = decode(ids)
+        for cut, chunk in ((c, k) for c in range(len(ids) + 1) for k in (1, 3)):
+            first = Detokenizer(decode, [])  # one token a step, or three (a resumed request's first step)
+            before = "".join(first.push(ids[i:min(i + chunk, cut)]) for i in range(0, cut, chunk))
+            second = Detokenizer(decode, ids[:cut])
+            after = "".join(second.push([t]) for t in ids[cut:]) + second.push([], final=True)
+            self.assertEqual(before + after, whole, f"cut at {cut}, {chunk} a step")
+
     def test_window_detokenizer_concatenates_to_the_whole(self):
         pieces = {1: "he", 2: "llo", 3: " wor", 4: "ld"}
         decode = lambda ids: "".join(pieces[i] for i in ids)  # noqa: E731
