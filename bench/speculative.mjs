@@ -111,7 +111,7 @@ async function startLlamaServer(model, spec) {
 function chat(port, messages, extra) {
   return new Promise((resolve, reject) => {
     const payload = JSON.stringify({ model: "bench", messages, stream: true, stream_options: { include_usage: true }, max_tokens: CFG.tokens, temperature: 0, ...extra });
-    const r = { text: "", chunks: [], usage: null, timings: null, sent: NaN };
+    const r = { text: "", chunks: [], usage: null, timings: null, sent: NaN, logprobs: [] };
     const req = http.request({ host: "127.0.0.1", port, path: "/v1/chat/completions", method: "POST", agent: false, headers: { "content-type": "application/json", "content-length": Buffer.byteLength(payload) } });
     req.on("error", reject);
     req.on("response", (res) => {
@@ -134,6 +134,7 @@ function chat(port, messages, extra) {
           const ev = JSON.parse(raw.slice(5));
           if (ev.usage) r.usage = ev.usage;
           if (ev.timings) r.timings = ev.timings;
+          r.logprobs.push(...(ev.choices?.[0]?.logprobs?.content ?? []));
           const c = ev.choices?.[0]?.delta?.content;
           if (c) {
             r.text += c;
@@ -151,6 +152,30 @@ async function keelDrafts(port) {
   const { body } = await get(port, "/metrics");
   const num = (re) => Number(body.match(re)?.[1] ?? 0);
   return { proposed: num(/^keel_engine_draft_tokens_total\{[^}]*\} (\S+)/m), accepted: num(/^keel_engine_accepted_draft_tokens_total\{[^}]*\} (\S+)/m) };
+}
+
+/**
+ * Where Keel's greedy text with speculation first differs from the text without, and how close the two best tokens
+ * were there without speculation (one more run of the off variant with top_logprobs 2): a margin of a few
+ * thousandths of a nat is a tie that the batch shape's rounding (k + 1 positions a decode vs one) decides, not a
+ * wrong acceptance.
+ */
+async function divergence(port, messages, off, on) {
+  let at = 0;
+  while (at < off.length && off[at] === on[at]) at++;
+  const r = await chat(port, messages, { num_assistant_tokens: 0, logprobs: true, top_logprobs: 2 });
+  if (r.text !== off) return `char ${at}; the off run's text changed between runs`;
+  let seen = 0;
+  for (const [i, lp] of r.logprobs.entries()) {
+    const next = seen + lp.token.length;
+    if (next > at) {
+      const [a, b] = lp.top_logprobs ?? [];
+      const margin = a && b ? Math.abs(a.logprob - b.logprob) : NaN;
+      return `token ${i} (char ${at}): off ${JSON.stringify(lp.token)}, top-2 margin ${Number.isFinite(margin) ? margin.toFixed(4) : "?"} nats`;
+    }
+    seen = next;
+  }
+  return `char ${at}: past the off run's tokens`;
 }
 
 // ---------- the measurement ----------
@@ -197,6 +222,7 @@ try {
         a.decode.push(((n - 1) / (r.chunks.at(-1) - r.chunks[0])) * 1000);
         a.e2e.push((n / (r.chunks.at(-1) - r.sent)) * 1000);
         a.texts.push(r.text);
+        (a.messages ??= messages);
         a.tokens.push(n);
         if (before && after) {
           a.proposed += after.proposed - before.proposed;
@@ -235,6 +261,12 @@ try {
   }
   console.log(`\nPrompt-lookup decoding, median of ${CFG.rounds} interleaved rounds (decode tok/s excludes the first token; greedy texts compared round by round)`);
   console.table(rows);
+  for (const [w, byVariant] of Object.entries(acc)) {
+    const off = byVariant["keel off"];
+    const on = byVariant["keel on"];
+    const i = off && on ? off.texts.findIndex((t, k) => t !== on.texts[k]) : -1;
+    if (i >= 0) console.log(`${w}: Keel on/off first differ at ${await divergence(servers["keel"].port, off.messages, off.texts[i], on.texts[i])}`);
+  }
 } catch (err) {
   fail(`speculative: ${err.message}`);
 } finally {

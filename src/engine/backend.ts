@@ -146,7 +146,12 @@ export interface ModelBackend extends Partial<GrammarBackend> {
    * returns the batch logit index per item (-1 without logits; the first of its run for a drafted item).
    * @throws when the batch cannot be decoded.
    */
-  decode(items: DecodeItem[], step: number): Promise<number[]>;
+  decode(items: DecodeItem[], step: number, alongside?: () => Promise<void> | void): Promise<number[]>;
+  /**
+   * True when `decode` computes on a device while it runs `alongside` (host work that touches no backend state: the
+   * loop's previous step message and event-loop turn); absent or false, `alongside` is never passed.
+   */
+  readonly overlapsDecode?: boolean;
   /** Sample the next token at a batch logit index (sequentially, never in parallel). */
   sample(batchLogitIndex: number, sampler: SamplerHandle): Promise<number>;
   /**

@@ -84,7 +84,7 @@ export class FaultyBackend implements ModelBackend {
     this.promptText.set(m.id, text);
   }
 
-  async decode(items: DecodeItem[], step: number): Promise<number[]> {
+  async decode(items: DecodeItem[], step: number, alongside?: () => Promise<void> | void): Promise<number[]> {
     const s = this.switches;
     if (this.once("crash", step, s.crashAtStep) || this.inBatch(items, s.crashOnPrompt)) {
       this.effects.injected("crash", step);
@@ -102,7 +102,7 @@ export class FaultyBackend implements ModelBackend {
       this.effects.injected("hang", step);
       await new Promise<never>(() => undefined);
     }
-    return this.inner.decode(items, step);
+    return this.inner.decode(items, step, alongside);
   }
 
   /** A step-keyed switch fires: first process, its step, not yet fired. */
@@ -126,6 +126,9 @@ export class FaultyBackend implements ModelBackend {
   }
   get vocabSize(): number {
     return this.inner.vocabSize;
+  }
+  get overlapsDecode(): boolean | undefined {
+    return this.inner.overlapsDecode;
   }
   get canRollBack(): boolean | undefined {
     return this.inner.canRollBack;

@@ -254,4 +254,26 @@ describe("LlamaAdapter.sampleMany (Keel's addon) equals sequential sample()", ()
       native.decodeSync = saved;
     }
   });
+  it("a decode queued with host work alongside (keelDecodeBatch(ctx, false), then keelSynchronize) gives the waiting decode's tokens", async () => {
+    const inFlight = (): boolean => (adapter as unknown as { guard: { decoding: boolean } }).guard.decoding;
+    const prompt = adapter.tokenize(PROMPTS[4]!);
+    const run = async (alongside?: () => void): Promise<number[]> => {
+      adapter.clearSequence(0);
+      const sampler = adapter.createSampler(base);
+      const tokens: number[] = [];
+      let idx = await adapter.decode([{ slot: 0, pos: 0, tokens: prompt, wantsLogits: true }], 0, alongside);
+      for (let step = 0; step < 8; step++) {
+        tokens.push(adapter.sampleMany!([{ batchLogitIndex: idx[0]!, sampler }])[0] as number);
+        idx = await adapter.decode([{ slot: 0, pos: prompt.length + step, tokens: [tokens.at(-1)!], wantsLogits: true }], step + 1, alongside);
+      }
+      sampler.dispose();
+      return tokens;
+    };
+    const during: boolean[] = [];
+    const queued = await run(() => void during.push(inFlight()));
+    expect(during).toHaveLength(9);
+    expect(during.every((d) => d)).toBe(true); // the host work ran inside the decode, before its wait
+    expect(queued).toEqual(await run());
+    expect(new Set(queued).size).toBeGreaterThan(1);
+  });
 });

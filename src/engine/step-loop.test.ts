@@ -1,6 +1,6 @@
 import { describe, expect, it } from "vitest";
 import fc from "fast-check";
-import type { RequestErrorMessage } from "../protocol/messages.js";
+import type { RequestErrorMessage, RequestOutput } from "../protocol/messages.js";
 import { PROTOCOL_VERSION } from "../protocol/messages.js";
 import { tokenSeed } from "./request-state.js";
 import { StepLoop } from "./step-loop.js";
@@ -21,6 +21,55 @@ describe("tokenize", () => {
     expect(t.messages.filter((m) => m.type === "tokenized")).toEqual([]);
     await t.loop.step();
     expect(t.messages.filter((m) => m.type === "tokenized")).toEqual([{ v: PROTOCOL_VERSION, type: "tokenized", id: "tok-1", tokens: [111, 107] }]);
+  });
+});
+
+describe("a device backend (overlapsDecode): each step message is sent while the next decode computes", () => {
+  /** Run `ids` (6 tokens each, one stream joining later) to the end with run(); messages without their timings. */
+  const runAll = async (overlaps: boolean) => {
+    const t = setup({ maxNumSeqs: 2 });
+    t.backend.overlapsDecode = overlaps;
+    const running = t.loop.run();
+    t.loop.submit(add("a", "hello", { maxTokens: 6, temperature: 0 }));
+    t.loop.submit({ v: PROTOCOL_VERSION, type: "tokenize", id: "tok-1", text: "ok", addSpecialTokens: true });
+    while (!t.outputsOf("a").some((o) => o.finish)) await new Promise<void>((r) => setImmediate(r));
+    t.loop.submit(add("b", "yo", { maxTokens: 3, temperature: 0 }));
+    while (!t.outputsOf("b").some((o) => o.finish)) await new Promise<void>((r) => setImmediate(r));
+    t.loop.stop();
+    await running;
+    // Without the timings (phase times, queue times): everything else must be equal.
+    const untimed = (o: RequestOutput): RequestOutput => (o.admitted ? { ...o, admitted: { ...o.admitted, queueMs: 0 } } : o);
+    const plain = t.messages.map((m) => (m.type === "step" ? { ...m, outputs: m.outputs.map(untimed), stats: { ...m.stats, phaseUs: null } } : m));
+    return { t, plain };
+  };
+
+  it("same messages in the same order as without overlap; sent during the next decode, the last at once", async () => {
+    const off = await runAll(false);
+    const on = await runAll(true);
+    expect(on.plain).toEqual(off.plain);
+    expect(off.t.emittedDuringDecode.every((d) => !d)).toBe(true);
+    // With overlap every step message but each request's last is sent while a decode is in flight; a request's
+    // finishing step is sent at once (no step follows to carry it).
+    const steps = on.t.messages.map((m, i) => ({ m, during: on.t.emittedDuringDecode[i]! })).filter((x) => x.m.type === "step");
+    const ends = steps.filter((x) => x.m.type === "step" && x.m.outputs.some((o) => o.finish));
+    expect(ends.length).toBe(2);
+    expect(ends.every((x) => !x.during)).toBe(true);
+    const middle = steps.filter((x) => !ends.includes(x));
+    expect(middle.length).toBeGreaterThan(4);
+    expect(middle.every((x) => x.during)).toBe(true);
+  });
+
+  it("a message the loop sends itself (a refusal) goes after the deferred step message", async () => {
+    const t = setup({ maxNumSeqs: 2 });
+    t.backend.overlapsDecode = true;
+    t.loop.submit(add("a", "hello", { maxTokens: 4, temperature: 0 }));
+    await t.loop.step();
+    expect(t.steps()).toHaveLength(0); // deferred: the next step's decode carries it
+    t.loop.submit(add("a", "again", { maxTokens: 4, temperature: 0 })); // duplicate id: refused at the boundary
+    await t.loop.step();
+    expect(t.messages.map((m) => m.type).slice(0, 2)).toEqual(["step", "request_error"]);
+    await t.drain();
+    expect(t.outputsOf("a").some((o) => o.finish?.reason === "length")).toBe(true);
   });
 });
 

@@ -8,7 +8,10 @@
  *   update   — the scheduler commits the sampled tokens and decides who finished; tokens, text and finishes are
  *              recorded, freed slots cleared;
  * and emits exactly one `step` message for each step that did work. No native call ever overlaps a decode: slots
- * are cleared and samplers disposed only between decodes. Admission of an add: admission.ts.
+ * are cleared and samplers disposed only between decodes. On a device backend (`overlapsDecode`) a step's message
+ * is sent while the next step's decode computes, together with the event-loop turn (vLLM's overlap of output
+ * processing with the next forward pass): the host work between decodes shrinks to scheduling and sampling.
+ * Admission of an add: admission.ts.
  */
 import type { AddMessage, EngineErrorCode, EngineMessage, RequestOutput, TokenizedMessage, TokenizeMessage } from "../protocol/messages.js";
 import { PROTOCOL_VERSION } from "../protocol/messages.js";
@@ -18,6 +21,9 @@ import { BatchExecutor, type Executed } from "./execute.js";
 import type { RequestState } from "./request-state.js";
 import type { NgramSettings } from "./speculation/ngram.js";
 import { Scheduler, type BatchItem, type Outcome, type SchedulerConfig, type StepPlan } from "./scheduler.js";
+
+/** One turn of the event loop (I/O callbacks run: commands are queued, pings answered). */
+const nextTurn = (): Promise<void> => new Promise<void>((resolve) => setImmediate(resolve));
 
 /** A command for the loop, applied at the next step boundary. */
 export type LoopCommand = AddMessage | { type: "abort"; ids: string[] } | TokenizeMessage;
@@ -58,6 +64,13 @@ export class StepLoop {
   private wake: (() => void) | null = null;
   /** Set by stop(); the loop exits at the next boundary. */
   private stopping = false;
+  /**
+   * The last step's message while it waits to be sent during the next step's decode (device backends only, and
+   * only while more steps follow); every other message sends it first, so messages keep their order.
+   */
+  private deferred: EngineMessage | null = null;
+  /** Whether the current step's decode already gave the event loop its turn (alongside the device's work). */
+  private turned = false;
   /** Steps that decoded a batch. */
   steps = 0;
   /** Prompt-lookup draft tokens verified since start, and those accepted (the step message's cumulative counters). */
@@ -103,16 +116,21 @@ export class StepLoop {
    * itself rejects, and the engine process then exits so that the gateway restarts it (never a stuck loop).
    */
   async run(): Promise<void> {
-    while (!this.stopping) {
-      if (this.inbox.length === 0 && !this.scheduler.hasWork) {
-        await new Promise<void>((resolve) => (this.wake = resolve));
-        this.wake = null;
-        continue;
+    try {
+      while (!this.stopping) {
+        if (this.inbox.length === 0 && !this.scheduler.hasWork) {
+          await new Promise<void>((resolve) => (this.wake = resolve));
+          this.wake = null;
+          continue;
+        }
+        await this.step();
+        // Let I/O in (commands, pings) between steps: with Keel's addon a decode step's native calls all run on this
+        // thread, so a busy loop would otherwise never leave the microtask queue and starve the command channel.
+        // A step whose decode computed on a device had that turn alongside it.
+        if (!this.turned) await nextTurn();
       }
-      await this.step();
-      // Let I/O in (commands, pings) between steps: with Keel's addon a decode step's native calls all run on this
-      // thread, so a busy loop would otherwise never leave the microtask queue and starve the command channel.
-      await new Promise<void>((resolve) => setImmediate(resolve));
+    } finally {
+      this.sendDeferred();
     }
   }
 
@@ -120,6 +138,7 @@ export class StepLoop {
   async step(): Promise<void> {
     const stepStart = performance.now();
     this.executor.times = { decodeUs: 0, sampleUs: 0 };
+    this.turned = false;
     const outputs = new StepOutputs();
     // 1. One snapshot of the commands, applied at this boundary.
     this.applyCommands(outputs);
@@ -128,7 +147,7 @@ export class StepLoop {
     let batchTokens = 0;
     if (plan.items.length > 0) {
       // 3. Execute: decode and sample (a failing decode is retried, then bisected: only its culprit fails).
-      const executed = await this.executor.run(plan.items, this.steps + 1);
+      const executed = await this.executor.run(plan.items, this.steps + 1, this.backend.overlapsDecode ? this.alongside : undefined);
       // 4. Update: commit what was decoded, record tokens and text, release the finished.
       batchTokens = this.update(plan, executed, outputs);
     }
@@ -138,8 +157,29 @@ export class StepLoop {
       this.options.onInvariantViolation?.(violations);
       this.finish(this.scheduler.repairInvariants(), outputs);
     }
-    // 6. Exactly one output message for the step.
+    // 6. Exactly one output message for the step (the last step's goes first, if no decode sent it).
+    this.sendDeferred();
     if (outputs.byId.size > 0 || batchTokens > 0) this.emitStep(outputs, batchTokens, stepStart);
+  }
+
+  /** Host work while a decode computes on the device: the last step's message, then the event loop's turn. */
+  private readonly alongside = async (): Promise<void> => {
+    this.sendDeferred();
+    await nextTurn();
+    this.turned = true;
+  };
+
+  /** Send a message, after the deferred step message (order kept). */
+  private send(msg: EngineMessage): void {
+    this.sendDeferred();
+    this.emit(msg);
+  }
+
+  /** Send the deferred step message, if one waits. */
+  private sendDeferred(): void {
+    const msg = this.deferred;
+    this.deferred = null;
+    if (msg) this.emit(msg);
   }
 
   /** Apply the snapshot of commands: adds before aborts, so an abort that raced its own add is never lost. */
@@ -149,7 +189,7 @@ export class StepLoop {
     const abortIds: string[] = [];
     for (const cmd of snapshot) {
       if (cmd.type === "add") this.applyAdd(cmd);
-      else if (cmd.type === "tokenize") this.emit(this.tokenize(cmd));
+      else if (cmd.type === "tokenize") this.send(this.tokenize(cmd));
       else abortIds.push(...cmd.ids);
     }
     // Aborts free their slots at once (no decode is in flight here).
@@ -235,7 +275,7 @@ export class StepLoop {
   /** The step message: every output, the scheduler's gauges, and the step's times. */
   private emitStep(outputs: StepOutputs, batchTokens: number, stepStart: number): void {
     const times = this.executor.times;
-    this.emit({
+    const msg: EngineMessage = {
       v: PROTOCOL_VERSION,
       type: "step",
       step: this.steps,
@@ -251,7 +291,10 @@ export class StepLoop {
         ...(this.drafts.proposed > 0 ? { draftTokens: this.drafts.proposed, acceptedDraftTokens: this.drafts.accepted } : {}),
         phaseUs: { decode: Math.round(times.decodeUs), sample: Math.round(times.sampleUs), step: Math.round((performance.now() - stepStart) * 1000) },
       },
-    });
+    };
+    // Deferred into the next step's decode when one follows at once on a device backend; else sent now.
+    if (this.backend.overlapsDecode && this.scheduler.hasWork && !this.stopping) this.deferred = msg;
+    else this.send(msg);
   }
 
   /** Number of requests the loop holds (for tests). */
@@ -280,7 +323,7 @@ export class StepLoop {
     const refuse = (code: EngineErrorCode, message: string): void => {
       this.abortArrivedAtStep.delete(cmd.id);
       if (!this.requests.has(cmd.id)) this.addArrivedAt.delete(cmd.id);
-      this.emit({ v: PROTOCOL_VERSION, type: "request_error", id: cmd.id, code, message });
+      this.send({ v: PROTOCOL_VERSION, type: "request_error", id: cmd.id, code, message });
     };
     if (this.requests.has(cmd.id)) return refuse("duplicate_id", `request id ${cmd.id} is already live`);
     const admitted = admitAdd(cmd, { backend: this.backend, scheduler: this.scheduler, maxTopLogprobs: this.maxTopLogprobs, grammars: this.grammars, promptLookup: this.options.promptLookup ?? null });

@@ -402,7 +402,7 @@ export async function buildNativeAddon(opts: NativeBuildOptions): Promise<Native
     ]);
     // 5. Smoke test in a child: the addon loads with its libraries and exports our function.
     if (opts.verify !== false) {
-      const probe = `const m = require(${JSON.stringify(path.join(out, ADDON_FILE))}); if (typeof m.keelSampleTokens !== "function" || typeof m.keelDecodeBatch !== "function" || typeof m.keelSamplingCounts !== "function") { console.error("keelSampleTokens, keelDecodeBatch or keelSamplingCounts missing"); process.exit(1); }`;
+      const probe = `const m = require(${JSON.stringify(path.join(out, ADDON_FILE))}); if (typeof m.keelSampleTokens !== "function" || typeof m.keelDecodeBatch !== "function" || typeof m.keelSynchronize !== "function" || typeof m.keelSamplingCounts !== "function") { console.error("keelSampleTokens, keelDecodeBatch, keelSynchronize or keelSamplingCounts missing"); process.exit(1); }`;
       await run(process.execPath, ["-e", probe]).catch((err) => {
         throw new NativeBuildError(`the built addon does not load: ${(err as Error).message}`);
       });

@@ -268,22 +268,35 @@ Napi::Value keelSampleTokens(const Napi::CallbackInfo& info) {
  * backend (what AddonContext.decodeBatch's AsyncWorker does on a libuv worker). For small batches (decode steps) the
  * worker hop and the event-loop wake-up that ends it cost as much as the decode of a small model; the engine's
  * main thread only waits meanwhile. Throws the same messages as decodeBatch when llama.cpp refuses the batch.
+ * keelDecodeBatch(context, false) returns once llama.cpp has queued the work on its backend (a GPU computes on while
+ * the caller does host work that touches no native state); keelSynchronize(context) then waits for it.
  */
 Napi::Value keelDecodeBatch(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
-    if (info.Length() < 1 || !info[0].IsObject()) throw Napi::TypeError::New(env, "keelDecodeBatch(context)");
+    if (info.Length() < 1 || !info[0].IsObject()) throw Napi::TypeError::New(env, "keelDecodeBatch(context, wait = true)");
+    const bool wait = info.Length() < 2 || !info[1].IsBoolean() || info[1].As<Napi::Boolean>().Value();
     AddonContext* context = Napi::ObjectWrap<AddonContext>::Unwrap(info[0].As<Napi::Object>());
     if (context == nullptr || context->disposed || context->ctx == nullptr) throw Napi::Error::New(env, "keelDecodeBatch: the context is disposed");
     if (!context->has_batch) throw Napi::Error::New(env, "keelDecodeBatch: no batch (initBatch first)");
     int r;
     try {
         r = llama_decode(context->ctx, context->batch);
-        if (r == 0) llama_synchronize(context->ctx);
+        if (r == 0 && wait) llama_synchronize(context->ctx);
     } catch (const std::exception& e) {
         throw Napi::Error::New(env, e.what());
     }
     if (r == 1) throw Napi::Error::New(env, "could not find a KV slot for the batch (try reducing the size of the batch or increase the context)");
     if (r != 0) throw Napi::Error::New(env, "Eval has failed");
+    return env.Undefined();
+}
+
+/** keelSynchronize(context): wait for the decode keelDecodeBatch(context, false) queued. */
+Napi::Value keelSynchronize(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    if (info.Length() < 1 || !info[0].IsObject()) throw Napi::TypeError::New(env, "keelSynchronize(context)");
+    AddonContext* context = Napi::ObjectWrap<AddonContext>::Unwrap(info[0].As<Napi::Object>());
+    if (context == nullptr || context->disposed || context->ctx == nullptr) throw Napi::Error::New(env, "keelSynchronize: the context is disposed");
+    llama_synchronize(context->ctx);
     return env.Undefined();
 }
 
@@ -317,6 +330,7 @@ Napi::Value keelSamplingOptions(const Napi::CallbackInfo& info) {
 void keelRegisterSampling(Napi::Object exports) {
     exports.Set("keelSampleTokens", Napi::Function::New(exports.Env(), keelSampleTokens, "keelSampleTokens"));
     exports.Set("keelDecodeBatch", Napi::Function::New(exports.Env(), keelDecodeBatch, "keelDecodeBatch"));
+    exports.Set("keelSynchronize", Napi::Function::New(exports.Env(), keelSynchronize, "keelSynchronize"));
     exports.Set("keelSamplingCounts", Napi::Function::New(exports.Env(), keelSamplingCounts, "keelSamplingCounts"));
     exports.Set("keelSamplingOptions", Napi::Function::New(exports.Env(), keelSamplingOptions, "keelSamplingOptions"));
 }

@@ -70,6 +70,8 @@ export class FakeBackend implements ModelBackend {
   holdNext = false;
   pending: Deferred<void> | null = null;
   decodeInFlight = false;
+  /** Like a GPU backend: the loop passes host work to run while a decode is in flight (`alongside`). */
+  overlapsDecode = false;
   /** Per-sampler scripted tokens; the default derives a letter from the sampler's history. */
   script: ((s: FakeSampler, item: DecodeItem) => number) | null = null;
   /**
@@ -98,10 +100,11 @@ export class FakeBackend implements ModelBackend {
     this.samplers.push(s);
     return s;
   }
-  async decode(items: DecodeItem[]): Promise<number[]> {
+  async decode(items: DecodeItem[], _step?: number, alongside?: () => Promise<void> | void): Promise<number[]> {
     this.batches.push(items.map((it) => ({ slot: it.slot, pos: it.pos, tokens: [...it.tokens], wantsLogits: it.wantsLogits })));
     this.decodeInFlight = true;
     try {
+      if (alongside) await alongside();
       if (this.holdNext) {
         this.holdNext = false;
         this.pending = deferred<void>();
@@ -163,11 +166,16 @@ export function add(id: string, text: string, p: Partial<SamplingParams> = {}, e
   return { v: PROTOCOL_VERSION, type: "add", id, prompt: { text }, params: params(p), ...extra };
 }
 
-export function setup(cfg: Partial<SchedulerConfig> = {}) {
-  const backend = new FakeBackend();
+export function setup(cfg: Partial<SchedulerConfig> = {}, backend = new FakeBackend()) {
   const messages: EngineMessage[] = [];
+  /** Whether a decode was in flight when each message was emitted (same order as `messages`). */
+  const emittedDuringDecode: boolean[] = [];
   const violations: string[][] = [];
-  const loop = new StepLoop(backend, { maxNumSeqs: 2, maxNumBatchedTokens: 16, maxModelLen: 32, ...cfg }, (m) => messages.push(structuredClone(m)), { onInvariantViolation: (v) => violations.push(v) });
+  const emit = (m: EngineMessage): void => {
+    messages.push(structuredClone(m));
+    emittedDuringDecode.push(backend.decodeInFlight);
+  };
+  const loop = new StepLoop(backend, { maxNumSeqs: 2, maxNumBatchedTokens: 16, maxModelLen: 32, ...cfg }, emit, { onInvariantViolation: (v) => violations.push(v) });
   const steps = (): StepMessage[] => messages.filter((m): m is StepMessage => m.type === "step");
   const outputsOf = (id: string): RequestOutput[] => steps().flatMap((m) => m.outputs.filter((o) => o.id === id));
   /** Step and return the step messages that step emitted. */
@@ -184,5 +192,5 @@ export function setup(cfg: Partial<SchedulerConfig> = {}) {
       await loop.step();
     } while (loop.scheduler.hasWork);
   };
-  return { backend, messages, loop, violations, steps, outputsOf, stepOnce, drain };
+  return { backend, messages, emittedDuringDecode, loop, violations, steps, outputsOf, stepOnce, drain };
 }

@@ -25,9 +25,9 @@
  */
 import { getLlama, LlamaLogLevel, type Llama, type LlamaContext, type LlamaModel } from "node-llama-cpp";
 import type { EngineBackend, ModelMetadata } from "../../protocol/messages.js";
-import { loadWithKeelAddon, type NativeAddonChoice } from "../../native/loader.js";
+import { loadWithKeelAddon, nativeSamplingSwitch, type NativeAddonChoice } from "../../native/loader.js";
 import type { CompiledGrammar, GrammarBackend, GrammarState, ModelBackend, RawLogprobs, SampleRequest, SamplerConfig, SamplerHandle } from "../backend.js";
-import { decodeBatch, DecodePace, type LlamaBatchItem } from "./batch.js";
+import { decodeBatch, DecodePace, type Alongside, type LlamaBatchItem } from "./batch.js";
 import { LlamaGrammars } from "./grammar.js";
 import { internalsOf, NativeCallGuard, type Internals } from "./internals.js";
 import { kvElementsPerToken, LlamaKv, supportsPartialTrim } from "./kv.js";
@@ -83,6 +83,8 @@ export class LlamaAdapter implements ModelBackend, GrammarBackend {
   private readonly samplers: LlamaSamplers;
   private readonly raw: LlamaLogprobs;
   private readonly kv: LlamaKv;
+  /** See {@link overlapsDecode}; `KEEL_DECODE_OVERLAP=off` turns it off (A/B benchmarks: bench/gpu/plan-i21b.sh). */
+  private readonly overlap: boolean;
 
   private constructor(
     private readonly llama: Llama,
@@ -101,6 +103,9 @@ export class LlamaAdapter implements ModelBackend, GrammarBackend {
     this.samplers = new LlamaSamplers(native, this.vocab, this.grammars, this.guard, options.contextSize, options.threads);
     this.raw = new LlamaLogprobs(native, this.guard);
     this.kv = new LlamaKv(native.ctx, this.guard);
+    const overlapSwitch = nativeSamplingSwitch(process.env["KEEL_DECODE_OVERLAP"]);
+    if (overlapSwitch === "invalid") throw new Error(`KEEL_DECODE_OVERLAP=${JSON.stringify(process.env["KEEL_DECODE_OVERLAP"])} is not on/off (1/0, true/false, yes/no)`);
+    this.overlap = native.synchronize !== null && llama.gpu !== false && options.gpu !== "cpu" && overlapSwitch === "on";
     const sampleTokens = native.sampleTokens;
     if (sampleTokens) this.sampleMany = (batch) => this.samplers.sampleMany(sampleTokens, batch);
   }
@@ -209,9 +214,17 @@ export class LlamaAdapter implements ModelBackend, GrammarBackend {
     return this.raw.at(batchLogitIndex, token, top);
   }
 
+  /**
+   * True when a decode computes on a GPU while the host runs `alongside` (Keel's addon queues it and waits after);
+   * on the CPU the decode is the host's own work, so nothing is gained by deferring host work into it.
+   */
+  get overlapsDecode(): boolean {
+    return this.overlap;
+  }
+
   /** Decode one batch (see {@link decodeBatch}); the step number is the loop's, unused here. */
-  decode(items: readonly LlamaBatchItem[], _step?: number): Promise<number[]> {
-    return decodeBatch(this.native, this.guard, this.options.batchSize, items, this.pace);
+  decode(items: readonly LlamaBatchItem[], _step?: number, alongside?: Alongside): Promise<number[]> {
+    return decodeBatch(this.native, this.guard, this.options.batchSize, items, this.pace, alongside);
   }
 
   /** Sample the next token at a batch logit index (see {@link LlamaSamplers.sample}). @throws GrammarMaskedError */

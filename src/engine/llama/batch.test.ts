@@ -59,6 +59,62 @@ describe("where a batch is decoded (decodeBatch with a DecodePace)", () => {
   });
 });
 
+describe("host work alongside a decode (a GPU computes while the loop sends the last step's message)", () => {
+  /** A native context with Keel's queued decode: records queue, wait and what ran between them. */
+  function queuingNative() {
+    const log: string[] = [];
+    let added = 0;
+    let finishWorker: (() => void) | null = null;
+    const native = {
+      ctx: {
+        initBatch: () => void (added = 0),
+        addToBatch: () => Uint32Array.of(added++),
+        decodeBatch: () => new Promise<void>((resolve) => (log.push("worker start"), (finishWorker = () => (log.push("worker end"), resolve())))),
+      },
+      decodeSync: (_ctx: unknown, wait?: boolean) => void log.push(wait === false ? "queue" : "decode and wait"),
+      synchronize: () => void log.push("wait"),
+      disposeGuard: { createPreventDisposalHandle: () => ({ dispose() {} }) },
+    } as unknown as Internals;
+    return { native, log, finish: () => finishWorker!() };
+  }
+
+  it("a decode step is queued, the host work runs, then the wait; without host work it decodes and waits in one call", async () => {
+    const { native, log } = queuingNative();
+    const guard = new NativeCallGuard();
+    await decodeBatch(native, guard, 512, [decodeOne(0)], new DecodePace(), () => void log.push(`alongside (decoding: ${guard.decoding})`));
+    expect(log).toEqual(["queue", "alongside (decoding: true)", "wait"]);
+    log.length = 0;
+    await decodeBatch(native, guard, 512, [decodeOne(0)], new DecodePace());
+    expect(log).toEqual(["decode and wait"]);
+  });
+
+  it("a prefill on a worker: the host work runs while it decodes; if that work throws, the decode still settles first", async () => {
+    const { native, log, finish } = queuingNative();
+    const guard = new NativeCallGuard();
+    let settled = false;
+    const done = decodeBatch(native, guard, 512, [prefill(40)], new DecodePace(), () => {
+      log.push("alongside");
+      throw new Error("frame write failed");
+    }).finally(() => (settled = true));
+    const outcome = expect(done).rejects.toThrow("frame write failed");
+    for (let i = 0; i < 10; i++) await new Promise<void>((r) => setImmediate(r));
+    expect(settled).toBe(false); // the worker still decodes: nothing may touch the context yet
+    expect(guard.decoding).toBe(true);
+    finish();
+    await outcome;
+    expect(log).toEqual(["worker start", "alongside", "worker end"]);
+    expect(guard.decoding).toBe(false);
+  });
+
+  it("the wait runs even when the host work throws (a queued decode is never left behind)", async () => {
+    const { native, log } = queuingNative();
+    const guard = new NativeCallGuard();
+    await expect(decodeBatch(native, guard, 512, [decodeOne(0)], new DecodePace(), () => { throw new Error("boom"); })).rejects.toThrow("boom");
+    expect(log).toEqual(["queue", "wait"]);
+    expect(guard.decoding).toBe(false);
+  });
+});
+
 describe("DecodePace", () => {
   it("is quick only once measured, and only for batches expected within SYNC_PREFILL_MAX_MS", () => {
     const pace = new DecodePace();

@@ -50,6 +50,12 @@ function logitPositions(it: LlamaBatchItem): Uint32Array {
   return Uint32Array.from({ length: n }, (_, j) => it.tokens.length - n + j);
 }
 
+/**
+ * Host work to run while a decode computes (the loop's previous step message and its event-loop turn): it must not
+ * call into the model or context (the guard stays `decoding` throughout).
+ */
+export type Alongside = () => Promise<void> | void;
+
 /** What llama.cpp needs of a batch item (the port's DecodeItem without the request id). */
 export type LlamaBatchItem = Omit<DecodeItem, "id">;
 
@@ -58,7 +64,7 @@ export type LlamaBatchItem = Omit<DecodeItem, "id">;
  * item the index of its first logits position, its other positions' indices following consecutively.
  * @throws Error when llama.cpp refuses the batch (the batch is rolled back; the context stays usable).
  */
-export async function decodeBatch(native: Internals, guard: NativeCallGuard, batchSize: number, items: readonly LlamaBatchItem[], pace?: DecodePace): Promise<number[]> {
+export async function decodeBatch(native: Internals, guard: NativeCallGuard, batchSize: number, items: readonly LlamaBatchItem[], pace?: DecodePace, alongside?: Alongside): Promise<number[]> {
   guard.assertIdle("decode()");
   const total = items.reduce((a, it) => a + it.tokens.length, 0);
   if (total === 0) return [];
@@ -84,9 +90,35 @@ export async function decodeBatch(native: Internals, guard: NativeCallGuard, bat
     // A drafted decode item ([pending, d1..dk]) is a decode, not a prefill chunk.
     const prefill = items.some((it) => it.tokens.length > 1 + (it.drafts ?? 0));
     const t0 = performance.now();
-    if (native.decodeSync && (!prefill || pace?.quick(total))) native.decodeSync(native.ctx);
-    else await native.ctx.decodeBatch();
-    if (prefill) pace?.record(total, performance.now() - t0);
+    let besideMs = 0;
+    const beside = async (): Promise<void> => {
+      const b0 = performance.now();
+      await alongside?.();
+      besideMs = performance.now() - b0;
+    };
+    if (native.decodeSync && (!prefill || pace?.quick(total))) {
+      // With a device backend the decode is queued and computes while `alongside` runs on this thread.
+      if (alongside && native.synchronize) {
+        native.decodeSync(native.ctx, false);
+        try {
+          await beside();
+        } finally {
+          native.synchronize(native.ctx);
+        }
+      } else native.decodeSync(native.ctx);
+    } else {
+      const decoding = native.ctx.decodeBatch();
+      decoding.catch(() => undefined); // observed below, after `alongside`: never an unhandled rejection meanwhile
+      let besideFailed: { error: unknown } | null = null;
+      try {
+        await beside();
+      } catch (error) {
+        besideFailed = { error };
+      }
+      await decoding; // settled before anything else touches the context, even when `alongside` threw
+      if (besideFailed) throw besideFailed.error;
+    }
+    if (prefill) pace?.record(total, performance.now() - t0 - besideMs);
     return logitIdx;
   } finally {
     disposal.dispose();

@@ -45,14 +45,21 @@ export interface NativeModel {
  * on up to `threads` threads (default 1; the items of one sampler in order).
  */
 export type NativeSampleTokens = (context: NativeContext, logitIndices: Int32Array, samplers: NativeSampler[], out: Int32Array, threads?: number) => (string | undefined)[] | undefined;
-/** Keel's synchronous decode of the batch built with initBatch/addToBatch (throws decodeBatch's messages). */
-export type NativeDecodeSync = (context: NativeContext) => void;
+/**
+ * Keel's decode of the batch built with initBatch/addToBatch on the calling thread (throws decodeBatch's messages):
+ * waits for the backend, or with `wait` false returns once the work is queued (then {@link NativeSynchronize}).
+ */
+export type NativeDecodeSync = (context: NativeContext, wait?: boolean) => void;
+/** Wait for the decode a `NativeDecodeSync(context, false)` queued. */
+export type NativeSynchronize = (context: NativeContext) => void;
 export interface Internals {
   ctx: NativeContext;
   /** Keel's one-call sampler of a whole step, or null when node-llama-cpp's own addon runs. */
   sampleTokens: NativeSampleTokens | null;
   /** Keel's decode on the calling thread (no worker hop), or null when node-llama-cpp's own addon runs. */
   decodeSync: NativeDecodeSync | null;
+  /** Keel's wait for a queued decode, or null when node-llama-cpp's own addon runs. */
+  synchronize: NativeSynchronize | null;
   model: NativeModel;
   SamplerClass: new (model: unknown) => NativeSampler;
   grammar: NativeGrammarBindings;
@@ -67,7 +74,7 @@ export function internalsOf(llama: Llama, model: LlamaModel, context: LlamaConte
     canBeNextTokenForGrammarEvaluationState?: (state: NativeGrammarState, token: number) => boolean;
   };
   const l = llama as unknown as {
-    _bindings?: { AddonSampler?: SamplerStatics; AddonGrammar?: NativeGrammarBindings["Grammar"]; AddonGrammarEvaluationState?: NativeGrammarBindings["State"]; keelSampleTokens?: NativeSampleTokens; keelDecodeBatch?: NativeDecodeSync };
+    _bindings?: { AddonSampler?: SamplerStatics; AddonGrammar?: NativeGrammarBindings["Grammar"]; AddonGrammarEvaluationState?: NativeGrammarBindings["State"]; keelSampleTokens?: NativeSampleTokens; keelDecodeBatch?: NativeDecodeSync; keelSynchronize?: NativeSynchronize };
   };
   const b = l._bindings;
   const S = b?.AddonSampler;
@@ -85,7 +92,8 @@ export function internalsOf(llama: Llama, model: LlamaModel, context: LlamaConte
   };
   const sampleTokens = typeof b.keelSampleTokens === "function" ? b.keelSampleTokens : null;
   const decodeSync = typeof b.keelDecodeBatch === "function" ? b.keelDecodeBatch : null;
-  return { ctx: c._ctx, sampleTokens, decodeSync, model: m._model, SamplerClass: S, grammar, disposeGuard: c._backendContextDisposeGuard };
+  const synchronize = decodeSync && typeof b.keelSynchronize === "function" ? b.keelSynchronize : null;
+  return { ctx: c._ctx, sampleTokens, decodeSync, synchronize, model: m._model, SamplerClass: S, grammar, disposeGuard: c._backendContextDisposeGuard };
 }
 
 /**

@@ -1,0 +1,44 @@
+# Plan i21b of run-h200.sh (issue #21, second session), sourced by plan-i21.sh once both builds are done (uses its
+# step, stamp, compare, MODEL, MODEL8B, LS, BENCH, CUDA_ENV, KEEL_SERVE, M8_PID, VK_PID). Device calls as plan i21's,
+# with `start i21b`; I21_MINUTES=23 leaves a minute of the 30 for the start. In order of what the issue needs most:
+#   a. the issue's own setting (flash attention off) with 4 rounds, so TTFT p50 has 32+ requests a cell;
+#   b. flash attention on, 3 rounds;
+#   c. the 8 B batch-1 roofline: llama-bench -fa 1, Keel vs llama-server at 512 tokens, Keel's decode overlap on vs off;
+#   d. the overlap A/B on the 1.26 B model at 1/8/64 streams;
+#   e. Vulkan (same build for both servers), 2 rounds.
+
+step "a. compare CUDA 1/8/32/64, flash attention off, 4 rounds" 200 330 &&
+  compare compare-cuda-fa-off-4r.log --model "$MODEL" --tokens 256 --rounds 4 --flash-attention off --llama-server "$LS" \
+    --other-args "--cache-ram 0" throughput
+step "b. compare CUDA 1/8/32/64, flash attention on, 3 rounds" 170 260 &&
+  compare compare-cuda-fa-on-3r.log --model "$MODEL" --tokens 256 --rounds 3 --flash-attention on --llama-server "$LS" \
+    --other-args "--cache-ram 0" throughput
+
+wait "$M8_PID"; grep -E "Elapsed|Maximum resident" "$R/model8b.log"; ls -la "$MODEL8B"
+if step "c1. llama-bench 8B batch-1 decode, -fa 1" 60 100; then
+  env "${CUDA_ENV[@]}" timeout "$LIM" "$BENCH" -m "$MODEL8B" -ngl 999 -fa 1 -p 0 -n 256 -r 2 -o md 2>&1 | grep -v "^ggml_\|^load" | tail -n 4 | tee "$R/bench-8b.log"
+fi
+step "c2. compare 8B at 1 stream, 512 tokens, flash attention on" 80 150 &&
+  compare compare-8b-512.log --model "$MODEL8B" --tokens 512 --rounds 1 --concurrency 1 --min-reqs 3 --reqs 3 --ctx 1024 \
+    --flash-attention on --llama-server "$LS" --other-args "--cache-ram 0" throughput
+step "c3. Keel 8B at 1 stream: decode overlap on (keel) vs off (KEEL_DECODE_OVERLAP=off)" 80 150 &&
+  compare overlap-8b.log --model "$MODEL8B" --tokens 512 --rounds 1 --concurrency 1 --min-reqs 3 --reqs 3 --ctx 1024 \
+    --flash-attention on --other-cmd "env ${CUDA_ENV[*]} KEEL_DECODE_OVERLAP=off $KEEL_SERVE --flash_attention true" \
+    --other-name keel-no-overlap throughput
+step "d. Keel 1.26B 1/8/64: decode overlap on (keel) vs off, flash attention on, 2 rounds" 100 160 &&
+  compare overlap-1b.log --model "$MODEL" --tokens 256 --rounds 2 --concurrency 1,8,64 --flash-attention on \
+    --other-cmd "env ${CUDA_ENV[*]} KEEL_DECODE_OVERLAP=off $KEEL_SERVE --flash_attention true" \
+    --other-name keel-no-overlap throughput
+
+# e. Vulkan: Keel on the Vulkan build (its own addon, warm-up at load) vs llama-server of the same build.
+[ -n "$VK_PID" ] && wait "$VK_PID"
+tail -n 2 "$R/build-vulkan.log" 2>/dev/null
+VK_DIR="$(build_dir vulkan)"
+LS_VK="$( [ -n "$VK_DIR" ] && find "$VK_DIR" -name llama-server -type f -perm -u+x | head -1)"
+[ -f "$ICD" ] && export VK_DRIVER_FILES="$ICD"
+if [ -n "$LS_VK" ] && step "e. compare Vulkan 1/8/32, 2 rounds" 150 300; then
+  VK_RUN=("${VULKAN_ENV[@]}" LD_LIBRARY_PATH="$(lib_path "$VK_DIR")")
+  env "${VK_RUN[@]}" VULKAN_SDK="$VKP/usr" LIBRARY_PATH="$VK_LIB" "$NODE" scripts/build-native.mjs 2>&1 | tail -n 4
+  env "${VK_RUN[@]}" timeout "$LIM" "$NODE" bench/compare.mjs --gpu --model "$MODEL" --tokens 256 --rounds 2 --concurrency 1,8,32 \
+    --llama-server "$LS_VK" --other-name llama-server-vulkan --other-args "--cache-ram 0" --max-seconds $((LIM - 10)) throughput 2>&1 | stamp compare-vulkan-2r.log
+fi
