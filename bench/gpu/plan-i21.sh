@@ -68,7 +68,7 @@ env "${CUDA_ENV[@]}" "$NODE" scripts/build-native.mjs 2>&1 | tail -n 4
 compare() { local f="$1"; shift; env "${CUDA_ENV[@]}" timeout "$LIM" "$NODE" bench/compare.mjs --gpu --max-seconds $((LIM - 10)) "$@" 2>&1 | stamp "$f"; }
 
 # Plan i21b (the second #21 session) measures other things once both builds are done: bench/gpu/plan-i21b.sh.
-if [ "$PLAN" = i21b ]; then . "$W/bench/gpu/plan-i21b.sh"; kill "$DMON" 2>/dev/null; return 0; fi
+if [ "$PLAN" = i21b ]; then . "$W/bench/gpu/plan-i21b.sh"; kill "$DMON" 2>/dev/null; log "pipeline done"; date -u > "$R/DONE"; return 0; fi
 
 # 2a. [~9–13 min] Keel vs llama-server on CUDA, 1/8/32/64 streams, one round, flash attention off, then on (both).
 for fa in off on; do

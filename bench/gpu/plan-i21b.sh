@@ -21,12 +21,12 @@ fi
 step "c2. compare 8B at 1 stream, 512 tokens, flash attention on" 80 150 &&
   compare compare-8b-512.log --model "$MODEL8B" --tokens 512 --rounds 1 --concurrency 1 --min-reqs 3 --reqs 3 --ctx 1024 \
     --flash-attention on --llama-server "$LS" --other-args "--cache-ram 0" throughput
-step "c3. Keel 8B at 1 stream: decode overlap on (keel) vs off (KEEL_DECODE_OVERLAP=off)" 80 150 &&
-  compare overlap-8b.log --model "$MODEL8B" --tokens 512 --rounds 1 --concurrency 1 --min-reqs 3 --reqs 3 --ctx 1024 \
+step "c3. Keel 8B at 1 stream: decode overlap on (keel, KEEL_DECODE_OVERLAP=on) vs off" 80 150 &&
+  KEEL_DECODE_OVERLAP=on compare overlap-8b.log --model "$MODEL8B" --tokens 512 --rounds 1 --concurrency 1 --min-reqs 3 --reqs 3 --ctx 1024 \
     --flash-attention on --other-cmd "env ${CUDA_ENV[*]} KEEL_DECODE_OVERLAP=off $KEEL_SERVE --flash_attention true" \
     --other-name keel-no-overlap throughput
-step "d. Keel 1.26B 1/8/64: decode overlap on (keel) vs off, flash attention on, 2 rounds" 100 160 &&
-  compare overlap-1b.log --model "$MODEL" --tokens 256 --rounds 2 --concurrency 1,8,64 --flash-attention on \
+step "d. Keel 1.26B 1/8/64: decode overlap on (keel, KEEL_DECODE_OVERLAP=on) vs off, flash attention on, 2 rounds" 100 160 &&
+  KEEL_DECODE_OVERLAP=on compare overlap-1b.log --model "$MODEL" --tokens 256 --rounds 2 --concurrency 1,8,64 --flash-attention on \
     --other-cmd "env ${CUDA_ENV[*]} KEEL_DECODE_OVERLAP=off $KEEL_SERVE --flash_attention true" \
     --other-name keel-no-overlap throughput
 

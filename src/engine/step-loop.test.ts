@@ -48,11 +48,11 @@ describe("a device backend (overlapsDecode): each step message is sent while the
     const on = await runAll(true);
     expect(on.plain).toEqual(off.plain);
     expect(off.t.emittedDuringDecode.every((d) => !d)).toBe(true);
-    // With overlap every step message but each request's last is sent while a decode is in flight; a request's
-    // finishing step is sent at once (no step follows to carry it).
+    // With overlap a plain decode step's message is sent while the next decode is in flight; a step that admitted
+    // a request (its first token) or finished one is sent at once.
     const steps = on.t.messages.map((m, i) => ({ m, during: on.t.emittedDuringDecode[i]! })).filter((x) => x.m.type === "step");
-    const ends = steps.filter((x) => x.m.type === "step" && x.m.outputs.some((o) => o.finish));
-    expect(ends.length).toBe(2);
+    const ends = steps.filter((x) => x.m.type === "step" && x.m.outputs.some((o) => o.finish || o.admitted));
+    expect(ends.length).toBe(4);
     expect(ends.every((x) => !x.during)).toBe(true);
     const middle = steps.filter((x) => !ends.includes(x));
     expect(middle.length).toBeGreaterThan(4);
@@ -64,10 +64,12 @@ describe("a device backend (overlapsDecode): each step message is sent while the
     t.backend.overlapsDecode = true;
     t.loop.submit(add("a", "hello", { maxTokens: 4, temperature: 0 }));
     await t.loop.step();
-    expect(t.steps()).toHaveLength(0); // deferred: the next step's decode carries it
+    expect(t.steps()).toHaveLength(1); // the admission (first token) goes at once
+    await t.loop.step();
+    expect(t.steps()).toHaveLength(1); // a plain decode step: deferred, the next step's decode carries it
     t.loop.submit(add("a", "again", { maxTokens: 4, temperature: 0 })); // duplicate id: refused at the boundary
     await t.loop.step();
-    expect(t.messages.map((m) => m.type).slice(0, 2)).toEqual(["step", "request_error"]);
+    expect(t.messages.map((m) => m.type).slice(0, 3)).toEqual(["step", "step", "request_error"]);
     await t.drain();
     expect(t.outputsOf("a").some((o) => o.finish?.reason === "length")).toBe(true);
   });

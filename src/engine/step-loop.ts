@@ -8,9 +8,10 @@
  *   update   — the scheduler commits the sampled tokens and decides who finished; tokens, text and finishes are
  *              recorded, freed slots cleared;
  * and emits exactly one `step` message for each step that did work. No native call ever overlaps a decode: slots
- * are cleared and samplers disposed only between decodes. On a device backend (`overlapsDecode`) a step's message
- * is sent while the next step's decode computes, together with the event-loop turn (vLLM's overlap of output
- * processing with the next forward pass): the host work between decodes shrinks to scheduling and sampling.
+ * are cleared and samplers disposed only between decodes. On a device backend with the overlap on (`overlapsDecode`)
+ * a decode step's message is sent while the next step's decode computes, together with the event-loop turn (vLLM's
+ * overlap of output processing with the next forward pass): the host work between decodes shrinks to scheduling and
+ * sampling; a step that admitted or finished a request is sent at once.
  * Admission of an add: admission.ts.
  */
 import type { AddMessage, EngineErrorCode, EngineMessage, RequestOutput, TokenizedMessage, TokenizeMessage } from "../protocol/messages.js";
@@ -292,8 +293,11 @@ export class StepLoop {
         phaseUs: { decode: Math.round(times.decodeUs), sample: Math.round(times.sampleUs), step: Math.round((performance.now() - stepStart) * 1000) },
       },
     };
-    // Deferred into the next step's decode when one follows at once on a device backend; else sent now.
-    if (this.backend.overlapsDecode && this.scheduler.hasWork && !this.stopping) this.deferred = msg;
+    // Deferred into the next step's decode when one follows at once on a device backend; else sent now. A step that
+    // admitted or finished a request is sent now: a first token (it comes with the admission when the prompt fits
+    // one step) or an end is not held behind the next step's launch.
+    const plain = [...outputs.byId.values()].every((o) => !o.admitted && !o.finish);
+    if (plain && this.backend.overlapsDecode && this.scheduler.hasWork && !this.stopping) this.deferred = msg;
     else this.send(msg);
   }
 

@@ -83,7 +83,7 @@ export class LlamaAdapter implements ModelBackend, GrammarBackend {
   private readonly samplers: LlamaSamplers;
   private readonly raw: LlamaLogprobs;
   private readonly kv: LlamaKv;
-  /** See {@link overlapsDecode}; `KEEL_DECODE_OVERLAP=off` turns it off (A/B benchmarks: bench/gpu/plan-i21b.sh). */
+  /** See {@link overlapsDecode}; on with `KEEL_DECODE_OVERLAP=on` (A/B benchmarks: bench/gpu/plan-i21c.sh). */
   private readonly overlap: boolean;
 
   private constructor(
@@ -103,8 +103,10 @@ export class LlamaAdapter implements ModelBackend, GrammarBackend {
     this.samplers = new LlamaSamplers(native, this.vocab, this.grammars, this.guard, options.contextSize, options.threads);
     this.raw = new LlamaLogprobs(native, this.guard);
     this.kv = new LlamaKv(native.ctx, this.guard);
-    const overlapSwitch = nativeSamplingSwitch(process.env["KEEL_DECODE_OVERLAP"]);
-    if (overlapSwitch === "invalid") throw new Error(`KEEL_DECODE_OVERLAP=${JSON.stringify(process.env["KEEL_DECODE_OVERLAP"])} is not on/off (1/0, true/false, yes/no)`);
+    // Opt-in until measured to keep time to first token (docs/gpu-h200.md, "decode overlap"): unset is off.
+    const raw = process.env["KEEL_DECODE_OVERLAP"];
+    const overlapSwitch = raw === undefined || raw.trim() === "" ? "off" : nativeSamplingSwitch(raw);
+    if (overlapSwitch === "invalid") throw new Error(`KEEL_DECODE_OVERLAP=${JSON.stringify(raw)} is not on/off (1/0, true/false, yes/no)`);
     this.overlap = native.synchronize !== null && llama.gpu !== false && options.gpu !== "cpu" && overlapSwitch === "on";
     const sampleTokens = native.sampleTokens;
     if (sampleTokens) this.sampleMany = (batch) => this.samplers.sampleMany(sampleTokens, batch);
