@@ -9,7 +9,7 @@
  * (model-requests.ts) → table.submit → engine → output processor (table + session) → this request's events →
  * encoder → writer; then the step's aborts. Nothing here decides an abort: a client that left is reported as data.
  */
-import { randomBytes } from "node:crypto";
+import { randomInt } from "node:crypto";
 import type { FastifyReply, FastifyRequest } from "fastify";
 import type { SamplingParams } from "../../protocol/messages.js";
 import { childSeed } from "../api/sampling.js";
@@ -126,7 +126,8 @@ export function runGeneration(ctx: RouteContext, req: FastifyRequest, reply: Fas
   // Choice index = prompt index × n + i (OpenAI's order for a prompt list with n > 1).
   const ids = childIds(plan.id, plan.n * plan.prompts.length);
   const promptOf = ids.map((_, c) => Math.floor(c / plan.n));
-  const seed = plan.params.seed ?? randomBytes(4).readUInt32LE(0);
+  // randomInt draws from Node's cached entropy pool (randomBytes(4) was a getrandom call per request: ~0.1 ms here).
+  const seed = plan.params.seed ?? randomInt(0, 0x1_0000_0000);
   const session = new GenerationSession({
     childIds: ids,
     promptOf,
