@@ -5,7 +5,8 @@
 #   b. flash attention on, 3 rounds;
 #   c. the 8 B batch-1 roofline: llama-bench -fa 1, Keel vs llama-server at 512 tokens, Keel's decode overlap on vs off;
 #   d. the overlap A/B on the 1.26 B model at 1/8/64 streams;
-#   e. Vulkan (same build for both servers), 2 rounds.
+#   e. Vulkan (same build for both servers), 2 rounds, Keel with the decode overlap on (its host work per token is
+#      what kept one stream at 0.90–0.96 of llama-server's).
 
 step "a. compare CUDA 1/8/32/64, flash attention off, 4 rounds" 200 330 &&
   compare compare-cuda-fa-off-4r.log --model "$MODEL" --tokens 256 --rounds 4 --flash-attention off --llama-server "$LS" \
@@ -39,6 +40,6 @@ LS_VK="$( [ -n "$VK_DIR" ] && find "$VK_DIR" -name llama-server -type f -perm -u
 if [ -n "$LS_VK" ] && step "e. compare Vulkan 1/8/32, 2 rounds" 150 300; then
   VK_RUN=("${VULKAN_ENV[@]}" LD_LIBRARY_PATH="$(lib_path "$VK_DIR")")
   env "${VK_RUN[@]}" VULKAN_SDK="$VKP/usr" LIBRARY_PATH="$VK_LIB" "$NODE" scripts/build-native.mjs 2>&1 | tail -n 4
-  env "${VK_RUN[@]}" timeout "$LIM" "$NODE" bench/compare.mjs --gpu --model "$MODEL" --tokens 256 --rounds 2 --concurrency 1,8,32 \
+  env "${VK_RUN[@]}" KEEL_DECODE_OVERLAP=on timeout "$LIM" "$NODE" bench/compare.mjs --gpu --model "$MODEL" --tokens 256 --rounds 2 --concurrency 1,8,32 \
     --llama-server "$LS_VK" --other-name llama-server-vulkan --other-args "--cache-ram 0" --max-seconds $((LIM - 10)) throughput 2>&1 | stamp compare-vulkan-2r.log
 fi
