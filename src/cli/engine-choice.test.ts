@@ -95,15 +95,32 @@ describe("engineBaseConfig: one start configuration for the flags path and --con
     expect(engineBaseConfig(parse("--engine", "openvino", "--num_kv_blocks", "16"), "/m.gguf", "openvino")).toMatchObject({ kvBlocks: 16 });
   });
 
-  it("--warmup reaches the llama.cpp engine as auto / on / off and is refused with OpenVINO when set", () => {
+  it("--warmup reaches the llama.cpp engine as auto / on / off; with OpenVINO true is refused, false and auto accepted", () => {
     expect(engineBaseConfig(parse(), "/m.gguf", "llama.cpp").warmup).toBe("auto");
     expect(engineBaseConfig(parse("--warmup", "true"), "/m.gguf", "llama.cpp").warmup).toBe("on");
     expect(engineBaseConfig(parse("--warmup", "false"), "/m.gguf", "llama.cpp").warmup).toBe("off");
     expect(engineBaseConfig(parse(), "/m.gguf", "openvino").warmup).toBeUndefined();
-    expect(problems("openvino", "--warmup", "false")).toEqual([expect.stringContaining("--warmup is a llama.cpp setting")]);
+    expect(problems("openvino", "--warmup", "true")).toEqual([expect.stringContaining("--warmup true is a llama.cpp setting")]);
+    expect(problems("openvino", "--warmup", "false")).toEqual([]);
     expect(problems("openvino", "--warmup", "auto")).toEqual([]);
     expect(problems("llama.cpp", "--warmup", "true")).toEqual([]);
     expect(() => parse("--warmup", "yes")).toThrow('--warmup must be one of auto, true, false, got "yes"');
+  });
+
+  it("KEEL_DECODE_OVERLAP is checked before any engine starts: not on/off, or on where nothing overlaps, is refused by name", () => {
+    const env = (v: string) => ({ KEEL_DECODE_OVERLAP: v });
+    const withEnv = (engine: "llama.cpp" | "openvino", v: string, ...args: string[]) => {
+      const o = parse(...args);
+      return engineFlagProblems(engine, o, o.given, env(v));
+    };
+    expect(withEnv("llama.cpp", "bogus", "--target_device", "GPU")).toEqual(['KEEL_DECODE_OVERLAP="bogus" is not on/off (1/0, true/false, yes/no)']);
+    expect(withEnv("openvino", "bogus")).toEqual([expect.stringContaining('KEEL_DECODE_OVERLAP="bogus"')]);
+    expect(withEnv("openvino", "on")).toEqual([expect.stringContaining("refused with --engine openvino")]);
+    expect(withEnv("llama.cpp", "on")).toEqual([expect.stringContaining("with --target_device CPU there is none")]);
+    expect(withEnv("llama.cpp", "on", "--target_device", "GPU")).toEqual([]);
+    expect(withEnv("llama.cpp", "on", "--target_device", "AUTO")).toEqual([]);
+    expect(withEnv("llama.cpp", "off")).toEqual([]);
+    expect(withEnv("openvino", "0")).toEqual([]);
   });
 
   it("--deterministic with a --plugin_config precision key is refused on OpenVINO (it would void the exact numerics)", () => {

@@ -12,6 +12,7 @@ import path from "node:path";
 import { DEFAULT_ENGINE_COMMAND } from "../gateway/supervision/engine-client.js";
 import { ensureOpenvinoVenv, openvinoEngineCommand } from "../engine-openvino/venv.js";
 import { modelCacheDir } from "../model/model-cache.js";
+import { nativeSamplingSwitch } from "../native/loader.js";
 import type { EngineCommand, EngineConfig } from "../protocol/engine-config.js";
 import type { EngineFlag, EngineName } from "./flag-table.js";
 import type { ServeOptions } from "./flags.js";
@@ -50,11 +51,27 @@ export function chooseEngine(flag: EngineFlag, model: ModelToServe): EngineChoic
 }
 
 /**
+ * `KEEL_DECODE_OVERLAP` (design.md, "Keel's native addon"), checked before any engine starts: a value that is not
+ * on/off, or `on` where nothing can overlap (the OpenVINO engine; `--target_device CPU`), is refused by name rather
+ * than failing at model load or being ignored.
+ */
+function overlapProblems(engine: EngineName, f: ServeOptions, env: NodeJS.ProcessEnv): string[] {
+  const raw = env["KEEL_DECODE_OVERLAP"];
+  if (raw === undefined || raw.trim() === "") return [];
+  const value = nativeSamplingSwitch(raw);
+  if (value === "invalid") return [`KEEL_DECODE_OVERLAP=${JSON.stringify(raw)} is not on/off (1/0, true/false, yes/no)`];
+  if (value === "off") return [];
+  if (engine === "openvino") return ["KEEL_DECODE_OVERLAP=on applies to the llama.cpp engine on a GPU; the OpenVINO engine has no such overlap, so it is refused with --engine openvino"];
+  if (f.target_device === "cpu") return ["KEEL_DECODE_OVERLAP=on overlaps host work with a GPU's decode; with --target_device CPU there is none (on the CPU it was measured slower), so it is refused: pass --target_device GPU or AUTO"];
+  return [];
+}
+
+/**
  * Flags the chosen engine cannot honour (refused, exit 2; never accepted and ignored).
  * @param f the options (or a config entry's, its settings on top); `given` the flag names set explicitly
  */
-export function engineFlagProblems(engine: EngineName, f: ServeOptions, given: ReadonlySet<string>): string[] {
-  const problems: string[] = [];
+export function engineFlagProblems(engine: EngineName, f: ServeOptions, given: ReadonlySet<string>, env: NodeJS.ProcessEnv = process.env): string[] {
+  const problems: string[] = [...overlapProblems(engine, f, env)];
   if (engine === "llama.cpp") {
     if (f.num_kv_blocks !== undefined) {
       problems.push("--num_kv_blocks sets the OpenVINO engine's shared KV block pool; the llama.cpp engine has none (its KV is one partition per sequence: size it with --cache_size or --max_model_len), so it is refused with the llama.cpp engine (use --engine openvino)");
@@ -67,8 +84,10 @@ export function engineFlagProblems(engine: EngineName, f: ServeOptions, given: R
     }
     return problems;
   }
-  if (given.has("warmup") && f.warmup !== "auto") {
-    problems.push("--warmup is a llama.cpp setting (it decodes every batch shape before ready); the OpenVINO engine compiles its model at load, so it is refused with --engine openvino");
+  // `false` is what the OpenVINO engine does (no warm-up decodes; it compiles its model at load), as `--prompt_lookup
+  // false` is accepted; `true` asks for something it cannot do.
+  if (given.has("warmup") && f.warmup === "true") {
+    problems.push("--warmup true is a llama.cpp setting (it decodes every batch shape before ready); the OpenVINO engine compiles its model at load and runs no warm-up decodes, so it is refused with --engine openvino (false is accepted)");
   }
   if (f.prompt_lookup) {
     problems.push("--prompt_lookup (or --plugin_config prompt_lookup) is applied by the llama.cpp engine only; the OpenVINO engine is started without prompt-lookup decoding, so it is refused with --engine openvino");

@@ -77,7 +77,7 @@ export const SERVE_FLAGS = [
   flag("tool_parser", "tool-call format to parse (and guide): hermes3, qwen3coder, llama3, or auto (from the model's chat template); unset = requests with tools are refused", undefined, oneOf("tool_parser", [...TOOL_PARSERS, "auto"] as const)),
   flag("reasoning_parser", "reasoning format to split into reasoning_content: qwen3 (<think>…</think>); unset = reasoning stays in content", undefined, oneOf("reasoning_parser", REASONING_PARSERS)),
   flag("enable_tool_guided_generation", "constrain tool calls with a grammar under tool_choice auto too (required and a named function are always guided)", "false", bool("enable_tool_guided_generation")),
-  flag("prompt_lookup", "prompt-lookup (n-gram) speculative decoding for every request (llama.cpp engine): up to 5 draft tokens copied from the request's own history are verified per step; same tokens as without it (docs/speculative.md). Per request: num_assistant_tokens, max_ngram_size", "false", bool("prompt_lookup")),
+  flag("prompt_lookup", "prompt-lookup (n-gram) speculative decoding for every request (llama.cpp engine): up to 5 draft tokens copied from the request's own history are verified per step; the tokens plain decoding samples from the same logits (a quantized model's near-tie can flip: docs/speculative.md). Per request: num_assistant_tokens, max_ngram_size", "false", bool("prompt_lookup")),
   flag("deterministic", "same request + seed → same text on every run: prefix reuse off, flash attention off, f16 KV (see docs/api.md)", "false", bool("deterministic")),
   // OVMS flags with their OVMS meaning (ovms-compat.md §1).
   flag("task", "text_generation (the only task Keel serves)", "text_generation", checked((v) => {
