@@ -3,7 +3,7 @@
  * it on for requests that say nothing, `num_assistant_tokens: 0` turns it off for one request. Streamed greedy chats
  * on an edit-this-file prompt give the same text, finish reason and usage either way, max_tokens is kept exactly
  * while a step delivers several tokens, a stop string cuts the text at the same place, the draft counters move on
- * /metrics, and a field out of range is a 400. Few and short: the shared cores make each answer take a while.
+ * /metrics, a field out of range is a 400, and so is the request's own speculation with logprobs or a guide. Few and short: the shared cores make each answer take a while.
  */
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { realModelPath } from "../support/real-models.js";
@@ -89,4 +89,20 @@ describe("prompt lookup through the server (Qwen2.5-Coder-0.5B)", () => {
       expect((await res.json()).error.param).toBe(field);
     }
   });
+
+  it("refuses num_assistant_tokens with logprobs or a guide (drafts are verified for neither); the server default just does not apply to them", async () => {
+    const post = (extra: Record<string, unknown>) =>
+      fetch(`${server.baseUrl}/v3/chat/completions`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ model: "coder", messages, max_tokens: 2, ...extra }) });
+    for (const extra of [{ logprobs: true }, { response_format: { type: "json_object" } }]) {
+      const res = await post({ num_assistant_tokens: 4, ...extra });
+      expect(res.status).toBe(400);
+      const err = (await res.json()).error;
+      expect(err.param).toBe("num_assistant_tokens");
+      expect(err.message).toMatch(/cannot be combined with/);
+    }
+    // --prompt_lookup true is on for this server: a request with logprobs that says nothing is served (plainly).
+    const plain = await post({ logprobs: true, top_logprobs: 1 });
+    expect(plain.status).toBe(200);
+    expect((await plain.json()).choices[0].logprobs.content.length).toBeGreaterThan(0);
+  }, SLOW);
 });

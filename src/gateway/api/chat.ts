@@ -15,7 +15,7 @@ import type { Usage } from "../requests/registry.js";
 import type { ChoiceResult, SessionEvent } from "../requests/session/events.js";
 import { checkModelName, readyEngine, renderMessages, type RouteContext } from "../http/route-context.js";
 import { templateKwargsFor } from "./reasoning-effort.js";
-import { checkCapabilities } from "./sampling.js";
+import { checkCapabilities, checkSpeculation } from "./sampling.js";
 import { outputParserFactory, requestToolParser, toolsForTemplate } from "./agent-request.js";
 import { requestGuide } from "../models/guide-plan.js";
 import { buildGuide } from "../guided/guide.js";
@@ -143,6 +143,8 @@ export async function handleChat(ctx: RouteContext, req: FastifyRequest, reply: 
   const parser = outputParserFactory(body, toolParser, agents, prompt);
   // A bad schema, or a guide this engine cannot apply, is a 400 here, before the engine sees the request.
   const guide = requestGuide(buildGuide, body, toolParser, agents, prompt, caps);
+  const conflict = checkSpeculation(body.sampling, body.logprobs !== null, guide !== null);
+  if (conflict) throw conflict;
   const id = `chatcmpl-${randomUUID().replaceAll("-", "")}`;
   const created = Math.floor(Date.now() / 1000);
   runGeneration(

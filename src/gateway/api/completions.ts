@@ -24,7 +24,7 @@ import { responseFormatSchema } from "./tool-fields.js";
 import { sanitizeForJson } from "../requests/utf8-stream.js";
 import { chunkBuilder, usageBody, withGuide } from "./chat.js";
 import { completionLogprobs, TextOffsets } from "./logprobs.js";
-import { checkCapabilities, checkMinTokens, extendedSampling, MAX_TOP_LOGPROBS, samplingFields, type ExtendedSampling } from "./sampling.js";
+import { checkCapabilities, checkMinTokens, checkSpeculation, extendedSampling, MAX_TOP_LOGPROBS, samplingFields, type ExtendedSampling } from "./sampling.js";
 
 /** OpenAI's default completion budget for this endpoint. */
 export const DEFAULT_COMPLETION_MAX_TOKENS = 16;
@@ -191,6 +191,8 @@ export async function handleCompletion(ctx: RouteContext, req: FastifyRequest, r
   if (refused) throw refused;
   // A constraint the converter refuses, or one this engine cannot apply, is a 400 before the engine sees it.
   const guide = outputGuide(buildGuide, body.responseFormat, caps);
+  const conflict = checkSpeculation(body.sampling, body.logprobs !== null, guide !== null);
+  if (conflict) throw conflict;
   const id = `cmpl-${randomUUID().replaceAll("-", "")}`;
   runGeneration(
     ctx,

@@ -107,6 +107,19 @@ export function extendedSampling(b: SamplingFieldsBody): ExtendedSampling {
   return out;
 }
 
+/**
+ * A request that asks for prompt-lookup decoding itself (`num_assistant_tokens` > 0, or `max_ngram_size`) together
+ * with log probabilities or a guide (response_format, a grammar, tool-guided generation) is refused: the engine verifies
+ * drafts only for unguided requests without log probabilities, and a field must be applied or refused, never ignored.
+ * The server default (`--prompt_lookup`) simply does not apply to those requests.
+ */
+export function checkSpeculation(ext: ExtendedSampling, withLogprobs: boolean, guided: boolean): KeelHttpError | null {
+  if (!ext.speculation || ext.speculation.numAssistantTokens < 1) return null;
+  const what = withLogprobs ? "log probabilities (logprobs)" : guided ? "a guide (response_format, a grammar or tool-guided generation)" : null;
+  if (what === null) return null;
+  return invalidValue("num_assistant_tokens", `Invalid value for 'num_assistant_tokens': prompt-lookup decoding (num_assistant_tokens, max_ngram_size) cannot be combined with ${what}; set num_assistant_tokens to 0 or leave both fields out.`);
+}
+
 /** `min_tokens` above the token budget can never be honoured: refused here, with the field named. */
 export function checkMinTokens(ext: ExtendedSampling, maxTokens: number | null | undefined): void {
   if (ext.minTokens !== undefined && maxTokens != null && ext.minTokens > maxTokens) {

@@ -4,7 +4,7 @@ import type { EngineCapabilities } from "../../protocol/messages.js";
 import { KeelHttpError } from "../http/errors.js";
 import { parseChatRequest } from "./chat-request.js";
 import { parseCompletionRequest } from "./completions.js";
-import { checkCapabilities } from "./sampling.js";
+import { checkCapabilities, checkSpeculation } from "./sampling.js";
 
 const chat = (extra: Record<string, unknown>) => parseChatRequest({ model: "m", messages: [{ role: "user", content: "Hi" }], ...extra });
 const caps: EngineCapabilities = { exactSeededResume: true, maxTopLogprobs: 5, extendedSampling: true, grammars: true, sharedPrefill: false, promptLookup: true };
@@ -43,5 +43,18 @@ describe("num_assistant_tokens / max_ngram_size", () => {
     expect(refused).toMatchObject({ status: 400, code: "unsupported_field", param: "num_assistant_tokens" });
     expect(refused?.message).toMatch(/openvino-genai\) does not apply prompt-lookup decoding/);
     expect(checkCapabilities({ speculation: { numAssistantTokens: 0, maxNgramSize: 3 } }, null, openvino, 100)).toBeNull();
+  });
+
+  it("asked for by the request with logprobs or a guide: a 400 (the engine verifies drafts for neither); 0 or neither field passes", () => {
+    const on = { speculation: { numAssistantTokens: 5, maxNgramSize: 3 } };
+    const withLogprobs = checkSpeculation(on, true, false);
+    expect(withLogprobs).toMatchObject({ status: 400, param: "num_assistant_tokens" });
+    expect(withLogprobs?.message).toMatch(/cannot be combined with log probabilities/);
+    expect(checkSpeculation(on, false, true)?.message).toMatch(/cannot be combined with a guide/);
+    expect(checkSpeculation(on, false, false)).toBeNull();
+    expect(checkSpeculation({ speculation: { numAssistantTokens: 0, maxNgramSize: 3 } }, true, true)).toBeNull();
+    expect(checkSpeculation({}, true, true)).toBeNull();
+    // max_ngram_size alone asks for it (5 drafts): refused the same way.
+    expect(checkSpeculation(chat({ max_ngram_size: 2, logprobs: true }).sampling, true, false)).toMatchObject({ status: 400 });
   });
 });
