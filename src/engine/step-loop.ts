@@ -246,7 +246,10 @@ export class StepLoop {
       }
       const silent = this.backend.isEndOfGeneration(token) || (stoppedBy.has(id) && st.sampling.isStopToken(token));
       if (!silent) o.text += st.decoder.decode(this.backend.bytesOf(token), { stream: true });
+      (o.textEnds ??= []).push(o.text.length);
     }
+    // Per-token text ends only where an output holds several tokens (a speculative step): protocol RequestOutput.
+    for (const o of outputs.byId.values()) if (o.textEnds && o.tokens.length < 2) delete o.textEnds;
     this.finish(outcome, outputs);
     return decoded.reduce((a, it) => a + it.tokens.length, 0);
   }

@@ -65,6 +65,7 @@ const requestOutput = z.object({
   tokens: tokenIds,
   logprobs: z.array(tokenLogprob.extend({ top: z.array(tokenLogprob) })).optional(),
   text: z.string(),
+  textEnds: z.array(count).optional(),
   guideDropped: z.string().optional(),
   finish: z
     .object({

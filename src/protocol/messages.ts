@@ -347,12 +347,19 @@ export interface RequestOutput {
    * it the gateway can only measure queue time to this step output, which includes the first prefill chunk.
    */
   admitted?: { promptTokens: number[]; cachedTokens: number; queueMs?: number };
-  /** Tokens sampled for the request in this step (0 or 1 today). */
+  /** Tokens sampled for the request in this step (several in a speculative step, or a resumed request's first). */
   tokens: number[];
   /** With `params.logprobs` set: one entry per token in `tokens`, same order. */
   logprobs?: PositionLogprobs[];
   /** Text that became complete in this step (UTF-8 held back until a character is whole). */
   text: string;
+  /**
+   * With more than one token: where each token's text ends in `text` (UTF-16 offsets, non-decreasing; a finished
+   * request's flushed incomplete bytes may follow the last), so the gateway counts the tokens up to the one that
+   * completed a stop string (a speculative step's later tokens are not completion tokens). Optional: without it a
+   * stop string inside a multi-token output counts all of its tokens.
+   */
+  textEnds?: number[];
   /**
    * Set once, in the step where the engine stopped constraining this request (a trigger replay the grammar
    * rejected, a grammar it could not build, a sampler error inside a rule): why. The request goes on unconstrained.

@@ -80,6 +80,8 @@ describe("prompt lookup through the server (Qwen2.5-Coder-0.5B)", () => {
     expect(off.finish).toBe("stop");
     expect(on.text).toBe(off.text);
     expect(on.finish).toBe("stop");
+    // The tokens a speculative step produced after the stop string are not completion tokens.
+    expect(on.usage).toEqual(off.usage);
   }, SLOW);
 
   it("refuses num_assistant_tokens and max_ngram_size out of range with a 400 naming the field", async () => {

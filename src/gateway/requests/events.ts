@@ -34,7 +34,7 @@ export type TableEvent =
   /** The engine stopped constraining this request (`RequestOutput.guideDropped`): it goes on unconstrained. */
   | { type: "guide_dropped"; id: string; reason: string }
   /** New tokens and the text they completed (text may be "" while a character is incomplete). */
-  | { type: "output"; id: string; tokens: number[]; text: string; logprobs?: PositionLogprobs[] }
+  | { type: "output"; id: string; tokens: number[]; text: string; logprobs?: PositionLogprobs[]; textEnds?: number[] }
   /** The first generated token: time to first token from acceptance (ms). */
   | { type: "first_token"; id: string; ttftMs: number }
   /** Later tokens: how many, and the mean inter-token latency over them (ms). */

@@ -188,7 +188,7 @@ export class OutputProcessor {
         if (ev.live) this.take(out, req, req.session.admitted(ev.id, ev.promptTokens), "stop_string");
         return;
       case "output":
-        this.take(out, req, req.session.output(ev.id, ev.tokens, ev.text, ev.logprobs), "stop_string");
+        this.take(out, req, req.session.output(ev.id, ev.tokens, ev.text, ev.logprobs, ev.textEnds), "stop_string");
         return;
       case "ended":
         out.aborts.push({ id: ev.id, cause: ev.cause });

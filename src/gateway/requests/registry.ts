@@ -208,7 +208,7 @@ export class RequestRegistry {
         else if (e.lastTokenAt !== null) this.events.push({ type: "tokens", id: e.id, count: o.tokens.length, itlMs: (now - e.lastTokenAt) / o.tokens.length });
         e.lastTokenAt = now;
       }
-      if (e.lifecycle.state !== "cancelling") this.events.push({ type: "output", id: e.id, tokens: o.tokens, text: o.text, ...(o.logprobs ? { logprobs: o.logprobs } : {}) });
+      if (e.lifecycle.state !== "cancelling") this.events.push({ type: "output", id: e.id, tokens: o.tokens, text: o.text, ...(o.logprobs ? { logprobs: o.logprobs } : {}), ...(o.textEnds ? { textEnds: o.textEnds } : {}) });
     }
     if (o.finish) {
       const usage = { promptTokens: e.promptTokens.length > 0 ? e.promptTokens.length : o.finish.promptTokens, completionTokens: e.generated.length };

@@ -49,6 +49,36 @@ describe("GenerationSession: stop strings", () => {
     expect(s.finish("r", "abort", { promptTokens: 5, completionTokens: 3 })).toEqual({ events: [], abort: [] });
   });
 
+  it("a multi-token output with per-token text ends (a speculative step) counts the tokens up to the one that completed the stop string", () => {
+    const run = (textEnds?: number[]) => {
+      const s = open({ stop: ["de"] });
+      s.admitted("r", 5);
+      // Four tokens "ab" "cd" "ef" "gh": "de" completes in the third.
+      const step = s.output("r", [1, 2, 3, 4], "abcdefgh", undefined, textEnds);
+      return { abort: step.abort, text: text(step.events), finished: step.events.at(-1) };
+    };
+    const split = run([2, 4, 6, 8]);
+    expect(split.abort).toEqual(["r"]);
+    expect(split.text).toBe("abc");
+    expect(split.finished).toMatchObject({ type: "finished", usage: { promptTokens: 5, completionTokens: 3 } });
+    // Without the ends the tokens are counted all at once (what a one-token step gives anyway).
+    expect(run().finished).toMatchObject({ type: "finished", usage: { completionTokens: 4 } });
+    expect(run().text).toBe("abc");
+    // With min_tokens too, one multi-token step gives what four one-token steps give (text, end, usage).
+    for (const [stop, minTokens] of [["de", 3], ["fg", 3], ["cd", 1], ["zz", 2]] as const) {
+      const multi = open({ stop: [stop], minTokens });
+      multi.admitted("r", 5);
+      const m = multi.output("r", [1, 2, 3, 4], "abcdefgh", undefined, [2, 4, 6, 8]);
+      const single = open({ stop: [stop], minTokens });
+      single.admitted("r", 5);
+      const steps = ["ab", "cd", "ef", "gh"].map((piece, k) => single.output("r", [k + 1], piece));
+      const singleEvents = steps.flatMap((x) => x.events);
+      expect(text(m.events), `${stop} ${minTokens}`).toBe(text(singleEvents));
+      expect(m.abort).toEqual(steps.flatMap((x) => x.abort));
+      expect(m.events.find((e) => e.type === "finished")).toEqual(singleEvents.find((e) => e.type === "finished"));
+    }
+  });
+
   it("include_stop_str_in_output keeps the matched stop string", () => {
     const s = open({ stop: ["xy", "END"], includeStopStr: true });
     s.admitted("r", 1);

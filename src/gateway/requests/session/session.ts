@@ -167,18 +167,31 @@ export class GenerationSession {
     return { events: [{ type: "started" }], abort: [] };
   }
 
-  /** New tokens of child `id` and the text they completed (the engine holds incomplete UTF-8 back). */
-  output(id: string, tokens: readonly number[], text: string, logprobs?: readonly PositionLogprobs[]): SessionStep {
+  /**
+   * New tokens of child `id` and the text they completed (the engine holds incomplete UTF-8 back); `textEnds`: where
+   * each token's text ends when there are several (protocol RequestOutput.textEnds).
+   */
+  output(id: string, tokens: readonly number[], text: string, logprobs?: readonly PositionLogprobs[], textEnds?: readonly number[]): SessionStep {
     const c = this.#byId.get(id);
     if (!c || this.#state.state !== "open" || c.status.state === "done") return NOTHING;
     const events: SessionEvent[] = this.#startIfNeeded();
-    // 1. Count the tokens and build their logprob views (sent with this step's text).
-    c.tokens += tokens.length;
-    const views = this.#opts.logprobs && logprobs ? logprobs.map(positionView) : [];
+    // 1. Token by token where the engine said where each one's text ends (a speculative step), else all at once:
+    //    count the tokens and match stop strings — once min_tokens tokens were generated; before that the text goes
+    //    out as it is. Tokens after the one that completed a stop string are not completion tokens.
+    let emit = "";
+    let stopped = false;
+    let counted = 0;
+    for (const [piece, n] of tokenPieces(tokens.length, text, textEnds)) {
+      c.tokens += n;
+      counted += n;
+      const r = c.tokens < (this.#opts.minTokens ?? 0) ? { emit: piece, stopped: false } : c.stop.push(piece);
+      emit += r.emit;
+      if ((stopped = r.stopped)) break;
+    }
+    // 2. The logprob views of the counted tokens (sent with this step's text).
+    const views = this.#opts.logprobs && logprobs ? logprobs.slice(0, counted).map(positionView) : [];
     c.logprobs.push(...views);
-    // 2. Stop strings: emit what is certain, hold back a possible stop-string prefix — once min_tokens tokens were
-    //    generated; before that the text goes out as it is.
-    const r = c.tokens < (this.#opts.minTokens ?? 0) ? { emit: text, stopped: false } : c.stop.push(text);
+    const r = { emit, stopped };
     let content = r.emit;
     if (r.stopped && this.#opts.includeStopStr) content += c.stop.matched ?? "";
     c.text += content;
@@ -278,4 +291,13 @@ export class GenerationSession {
     }));
     return [{ type: "finished", usage: { promptTokens, completionTokens }, choices }];
   }
+}
+
+/**
+ * An output's text as [piece, tokens] units: one per token where `textEnds` says where each token's text ends (the
+ * rest of the text, a finished request's flushed bytes, goes with the last), else the whole text with every token.
+ */
+function tokenPieces(tokens: number, text: string, textEnds: readonly number[] | undefined): [string, number][] {
+  if (!textEnds || tokens < 2 || textEnds.length !== tokens) return [[text, tokens]];
+  return textEnds.map((end, k) => [text.slice(k === 0 ? 0 : textEnds[k - 1], k === tokens - 1 ? text.length : end), 1]);
 }
