@@ -353,12 +353,7 @@ export interface RequestOutput {
   logprobs?: PositionLogprobs[];
   /** Text that became complete in this step (UTF-8 held back until a character is whole). */
   text: string;
-  /**
-   * With more than one token: where each token's text ends in `text` (UTF-16 offsets, non-decreasing; a finished
-   * request's flushed incomplete bytes may follow the last), so the gateway counts the tokens up to the one that
-   * completed a stop string (a speculative step's later tokens are not completion tokens). Optional: without it a
-   * stop string inside a multi-token output counts all of its tokens.
-   */
+  /** With several tokens: where each one's text ends in `text` (UTF-16 offsets; docs/protocol.md §6). */
   textEnds?: number[];
   /**
    * Set once, in the step where the engine stopped constraining this request (a trigger replay the grammar
