@@ -12,7 +12,7 @@ import path from "node:path";
 import { DEFAULT_ENGINE_COMMAND } from "../gateway/supervision/engine-client.js";
 import { ensureOpenvinoVenv, openvinoEngineCommand } from "../engine-openvino/venv.js";
 import { modelCacheDir } from "../model/model-cache.js";
-import { nativeSamplingSwitch } from "../native/loader.js";
+import { decodeOverlapSwitch } from "../native/loader.js";
 import type { EngineCommand, EngineConfig } from "../protocol/engine-config.js";
 import type { EngineFlag, EngineName } from "./flag-table.js";
 import type { ServeOptions } from "./flags.js";
@@ -57,8 +57,7 @@ export function chooseEngine(flag: EngineFlag, model: ModelToServe): EngineChoic
  */
 function overlapProblems(engine: EngineName, f: ServeOptions, env: NodeJS.ProcessEnv): string[] {
   const raw = env["KEEL_DECODE_OVERLAP"];
-  if (raw === undefined || raw.trim() === "") return [];
-  const value = nativeSamplingSwitch(raw);
+  const value = decodeOverlapSwitch(raw);
   if (value === "invalid") return [`KEEL_DECODE_OVERLAP=${JSON.stringify(raw)} is not on/off (1/0, true/false, yes/no)`];
   if (value === "off") return [];
   if (engine === "openvino") return ["KEEL_DECODE_OVERLAP=on applies to the llama.cpp engine on a GPU; the OpenVINO engine has no such overlap, so it is refused with --engine openvino"];

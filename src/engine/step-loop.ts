@@ -237,6 +237,8 @@ export class StepLoop {
       if (!st) continue;
       const o = outputs.of(id);
       o.tokens.push(token);
+      // A second token in one step (speculation): from here on, where each token's text ends (protocol textEnds).
+      if (o.tokens.length === 2) o.textEnds = [o.text.length];
       if (logprobs) (o.logprobs ??= []).push(logprobs);
       if (st.guide) {
         // The guide's phase moves between steps only: here, after this sequence's sample settled.
@@ -246,10 +248,8 @@ export class StepLoop {
       }
       const silent = this.backend.isEndOfGeneration(token) || (stoppedBy.has(id) && st.sampling.isStopToken(token));
       if (!silent) o.text += st.decoder.decode(this.backend.bytesOf(token), { stream: true });
-      (o.textEnds ??= []).push(o.text.length);
+      if (o.tokens.length > 1) o.textEnds!.push(o.text.length);
     }
-    // Per-token text ends only where an output holds several tokens (a speculative step): protocol RequestOutput.
-    for (const o of outputs.byId.values()) if (o.textEnds && o.tokens.length < 2) delete o.textEnds;
     this.finish(outcome, outputs);
     return decoded.reduce((a, it) => a + it.tokens.length, 0);
   }
@@ -299,8 +299,8 @@ export class StepLoop {
     // Deferred into the next step's decode when one follows at once on a device backend; else sent now. A step that
     // admitted or finished a request is sent now: a first token (it comes with the admission when the prompt fits
     // one step) or an end is not held behind the next step's launch.
-    const plain = [...outputs.byId.values()].every((o) => !o.admitted && !o.finish);
-    if (plain && this.backend.overlapsDecode && this.scheduler.hasWork && !this.stopping) this.deferred = msg;
+    const defer = this.backend.overlapsDecode === true && this.scheduler.hasWork && !this.stopping && [...outputs.byId.values()].every((o) => !o.admitted && !o.finish);
+    if (defer) this.deferred = msg;
     else this.send(msg);
   }
 

@@ -39,6 +39,14 @@ export function nativeSamplingSwitch(value: string | undefined): "on" | "off" | 
   return "invalid";
 }
 
+/**
+ * KEEL_DECODE_OVERLAP (design.md, "Keel's native addon"): opt-in, so unset or empty is "off"; otherwise as
+ * {@link nativeSamplingSwitch}. The CLI refuses "invalid" before any engine starts; the engine refuses it at load.
+ */
+export function decodeOverlapSwitch(value: string | undefined): "on" | "off" | "invalid" {
+  return value === undefined || value.trim() === "" ? "off" : nativeSamplingSwitch(value);
+}
+
 /** Tail of the chain of {@link loadWithKeelAddon} calls: the dlopen hook is process-wide, so loads run one at a time. */
 let queue: Promise<unknown> = Promise.resolve();
 

@@ -25,7 +25,7 @@
  */
 import { getLlama, LlamaLogLevel, type Llama, type LlamaContext, type LlamaModel } from "node-llama-cpp";
 import type { EngineBackend, ModelMetadata } from "../../protocol/messages.js";
-import { loadWithKeelAddon, nativeSamplingSwitch, type NativeAddonChoice } from "../../native/loader.js";
+import { decodeOverlapSwitch, loadWithKeelAddon, type NativeAddonChoice } from "../../native/loader.js";
 import type { CompiledGrammar, GrammarBackend, GrammarState, ModelBackend, RawLogprobs, SampleRequest, SamplerConfig, SamplerHandle } from "../backend.js";
 import { decodeBatch, DecodePace, type Alongside, type LlamaBatchItem } from "./batch.js";
 import { LlamaGrammars } from "./grammar.js";
@@ -105,9 +105,11 @@ export class LlamaAdapter implements ModelBackend, GrammarBackend {
     this.kv = new LlamaKv(native.ctx, this.guard);
     // Opt-in until measured to keep time to first token (docs/gpu-h200.md, "decode overlap"): unset is off.
     const raw = process.env["KEEL_DECODE_OVERLAP"];
-    const overlapSwitch = raw === undefined || raw.trim() === "" ? "off" : nativeSamplingSwitch(raw);
+    const overlapSwitch = decodeOverlapSwitch(raw);
     if (overlapSwitch === "invalid") throw new Error(`KEEL_DECODE_OVERLAP=${JSON.stringify(raw)} is not on/off (1/0, true/false, yes/no)`);
     this.overlap = native.synchronize !== null && llama.gpu !== false && options.gpu !== "cpu" && overlapSwitch === "on";
+    // Asked for but nothing to overlap with (AUTO found no GPU, or node-llama-cpp's own addon runs): said, not ignored.
+    if (overlapSwitch === "on" && !this.overlap) options.log?.("warn", "KEEL_DECODE_OVERLAP=on has no effect: the decode runs on the CPU or without Keel's addon");
     const sampleTokens = native.sampleTokens;
     if (sampleTokens) this.sampleMany = (batch) => this.samplers.sampleMany(sampleTokens, batch);
   }
