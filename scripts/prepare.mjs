@@ -105,10 +105,12 @@ async function ensureOpenvinoTestVenv() {
 
 async function fetchTestModels() {
   const { fetchModel, modelCacheDir } = await import(path.join(root, "dist", "model", "model-cache.js"));
+  const { progressSink } = await import(path.join(root, "dist", "model", "download-progress.js"));
   for (const name of ["smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct"]) {
     const started = Date.now();
     try {
-      const got = await fetchModel(name, { log: (line) => console.error(`keel:   ${line}`) });
+      const log = (line) => console.error(`keel:   ${line}`);
+      const got = await fetchModel(name, { log, progress: (label) => progressSink(process.stderr, log, label) });
       console.error(`keel: model ${name}: ${got.cached ? "cached" : `fetched in ${((Date.now() - started) / 1000).toFixed(0)} s`} (${got.path})`);
     } catch (err) {
       console.error(`keel: cannot fetch the test model ${name} into ${modelCacheDir()}: ${err.message}`);

@@ -9,7 +9,7 @@
  */
 import type { Gateway } from "../gateway/server.js";
 import { HubError } from "../model/hub-download.js";
-import { logProgress, ttyProgress } from "../model/hub-progress.js";
+import { progressSink } from "../model/download-progress.js";
 import { kvBlockTokens, llamaKvCacheBytes, openvinoKvElementBytes } from "../model/kv-bytes.js";
 import { HOW_TO_PASS_A_MODEL, modelSourceFlagProblem, resolveHubModel, resolveServeModel, type ServeModel } from "../model/serve-model.js";
 import type { EngineCommand } from "../protocol/engine-config.js";
@@ -74,14 +74,15 @@ async function resolveModel(o: ServeOptions): Promise<ServeModel | "pulled"> {
   const sourceProblem = modelSourceFlagProblem(source);
   if (sourceProblem) throw new CliError(2, sourceProblem);
   let model: ServeModel;
+  // A bar redrawn in place on a terminal; one line per 10% in a log.
+  const progress = (label: string) => progressSink(process.stderr, say, label);
   try {
     model = source.sourceModel !== undefined
       ? await resolveHubModel(
           { sourceModel: source.sourceModel, repositoryPath: source.modelRepositoryPath!, ggufFilename: source.ggufFilename, overwrite: source.overwriteModels },
-          // A bar redrawn in place on a terminal; one line per 10% in a log.
-          { log: say, progress: (label) => (process.stderr.isTTY ? ttyProgress((s) => process.stderr.write(s), label) : logProgress(say, label)) },
+          { log: say, progress },
         )
-      : await resolveServeModel(source.modelPath, { fetch: { log: say }, ggufFilename: source.ggufFilename, log: say });
+      : await resolveServeModel(source.modelPath, { fetch: { log: say, progress }, ggufFilename: source.ggufFilename, log: say });
   } catch (err) {
     // A malformed --source_model/--gguf_filename is a bad flag value (2); anything else is the model's or the hub's (1).
     throw new CliError(err instanceof HubError && err.failure === "bad-request" ? 2 : 1, (err as Error).message);

@@ -4,6 +4,7 @@
  *
  * @module
  */
+import {progressSink} from "./download-progress.js";
 import {findCachedModel, fetchModel, MODEL_CATALOGUE, modelCacheDir, type FetchOptions} from "./model-cache.js";
 
 /** Usage text of `keel fetch`. */
@@ -36,7 +37,8 @@ export async function main(argv: readonly string[], opts: FetchOptions = {}): Pr
         return 2;
     }
     try {
-        const got = await fetchModel(argv[0]!, {...opts, dir, log: opts.log ?? ((l) => process.stderr.write(`keel fetch: ${l}\n`))});
+        const log = opts.log ?? ((l: string) => void process.stderr.write(`keel fetch: ${l}\n`));
+        const got = await fetchModel(argv[0]!, {...opts, dir, log, progress: opts.progress ?? ((label) => progressSink(process.stderr, log, label))});
         process.stdout.write(got.path + "\n");
         return 0;
     } catch (err) {

@@ -9,7 +9,6 @@ import path from "node:path";
 import {afterAll, beforeAll, beforeEach, describe, expect, it} from "vitest";
 import {type FakeHub, sha256, startFakeHub} from "../../test/support/fake-hub.js";
 import {HubError, pickGguf, pullHubModel, type HubOptions} from "./hub-download.js";
-import {logProgress, ttyProgress} from "./hub-progress.js";
 
 const tmp = mkdtempSync(path.join(tmpdir(), "keel-hub-test-"));
 /** Random content: a dropped or resumed download that splices wrong bytes cannot match its sha256 by chance. */
@@ -209,25 +208,5 @@ describe("pullHubModel", () => {
 describe("pickGguf", () => {
     it("takes the only .gguf", () => {
         expect(pickGguf("o/n", [{name: "x.md", size: 1, sha256: null}, {name: "m.GGUF", size: 2, sha256: null}]).name).toBe("m.GGUF");
-    });
-});
-
-describe("progress", () => {
-    it("log lines at every 10% step, each once", () => {
-        const lines: string[] = [];
-        const p = logProgress((l) => lines.push(l), "f.gguf");
-        for (let b = 0; b <= 1_000_000; b += 25_000) p(b, 1_000_000);
-        expect(lines.length).toBe(11);
-        expect(lines[0]).toBe("f.gguf: 0% (0.0 MB / 1.0 MB)");
-        expect(lines[10]).toBe("f.gguf: 100% (1.0 MB / 1.0 MB)");
-    });
-
-    it("a TTY bar redrawn in place, finished with a newline", () => {
-        let out = "";
-        const p = ttyProgress((s) => (out += s), "f.gguf", 10);
-        p(500_000, 1_000_000);
-        p(500_001, 1_000_000); // same percent: not redrawn
-        p(1_000_000, 1_000_000);
-        expect(out).toBe("\rf.gguf [#####     ]  50% 0.5 MB / 1.0 MB\rf.gguf [##########] 100% 1.0 MB / 1.0 MB\n");
     });
 });

