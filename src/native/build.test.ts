@@ -46,15 +46,23 @@ afterEach(() => {
 });
 
 const callLines = () => (fs.existsSync(calls) ? fs.readFileSync(calls, "utf8").trim().split("\n") : []);
-const build = () => buildNativeAddon({ binDir, cacheRoot, cxx, jobs: 2, llamaSource: path.join(work, "llama.cpp"), verify: false });
+const build = (log?: (line: string) => void) => buildNativeAddon({ binDir, cacheRoot, cxx, jobs: 2, llamaSource: path.join(work, "llama.cpp"), verify: false, ...(log ? { log } : {}) });
 
 describe("native addon build cache", () => {
   it("builds once (every addon source compiled, one link against the directory's libraries), then reuses it", async () => {
     expect(nativeAddonFor(binDir, cacheRoot).path).toBeNull();
-    const first = await build();
+    const logged: string[] = [];
+    const first = await build((l) => logged.push(l));
     expect(first.cached).toBe(false);
     const lines = callLines();
     const compiles = lines.filter((l) => / -c /.test(l));
+    // Progress: a first line saying it happens once, then every step numbered as it starts: each file, then the link.
+    expect(logged[0]).toMatch(/^building Keel's addon once for .* \(cached in .* until Keel's or node-llama-cpp's native sources change\): \d+ files with /);
+    const steps = logged.slice(1).map((l) => /^\[(\d+)\/(\d+)\] (.*)$/.exec(l)!);
+    expect(steps.map((m) => Number(m[1]))).toEqual(Array.from({ length: compiles.length + 1 }, (_, i) => i + 1));
+    expect(new Set(steps.map((m) => Number(m[2])))).toEqual(new Set([compiles.length + 1]));
+    expect(steps.filter((m) => m[3]!.startsWith("compiling ")).map((m) => m[3]!.slice("compiling ".length)).sort()).toEqual(compiles.map((l) => / -c \S*[\\/]addon[\\/](\S+) -o /.exec(l)![1]).sort());
+    expect(steps.at(-1)![3]).toBe(`linking ${ADDON_FILE}`);
     const links = lines.filter((l) => l.includes("-shared"));
     // node-llama-cpp's addon sources plus ours, and the link names its libraries with a RUNPATH to the directory.
     expect(compiles.some((l) => l.includes("keel-sampling.cpp"))).toBe(true);

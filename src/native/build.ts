@@ -388,13 +388,18 @@ export async function buildNativeAddon(opts: NativeBuildOptions): Promise<Native
       `-I${path.join(llama, "include")}`, `-I${path.join(llama, "common")}`, `-I${path.join(llama, "ggml", "include")}`, `-I${path.join(llama, "src")}`, `-I${llama}`, `-I${path.join(llama, "vendor")}`,
     ];
     const jobs = opts.jobs ?? os.availableParallelism();
-    log(`compiling ${sources.length} files with ${cxx} (${jobs} at a time) for ${binDir}`);
+    // Steps: each source, the link, the load check; numbered as they start, since one compile takes seconds.
+    const steps = sources.length + (opts.verify !== false ? 2 : 1);
+    let step = 0;
+    const say = (what: string): void => log(`[${++step}/${steps}] ${what}`);
+    log(`building Keel's addon once for ${binDir} (cached in ${path.join(cacheRoot, "native")} until Keel's or node-llama-cpp's native sources change): ${sources.length} files with ${cxx}, ${jobs} at a time`);
     const objects = sources.map((f) => path.join(tmp, "obj", f.replace(/[\\/]/g, "_") + ".o"));
     fs.mkdirSync(path.join(tmp, "obj"));
-    await pool(sources.map((f, i) => () => run(cxx, [...flags, "-c", path.join(src, f), "-o", objects[i]!])), jobs);
+    await pool(sources.map((f, i) => () => (say(`compiling ${f}`), run(cxx, [...flags, "-c", path.join(src, f), "-o", objects[i]!]))), jobs);
     // 4. Link against the directory's own libraries; RUNPATH so they are found wherever the engine runs from.
     const out = path.join(tmp, "out");
     fs.mkdirSync(out);
+    say(`linking ${ADDON_FILE}`);
     await run(cxx, [
       "-shared", "-pthread", "-o", path.join(out, ADDON_FILE), ...objects,
       ...libDirs.map((d) => `-L${d}`), ...links,
@@ -402,6 +407,7 @@ export async function buildNativeAddon(opts: NativeBuildOptions): Promise<Native
     ]);
     // 5. Smoke test in a child: the addon loads with its libraries and exports our function.
     if (opts.verify !== false) {
+      say("loading it in a child process (a check)");
       const probe = `const m = require(${JSON.stringify(path.join(out, ADDON_FILE))}); if (typeof m.keelSampleTokens !== "function" || typeof m.keelDecodeBatch !== "function" || typeof m.keelSynchronize !== "function" || typeof m.keelSamplingCounts !== "function") { console.error("keelSampleTokens, keelDecodeBatch, keelSynchronize or keelSamplingCounts missing"); process.exit(1); }`;
       await run(process.execPath, ["-e", probe]).catch((err) => {
         throw new NativeBuildError(`the built addon does not load: ${(err as Error).message}`);
