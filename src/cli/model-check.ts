@@ -5,7 +5,9 @@
  * @module
  */
 import fs from "node:fs";
+import path from "node:path";
 import { DEFAULT_ENGINE_COMMAND, spawnEngine } from "../gateway/supervision/engine-client.js";
+import { LoadProgressLines } from "../gateway/supervision/load-progress.js";
 import type { EngineCommand, EngineConfig } from "../protocol/engine-config.js";
 import type { EngineBackend, ModelMetadata } from "../protocol/messages.js";
 
@@ -48,12 +50,39 @@ const NO_GPU_EVENT = "no_gpu_backend";
 /** Signals that mean the model check was killed from outside (an OOM killer, an operator), not that it failed. */
 const KILL_SIGNALS = new Set(["SIGKILL", "SIGTERM", "SIGINT", "SIGHUP"]);
 
-/** One run of the model check in a throwaway engine process. */
-async function runModelCheck(config: Omit<EngineConfig, "mode">, command: EngineCommand): Promise<{ code: number | null; signal: NodeJS.Signals | null; stdout: string; stderr: string }> {
+/** How long the phases of a passed check took in the llama.cpp engine (ms from its process start; null: not seen). */
+interface CheckTimings {
+  startMs: number;
+  backendMs: number | null;
+  modelMs: number | null;
+  contextMs: number | null;
+}
+
+/** The check's lines: what it does and why before, its progress when slow, its time by phase after. */
+function checkLines(modelPath: string, log: (line: string) => void): { progress: (p: number) => void; passed: (ms: number, t: CheckTimings | undefined) => void } {
+  log(`checking ${path.basename(modelPath)} in a throwaway engine process (it loads the model once; a model that crashes llama.cpp stops only that process)…`);
+  const lines = new LoadProgressLines({ edges: false });
+  const s = (ms: number | null): string => `${((ms ?? 0) / 1000).toFixed(1)} s`;
+  return {
+    progress: (p) => lines.take(p) && log(`checking the model: ${Math.floor(p * 100)}%`),
+    passed: (ms, t) => log(`model check passed in ${s(ms)}${t ? ` (process start ${s(t.startMs)}, backend ${s(t.backendMs)}, model load ${s(t.modelMs)}, context ${s(t.contextMs)})` : ""}`),
+  };
+}
+
+/** One run of the model check in a throwaway engine process; its progress lines (stdout, before the result) go to `onProgress`. */
+async function runModelCheck(config: Omit<EngineConfig, "mode">, command: EngineCommand, onProgress?: (p: number) => void): Promise<{ code: number | null; signal: NodeJS.Signals | null; stdout: string; stderr: string }> {
   const child = spawnEngine(command, { ...config, mode: "validate" }, ["ignore", "pipe", "pipe"], false);
   let stdout = "";
   let stderr = "";
-  child.stdout!.setEncoding("utf8").on("data", (d: string) => (stdout += d));
+  let seen = 0;
+  child.stdout!.setEncoding("utf8").on("data", (d: string) => {
+    stdout += d;
+    for (let end = stdout.indexOf("\n", seen); end >= 0; end = stdout.indexOf("\n", seen)) {
+      const line = stdout.slice(seen, end);
+      seen = end + 1;
+      if (onProgress && line.startsWith('{"loading":')) onProgress((JSON.parse(line) as { loading: number }).loading);
+    }
+  });
   child.stderr!.setEncoding("utf8").on("data", (d: string) => (stderr += d));
   const [code, signal] = await new Promise<[number | null, NodeJS.Signals | null]>((resolve) => {
     child.on("error", () => resolve([127, null]));
@@ -66,15 +95,19 @@ async function runModelCheck(config: Omit<EngineConfig, "mode">, command: Engine
  * Load the model in a throwaway child: a model that makes llama.cpp abort (GGML_ASSERT) kills only that child.
  * A check killed from outside (e.g. SIGKILL by an OOM killer) is not the model's fault: it is retried once, and if
  * it is killed again that is what the error says.
+ * @param opts.log where the check says what it does, its progress and its time (none when absent)
  * @returns the model metadata. @throws Error with the child's last log line when it fails.
  */
-export async function validateModel(config: Omit<EngineConfig, "mode">, command: EngineCommand = DEFAULT_ENGINE_COMMAND): Promise<ModelMetadata & { backend?: EngineBackend }> {
-  let run = await runModelCheck(config, command);
-  if (run.signal && KILL_SIGNALS.has(run.signal)) run = await runModelCheck(config, command);
+export async function validateModel(config: Omit<EngineConfig, "mode">, command: EngineCommand = DEFAULT_ENGINE_COMMAND, opts: { log?: (line: string) => void } = {}): Promise<ModelMetadata & { backend?: EngineBackend }> {
+  const started = Date.now();
+  const say = opts.log ? checkLines(config.modelPath, opts.log) : null;
+  let run = await runModelCheck(config, command, say?.progress);
+  if (run.signal && KILL_SIGNALS.has(run.signal)) run = await runModelCheck(config, command, say?.progress);
   const { code, signal, stdout, stderr } = run;
   if (code === 0) {
     const line = stdout.trim().split("\n").pop() ?? "";
-    const result = JSON.parse(line) as { metadata: ModelMetadata; backend?: EngineBackend };
+    const result = JSON.parse(line) as { metadata: ModelMetadata; backend?: EngineBackend; timings?: CheckTimings };
+    say?.passed(Date.now() - started, result.timings);
     return result.backend ? { ...result.metadata, backend: result.backend } : result.metadata;
   }
   if (stderr.includes(`"event":"${NO_GPU_EVENT}"`)) {

@@ -65,7 +65,7 @@ async function checkedModel(config: Omit<EngineConfig, "mode">, engineCommand: E
   const key = JSON.stringify([config, st.size, st.mtimeMs, engineCommand]);
   const hit = checked.get(key);
   if (hit) return hit;
-  const meta = await validateModel(config, engineCommand);
+  const meta = await validateModel(config, engineCommand, { log: (line) => void process.stderr.write(`keel serve: ${line}\n`) });
   checked.set(key, meta);
   return meta;
 }

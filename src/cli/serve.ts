@@ -123,7 +123,7 @@ async function serveModel(o: ServeOptions, model: ServeModel, settings: ServerSe
   }
   let meta: ModelMetadata & { backend?: EngineBackend };
   try {
-    meta = await validateModel({ ...base, maxModelLen: 256 }, engineCommand);
+    meta = await validateModel({ ...base, maxModelLen: 256 }, engineCommand, { log: say });
   } catch (err) {
     throw new CliError(1, (err as Error).message);
   }

@@ -43,6 +43,8 @@ async function main(): Promise<void> {
   let lastProgress = -1;
   /** True while the model loads: llama.cpp's warnings then are load noise (e.g. "control-looking token"), logged at debug. */
   let loading = true;
+  /** When the phases of the load ended, in ms since the process started (the model check reports them). */
+  const phases = { start: performance.now(), backend: 0, model: 0, context: 0 };
   let adapter: LlamaAdapter;
   try {
     adapter = await LlamaAdapter.open({
@@ -51,10 +53,15 @@ async function main(): Promise<void> {
         if (level === "error" || level === "fatal") logLine(level, message.trim(), { source: "llama.cpp" });
         else if (level === "warn") logLine(loading ? "debug" : "warn", message.trim(), { source: "llama.cpp" });
       },
+      onBackendLoaded: () => (phases.backend = performance.now()),
       onLoadProgress: (progress) => {
+        if (progress >= 1) phases.model ||= performance.now();
         if (progress - lastProgress < LOAD_PROGRESS_STEP && progress < 1) return;
         lastProgress = progress;
-        send({ v: PROTOCOL_VERSION, type: "loading", progress: Math.min(1, Math.max(0, progress)) });
+        const p = Math.min(1, Math.max(0, progress));
+        // The model check has no channel: its progress goes to stdout, before the result line.
+        if (channel) send({ v: PROTOCOL_VERSION, type: "loading", progress: p });
+        else process.stdout.write(JSON.stringify({ loading: p }) + "\n");
       },
     });
   } catch (err) {
@@ -65,13 +72,16 @@ async function main(): Promise<void> {
     throw err;
   }
   loading = false;
+  phases.context = performance.now();
   // One line when Keel's addon (one native call samples a step) is not in use, saying why.
   if (adapter.nativeAddon.kind !== "keel") logLine("info", `Keel's native addon is not in use (sampling takes one async native call per sequence per step): node-llama-cpp's own addon runs (${adapter.nativeAddon.reason})`, { event: "native_addon_fallback" });
   const backend = await adapter.backend();
   if (config.mode === "validate") {
     const metadata = adapter.metadata();
     await adapter.dispose();
-    process.stdout.write(JSON.stringify({ ok: true, metadata, backend }) + "\n");
+    const ms = (from: number, to: number): number | null => (from > 0 && to > 0 ? Math.round(to - from) : null);
+    const timings = { startMs: Math.round(phases.start), backendMs: ms(phases.start, phases.backend), modelMs: ms(phases.backend, phases.model), contextMs: ms(phases.model, phases.context) };
+    process.stdout.write(JSON.stringify({ ok: true, metadata, backend, timings }) + "\n");
     return;
   }
   if (!channel) throw new Error("serve mode without a channel");

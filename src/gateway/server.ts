@@ -14,6 +14,7 @@
  * Several models (`--config_path`): one engine, supervisor and registry per model (model-set.ts).
  */
 import { SHUTTING_DOWN_MESSAGE } from "./http/errors.js";
+import type { AddressInfo } from "node:net";
 import type { FastifyInstance } from "fastify";
 import pino, { type DestinationStream, type Logger } from "pino";
 import type { EngineClient } from "./supervision/engine-client.js";
@@ -22,6 +23,7 @@ import { Metrics } from "./metrics/metrics.js";
 import { ModelSet, type ModelSpec } from "./models/model-set.js";
 import type { RequestRegistry } from "./requests/registry.js";
 import type { EngineSupervisor } from "./supervision/supervisor.js";
+import { describeServerReady, serverUrl } from "./supervision/ready-line.js";
 import type { EngineCommand, EngineConfig } from "../protocol/engine-config.js";
 import { NO_AGENT_FLAGS, type AgentFlags } from "./models/agent-config.js";
 import type { CorsPolicy } from "./http/cors.js";
@@ -161,9 +163,21 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
   models.startAll(specs);
   const first = models.first();
   log.info({ event: "listening", address: app.server.address() }, "gateway listening");
+  const engineReady = Promise.all(models.servingUnits().map((u) => u.supervisor.firstReady)).then(() => undefined);
+  /** Set when the server starts shutting down: a ready line after that would be a lie. */
+  let stopping = false;
+  // One line once every model's engine is ready: where clients go and what answers there.
+  void engineReady.then(() => {
+    const units = models.servingUnits().filter((u) => u.supervisor.engine.ready !== null);
+    if (stopping || units.length === 0) return;
+    const url = serverUrl(app.server.address() as AddressInfo);
+    const served = units.map((u) => ({ name: u.spec.name, ready: u.supervisor.engine.ready! }));
+    log.info({ event: "ready", url, models: served.map((m) => ({ name: m.name, engine: m.ready.engine, backend: m.ready.backend ?? null })) }, describeServerReady(url, served));
+  });
 
   /** Stop the engine, drop connections that never sent a request, close the HTTP server. */
   async function shutDown(): Promise<void> {
+    stopping = true;
     web.startClosing();
     await models.stopAll();
     const closed = app.close();
@@ -189,8 +203,9 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     models,
     metrics,
     log,
-    engineReady: Promise.all(models.servingUnits().map((u) => u.supervisor.firstReady)).then(() => undefined),
+    engineReady,
     async drain(timeoutMs: number) {
+      stopping = true;
       web.startDraining();
       for (const u of models.all()) u.supervisor.stopWatchdog();
       log.info({ event: "drain_started", inFlight: models.inFlight, timeoutMs }, "draining: new requests get 503");

@@ -10,7 +10,7 @@ import { describe, expect, it } from "vitest";
 import { buildTinyModel } from "../../src/model/tiny-model.js";
 import { chat } from "../support/chat-client.js";
 import { hybridModel } from "../support/openvino.js";
-import { metrics, ROOT, startServer } from "../support/server.js";
+import { get, metrics, ROOT, startServer } from "../support/server.js";
 
 const keel = (...args: string[]) =>
   spawnSync(process.execPath, [path.join(ROOT, "bin", "keel.mjs"), ...args], { cwd: ROOT, encoding: "utf8", timeout: 60_000 });
@@ -159,6 +159,33 @@ describe("keel serve flags", () => {
 
 /** The seed's command line (issue #10), exactly as a shell passes it. */
 const SEED_LINE = ["--task=text_generation", "--target_device=GPU", '--plugin_config={"ENABLE_CPU_PINNING":false}', "--tool_parser", "qwen3coder", "--enable_tool_guided_generation", "true", "--reasoning_parser", "qwen3", "--kv_cache_precision", "u8", "--cache_size", "4", "--enable_prefix_caching", "true", "--cache_interval_multiplier", "64", "--max_num_seqs", "16", "--max_num_batched_tokens", "4096"];
+
+describe("start-up lines", () => {
+  it("the model check says what it does and how long each phase took; one ready line names the URL, model, engine and backend", async () => {
+    const server = await startServer();
+    const isReady = (l: string): boolean => l.startsWith("{") && (JSON.parse(l) as { event?: string }).event === "ready";
+    try {
+      const line = await server.waitForLog(isReady);
+      const ready = JSON.parse(line) as { msg: string; url: string; models: { name: string; engine: string; backend: { gpu: unknown } }[] };
+      expect(ready.msg).toMatch(new RegExp(`^ready: http://127\\.0\\.0\\.1:${server.port} \\(model keel-tiny, engine node-llama-cpp@\\d+\\.\\d+\\.\\d+, backend cpu\\)$`));
+      expect(ready.url).toBe(server.baseUrl);
+      expect(ready.models).toMatchObject([{ name: "keel-tiny", backend: { gpu: false } }]);
+      // It follows the engine's ready line, and the server answers ready.
+      expect(server.logs.indexOf(line)).toBeGreaterThan(server.logs.findIndex((l) => l.includes('"event":"engine_ready"')));
+      expect((await get(server.baseUrl, "/v2/health/ready")).status).toBe(200);
+      // Before the gateway listens: the check announced, then its time by phase.
+      const at = (re: RegExp): number => server.logs.findIndex((l) => re.test(l));
+      const check = at(/^keel serve: checking \S+ in a throwaway engine process \(it loads the model once; a model that crashes llama\.cpp stops only that process\)…$/);
+      const passed = at(/^keel serve: model check passed in \d+\.\d s \(process start \d+\.\d s, backend \d+\.\d s, model load \d+\.\d s, context \d+\.\d s\)$/);
+      expect(check).toBeGreaterThanOrEqual(0);
+      expect(passed).toBeGreaterThan(check);
+      expect(at(/"event":"listening"/)).toBeGreaterThan(passed);
+    } finally {
+      await server.stop();
+    }
+    expect(server.logs.filter(isReady)).toHaveLength(1);
+  }, 60_000);
+});
 
 describe("the seed's command line", () => {
   it("unchanged, on a machine without a GPU: exit 1 with one clear GPU message (no silent CPU fallback, no help dump)", () => {

@@ -121,6 +121,9 @@ describe("several models from --config_path", () => {
     expect(tinyEngine!.enginePid).not.toBe(qwenEngine!.enginePid);
     expect(tinyEngine!.limits.maxNumSeqs).toBe(4);
     expect(qwenEngine!.limits.maxNumSeqs).toBe(2);
+    // One ready line once both engines are ready, naming each model with its engine and backend.
+    const ready = JSON.parse(await s.waitForLog((l) => l.startsWith("{") && (JSON.parse(l) as { event?: string }).event === "ready")) as { msg: string };
+    expect(ready.msg).toMatch(new RegExp(`^ready: ${s.baseUrl.replaceAll(".", "\\.")} \\(models tiny: engine node-llama-cpp@[\\d.]+, backend cpu; qwen: engine node-llama-cpp@[\\d.]+, backend cpu\\)$`));
     // 3. Routing: each answer names its model, and a prompt longer than qwen's 256-token context but within tiny's
     //    2048 is refused by qwen's engine only (the two generated models share weights and tokenizer, so their
     //    limits are what tells their engines apart).

@@ -19,6 +19,11 @@ export interface ServerHandle {
   logs: string[];
   /** PID of the current engine process (from the latest engine_ready log line). */
   enginePid(): number;
+  /**
+   * The first log line (already written or still to come) that `match` accepts; rejects when the server exits or
+   * `timeoutMs` passes first. Driven by the server's output, never by polling.
+   */
+  waitForLog(match: (line: string) => boolean, timeoutMs?: number): Promise<string>;
   stop(): Promise<void>;
 }
 
@@ -67,11 +72,14 @@ export async function startServer(flags: string[] = [], env: Record<string, stri
   running.add(proc);
   proc.once("exit", () => running.delete(proc));
   const logs: string[] = [];
+  /** Waiters of waitForLog, each offered every new line. */
+  const watchers = new Set<(line: string) => void>();
   let port = 0;
   const ready = new Promise<void>((resolve, reject) => {
     let engineReady = false;
     const onLine = (line: string): void => {
       logs.push(line);
+      for (const w of watchers) w(line);
       try {
         const j = JSON.parse(line) as { event?: string; address?: { port?: number } };
         if (j.event === "listening" && j.address?.port) port = j.address.port;
@@ -112,6 +120,32 @@ export async function startServer(flags: string[] = [], env: Record<string, stri
         }
       }
       return pid;
+    },
+    waitForLog(match, timeoutMs = 60_000) {
+      const seen = logs.find(match);
+      if (seen !== undefined) return Promise.resolve(seen);
+      return new Promise<string>((resolve, reject) => {
+        const done = (): void => {
+          watchers.delete(watch);
+          clearTimeout(timer);
+          proc.off("exit", onExit);
+        };
+        const watch = (line: string): void => {
+          if (!match(line)) return;
+          done();
+          resolve(line);
+        };
+        const onExit = (): void => {
+          done();
+          reject(new Error(`server exited before the awaited log line; last lines:\n${logs.slice(-5).join("\n")}`));
+        };
+        const timer = setTimeout(() => {
+          done();
+          reject(new Error(`no such log line within ${timeoutMs} ms; last lines:\n${logs.slice(-5).join("\n")}`));
+        }, timeoutMs);
+        watchers.add(watch);
+        proc.once("exit", onExit);
+      });
     },
     async stop() {
       if (proc.exitCode !== null || proc.signalCode !== null) return;

@@ -67,6 +67,8 @@ export interface LlamaAdapterOptions {
   log?: (level: string, message: string) => void;
   /** Receives the model's load progress (0..1) while llama.cpp loads its tensors. */
   onLoadProgress?: (progress: number) => void;
+  /** Called when the llama.cpp backend has loaded, before the model is read (the model check times its phases). */
+  onBackendLoaded?: () => void;
 }
 
 export class LlamaAdapter implements ModelBackend, GrammarBackend {
@@ -130,6 +132,7 @@ export class LlamaAdapter implements ModelBackend, GrammarBackend {
     // "gpu" asks for a GPU: node-llama-cpp's "auto" falls back to CPU silently when no GPU backend loads, so that
     // case is an error here, before the model is read.
     if (opts.gpu === "gpu" && llama.gpu === false) throw new NoGpuBackendError();
+    opts.onBackendLoaded?.();
     const model = await llama.loadModel({ modelPath: opts.modelPath, ...(opts.onLoadProgress ? { onLoadProgress: opts.onLoadProgress } : {}) });
     const kv = opts.kvCacheType.toUpperCase() as "F16";
     const context = await model.createContext({

@@ -5,7 +5,7 @@ import pino from "pino";
 import { afterAll, describe, expect, it } from "vitest";
 import type { ReadyMessage } from "../../protocol/messages.js";
 import { defaultLogFormat, formatLogLine, logDestination } from "./logging.js";
-import { describeReady } from "../supervision/ready-line.js";
+import { describeReady, describeServerReady, serverUrl } from "../supervision/ready-line.js";
 
 describe("log format", () => {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), "keel-log-"));
@@ -71,5 +71,31 @@ describe("engine ready line", () => {
     const r = describeReady(ready({ limits: { maxNumSeqs: 4, maxNumBatchedTokens: 64, maxModelLen: 512, kvPoolTokens: 2048 }, backend: { gpu: false, devices: [] } }), "f16");
     expect(r.text).toBe("engine ready backend cpu; KV pool 2048 tokens shared by 4 sequences (up to 512 per sequence)");
     expect(r.fields).toMatchObject({ kvPoolTokens: 2048, kvBytes: null });
+  });
+});
+
+describe("server ready line", () => {
+  const ready = (engine: string, backend?: ReadyMessage["backend"]): ReadyMessage => ({
+    v: 1, type: "ready", pid: 1, engine,
+    model: { path: "m", name: null, architecture: "llama", trainContextSize: 2048, vocabSize: 10, chatTemplate: null, kvElementsPerToken: 1000, bosToken: "", eosToken: "" },
+    limits: { maxNumSeqs: 4, maxNumBatchedTokens: 64, maxModelLen: 512 },
+    capabilities: { exactSeededResume: true, maxTopLogprobs: 0, extendedSampling: true, grammars: true, sharedPrefill: false },
+    ...(backend ? { backend } : {}),
+  });
+
+  it("names the URL, the model, its engine and its backend", () => {
+    const url = serverUrl({ address: "0.0.0.0", family: "IPv4", port: 8000 });
+    expect(describeServerReady(url, [{ name: "SmolLM2-135M-Instruct", ready: ready("node-llama-cpp@3.21.1", { gpu: false, devices: [] }) }])).toBe(
+      "ready: http://0.0.0.0:8000 (model SmolLM2-135M-Instruct, engine node-llama-cpp@3.21.1, backend cpu)",
+    );
+  });
+
+  it("names every model with several, and an IPv6 address in brackets", () => {
+    const url = serverUrl({ address: "::1", family: "IPv6", port: 9 });
+    const line = describeServerReady(url, [
+      { name: "a", ready: ready("node-llama-cpp@3.21.1", { gpu: "cuda", devices: ["NVIDIA H200"] }) },
+      { name: "b", ready: ready("openvino-genai@2026.2.0") },
+    ]);
+    expect(line).toBe("ready: http://[::1]:9 (models a: engine node-llama-cpp@3.21.1, backend cuda; b: engine openvino-genai@2026.2.0, backend unknown)");
   });
 });

@@ -12,6 +12,7 @@ import { CHATML_TEMPLATE } from "../../model/chat-templates.js";
 import { ChatTemplate } from "../models/chat-template.js";
 import { EngineClient } from "./engine-client.js";
 import { exitDecision, IsolatedPrompts, stallLimitMs, type WatchdogKill, type EngineExit, type ExitDecision } from "./recovery.js";
+import { LoadProgressLines } from "./load-progress.js";
 import { describeReady } from "./ready-line.js";
 import type { Metrics } from "../metrics/metrics.js";
 import type { StepObserver } from "../metrics/metrics-observer.js";
@@ -194,14 +195,12 @@ export class EngineSupervisor {
     this.requests.applyEngineExit({ kind: "shutdown" });
   }
 
-  /** Decile of load progress last logged (-1 before the first), so that a load is logged at most every 10%. */
-  private loadLogged = -1;
+  /** Which of the current load's progress reports are logged (its start, 100%, a tenth at most once a second). */
+  private readonly loadLines = new LoadProgressLines();
 
-  /** Log an engine's load progress at most every 10% (engines send finer `loading` messages). */
+  /** Log an engine's load progress (engines send finer `loading` messages than anyone wants to read). */
   private logLoadProgress(progress: number): void {
-    const decile = Math.floor(progress * 10);
-    if (decile <= this.loadLogged) return;
-    this.loadLogged = decile;
+    if (!this.loadLines.take(progress)) return;
     this.log.info({ event: "engine_loading", progress }, `loading the model: ${Math.floor(progress * 100)}%`);
   }
 
@@ -218,7 +217,7 @@ export class EngineSupervisor {
     this.lastProgressAt = Date.now();
     this.opts.onEngineReady?.(this);
     const recovering = this.requests.recoveringCount;
-    this.loadLogged = -1;
+    this.loadLines.reset();
     const ready = describeReady(msg, this.opts.engine.kvCacheType);
     this.log.info({ event: "engine_ready", enginePid: msg.pid, model: m.path, limits: msg.limits, engine: msg.engine, capabilities: msg.capabilities, recovering, ...ready.fields }, ready.text);
     if (this.diedAt !== null) {
@@ -231,7 +230,7 @@ export class EngineSupervisor {
   private onExit(exit: EngineExit): void {
     this.steps.engineGone();
     this.tokenizer.failAll("the engine process exited");
-    this.loadLogged = -1; // the next engine's load is logged from 0%, even if this one died while loading
+    this.loadLines.reset(); // the next engine's load is logged from its start, even if this one died while loading
     // Recovery decides what the exit means (supervision/recovery.ts); the request table applies it.
     const decision = exitDecision({ stopping: this.stopping, failedStarts: this.engine.failedStarts, exit, byWatchdog: this.killedByWatchdog });
     if (decision.kind === "shutdown") {
