@@ -12,7 +12,8 @@ import path from "node:path";
 import { fileURLToPath } from "node:url";
 
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
-const { buildNativeAddon, getLlamaBinDir } = await import(path.join(root, "dist", "native", "build.js"));
+const { buildNativeAddon, defaultCacheRoot, getLlamaBinDir } = await import(path.join(root, "dist", "native", "build.js"));
+const { readBinDirs, writeBinDirs } = await import(path.join(root, "dist", "native", "bin-dirs.js"));
 
 const args = process.argv.slice(2);
 const binDirs = [];
@@ -31,12 +32,18 @@ for (let i = 0; i < args.length; i++) {
 const log = (line) => quiet || console.error(`keel: native: ${line}`);
 
 // 1. Default: the directories node-llama-cpp's getLlama loads its addon from (as the engine calls it), recorded
-//    from the in-process addon load (the same hook point as src/native/loader.ts).
+//    from the in-process addon load (the same hook point as src/native/loader.ts). Asking getLlama loads
+//    node-llama-cpp twice (≈1.5 s), so the answer is remembered per install and machine (src/native/bin-dirs.ts).
 if (binDirs.length === 0) {
-  for (const gpu of [false, "auto"]) {
-    const dir = await getLlamaBinDir(gpu);
-    if (dir === null) log(`getLlama({ gpu: ${JSON.stringify(gpu)} }) loads no addon here`);
-    else if (!binDirs.includes(dir)) binDirs.push(dir);
+  const remembered = readBinDirs(defaultCacheRoot());
+  if (remembered !== null) binDirs.push(...remembered);
+  else {
+    for (const gpu of [false, "auto"]) {
+      const dir = await getLlamaBinDir(gpu);
+      if (dir === null) log(`getLlama({ gpu: ${JSON.stringify(gpu)} }) loads no addon here`);
+      else if (!binDirs.includes(dir)) binDirs.push(dir);
+    }
+    if (binDirs.length > 0) writeBinDirs(defaultCacheRoot(), binDirs);
   }
 }
 

@@ -1,10 +1,10 @@
 #!/usr/bin/env node
-// Makes a fresh clone runnable: installs the locked dependencies when node_modules is missing or stale, compiles
-// the TypeScript sources to dist/, and generates the embedded tiny model; for the tests it also fetches the real test
+// Makes a fresh clone runnable: installs the locked dependencies when node_modules is missing or stale (for
+// `npm run serve` without the dev tools; `npm test` adds them), compiles the TypeScript sources to dist/ when a source
+// is newer than the last build, and generates the embedded tiny model; for the tests it also fetches the real test
 // models into the model cache. Idempotent and quick when nothing changed. Uses only Node built-ins (it runs before
 // dependencies exist). Outside `npm run serve` it also provides the
 // OpenAI Python SDK that test/e2e/openai-python-sdk.test.ts drives the server with (a venv in .venv-test/).
-import { createHash } from "node:crypto";
 import { execFileSync } from "node:child_process";
 import fs from "node:fs";
 import path from "node:path";
@@ -13,18 +13,32 @@ import { fileURLToPath } from "node:url";
 const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
 const npm = process.platform === "win32" ? "npm.cmd" : "npm";
 const run = (cmd, args) => execFileSync(cmd, args, { cwd: root, stdio: "inherit" });
+const serving = process.env.npm_lifecycle_event === "serve";
+const { BUILD_STAMP, INSTALL_STAMP, buildState, installState, lockHash, markBuilt } = await import("./prepare-checks.mjs");
 
-// 1. Dependencies: `npm ci` when the lockfile changed since the last install.
-const lockHash = createHash("sha256").update(fs.readFileSync(path.join(root, "package-lock.json"))).digest("hex");
-const stamp = path.join(root, "node_modules", ".keel-lock-hash");
-if (!fs.existsSync(stamp) || fs.readFileSync(stamp, "utf8") !== lockHash) {
-  console.error("keel: installing dependencies (npm ci)…");
-  run(npm, ["ci", "--no-audit", "--no-fund", "--loglevel=error"]);
-  fs.writeFileSync(stamp, lockHash);
+// 1. Dependencies: `npm ci` when the lockfile changed since the last install; serving needs no dev tools (the tests
+//    add them). npm's progress is its own; the line says what it is and that it happens once.
+const install = installState(root, { needDev: !serving });
+const npmCi = (flavour, reason) => {
+  console.error(`keel: installing dependencies once (npm ci${flavour === "serve" ? " --omit=dev" : ""}: ${reason}; a minute or two)…`);
+  run(npm, ["ci", "--no-audit", "--no-fund", "--loglevel=error", flavour === "serve" ? "--omit=dev" : "--include=dev"]);
+  fs.writeFileSync(path.join(root, INSTALL_STAMP), `${lockHash(root)} ${flavour}`);
+};
+if (install.action === "install") npmCi(install.flavour, install.reason);
+else if (install.action === "adopt") fs.writeFileSync(path.join(root, INSTALL_STAMP), `${lockHash(root)} ${install.flavour}`);
+
+// 2. Build, unless dist/ is newer than every source and build configuration (`npm run build` always builds).
+const build = buildState(root);
+if (!build.current) {
+  // A serve-only install has TypeScript as node-llama-cpp's optional peer; should it ever lack it, add the dev tools.
+  const tsc = path.join(root, "node_modules", "typescript", "bin", "tsc");
+  if (!fs.existsSync(tsc)) npmCi("full", "the build needs TypeScript");
+  const started = Date.now();
+  console.error(`keel: compiling dist/ (${build.reason})…`);
+  fs.rmSync(path.join(root, BUILD_STAMP), { force: true });
+  run(process.execPath, [tsc, "-p", path.join(root, "tsconfig.build.json")]);
+  markBuilt(root, started);
 }
-
-// 2. Build.
-run(process.execPath, [path.join(root, "node_modules", "typescript", "bin", "tsc"), "-p", path.join(root, "tsconfig.build.json")]);
 
 // 2b. Keel's native addon (one synchronous call samples a whole step; src/native/build.ts) for the binary directories
 //     node-llama-cpp loads here, into Keel's cache outside the repository: 25–80 s once per clone on 2 cores, then a cache hit.
@@ -41,22 +55,22 @@ await ensureDefaultModel();
 
 // 4. The OpenAI and Anthropic Python SDKs for the tests, in .venv-test (pins in test/e2e/python/requirements.txt). Not needed to
 //    serve, so `npm run serve` skips it. Quick when present: only looks for the pinned packages' dist-info folders.
-if (process.env.npm_lifecycle_event !== "serve") ensureTestVenv();
+if (!serving) ensureTestVenv();
 
 // 5. The real models of the real-model tests, in Keel's model cache outside the repository (keel fetch; see
 //    docs/models.md). Quick when cached: a size check of files that were verified before they got their name.
 //    `npm run serve` skips this: the server fetches its own default model on first start.
-if (process.env.npm_lifecycle_event !== "serve") await fetchTestModels();
+if (!serving) await fetchTestModels();
 
 // 6. The OpenVINO engine's venv (pinned in src/engine-openvino/requirements.txt) for the suites that run on both
 //    engines, in Keel's cache outside the repository. Quick when built (a stamp check). `npm run serve` skips it:
 //    `keel serve --engine openvino` builds it on first use. Then the tiny hybrid IR the hybrid suites serve
 //    (src/engine-openvino/hybrid-model.ts: its own ~1.4 GB venv, once; then a file check).
-if (process.env.npm_lifecycle_event !== "serve") await ensureOpenvinoTestVenv();
+if (!serving) await ensureOpenvinoTestVenv();
 
 // 7. A headless browser for the CORS test (test/e2e/security.test.ts drives a page on another origin): Debian's
 //    chromium, installed with apt-get when missing (as root, the way CI and the developers' machines run).
-if (process.env.npm_lifecycle_event !== "serve") ensureChromium();
+if (!serving) ensureChromium();
 
 function ensureChromium() {
   const found = (cmd) => {

@@ -39,7 +39,7 @@ export class NativeBuildError extends Error {
 }
 
 /** Where node-llama-cpp is installed (its package folder). */
-function nodeLlamaCppDir(): string {
+export function nodeLlamaCppDir(): string {
   const require = createRequire(import.meta.url);
   return path.dirname(path.dirname(require.resolve("node-llama-cpp"))); // …/dist/index.js → package root
 }

@@ -1,0 +1,105 @@
+// What scripts/prepare.mjs decides before doing anything slow: whether node_modules holds the locked dependencies
+// (and the dev tools when the tests need them), and whether dist/ is newer than every input of the TypeScript build.
+// Node built-ins only: it runs before the dependencies exist.
+import { createHash } from "node:crypto";
+import fs from "node:fs";
+import path from "node:path";
+
+/** The stamp prepare.mjs writes after an install: the lockfile's sha256 and the flavour ("full" or "serve"). */
+export const INSTALL_STAMP = path.join("node_modules", ".keel-lock-hash");
+
+/** The stamp of the last build: when it started and which inputs it compiled. */
+export const BUILD_STAMP = path.join("dist", ".keel-build.json");
+
+/** The build's configuration files: a change in them rebuilds everything. */
+const BUILD_CONFIGS = ["tsconfig.json", "tsconfig.build.json", "package-lock.json"];
+
+/** sha256 of the lockfile, hex. */
+export function lockHash(root) {
+  return createHash("sha256").update(fs.readFileSync(path.join(root, "package-lock.json"))).digest("hex");
+}
+
+/**
+ * What to do about node_modules: "ok" (installed from this lockfile, with the dev tools if `needDev`), "adopt" (npm
+ * installed it from this lockfile without us, e.g. `npm ci --omit=dev` by hand: write the stamp, install nothing) or
+ * "install" (run npm ci), with the flavour the stamp is to say and why.
+ * @param {string} root
+ * @param {{ needDev: boolean }} opts
+ * @returns {{ action: "ok" | "adopt" | "install", flavour: "full" | "serve", reason: string }}
+ */
+export function installState(root, { needDev }) {
+  const hash = lockHash(root);
+  const hasDev = fs.existsSync(path.join(root, "node_modules", "vitest", "package.json"));
+  const flavour = hasDev ? "full" : "serve";
+  const stampFile = path.join(root, INSTALL_STAMP);
+  // A stamp of an older prepare.mjs is the hash alone, of a full install.
+  const [stampHash, stampFlavour = "full"] = fs.existsSync(stampFile) ? fs.readFileSync(stampFile, "utf8").trim().split(" ") : [];
+  if (stampHash === hash) {
+    if (needDev && !(stampFlavour === "full" && hasDev)) return { action: "install", flavour: "full", reason: "the tests need the dev dependencies" };
+    return { action: "ok", flavour: stampFlavour, reason: "installed from this lockfile" };
+  }
+  // npm's own record of its last install (node_modules/.package-lock.json) newer than the lockfile: it installed this one.
+  const hidden = path.join(root, "node_modules", ".package-lock.json");
+  const lock = path.join(root, "package-lock.json");
+  if (stampHash === undefined && fs.existsSync(hidden) && fs.statSync(hidden).mtimeMs >= fs.statSync(lock).mtimeMs && (hasDev || !needDev)) {
+    return { action: "adopt", flavour, reason: "npm installed this lockfile" };
+  }
+  return { action: "install", flavour: needDev ? "full" : "serve", reason: stampHash === undefined ? "node_modules is missing or was not installed from this lockfile" : "the lockfile changed since the last install" };
+}
+
+/** Every input file of the TypeScript build: the sources tsconfig.build.json compiles (src/, tests excluded), relative to root. */
+export function buildSources(root) {
+  const out = [];
+  const walk = (rel) => {
+    for (const e of fs.readdirSync(path.join(root, rel), { withFileTypes: true })) {
+      const p = path.join(rel, e.name);
+      if (e.isDirectory()) walk(p);
+      else if (/\.(ts|mts|cts|tsx)$/.test(e.name) && !/\.test\.ts$/.test(e.name)) out.push(p);
+    }
+  };
+  walk("src");
+  return out.sort();
+}
+
+/** Where tsc writes the JavaScript of source `rel` (src/a/b.ts → dist/a/b.js); null for a declaration file. */
+function outputOf(rel) {
+  if (/\.d\.(m|c)?ts$/.test(rel)) return null;
+  const ext = path.extname(rel);
+  return path.join("dist", path.relative("src", rel.slice(0, -ext.length) + ({ ".mts": ".mjs", ".cts": ".cjs" }[ext] ?? ".js")));
+}
+
+/** sha256 of the list of sources: a file added, removed or renamed changes it. */
+function listHash(sources) {
+  return createHash("sha256").update(sources.join("\n")).digest("hex");
+}
+
+/**
+ * Whether dist/ is current: the last build's stamp is there, it compiled the same list of sources, every output is
+ * there, and no source or build configuration changed since that build started.
+ * @returns {{ current: boolean, reason: string }}
+ */
+export function buildState(root) {
+  let stamp;
+  try {
+    stamp = JSON.parse(fs.readFileSync(path.join(root, BUILD_STAMP), "utf8"));
+  } catch {
+    return { current: false, reason: "no record of a build in dist/" };
+  }
+  const sources = buildSources(root);
+  if (stamp.sources !== listHash(sources)) return { current: false, reason: "sources were added, removed or renamed" };
+  for (const rel of [...sources, ...BUILD_CONFIGS]) {
+    const mtime = fs.statSync(path.join(root, rel), { throwIfNoEntry: false })?.mtimeMs;
+    if (mtime === undefined) continue;
+    if (mtime > stamp.startedAt) return { current: false, reason: `${rel} changed since the last build` };
+  }
+  for (const rel of sources) {
+    const out = outputOf(rel);
+    if (out !== null && !fs.existsSync(path.join(root, out))) return { current: false, reason: `${out} is missing` };
+  }
+  return { current: true, reason: "dist/ is newer than every source" };
+}
+
+/** Record a build that started at `startedAt` (ms since the epoch; taken before tsc ran, so an edit during it counts). */
+export function markBuilt(root, startedAt) {
+  fs.writeFileSync(path.join(root, BUILD_STAMP), JSON.stringify({ startedAt, sources: listHash(buildSources(root)) }) + "\n");
+}
