@@ -30,13 +30,19 @@ else if (install.action === "adopt") fs.writeFileSync(path.join(root, INSTALL_ST
 // 2. Build, unless dist/ is newer than every source and build configuration (`npm run build` always builds).
 const build = buildState(root);
 if (!build.current) {
-  // A serve-only install has TypeScript as node-llama-cpp's optional peer; should it ever lack it, add the dev tools.
+  // `npm ci --omit=dev` keeps TypeScript (node-llama-cpp's optional peer); `--omit=optional` drops it and its native
+  // binary: then npx runs the pinned version from npm's cache, leaving node_modules as it was installed.
   const tsc = path.join(root, "node_modules", "typescript", "bin", "tsc");
-  if (!fs.existsSync(tsc)) npmCi("full", "the build needs TypeScript");
   const started = Date.now();
   console.error(`keel: compiling dist/ (${build.reason})…`);
   fs.rmSync(path.join(root, BUILD_STAMP), { force: true });
-  run(process.execPath, [tsc, "-p", path.join(root, "tsconfig.build.json")]);
+  const config = ["-p", path.join(root, "tsconfig.build.json")];
+  if (fs.existsSync(tsc)) run(process.execPath, [tsc, ...config]);
+  else {
+    const version = JSON.parse(fs.readFileSync(path.join(root, "package.json"), "utf8")).devDependencies.typescript;
+    console.error(`keel: node_modules has no TypeScript (installed with --omit=optional?): running typescript@${version} with npx`);
+    run(process.platform === "win32" ? "npx.cmd" : "npx", ["--yes", "--package", `typescript@${version}`, "--", "tsc", ...config]);
+  }
   markBuilt(root, started);
 }
 
