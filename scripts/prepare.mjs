@@ -5,7 +5,7 @@
 // models into the model cache. Idempotent and quick when nothing changed. Uses only Node built-ins (it runs before
 // dependencies exist). Outside `npm run serve` it also provides the
 // OpenAI Python SDK that test/e2e/openai-python-sdk.test.ts drives the server with (a venv in .venv-test/).
-import { execFileSync } from "node:child_process";
+import { execFileSync, spawnSync } from "node:child_process";
 import fs from "node:fs";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
@@ -30,17 +30,17 @@ else if (install.action === "adopt") fs.writeFileSync(path.join(root, INSTALL_ST
 // 2. Build, unless dist/ is newer than every source and build configuration (`npm run build` always builds).
 const build = buildState(root);
 if (!build.current) {
-  // `npm ci --omit=dev` keeps TypeScript (node-llama-cpp's optional peer); `--omit=optional` drops it and its native
-  // binary: then npx runs the pinned version from npm's cache, leaving node_modules as it was installed.
+  // TypeScript and @types/node are dependencies, since serving builds dist/. `--omit=optional` drops TypeScript's
+  // native binary (an optional package): then npx runs the pinned version, leaving node_modules as it was installed.
   const tsc = path.join(root, "node_modules", "typescript", "bin", "tsc");
   const started = Date.now();
   console.error(`keel: compiling dist/ (${build.reason})…`);
   fs.rmSync(path.join(root, BUILD_STAMP), { force: true });
   const config = ["-p", path.join(root, "tsconfig.build.json")];
-  if (fs.existsSync(tsc)) run(process.execPath, [tsc, ...config]);
+  if (spawnSync(process.execPath, [tsc, "--version"], { stdio: "ignore" }).status === 0) run(process.execPath, [tsc, ...config]);
   else {
-    const version = JSON.parse(fs.readFileSync(path.join(root, "package.json"), "utf8")).devDependencies.typescript;
-    console.error(`keel: node_modules has no TypeScript (installed with --omit=optional?): running typescript@${version} with npx`);
+    const version = JSON.parse(fs.readFileSync(path.join(root, "package.json"), "utf8")).dependencies.typescript;
+    console.error(`keel: TypeScript does not run from node_modules (installed with --omit=optional?): running typescript@${version} with npx`);
     run(process.platform === "win32" ? "npx.cmd" : "npx", ["--yes", "--package", `typescript@${version}`, "--", "tsc", ...config]);
   }
   markBuilt(root, started);
