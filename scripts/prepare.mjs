@@ -7,6 +7,7 @@
 // OpenAI Python SDK that test/e2e/openai-python-sdk.test.ts drives the server with (a venv in .venv-test/).
 import { execFileSync, spawnSync } from "node:child_process";
 import fs from "node:fs";
+import os from "node:os";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 
@@ -41,7 +42,8 @@ if (!build.current) {
   else {
     const version = JSON.parse(fs.readFileSync(path.join(root, "package.json"), "utf8")).dependencies.typescript;
     console.error(`keel: TypeScript does not run from node_modules (installed with --omit=optional?): running typescript@${version} with npx`);
-    run(process.platform === "win32" ? "npx.cmd" : "npx", ["--yes", "--package", `typescript@${version}`, "--", "tsc", ...config]);
+    // From outside the repository: inside it npx would pick the broken local tsc again.
+    execFileSync(process.platform === "win32" ? "npx.cmd" : "npx", ["--yes", "--package", `typescript@${version}`, "--", "tsc", ...config], { cwd: os.tmpdir(), stdio: "inherit" });
   }
   markBuilt(root, started);
 }
