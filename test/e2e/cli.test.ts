@@ -191,9 +191,11 @@ describe("the seed's command line", () => {
   it("unchanged, on a machine without a GPU: exit 1 with one clear GPU message (no silent CPU fallback, no help dump)", () => {
     const r = keel("serve", ...SEED_LINE);
     expect(r.status).toBe(1);
+    // The model check's first line, then its verdict: one message.
     const lines = r.stderr.trim().split("\n");
-    expect(lines).toHaveLength(1);
-    expect(lines[0]).toMatch(/^keel serve: --target_device GPU: no GPU backend loads on this machine .*--target_device CPU/);
+    expect(lines).toHaveLength(2);
+    expect(lines[0]).toMatch(/^keel serve: checking \S+ in a throwaway engine process/);
+    expect(lines[1]).toMatch(/^keel serve: --target_device GPU: no GPU backend loads on this machine .*--target_device CPU/);
     expect(r.stdout).toBe("");
   }, 60_000);
 
@@ -318,7 +320,7 @@ describe("--target_device AUTO", () => {
   it("takes a GPU backend only if one loads, and logs the backend actually used", async () => {
     const server = await startServer(["--target_device", "AUTO"]);
     try {
-      const device = server.logs.map((l) => JSON.parse(l) as Record<string, unknown>).find((e) => e["event"] === "device")!;
+      const device = server.jsonLines().map((l) => JSON.parse(l) as Record<string, unknown>).find((e) => e["event"] === "device")!;
       expect(device["targetDevice"]).toBe("auto");
       const backend = device["backend"] as { gpu: string | false; devices: string[] };
       // Whatever loads here is named: "cpu" without devices, or a GPU backend with its device names.
@@ -355,7 +357,7 @@ describe("--deterministic", () => {
       expect(first.done && second.done).toBe(true);
       expect(second.text).toBe(first.text);
       expect((await metrics(server.baseUrl)).get("keel_prefix_cache_hit_tokens_total")).toBe(0);
-      const started = server.logs.map((l) => JSON.parse(l) as { event?: string; prefixCaching?: boolean }).filter((l) => l.event === "deterministic");
+      const started = server.jsonLines().map((l) => JSON.parse(l) as { event?: string; prefixCaching?: boolean }).filter((l) => l.event === "deterministic");
       expect(started).toEqual([expect.objectContaining({ event: "deterministic", prefixCaching: false })]);
     } finally {
       await server.stop();

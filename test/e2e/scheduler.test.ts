@@ -67,7 +67,7 @@ describe("KV capacity and precision", () => {
     // keel-tiny: 4 layers x 3 KV heads x (30 + 30) = 720 elements per token, f16 → 1,440 bytes per token.
     // 0.001 GB / 4 sequences / 1,440 bytes = 173 tokens per sequence.
     server = await startServer(["--max_num_seqs", "4", "--cache_size", "0.001"]);
-    const capLine = server.logs.map((l) => JSON.parse(l) as { event?: string; tokensPerSequence?: number }).find((j) => j.event === "capacity");
+    const capLine = server.jsonLines().map((l) => JSON.parse(l) as { event?: string; tokensPerSequence?: number }).find((j) => j.event === "capacity");
     expect(capLine?.tokensPerSequence).toBe(173);
     const over = await postRaw(server.baseUrl, req("hi", { max_tokens: 200 }));
     expect(over.status).toBe(400);
@@ -85,7 +85,7 @@ describe("KV capacity and precision", () => {
     const file = path.join(dir, "tiny-hd64.gguf");
     fs.writeFileSync(file, buildTinyModel({ hidden: 256, heads: 4, kvHeads: 2, ff: 768 }));
     server = await startServer(["--model_path", file, "--model_name", "keel-tiny", "--kv_cache_precision", "u8", "--max_num_seqs", "2"]);
-    const capLine = server.logs.map((l) => JSON.parse(l) as { event?: string; kvCachePrecision?: string }).find((j) => j.event === "capacity");
+    const capLine = server.jsonLines().map((l) => JSON.parse(l) as { event?: string; kvCachePrecision?: string }).find((j) => j.event === "capacity");
     expect(capLine?.kvCachePrecision).toBe("u8");
     const a = await chat(server.baseUrl, req("the same request twice", { max_tokens: 32 }));
     const b = await chat(server.baseUrl, req("the same request twice", { max_tokens: 32 }));

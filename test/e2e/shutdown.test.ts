@@ -145,14 +145,14 @@ describe("graceful drain", () => {
     expect(refused.status).toBe(503);
     await stream;
     expect(await exited(server.proc)).toBe(0);
-    const unavailable = server.logs.map((l) => JSON.parse(l) as { level: number; event?: string; requestId?: string; code?: string }).filter((l) => l.event === "unavailable");
+    const unavailable = server.jsonLines().map((l) => JSON.parse(l) as { level: number; event?: string; requestId?: string; code?: string }).filter((l) => l.event === "unavailable");
     expect(unavailable.length).toBeGreaterThanOrEqual(1);
     for (const l of unavailable) {
       expect(l.level).toBe(30);
       expect(l.requestId).toMatch(/\S/);
       expect(l.code).toBe("shutting_down");
     }
-    expect(server.logs.some((l) => (JSON.parse(l) as { level: number }).level >= 50 && l.includes("shutting down"))).toBe(false);
+    expect(server.jsonLines().some((l) => (JSON.parse(l) as { level: number }).level >= 50 && l.includes("shutting down"))).toBe(false);
   });
 
   it("a second signal, well after the first, ends the wait at once: logged as hurried, one shutdown wording", async () => {
@@ -177,7 +177,7 @@ describe("graceful drain", () => {
     expect(last.error?.code).toBe("shutting_down");
     expect(last.error?.message).toBe("The server is shutting down.");
     expect(await exited(server.proc)).toBe(0);
-    const events = server.logs.map((l) => (JSON.parse(l) as { event?: string }).event);
+    const events = server.jsonLines().map((l) => (JSON.parse(l) as { event?: string }).event);
     expect(events).toContain("drain_hurried");
     expect(events).not.toContain("drain_timeout");
   });

@@ -17,6 +17,8 @@ export interface ServerHandle {
   baseUrl: string;
   /** Every stdout/stderr line the server wrote. */
   logs: string[];
+  /** The lines of its JSON log (without the plain `keel serve:` start-up lines it writes to stderr before the log starts). */
+  jsonLines(): string[];
   /** PID of the current engine process (from the latest engine_ready log line). */
   enginePid(): number;
   /**
@@ -120,6 +122,9 @@ export async function startServer(flags: string[] = [], env: Record<string, stri
         }
       }
       return pid;
+    },
+    jsonLines() {
+      return logs.filter((l) => l.startsWith("{"));
     },
     waitForLog(match, timeoutMs = 60_000) {
       const seen = logs.find(match);
