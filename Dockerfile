@@ -3,7 +3,8 @@
 FROM node:20-bookworm-slim
 WORKDIR /app
 COPY package.json package-lock.json ./
-RUN npm ci --no-audit --no-fund --loglevel=error
+# Serving needs no dev tools (TypeScript and @types/node are dependencies: the build below needs them).
+RUN npm ci --omit=dev --no-audit --no-fund --loglevel=error
 COPY tsconfig.json tsconfig.build.json ./
 COPY bin ./bin
 COPY src ./src
