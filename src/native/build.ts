@@ -3,7 +3,7 @@
  * a temporary copy by register.patch) plus src/native/keel-sampling.cpp (one synchronous call that samples a whole
  * step), compiled with the system C++ compiler and LINKED AGAINST the shared libraries of an existing node-llama-cpp
  * binary directory (the CPU or CUDA prebuilt, or a node-llama-cpp source build), with a RUNPATH to that directory.
- * So llama.cpp and ggml are not rebuilt: only the 19 small addon files (docs/upstream.md "Keel's addon").
+ * So llama.cpp and ggml are not rebuilt: only the ~20 small addon files (docs/upstream.md "Keel's addon").
  *
  * The result lives outside the repository, in `<cache>/native/<key>/llama-addon.node`, where the key hashes every
  * input that can change the binary: ours and node-llama-cpp's addon sources, the patch, node-addon-api's version and
