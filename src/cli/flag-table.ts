@@ -8,6 +8,7 @@
 import { metricFamilies } from "../gateway/metrics/metrics.js";
 import { parseCsvFlag } from "../gateway/http/cors.js";
 import { REASONING_PARSERS, TOOL_PARSERS } from "../gateway/tools.js";
+import { CACHE_ROOT_RULE } from "../model/model-cache.js";
 import { ENGINE_THREADS_RULE } from "./engine-threads.js";
 import { bool, checked, gb, int, must, oneOf, parseTargetDevice, refused, text, type FlagValue } from "./flag-values.js";
 
@@ -93,7 +94,7 @@ export const SERVE_FLAGS = [
   flag("cache_interval_multiplier", "OVMS: state-block interval of linear-attention models (OpenVINO engine: applied, the checkpoint interval of hybrid models with prefix caching; llama.cpp: a logged no-op)", undefined, int("cache_interval_multiplier", 1)),
   flag("dynamic_split_fuse", "true: long prompts are prefilled in chunks of max_num_batched_tokens; false (as OVMS): a prompt longer than max_num_batched_tokens is refused with 400", "true", bool("dynamic_split_fuse")),
   flag("rest_workers", "OVMS HTTP worker threads (2..10000); accepted and logged: Keel's one event loop has no worker pool (concurrency is bounded by --max_num_seqs and --max_queued_requests)", undefined, int("rest_workers", 2, 10000)),
-  flag("cache_dir", "cache directory: Keel keeps downloaded models in <cache_dir>/models (default: $KEEL_CACHE_DIR, else ~/.cache/keel)", undefined, text),
+  flag("cache_dir", `cache directory: Keel keeps downloaded models in <cache_dir>/models (default: ${CACHE_ROOT_RULE})`, undefined, text),
   flag("metrics_enable", "true: /metrics is served (Keel always serves it; false is refused)", "true", checked((v) => {
     if (must(bool("metrics_enable"), v)) return true;
     throw new Error("--metrics_enable false is not supported: Keel always serves /metrics (gateways and probes scrape it)");

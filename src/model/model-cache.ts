@@ -160,6 +160,9 @@ export function pipWheelDownloader(command: readonly string[] = ["python3", "-m"
     };
 }
 
+/** Where Keel's cache root is, as `--help`, the README and docs/flags.md say it ({@link keelCacheRoot} follows it). */
+export const CACHE_ROOT_RULE = "$KEEL_CACHE_DIR, else $XDG_CACHE_HOME/keel, else ~/.cache/keel";
+
 /** Keel's cache root (models, venvs, native builds): `$KEEL_CACHE_DIR`, else `$XDG_CACHE_HOME/keel`, else `~/.cache/keel`. */
 export function keelCacheRoot(env: NodeJS.ProcessEnv = process.env): string {
     return path.resolve(env["KEEL_CACHE_DIR"] || (env["XDG_CACHE_HOME"] ? path.join(env["XDG_CACHE_HOME"], "keel") : path.join(os.homedir(), ".cache", "keel")));
