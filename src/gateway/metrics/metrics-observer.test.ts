@@ -141,6 +141,17 @@ describe("StepObserver: metrics from step outputs in one place", () => {
   });
 });
 
+describe("StepObserver: tokens processed, for the periodic engine line", () => {
+  it("counts prefilled and cached prompt tokens at admission and every generated token, across engine restarts", () => {
+    const t = setup();
+    const steps = new StepObserver(t.metrics);
+    steps.observe({ ...stepMsg(1, 0), outputs: [{ id: "a", tokens: [], text: "", admitted: { promptTokens: [1, 2, 3, 4], cachedTokens: 3 } }, { id: "b", tokens: [9, 9], text: "" }] });
+    steps.engineStarted(); // the gateway's totals are not the engine's: they go on
+    steps.observe({ ...stepMsg(1, 0), outputs: [{ id: "a", tokens: [5], text: "", admitted: { promptTokens: [1, 2], cachedTokens: 0 } }] });
+    expect(steps.processed).toEqual({ promptTokens: 3, cachedTokens: 3, generatedTokens: 3 });
+  });
+});
+
 describe("StepObserver: requests scheduled per step", () => {
   it("observes how many requests got a token in each step that decoded; a repeated step number (aborts only) adds nothing", async () => {
     const t = setup();

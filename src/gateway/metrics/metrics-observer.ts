@@ -8,6 +8,16 @@ import type { StepMessage } from "../../protocol/messages.js";
 import type { Metrics } from "./metrics.js";
 import type { ObservedEvent } from "../requests/events.js";
 
+/** Tokens processed by a model's engines, cumulative since the gateway started (see {@link StepObserver.processed}). */
+export interface ProcessedTokens {
+  /** Prompt tokens prefilled: admitted prompts less what the prefix cache supplied. */
+  promptTokens: number;
+  /** Prompt tokens reused from the prefix cache at admission. */
+  cachedTokens: number;
+  /** Tokens generated. */
+  generatedTokens: number;
+}
+
 /** Counters derived from the current engine's cumulative step stats. */
 export class StepObserver {
   /** Step counter of the current engine as last reported (0 before its first step). */
@@ -28,6 +38,12 @@ export class StepObserver {
   private lastDrafts = { proposed: 0, accepted: 0 };
   /** Linear-attention blocks (in use, pool) as last reported; undefined for engines and models without them. */
   linearAttentionBlocks: { inUse: number; total: number } | undefined = undefined;
+  /**
+   * Tokens this model's engines processed as the step outputs showed them, since the gateway started (kept across
+   * engine restarts; the periodic engine line takes their differences): prompt tokens of admissions less those reused
+   * from the prefix cache, prompt tokens reused, and tokens generated.
+   */
+  readonly processed: ProcessedTokens = { promptTokens: 0, cachedTokens: 0, generatedTokens: 0 };
 
   /** @param modelName the served model whose engine this observes (labels the per-model counters) */
   constructor(
@@ -55,6 +71,13 @@ export class StepObserver {
   /** Apply one step output's counters (the engine reports cumulative values; the metrics count increments). */
   observe(msg: StepMessage): void {
     this.lastStepAt = Date.now();
+    for (const o of msg.outputs) {
+      this.processed.generatedTokens += o.tokens.length;
+      if (!o.admitted) continue;
+      const cached = Math.min(o.admitted.cachedTokens, o.admitted.promptTokens.length);
+      this.processed.promptTokens += o.admitted.promptTokens.length - cached;
+      this.processed.cachedTokens += cached;
+    }
     if (msg.step > this.lastStep) {
       this.metrics.engineSteps.inc(msg.step - this.lastStep);
       this.lastStep = msg.step;
