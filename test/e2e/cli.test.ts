@@ -278,7 +278,9 @@ describe("--log_path and --log_format text", () => {
       for (const l of lines) expect(l).toMatch(/^\d\d:\d\d:\d\d\.\d{3} (DEBUG|INFO |WARN |ERROR) gateway /);
       expect(lines.some((l) => / INFO  gateway loading the model: 100% /.test(l))).toBe(true);
       expect(lines.some((l) => / INFO  gateway engine ready in \d+\.\d s; backend cpu; KV capacity /.test(l))).toBe(true);
-      expect(lines.some((l) => / INFO  gateway request finished /.test(l))).toBe(true);
+      // The request's one INFO line (its lifecycle events are DEBUG): its route, usage, TTFT and finish reason.
+      const requestLines = lines.filter((l) => / requestId=/.test(l) && !/ DEBUG /.test(l));
+      expect(requestLines).toEqual([expect.stringMatching(/ INFO  gateway request finished \(length\) requestId=chatcmpl-\S+ event=request_done model=keel-tiny route=\/v3\/chat\/completions promptTokens=\d+ completionTokens=2 ttftMs=\d+ e2eMs=\d+ tokPerS=(null|[\d.]+) finishReason=length clientGone=false$/)]);
       expect(stdout).toBe("");
     } finally {
       proc.kill("SIGKILL");
