@@ -52,8 +52,8 @@ const csv = (v: string): string[] => v.split(",").map((s) => s.trim()).filter((s
 export const SERVE_FLAGS = [
   flag("rest_port", "HTTP port", "8000", int("rest_port", 0, 65535)),
   flag("rest_bind_address", "HTTP bind address", "0.0.0.0", text),
-  flag("model_path", "GGUF model file, a model directory holding one (--gguf_filename picks among several), a model name from `keel fetch --list` (fetched and cached on first use), or keel-tiny / keel-tiny-f16 / keel-tiny-qwen3 / keel-tiny-qwen3coder (generated random-weight models; keel-tiny-f16 loads in both engines) (default: smollm2-135m-instruct; keel-tiny if it cannot be fetched)", undefined, text),
-  flag("model_name", "served model name (default: the model's own name, e.g. SmolLM2-135M-Instruct or keel-tiny, or the model file's base name)", undefined, text),
+  flag("model_path", "GGUF model file, a model directory holding one (--gguf_filename picks among several), a model name from `keel fetch --list` (fetched and cached on first use), or keel-tiny / keel-tiny-f16 / keel-tiny-qwen3 / keel-tiny-qwen3coder (generated random-weight models; keel-tiny-f16 loads in both engines) (default: qwen2.5-coder-0.5b-instruct, 491 MB on first use; keel-tiny if it cannot be fetched)", undefined, text),
+  flag("model_name", "served model name (default: the model's own name, e.g. Qwen2.5-Coder-0.5B-Instruct or keel-tiny, or the model file's base name)", undefined, text),
   flag("max_num_seqs", "sequences decoded together (KV slots)", "8", int("max_num_seqs", 1, 256)),
   flag("max_num_batched_tokens", "token budget of one engine step (>= max_num_seqs)", "256", int("max_num_batched_tokens", 1, 65536)),
   flag("max_model_len", "tokens per sequence (default: min(model's trained context, 4096); with --cache_size: what the budget holds, up to the trained context)", undefined, int("max_model_len", 2, 1 << 20)),

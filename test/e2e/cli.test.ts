@@ -208,6 +208,9 @@ describe("the seed's command line", () => {
       const flagNotes = events.filter((e) => e["event"] === "flag").map((e) => e["msg"] as string);
       expect(flagNotes.some((m) => m.startsWith("--plugin_config ENABLE_CPU_PINNING false"))).toBe(true);
       expect(flagNotes.some((m) => m.startsWith("--cache_interval_multiplier 64 is a no-op"))).toBe(true);
+      // The start summary confirms the parsers and guidance, and says the u8 KV cache turned flash attention on.
+      expect(events.find((e) => e["event"] === "agents")).toMatchObject({ toolParser: "qwen3coder", reasoningParser: "qwen3", toolGuidedGeneration: true });
+      expect(events.find((e) => e["event"] === "implied")).toMatchObject({ setting: "flash_attention", value: true, because: "kv_cache_precision u8" });
       // llama.cpp's warnings while loading (e.g. "control-looking token") are debug, not warnings.
       const readyAt = events.indexOf(ready);
       expect(events.slice(0, readyAt).filter((e) => e["level"] === 40 && (e["engine"] as { source?: string } | undefined)?.source === "llama.cpp")).toEqual([]);
