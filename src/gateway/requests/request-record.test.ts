@@ -76,6 +76,22 @@ describe("the terminal record of an HTTP request", () => {
     expect(t.records()).toEqual([expect.objectContaining({ requestId: "n", promptTokens: 3, completionTokens: 5, ttftMs: 40, e2eMs: 160, finishReason: "stop,length", clientGone: false })]);
   });
 
+  it("without a finished session, usage comes from the children: each distinct prompt counted once, completions summed", () => {
+    const t = setup();
+    t.open("p", 2, { prompts: ["first prompt", "second prompt"] });
+    t.requests.handleStep(step(out("p-0", { admitted }), out("p-1", { admitted: { promptTokens: [1, 2, 3, 4, 5], cachedTokens: 0 } })));
+    t.requests.clientGone("p");
+    t.requests.handleStep(step(out("p-0", { finish: { reason: "abort", promptTokens: 3, completionTokens: 0 } }), out("p-1", { finish: { reason: "abort", promptTokens: 5, completionTokens: 0 } })));
+    expect(t.records()).toEqual([expect.objectContaining({ requestId: "p", promptTokens: 8, completionTokens: 0, finishReason: "abort", clientGone: true })]);
+    // n choices of one prompt, left by their client: the shared prompt is counted once, the completions summed.
+    t.open("q", 2);
+    t.requests.handleStep(step(out("q-0", { admitted }), out("q-1", { admitted })));
+    t.requests.handleStep(step(out("q-0", { tokens: [1], text: "a" }), out("q-1", { tokens: [1, 2], text: "bc" })));
+    t.requests.clientGone("q");
+    t.requests.handleStep(step(out("q-0", { finish: { reason: "abort", promptTokens: 3, completionTokens: 1 } }), out("q-1", { finish: { reason: "abort", promptTokens: 3, completionTokens: 2 } })));
+    expect(t.records().at(-1)).toEqual(expect.objectContaining({ requestId: "q", promptTokens: 3, completionTokens: 3 }));
+  });
+
   it("a client that went away: one record, finish abort, clientGone, the abort's latency in steps", () => {
     const t = setup();
     t.open("gone", 1);

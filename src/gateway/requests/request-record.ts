@@ -35,10 +35,13 @@ export interface RequestRecord {
 
 /** What an HTTP request's events said so far, gathered for its {@link RequestRecord}. */
 export class RequestTally {
-  /** Child id → the prompt it generates for (children of one prompt share its tokens in the usage). */
-  private readonly promptOf = new Map<string, string>();
+  /**
+   * Child id → the prompt it generates for (its text, or its token array): children of one prompt share its tokens in
+   * the usage. The children of one prompt hold the same string: the key is no copy, and V8 hashes a string once.
+   */
+  private readonly promptOf = new Map<string, unknown>();
   /** Prompt tokens per prompt, from the children's ends. */
-  private readonly promptTokens = new Map<string, number>();
+  private readonly promptTokens = new Map<unknown, number>();
   /** Completion tokens summed over the children's ends. */
   private completionTokens = 0;
   /** Earliest first token among the children (ms from acceptance), or null. */
@@ -57,7 +60,7 @@ export class RequestTally {
     children: readonly { id: string; prompt: AddMessage["prompt"] }[],
     private readonly route: string,
   ) {
-    for (const c of children) this.promptOf.set(c.id, JSON.stringify(c.prompt));
+    for (const c of children) this.promptOf.set(c.id, "text" in c.prompt ? c.prompt.text : c.prompt.tokens);
   }
 
   /** A table event of one of the request's children. */
