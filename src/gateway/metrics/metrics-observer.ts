@@ -121,20 +121,22 @@ export class StepObserver {
 
 /**
  * The consumer of a model's request events (requests/events.ts): it updates `metrics` and logs each event with its
- * request id — one INFO line per HTTP request (its terminal record, `request_done`), the lifecycle events of its engine
- * requests (queued, prefill, first token, cancel, end) at DEBUG, and what an operator must see (a resume, an isolated
- * culprit, a dropped guide, an internal error) at INFO or above. `modelName` labels the OVMS families (one request table per served model); `waiting` is the table's
- * queue length at the time (for the `queued` line).
+ * request id — one INFO line per HTTP request (its terminal record, `request_done`), the lifecycle events of its
+ * engine requests (queued, prefill, first token, cancel, end) at DEBUG, and what an operator must see (a resume, an
+ * isolated culprit, a dropped guide, an internal error) at INFO or above. `modelName` labels the OVMS families (one
+ * request table per served model); `waiting` is the table's queue length at the time (for the DEBUG `queued` line).
  */
 export function requestObserver(metrics: Metrics, log: Logger, waiting: () => number, modelName = ""): (ev: ObservedEvent) => void {
   const name = { name: modelName };
   metrics.registerModel(modelName);
+  const debug = log.isLevelEnabled("debug");
   return (ev) => {
     switch (ev.type) {
       case "queued":
         metrics.requestsQueued.inc();
         metrics.ovmsAccepted.inc(name);
-        log.debug({ requestId: ev.id, event: "queued", waiting: waiting() }, "request queued");
+        // waiting() walks the table: only when the line is written.
+        if (debug) log.debug({ requestId: ev.id, event: "queued", waiting: waiting() }, "request queued");
         return;
       case "admitted":
         if (!ev.first) return; // timings are reported once per request (a resumed request is admitted again)
