@@ -8,6 +8,7 @@
 import { metricFamilies } from "../gateway/metrics/metrics.js";
 import { parseCsvFlag } from "../gateway/http/cors.js";
 import { REASONING_PARSERS, TOOL_PARSERS } from "../gateway/tools.js";
+import { CACHE_ROOT_RULE } from "../model/model-cache.js";
 import { ENGINE_THREADS_RULE } from "./engine-threads.js";
 import { bool, checked, gb, int, must, oneOf, parseTargetDevice, refused, text, type FlagValue } from "./flag-values.js";
 
@@ -51,8 +52,8 @@ const csv = (v: string): string[] => v.split(",").map((s) => s.trim()).filter((s
 export const SERVE_FLAGS = [
   flag("rest_port", "HTTP port", "8000", int("rest_port", 0, 65535)),
   flag("rest_bind_address", "HTTP bind address", "0.0.0.0", text),
-  flag("model_path", "GGUF model file, a model directory holding one (--gguf_filename picks among several), a model name from `keel fetch --list` (fetched and cached on first use), or keel-tiny / keel-tiny-f16 / keel-tiny-qwen3 / keel-tiny-qwen3coder (generated random-weight models; keel-tiny-f16 loads in both engines) (default: smollm2-135m-instruct; keel-tiny if it cannot be fetched)", undefined, text),
-  flag("model_name", "served model name (default: the model's own name, e.g. SmolLM2-135M-Instruct or keel-tiny, or the model file's base name)", undefined, text),
+  flag("model_path", "GGUF model file, a model directory holding one (--gguf_filename picks among several), a model name from `keel fetch --list` (fetched and cached on first use), or keel-tiny / keel-tiny-f16 / keel-tiny-qwen3 / keel-tiny-qwen3coder (generated random-weight models; keel-tiny-f16 loads in both engines) (default: qwen2.5-coder-0.5b-instruct, 491 MB on first use; keel-tiny if it cannot be fetched)", undefined, text),
+  flag("model_name", "served model name (default: the model's own name, e.g. Qwen2.5-Coder-0.5B-Instruct or keel-tiny, or the model file's base name)", undefined, text),
   flag("max_num_seqs", "sequences decoded together (KV slots)", "8", int("max_num_seqs", 1, 256)),
   flag("max_num_batched_tokens", "token budget of one engine step (>= max_num_seqs)", "256", int("max_num_batched_tokens", 1, 65536)),
   flag("max_model_len", "tokens per sequence (default: min(model's trained context, 4096); with --cache_size: what the budget holds, up to the trained context)", undefined, int("max_model_len", 2, 1 << 20)),
@@ -66,7 +67,7 @@ export const SERVE_FLAGS = [
   flag("num_kv_blocks", "OpenVINO engine: a fixed KV pool of N blocks shared by all sequences (32 tokens per block on CPU, 16 on GPU); refused with the llama.cpp engine", undefined, int("num_kv_blocks", 1, 1 << 24)),
   flag("engine_stall_timeout", "seconds without engine progress while there is work before the engine is restarted", "30", int("engine_stall_timeout", 1, 86_400)),
   flag("shutdown_timeout", "seconds in-flight requests may take to finish after SIGTERM/SIGINT", "30", int("shutdown_timeout", 0, 86_400)),
-  flag("log_level", "DEBUG, INFO, WARNING or ERROR (TRACE = DEBUG)", "INFO", oneOf("log_level", ["TRACE", "DEBUG", "INFO", "WARNING", "ERROR"]).transform((v) => (v === "TRACE" ? "DEBUG" : v))),
+  flag("log_level", "DEBUG, INFO, WARNING or ERROR (TRACE = DEBUG); INFO: one line per request and, while busy, an engine line every 5 s; DEBUG: each request's lifecycle too", "INFO", oneOf("log_level", ["TRACE", "DEBUG", "INFO", "WARNING", "ERROR"]).transform((v) => (v === "TRACE" ? "DEBUG" : v))),
   flag("log_format", "text (one readable line per event) or json (default: text when stdout is a terminal, else json)", undefined, oneOf("log_format", ["text", "json"])),
   flag("log_path", "write the log to this file (appended) instead of stdout", undefined, text),
   flag("request_timeout", "seconds a client may take to send its whole request (headers and body) before it is dropped", "30", int("request_timeout", 1, 3600)),
@@ -93,7 +94,7 @@ export const SERVE_FLAGS = [
   flag("cache_interval_multiplier", "OVMS: state-block interval of linear-attention models (OpenVINO engine: applied, the checkpoint interval of hybrid models with prefix caching; llama.cpp: a logged no-op)", undefined, int("cache_interval_multiplier", 1)),
   flag("dynamic_split_fuse", "true: long prompts are prefilled in chunks of max_num_batched_tokens; false (as OVMS): a prompt longer than max_num_batched_tokens is refused with 400", "true", bool("dynamic_split_fuse")),
   flag("rest_workers", "OVMS HTTP worker threads (2..10000); accepted and logged: Keel's one event loop has no worker pool (concurrency is bounded by --max_num_seqs and --max_queued_requests)", undefined, int("rest_workers", 2, 10000)),
-  flag("cache_dir", "cache directory: Keel keeps downloaded models in <cache_dir>/models (default: $KEEL_CACHE_DIR, else ~/.cache/keel)", undefined, text),
+  flag("cache_dir", `cache directory: Keel keeps downloaded models in <cache_dir>/models (default: ${CACHE_ROOT_RULE})`, undefined, text),
   flag("metrics_enable", "true: /metrics is served (Keel always serves it; false is refused)", "true", checked((v) => {
     if (must(bool("metrics_enable"), v)) return true;
     throw new Error("--metrics_enable false is not supported: Keel always serves /metrics (gateways and probes scrape it)");

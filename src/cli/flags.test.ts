@@ -1,7 +1,11 @@
+import fs from "node:fs";
+import os from "node:os";
+import path from "node:path";
 import { describe, expect, it } from "vitest";
+import { CACHE_ROOT_RULE, keelCacheRoot } from "../model/model-cache.js";
 import { engineFlagProblems } from "./engine-choice.js";
 import { defaultEngineThreads, physicalCoresFromCpuinfo } from "./engine-threads.js";
-import { METRIC_FAMILIES } from "./flag-table.js";
+import { METRIC_FAMILIES, usage } from "./flag-table.js";
 import { parseTargetDevice } from "./flag-values.js";
 import { FlagError, parseServeCommand, parseServeFlags, withSettings, type ServeOptions } from "./flags.js";
 import { parsePluginConfig } from "./plugin-config.js";
@@ -251,5 +255,20 @@ describe("parseServeCommand: the command line parsed once into typed options", (
       'max_num_seqs must be an integer between 1 and 256, got "0"',
       'tool_parser must be one of hermes3, qwen3coder, llama3, auto, got "x"',
     ]);
+  });
+});
+
+describe("--help and the cache directory", () => {
+  it("states the cache root rule the code follows, as the README and docs/flags.md do", () => {
+    // The rule as the code applies it: KEEL_CACHE_DIR wins, then XDG_CACHE_HOME, then the home directory.
+    expect(keelCacheRoot({ KEEL_CACHE_DIR: "/k", XDG_CACHE_HOME: "/x" })).toBe("/k");
+    expect(keelCacheRoot({ XDG_CACHE_HOME: "/x" })).toBe("/x/keel");
+    expect(keelCacheRoot({})).toBe(path.join(os.homedir(), ".cache", "keel"));
+    const cacheDirLine = usage().split("\n").find((l) => l.includes("--cache_dir"));
+    expect(cacheDirLine).toContain(`(default: ${CACHE_ROOT_RULE})`);
+    for (const doc of ["README.md", "docs/flags.md"]) {
+      const text = fs.readFileSync(new URL(`../../${doc}`, import.meta.url), "utf8").replace(/`/g, "");
+      expect(text, doc).toContain(CACHE_ROOT_RULE);
+    }
   });
 });

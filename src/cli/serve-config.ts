@@ -17,6 +17,7 @@ import { openvinoIrDirectory, resolveServeModel } from "../model/serve-model.js"
 import type { EngineCommand, EngineConfig } from "../protocol/engine-config.js";
 import type { ModelMetadata } from "../protocol/messages.js";
 import { CliError } from "./cli-error.js";
+import { agentLine, impliedLines } from "./start-summary.js";
 import { chooseEngine, engineBaseConfig, engineCommandFor, engineFlagProblems, type EngineChoice, type ModelToServe } from "./engine-choice.js";
 import { withSettings, type ServeOptions } from "./flags.js";
 import { kvCapacity } from "./kv-capacity.js";
@@ -161,6 +162,8 @@ export async function serveFromConfig(file: string, options: ServeOptions, engin
   for (const s of specs) {
     gw.log.info({ event: "engine", name: s.name, engine: s.engineName ?? null, command: s.engineCommand?.command ?? null }, `${s.name}: engine ${s.engineName ?? "(not said)"}`);
     gw.log.info({ event: "model", name: s.name, path: s.engine.modelPath, tokensPerSequence: s.engine.maxModelLen, sequences: s.engine.maxNumSeqs }, `serving ${s.name} from ${s.engine.modelPath}`);
+    const implied = s.engineName ? impliedLines(s.engineName, s.engine, options.flash_attention) : [];
+    for (const line of [agentLine(s.agents), ...implied]) gw.log[line.level]({ ...line.fields, name: s.name }, `${s.name}: ${line.msg}`);
   }
   return gw;
 }

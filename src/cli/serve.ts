@@ -7,6 +7,7 @@
  *
  * @module
  */
+import type { AgentFlags } from "../gateway/models/agent-config.js";
 import type { Gateway } from "../gateway/server.js";
 import { HubError } from "../model/hub-download.js";
 import { progressSink } from "../model/download-progress.js";
@@ -21,6 +22,7 @@ import { FlagError, parseServeCommand, type ServeOptions } from "./flags.js";
 import { kvCapacity } from "./kv-capacity.js";
 import { checkModelFile, validateModel } from "./model-check.js";
 import { serveFromConfig } from "./serve-config.js";
+import { agentLine, impliedLines } from "./start-summary.js";
 import { engineCommandOverride, listen, serverSettings, type ServerSettings } from "./server-settings.js";
 import { drainOnSignals } from "./shutdown.js";
 
@@ -134,15 +136,16 @@ async function serveModel(o: ServeOptions, model: ServeModel, settings: ServerSe
     throw new CliError(2, `--${(err as Error).message}`);
   }
   const modelName = o.model_name ?? model.servedName;
+  const agents: AgentFlags = { toolParser: o.tool_parser ?? null, reasoningParser: o.reasoning_parser ?? null, guideAuto: o.enable_tool_guided_generation };
   const gw = await listen({
     ...settings,
     modelName,
     modelAliases: modelAliases(model, modelName),
     engine: { ...base, maxModelLen: capacity.maxModelLen },
     engineCommand,
-    agents: { toolParser: o.tool_parser ?? null, reasoningParser: o.reasoning_parser ?? null, guideAuto: o.enable_tool_guided_generation },
+    agents,
   });
-  logStart(gw, o, { model, modelName, choice, engineCommand, meta, capacity, prefixCaching: base.prefixCaching, device: base.device, apiKeyRequired: typeof settings.apiKey === "string" });
+  logStart(gw, o, { model, modelName, choice, engineCommand, meta, capacity, prefixCaching: base.prefixCaching, device: base.device, apiKeyRequired: typeof settings.apiKey === "string", agents, engineConfig: base });
   return gw;
 }
 
@@ -157,9 +160,13 @@ interface Started {
   prefixCaching: boolean;
   device: string;
   apiKeyRequired: boolean;
+  /** `--tool_parser`, `--reasoning_parser`, `--enable_tool_guided_generation`. */
+  agents: AgentFlags;
+  /** The engine's start configuration (what the flags imply for it is logged). */
+  engineConfig: Parameters<typeof impliedLines>[1];
 }
 
-/** The start lines: capacity, engine, device, flag notes, modes, security, the model. */
+/** The start lines: capacity, engine, device, flag notes, parsers and guides, implied settings, modes, security, the model. */
 function logStart(gw: Gateway, o: ServeOptions, s: Started): void {
   const { maxModelLen, note: capacityNote, poolTokens } = s.capacity;
   const maxNumSeqs = o.max_num_seqs;
@@ -176,6 +183,7 @@ function logStart(gw: Gateway, o: ServeOptions, s: Started): void {
   const backend = s.meta.backend;
   gw.log.info({ event: "device", targetDevice: s.device, backend: backend ?? null }, `target device ${s.device}: ${engine} runs on ${backend ? (backend.gpu === false ? "cpu" : `${backend.gpu} (${backend.devices.join(", ")})`) : "unknown"}`);
   for (const note of o.notes) if (note.engine === undefined || note.engine === engine) gw.log[note.level]({ event: "flag" }, note.msg);
+  for (const line of [agentLine(s.agents), ...impliedLines(engine, s.engineConfig, o.flash_attention)]) gw.log[line.level](line.fields, line.msg);
   if (o.deterministic) {
     if (engine === "openvino") gw.log.info({ event: "deterministic", prefixCaching: false }, "deterministic mode: prefix reuse off; the OpenVINO engine's numerics are exact by default on CPU (f32 inference and KV, no dynamic quantisation) unless --plugin_config overrides them");
     else gw.log.info({ event: "deterministic", prefixCaching: false, flashAttention: false, kvCachePrecision: "f16" }, "deterministic mode: the same request and seed give the same text on every run (prefix reuse off)");

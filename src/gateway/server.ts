@@ -1,6 +1,7 @@
 /**
  * The gateway process, composed: the request registry, the engine supervisor (supervisor.ts), the metrics observer
- * (metrics-observer.ts) and the HTTP app (http-app.ts); plus the graceful drain. It never touches engine state; it
+ * (metrics-observer.ts), the HTTP app (http-app.ts) and the periodic engine line (metrics/engine-stats-log.ts); plus
+ * the graceful drain. It never touches engine state; it
  * sends the engine commands and applies the engine's outputs.
  *
  * Routes (OVMS 2026.2's REST surface, with OpenAI conventions where the two differ — see README):
@@ -19,8 +20,9 @@ import type { FastifyInstance } from "fastify";
 import pino, { type DestinationStream, type Logger } from "pino";
 import type { EngineClient } from "./supervision/engine-client.js";
 import { buildHttpApp } from "./http/app.js";
-import { Metrics } from "./metrics/metrics.js";
-import { ModelSet, type ModelSpec } from "./models/model-set.js";
+import { kvUsage, Metrics, type ModelGauges } from "./metrics/metrics.js";
+import { ENGINE_STATS_INTERVAL_MS, startEngineStatsLog } from "./metrics/engine-stats-log.js";
+import { ModelSet, type ModelSpec, type ServedModelView } from "./models/model-set.js";
 import type { RequestRegistry } from "./requests/registry.js";
 import type { EngineSupervisor } from "./supervision/supervisor.js";
 import { describeServerReady, serverUrl } from "./supervision/ready-line.js";
@@ -75,6 +77,8 @@ export interface GatewayOptions {
   models?: ModelSpec[];
   /** Re-read the config file for `POST /v1/config/reload` (throws Error with the reason when it is invalid). */
   reloadModels?: () => Promise<ModelSpec[]>;
+  /** Interval of the periodic engine line (ms; default 5000, 0 = none). */
+  engineStatsIntervalMs?: number;
 }
 
 /** A running gateway. */
@@ -102,6 +106,21 @@ export interface Gateway {
   close(): Promise<void>;
 }
 
+/** A served model's state as the gateway gauges (and the periodic engine line's KV usage) read it. */
+function gaugesOf(u: Pick<ServedModelView, "spec" | "supervisor" | "registry" | "steps">): ModelGauges {
+  const limits = u.supervisor.engine.ready?.limits;
+  return {
+    modelName: u.spec.name,
+    ...u.registry.counts(),
+    kvTokensInUse: u.steps.kvTokensInUse,
+    ...(u.steps.linearAttentionBlocks ? { linearAttentionBlocks: u.steps.linearAttentionBlocks } : {}),
+    // One shared pool (OpenVINO) when the engine reports it, else a partition per sequence (llama.cpp).
+    kvTokenCapacity: limits ? (limits.kvPoolTokens ?? limits.maxNumSeqs * limits.maxModelLen) : 0,
+    cacheDtype: u.spec.engine.kvCacheType,
+    prefixCaching: u.spec.engine.prefixCaching,
+  };
+}
+
 /** How long the HTTP server may take to close its connections at shutdown before the rest are dropped (ms). */
 const CLOSE_GRACE_MS = 2000;
 
@@ -124,20 +143,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     // The stalest engine's age: a stuck engine of one model shows even while another steps.
     lastStepAgeSeconds: () => Math.max(0, ...models.all().map((u) => (Date.now() - u.steps.lastStepAt) / 1000)),
     // The gateway gauges (vLLM names, OVMS families): one entry per served model, from its own registry and engine.
-    models: () =>
-      models.servingUnits().map((u) => {
-        const limits = u.supervisor.engine.ready?.limits;
-        return {
-          modelName: u.spec.name,
-          ...u.registry.counts(),
-          kvTokensInUse: u.steps.kvTokensInUse,
-          ...(u.steps.linearAttentionBlocks ? { linearAttentionBlocks: u.steps.linearAttentionBlocks } : {}),
-          // One shared pool (OpenVINO) when the engine reports it, else a partition per sequence (llama.cpp).
-          kvTokenCapacity: limits ? (limits.kvPoolTokens ?? limits.maxNumSeqs * limits.maxModelLen) : 0,
-          cacheDtype: u.spec.engine.kvCacheType,
-          prefixCaching: u.spec.engine.prefixCaching,
-        };
-      }),
+    models: () => models.servingUnits().map(gaugesOf),
   });
   const models = new ModelSet({
     ...(opts.engineCommand ? { engineCommand: opts.engineCommand } : {}),
@@ -175,9 +181,15 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
     log.info({ event: "ready", url, models: served.map((m) => ({ name: m.name, engine: m.ready.engine, backend: m.ready.backend ?? null })) }, describeServerReady(url, served));
   });
 
+  // The periodic engine line (throughput, running/waiting, KV, prefix hits) of every model that is busy.
+  const stopStats = opts.engineStatsIntervalMs === 0
+    ? () => undefined
+    : startEngineStatsLog(log, () => models.servingUnits().map((u) => ({ modelName: u.spec.name, processed: u.steps.processed, counts: () => u.registry.counts(), kvUsage: () => kvUsage(gaugesOf(u)) })), { intervalMs: opts.engineStatsIntervalMs ?? ENGINE_STATS_INTERVAL_MS });
+
   /** Stop the engine, drop connections that never sent a request, close the HTTP server. */
   async function shutDown(): Promise<void> {
     stopping = true;
+    stopStats();
     web.startClosing();
     await models.stopAll();
     const closed = app.close();

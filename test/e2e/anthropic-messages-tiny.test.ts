@@ -119,14 +119,12 @@ describe("without the parsers", () => {
 });
 
 describe("routes", () => {
-  it("another method on a Messages path is a 404 not_found_error in Anthropic's envelope, listing the routes", async () => {
+  it("another method on a Messages path is a 405 with Allow: POST in Anthropic's envelope", async () => {
     const r = await fetch(`${plain.baseUrl}/v1/messages?beta=true`);
-    expect(r.status).toBe(404);
+    expect(r.status).toBe(405);
+    expect(r.headers.get("allow")).toBe("POST");
     const body = (await r.json()) as { type: string; error: { type: string; message: string } };
-    expect(body.type).toBe("error");
-    expect(body.error.type).toBe("not_found_error");
-    expect(body.error.message).toContain("POST /v3/messages, /v3/v1/messages, /v1/messages");
-    expect(body.error.message).toContain("/v1/messages/count_tokens");
+    expect(body).toEqual({ type: "error", error: { type: "invalid_request_error", message: "Method 'GET' is not allowed on '/v1/messages'. Allowed: POST." } });
   });
 
   it("a query string (Claude Code sends ?beta=true) does not change the route", async () => {

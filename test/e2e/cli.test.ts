@@ -237,6 +237,9 @@ describe("the seed's command line", () => {
       const flagNotes = events.filter((e) => e["event"] === "flag").map((e) => e["msg"] as string);
       expect(flagNotes.some((m) => m.startsWith("--plugin_config ENABLE_CPU_PINNING false"))).toBe(true);
       expect(flagNotes.some((m) => m.startsWith("--cache_interval_multiplier 64 is a no-op"))).toBe(true);
+      // The start summary confirms the parsers and guidance, and says the u8 KV cache turned flash attention on.
+      expect(events.find((e) => e["event"] === "agents")).toMatchObject({ toolParser: "qwen3coder", reasoningParser: "qwen3", toolGuidedGeneration: true });
+      expect(events.find((e) => e["event"] === "implied")).toMatchObject({ setting: "flash_attention", value: true, because: "kv_cache_precision u8" });
       // llama.cpp's warnings while loading (e.g. "control-looking token") are debug, not warnings.
       const readyAt = events.indexOf(ready);
       expect(events.slice(0, readyAt).filter((e) => e["level"] === 40 && (e["engine"] as { source?: string } | undefined)?.source === "llama.cpp")).toEqual([]);
@@ -307,7 +310,9 @@ describe("--log_path and --log_format text", () => {
       for (const l of lines) expect(l).toMatch(/^\d\d:\d\d:\d\d\.\d{3} (DEBUG|INFO |WARN |ERROR) gateway /);
       expect(lines.some((l) => / INFO  gateway loading the model: 100% /.test(l))).toBe(true);
       expect(lines.some((l) => / INFO  gateway engine ready in \d+\.\d s; backend cpu; KV capacity /.test(l))).toBe(true);
-      expect(lines.some((l) => / INFO  gateway request finished /.test(l))).toBe(true);
+      // The request's one INFO line (its lifecycle events are DEBUG): its route, usage, TTFT and finish reason.
+      const requestLines = lines.filter((l) => / requestId=/.test(l) && !/ DEBUG /.test(l));
+      expect(requestLines).toEqual([expect.stringMatching(/ INFO  gateway request finished \(length\) requestId=chatcmpl-\S+ event=request_done model=keel-tiny route=\/v3\/chat\/completions promptTokens=\d+ completionTokens=2 ttftMs=\d+ e2eMs=\d+ tokPerS=(null|[\d.]+) finishReason=length clientGone=false$/)]);
       expect(stdout).toBe("");
     } finally {
       proc.kill("SIGKILL");

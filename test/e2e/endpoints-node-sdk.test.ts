@@ -3,7 +3,7 @@
  * completions.create (string and list prompts, echo, default max_tokens, streaming, integer logprobs),
  * responses.create (unary and streamed typed events; stateless fields refused), `n` = 2 (indexed choices in stream
  * and unary, usage, a stream abort releasing both children), chat logprobs, the sampling set (logit_bias,
- * stop_token_ids), /v3/tokenize, models/{id}, the 404 route list, and HTTP/1.1 pipelining on one socket.
+ * stop_token_ids), /v3/tokenize, models/{id}, the short 404 and the 405 with Allow, and HTTP/1.1 pipelining on one socket.
  */
 import net from "node:net";
 import OpenAI, { BadRequestError, NotFoundError } from "openai";
@@ -298,11 +298,16 @@ describe("tokenize, models, routes", () => {
     expect((err as NotFoundError).code).toBe("model_not_found");
   });
 
-  it("an unknown route answers 404 naming the routes that exist", async () => {
+  it("an unknown route answers a short 404; a known path with another method a 405 with Allow", async () => {
     const r = await get(server.baseUrl, "/v3/embeddings");
     expect(r.status).toBe(404);
-    const msg = (JSON.parse(r.body) as { error: { message: string } }).error.message;
-    for (const route of ["/v3/completions", "/v1/responses", "/v3/tokenize", "/v1/models/{id}", "/v2/health/ready"]) expect(msg).toContain(route);
+    const msg = (JSON.parse(r.body) as { error: { code: string; message: string } }).error;
+    expect(msg.code).toBe("route_not_found");
+    expect(msg.message.length).toBeLessThan(160);
+    const wrong = await fetch(`${server.baseUrl}/v3/chat/completions`);
+    expect(wrong.status).toBe(405);
+    expect(wrong.headers.get("allow")).toBe("POST");
+    expect(((await wrong.json()) as { error: { code: string } }).error.code).toBe("method_not_allowed");
   });
 });
 

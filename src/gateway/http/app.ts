@@ -7,12 +7,12 @@ import type { GuideSpec } from "../../protocol/messages.js";
 import http from "node:http";
 import Fastify, { type FastifyInstance, type FastifyReply } from "fastify";
 import type { Logger } from "pino";
-import { isAnthropicRoute, registerRoutes, routeList } from "./routes.js";
+import { allowedMethods, isAnthropicRoute, registerRoutes } from "./routes.js";
 import { MAX_JSON_NESTING, withinNesting } from "./json-depth.js";
 import { registerConfigRoutes } from "../api/config.js";
 import { apiKeyChecker, needsApiKey } from "./auth.js";
 import { corsHeaders, OPEN_CORS } from "./cors.js";
-import { clientConnectionError, invalidApiKey, invalidUrl, expectationFailed, invalidJson, routeNotFound } from "./errors.js";
+import { clientConnectionError, invalidApiKey, invalidUrl, expectationFailed, invalidJson, methodNotAllowed, routeNotFound } from "./errors.js";
 import { toAnthropicErrorBody, toErrorBody, toHttpError } from "./error-envelope.js";
 import type { Metrics } from "../metrics/metrics.js";
 import type { ModelSet, ModelSpec } from "../models/model-set.js";
@@ -179,8 +179,11 @@ export function buildHttpApp(deps: HttpAppDeps): HttpApp {
     }
     return reply.status(e.status).send(errorBody(req.routeOptions.url ?? req.url, e));
   });
+  // A known path asked with another method is a 405 with `Allow` (RFC 9110); a path no route has is a short 404.
   app.setNotFoundHandler((req, reply) => {
-    void reply.status(404).send(errorBody(req.url, routeNotFound(req.method, req.url, routeList())));
+    const allowed = allowedMethods(req.url);
+    if (allowed.length === 0) return void reply.status(404).send(errorBody(req.url, routeNotFound(req.method, req.url)));
+    void reply.status(405).header("allow", allowed.join(", ")).send(errorBody(req.url, methodNotAllowed(req.method, req.url.split("?", 1)[0] ?? "", allowed)));
   });
 
   registerRoutes(app, models);

@@ -229,19 +229,18 @@ export function invalidApiKey(present: boolean): KeelHttpError {
   });
 }
 
-/** 404 `route_not_found`: no route for this method and path; `routes` (when given) are named in the message. */
 /** 400 `invalid_url`: the request's URL cannot be decoded (e.g. a bad percent escape in a path parameter). */
 export function invalidUrl(path: string): KeelHttpError {
   return new KeelHttpError({ status: 400, type: "invalid_request_error", code: "invalid_url", message: `The request URL ${quoteClientValue(path)} is not valid (bad percent-encoding).` });
 }
 
-export function routeNotFound(method: string, path: string, routes?: readonly string[]): KeelHttpError {
-  const list = routes && routes.length > 0 ? ` Routes: ${routes.join("; ")}.` : "";
+/** 404 `route_not_found`: no route has this path (a known path with another method is a 405); short, naming no route list. */
+export function routeNotFound(method: string, path: string): KeelHttpError {
   return new KeelHttpError({
     status: 404,
     type: "invalid_request_error",
     code: "route_not_found",
-    message: `No route for ${quoteClientValue(method)} ${quoteClientValue(path)}.${list}`,
+    message: `No route for ${quoteClientValue(method)} ${quoteClientValue(path)}. The API is served under /v1/, /v3/ and /v3/v1/ (e.g. POST /v1/chat/completions; routes: docs/api.md).`,
   });
 }
 

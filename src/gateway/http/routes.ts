@@ -1,6 +1,6 @@
 /**
  * Every API route, registered in one place under each prefix Keel serves (`/v3`, `/v3/v1`, `/v1`: OVMS's paths and
- * OpenAI's), and the list the not-found answer names. Routes only validate, admit and encode; the generation
+ * OpenAI's), and which methods a known path allows (the 405's `Allow`). Routes only validate, admit and encode; the generation
  * pipeline is src/gateway/requests/generate.ts.
  */
 import type { FastifyInstance } from "fastify";
@@ -42,11 +42,21 @@ export function isAnthropicRoute(url: string): boolean {
   return API_PREFIXES.some((p) => path === `${p}/messages` || path === `${p}/messages/count_tokens`);
 }
 
-/** Every route that exists, as "METHOD /path" (for the 404 answer). */
-export function routeList(): string[] {
-  const out: string[] = [];
-  for (const [method, path] of API_ROUTES) out.push(`${method} ${API_PREFIXES.map((p) => p + path).join(", ")}`);
-  return [...out, ...SERVER_ROUTES];
+/** Every route as [method, a matcher of its paths]: `{name}` is one path segment, `{id}` (a model id) may hold `/`. */
+const ROUTE_MATCHERS: readonly (readonly [string, RegExp])[] = [
+  ...API_ROUTES.flatMap(([method, path]) => API_PREFIXES.map((p) => [method, p + path] as const)),
+  ...SERVER_ROUTES.map((r) => r.split(" ") as [string, string]),
+].map(([method, path]) => [method, new RegExp(`^${path.replace(/\{id\}/g, ".+").replace(/\{\w+\}/g, "[^/]+")}$`)] as const);
+
+/**
+ * The methods a path is served with (for a 405's `Allow`), in a fixed order; [] for a path no route has. A GET route
+ * answers HEAD too (fastify serves HEAD for every GET route).
+ */
+export function allowedMethods(url: string): string[] {
+  const path = url.split("?", 1)[0] ?? "";
+  const methods = new Set(ROUTE_MATCHERS.filter(([, re]) => re.test(path)).map(([m]) => m));
+  if (methods.has("GET")) methods.add("HEAD");
+  return ["GET", "HEAD", "POST"].filter((m) => methods.has(m));
 }
 
 /** Register every API route on `app`. */

@@ -4,16 +4,16 @@ import { PROTOCOL_VERSION, type StepMessage } from "../../protocol/messages.js";
 import { Metrics } from "./metrics.js";
 import { requestObserver, StepObserver } from "./metrics-observer.js";
 
-function setup() {
-  const lines: { level: number; event?: string; requestId?: string; [k: string]: unknown }[] = [];
-  const log = pino({ level: "info" }, { write: (l: string) => void lines.push(JSON.parse(l)) });
+function setup(level = "debug") {
+  const lines: { level: number; event?: string; requestId?: string; msg?: string; [k: string]: unknown }[] = [];
+  const log = pino({ level }, { write: (l: string) => void lines.push(JSON.parse(l)) });
   const metrics = new Metrics({ counts: () => ({ waiting: 0, running: 0 }), activeSequences: () => 0, cachedSequences: () => 0, lastStepAgeSeconds: () => 0 });
   const value = async (name: string, labels = ""): Promise<number> => {
     const text = await metrics.registry.getSingleMetricAsString(name);
     const line = text.split("\n").find((l) => l.startsWith(`${name}${labels} `));
     return Number(line?.split(" ")[1]);
   };
-  return { lines, metrics, value, observe: requestObserver(metrics, log, () => 4) };
+  return { lines, metrics, value, observe: requestObserver(metrics, log, () => 4, "tiny") };
 }
 
 const stepMsg = (step: number, hits: number, active = 1): StepMessage => ({
@@ -38,11 +38,11 @@ describe("requestObserver: every request event reaches metrics and the log", () 
     t.observe({ type: "culprit", id: "b", deaths: 3 });
     t.observe({ type: "resumed", id: "c", generatedTokens: 5, deaths: 1 });
     t.observe({ type: "finished", id: "d", reason: "error", usage: { promptTokens: 0, completionTokens: 0 }, phase: "queued", e2eMs: 1, error: { code: "context_length_exceeded", message: "too long" }, released: false, refused: true });
-    expect(t.lines.map((l) => [l.event, l.requestId])).toEqual([
-      ["cancelled", "a"],
-      ["culprit_isolated", "b"],
-      ["resumed", "c"],
-      ["rejected", "d"],
+    expect(t.lines.map((l) => [l.level, l.event, l.requestId])).toEqual([
+      [20, "cancelled", "a"],
+      [50, "culprit_isolated", "b"],
+      [30, "resumed", "c"],
+      [20, "rejected", "d"],
     ]);
     expect(await t.value("keel_requests_resumed_total")).toBe(1);
     expect(await t.value("keel_requests_rejected_total", '{reason="invalid_request"}')).toBe(1);
@@ -58,9 +58,9 @@ describe("requestObserver: every request event reaches metrics and the log", () 
     expect(await t.value("keel_client_disconnects_total", '{phase="prefill"}')).toBe(1);
     expect(t.lines.map((l) => [l.level, l.event, l.requestId])).toEqual([
       [40, "guide_dropped", "g"],
-      [30, "client_disconnect", "r"],
-      [30, "client_disconnect_released", "r"],
-      [30, "client_disconnect_released", "s"],
+      [20, "client_disconnect", "r"],
+      [20, "client_disconnect_released", "r"],
+      [20, "client_disconnect_released", "s"],
     ]);
   });
 
@@ -78,6 +78,54 @@ describe("requestObserver: every request event reaches metrics and the log", () 
   });
 });
 
+describe("requestObserver: one INFO line per request", () => {
+  const done = { type: "request_done", route: "/v3/chat/completions", promptTokens: 12, completionTokens: 30, ttftMs: 45, e2eMs: 545, tokPerS: 58, finishReason: "stop", clientGone: false } as const;
+
+  it("at INFO a request's lifecycle events write nothing; its terminal record writes one line with every field", () => {
+    const t = setup("info");
+    const usage = { promptTokens: 12, completionTokens: 30 };
+    t.observe({ type: "queued", id: "r" });
+    t.observe({ type: "admitted", id: "r", promptTokens: 12, first: { queueMs: 3, cachedTokens: 4 }, live: true });
+    t.observe({ type: "first_token", id: "r", ttftMs: 45 });
+    t.observe({ type: "tokens", id: "r", count: 29, itlMs: 17 });
+    t.observe({ type: "finished", id: "r", reason: "stop", usage, phase: "decode", e2eMs: 545, released: false, refused: false });
+    t.observe({ ...done, requestId: "r" });
+    expect(t.lines).toEqual([
+      expect.objectContaining({ level: 30, msg: "request finished (stop)", requestId: "r", event: "request_done", model: "tiny", route: "/v3/chat/completions", promptTokens: 12, completionTokens: 30, ttftMs: 45, e2eMs: 545, tokPerS: 58, finishReason: "stop", clientGone: false }),
+    ]);
+  });
+
+  it("at DEBUG the lifecycle events are there too, in order, before the request's line", () => {
+    const t = setup("debug");
+    t.observe({ type: "queued", id: "r" });
+    t.observe({ type: "admitted", id: "r", promptTokens: 12, first: { queueMs: 3, cachedTokens: 4 }, live: true });
+    t.observe({ type: "first_token", id: "r", ttftMs: 45 });
+    t.observe({ type: "finished", id: "r", reason: "abort", usage: { promptTokens: 12, completionTokens: 1 }, phase: "decode", e2eMs: 60, abortLatencySteps: 1, released: true, refused: false });
+    t.observe({ ...done, requestId: "r", finishReason: "abort", clientGone: true, abortLatencySteps: 1 });
+    expect(t.lines.map((l) => [l.level, l.event])).toEqual([
+      [20, "queued"],
+      [20, "prefill_started"],
+      [20, "first_token"],
+      [20, "aborted"],
+      [30, "request_done"],
+    ]);
+    expect(t.lines[4]).toMatchObject({ msg: "request ended: the client went away", clientGone: true, abortLatencySteps: 1 });
+  });
+
+  it("a failed request's line names the error; a server-side failure is a WARN line, a refusal or a 503 stays INFO", () => {
+    const t = setup("info");
+    const failed = (id: string, code: string, status: number) => t.observe({ ...done, requestId: id, finishReason: "error", error: { code, status, message: `${code} happened` } });
+    failed("a", "engine_fault", 500);
+    failed("b", "context_length_exceeded", 400);
+    failed("c", "shutting_down", 503);
+    expect(t.lines.map((l) => [l.level, l.requestId, l.msg, l.errorCode, l.status, l.error])).toEqual([
+      [40, "a", "request failed (engine_fault)", "engine_fault", 500, "engine_fault happened"],
+      [30, "b", "request failed (context_length_exceeded)", "context_length_exceeded", 400, "context_length_exceeded happened"],
+      [30, "c", "request failed (shutting_down)", "shutting_down", 503, "shutting_down happened"],
+    ]);
+  });
+});
+
 describe("StepObserver: metrics from step outputs in one place", () => {
   it("counts step and prefix-hit increments of the engine's cumulative counters, and starts over with a new engine", async () => {
     const t = setup();
@@ -90,6 +138,17 @@ describe("StepObserver: metrics from step outputs in one place", () => {
     steps.observe(stepMsg(2, 4));
     expect(await t.value("keel_engine_steps_total")).toBe(7);
     expect(await t.value("keel_prefix_cache_hit_tokens_total")).toBe(14);
+  });
+});
+
+describe("StepObserver: tokens processed, for the periodic engine line", () => {
+  it("counts prefilled and cached prompt tokens at admission and every generated token, across engine restarts", () => {
+    const t = setup();
+    const steps = new StepObserver(t.metrics);
+    steps.observe({ ...stepMsg(1, 0), outputs: [{ id: "a", tokens: [], text: "", admitted: { promptTokens: [1, 2, 3, 4], cachedTokens: 3 } }, { id: "b", tokens: [9, 9], text: "" }] });
+    steps.engineStarted(); // the gateway's totals are not the engine's: they go on
+    steps.observe({ ...stepMsg(1, 0), outputs: [{ id: "a", tokens: [5], text: "", admitted: { promptTokens: [1, 2], cachedTokens: 0 } }] });
+    expect(steps.processed).toEqual({ promptTokens: 3, cachedTokens: 3, generatedTokens: 3 });
   });
 });
 

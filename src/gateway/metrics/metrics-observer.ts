@@ -8,6 +8,16 @@ import type { StepMessage } from "../../protocol/messages.js";
 import type { Metrics } from "./metrics.js";
 import type { ObservedEvent } from "../requests/events.js";
 
+/** Tokens processed by a model's engines, cumulative since the gateway started (see {@link StepObserver.processed}). */
+export interface ProcessedTokens {
+  /** Prompt tokens prefilled: admitted prompts less what the prefix cache supplied. */
+  promptTokens: number;
+  /** Prompt tokens reused from the prefix cache at admission. */
+  cachedTokens: number;
+  /** Tokens generated. */
+  generatedTokens: number;
+}
+
 /** Counters derived from the current engine's cumulative step stats. */
 export class StepObserver {
   /** Step counter of the current engine as last reported (0 before its first step). */
@@ -28,6 +38,12 @@ export class StepObserver {
   private lastDrafts = { proposed: 0, accepted: 0 };
   /** Linear-attention blocks (in use, pool) as last reported; undefined for engines and models without them. */
   linearAttentionBlocks: { inUse: number; total: number } | undefined = undefined;
+  /**
+   * Tokens this model's engines processed as the step outputs showed them, since the gateway started (kept across
+   * engine restarts; the periodic engine line takes their differences): prompt tokens of admissions less those reused
+   * from the prefix cache, prompt tokens reused, and tokens generated.
+   */
+  readonly processed: ProcessedTokens = { promptTokens: 0, cachedTokens: 0, generatedTokens: 0 };
 
   /** @param modelName the served model whose engine this observes (labels the per-model counters) */
   constructor(
@@ -55,6 +71,13 @@ export class StepObserver {
   /** Apply one step output's counters (the engine reports cumulative values; the metrics count increments). */
   observe(msg: StepMessage): void {
     this.lastStepAt = Date.now();
+    for (const o of msg.outputs) {
+      this.processed.generatedTokens += o.tokens.length;
+      if (!o.admitted) continue;
+      const cached = Math.min(o.admitted.cachedTokens, o.admitted.promptTokens.length);
+      this.processed.promptTokens += o.admitted.promptTokens.length - cached;
+      this.processed.cachedTokens += cached;
+    }
     if (msg.step > this.lastStep) {
       this.metrics.engineSteps.inc(msg.step - this.lastStep);
       this.lastStep = msg.step;
@@ -98,27 +121,31 @@ export class StepObserver {
 
 /**
  * The consumer of a model's request events (requests/events.ts): it updates `metrics` and logs each event with its
- * request id. `modelName` labels the OVMS families (one request table per served model); `waiting` is the table's
- * queue length at the time (for the `queued` line).
+ * request id — one INFO line per HTTP request (its terminal record, `request_done`), the lifecycle events of its
+ * engine requests (queued, prefill, first token, cancel, end) at DEBUG, and what an operator must see (a resume, an
+ * isolated culprit, a dropped guide, an internal error) at INFO or above. `modelName` labels the OVMS families (one
+ * request table per served model); `waiting` is the table's queue length at the time (for the DEBUG `queued` line).
  */
 export function requestObserver(metrics: Metrics, log: Logger, waiting: () => number, modelName = ""): (ev: ObservedEvent) => void {
   const name = { name: modelName };
   metrics.registerModel(modelName);
+  const debug = log.isLevelEnabled("debug");
   return (ev) => {
     switch (ev.type) {
       case "queued":
         metrics.requestsQueued.inc();
         metrics.ovmsAccepted.inc(name);
-        log.info({ requestId: ev.id, event: "queued", waiting: waiting() }, "request queued");
+        // waiting() walks the table: only when the line is written.
+        if (debug) log.debug({ requestId: ev.id, event: "queued", waiting: waiting() }, "request queued");
         return;
       case "admitted":
         if (!ev.first) return; // timings are reported once per request (a resumed request is admitted again)
         metrics.queueTime.observe(ev.first.queueMs / 1000);
-        log.info({ requestId: ev.id, event: "prefill_started", promptTokens: ev.promptTokens, cachedTokens: ev.first.cachedTokens, queueMs: ev.first.queueMs }, "prefill started");
+        log.debug({ requestId: ev.id, event: "prefill_started", promptTokens: ev.promptTokens, cachedTokens: ev.first.cachedTokens, queueMs: ev.first.queueMs }, "prefill started");
         return;
       case "first_token":
         metrics.timeToFirstToken.observe(ev.ttftMs / 1000);
-        log.info({ requestId: ev.id, event: "first_token", ttftMs: ev.ttftMs }, "first token");
+        log.debug({ requestId: ev.id, event: "first_token", ttftMs: ev.ttftMs }, "first token");
         return;
       case "tokens":
         for (let i = 0; i < ev.count; i++) metrics.interTokenLatency.observe(ev.itlMs / 1000);
@@ -129,7 +156,7 @@ export function requestObserver(metrics: Metrics, log: Logger, waiting: () => nu
         log.warn({ requestId: ev.id, event: "guide_dropped", child: ev.id, reason: ev.reason }, "guided generation dropped; the request continues unconstrained");
         return;
       case "cancelled":
-        log.info({ requestId: ev.id, event: "cancelled", phase: ev.phase, cause: ev.cause }, "request cancelled");
+        log.debug({ requestId: ev.id, event: "cancelled", phase: ev.phase, cause: ev.cause }, "request cancelled");
         return;
       case "resumed":
         metrics.requestsResumed.inc();
@@ -143,27 +170,42 @@ export function requestObserver(metrics: Metrics, log: Logger, waiting: () => nu
         log.error({ requestId: ev.id, event: "internal_error", error: ev.message }, "internal error while serving a request");
         return;
       case "client_disconnect":
-        log.info({ requestId: ev.requestId, event: "client_disconnect", children: ev.children }, "client disconnected");
+        log.debug({ requestId: ev.requestId, event: "client_disconnect", children: ev.children }, "client disconnected");
         return;
       case "client_disconnect_released":
         // Counted once every child is released, in the furthest phase they had reached.
         if (ev.phase) metrics.clientDisconnects.inc({ phase: ev.phase });
-        log.info({ requestId: ev.requestId, event: "client_disconnect_released", phase: ev.phase }, "disconnected client's requests released");
+        log.debug({ requestId: ev.requestId, event: "client_disconnect_released", phase: ev.phase }, "disconnected client's requests released");
         return;
       case "finished":
         finished(ev);
+        return;
+      case "request_done":
+        requestDone(ev);
         return;
       default:
         return;
     }
   };
 
+  /**
+   * The one INFO line of an HTTP request, from its terminal record (requests/request-record.ts). A server-side failure
+   * (a 5xx other than 503's "not now") is a WARN line instead.
+   */
+  function requestDone(ev: Extract<ObservedEvent, { type: "request_done" }>): void {
+    const { type: _type, requestId, error, ...rest } = ev;
+    const line = { requestId, event: "request_done", model: modelName, ...rest, ...(error ? { errorCode: error.code, status: error.status, error: error.message } : {}) };
+    const how = error ? `failed (${error.code})` : ev.clientGone ? "ended: the client went away" : `finished (${ev.finishReason})`;
+    if (error && error.status >= 500 && error.status !== 503) log.warn(line, `request ${how}`);
+    else log.info(line, `request ${how}`);
+  }
+
   function finished(ev: Extract<ObservedEvent, { type: "finished" }>): void {
     const { id, reason, usage, error } = ev;
     if (ev.refused) {
       metrics.requestsRejected.inc({ reason: "invalid_request" });
       metrics.ovmsRejected.inc(name);
-      log.info({ requestId: id, event: "rejected", code: error?.code ?? "invalid_request" }, "request refused by the engine");
+      log.debug({ requestId: id, event: "rejected", code: error?.code ?? "invalid_request" }, "request refused by the engine");
       return;
     }
     metrics.requestsFinished.inc({ finish_reason: reason });
@@ -173,11 +215,11 @@ export function requestObserver(metrics: Metrics, log: Logger, waiting: () => nu
     metrics.ovmsProcessingTime.observe(name, ev.e2eMs * 1000);
     (reason === "stop" || reason === "length" ? metrics.ovmsSuccess : metrics.ovmsFail).inc(name);
     if (reason === "error") {
-      log.warn({ requestId: id, event: "failed", phase: ev.phase, code: error?.code, error: error?.message, e2eMs: ev.e2eMs, ...usage }, "request failed");
+      log.debug({ requestId: id, event: "failed", phase: ev.phase, code: error?.code, error: error?.message, e2eMs: ev.e2eMs, ...usage }, "request failed");
       metrics.requestsFailed.inc({ reason: error?.code === "engine_fault" ? "engine_fault" : error?.code === "shutting_down" ? "shutdown" : "engine_error" });
     }
     if (reason === "abort") {
-      log.info({ requestId: id, event: "aborted", phase: ev.phase, abortLatencySteps: ev.abortLatencySteps, e2eMs: ev.e2eMs, ...usage }, "request aborted");
+      log.debug({ requestId: id, event: "aborted", phase: ev.phase, abortLatencySteps: ev.abortLatencySteps, e2eMs: ev.e2eMs, ...usage }, "request aborted");
     }
   }
 }

@@ -8,6 +8,7 @@
 import type { PositionLogprobs } from "../../protocol/messages.js";
 import type { KeelHttpError } from "../http/errors.js";
 import type { CancelCause, FinishReason, Phase } from "./lifecycle.js";
+import type { RequestRecord } from "./request-record.js";
 
 /** Token counts of a request (tokens). */
 export interface Usage {
@@ -76,7 +77,9 @@ export type RequestNote =
   /** The client left; `children` engine requests are being released. */
   | { type: "client_disconnect"; requestId: string; children: number }
   /** Every child of a client that left was released; `phase` is the furthest they had reached (null: none held). */
-  | { type: "client_disconnect_released"; requestId: string; phase: Phase | null };
+  | { type: "client_disconnect_released"; requestId: string; phase: Phase | null }
+  /** The HTTP request's terminal record: every child was released and the processor forgot it (its one log line). */
+  | ({ type: "request_done" } & RequestRecord);
 
 /** Everything metrics and logs read. */
 export type ObservedEvent = TableEvent | RequestNote;

@@ -122,7 +122,7 @@ function setup(maxUnreadBytes: number, body: Record<string, unknown> = {}, over:
   const ctx = contextOf(server);
   const reply = { hijack() {}, raw: res, header() { return reply; } } as unknown as FastifyReply;
   const reqSocket = Object.assign(new EventEmitter(), { destroyed: false });
-  const req = { body: { model: "m", messages: [{ role: "user", content: "hi" }], stream: true, temperature: 0, ...body }, raw: { socket: reqSocket, destroyed: false } } as unknown as FastifyRequest;
+  const req = { body: { model: "m", messages: [{ role: "user", content: "hi" }], stream: true, temperature: 0, ...body }, raw: { socket: reqSocket, destroyed: false }, routeOptions: { url: "/v3/chat/completions" } } as unknown as FastifyRequest;
   // Received (the app's first hook) 5 ms before the route runs.
   const realNow = performance.now.bind(performance);
   const before = realNow() - 5;
@@ -155,6 +155,8 @@ describe("stream backpressure bound", () => {
     expect(t.disconnects).toEqual([]);
     t.registry.handleStep(step(++n, [{ id, tokens: [], text: "", finish: { reason: "abort", promptTokens: 2, completionTokens: n } }]));
     expect(t.disconnects).toEqual(["decode"]);
+    // Its one terminal record names its route and says its client went away.
+    expect(t.observed.filter((e) => e.type === "request_done")).toEqual([expect.objectContaining({ requestId: id, route: "/v3/chat/completions", finishReason: "abort", clientGone: true })]);
   });
 
   it("a client that reads keeps its stream however long it is", async () => {

@@ -154,7 +154,6 @@ export function runGeneration(ctx: RouteContext, req: FastifyRequest, reply: Fas
         encoder.streamError(ev.error, writer);
         writer.endStream(encoder.doneAfterError ?? false);
       } else writer.json(ev.error.status, encoder.errorBody ? encoder.errorBody(ev.error) : toErrorBody(ev.error));
-      log.info({ event: "failed", code: ev.error.code }, "request failed");
       return;
     }
     if (plan.stream) {
@@ -163,9 +162,6 @@ export function runGeneration(ctx: RouteContext, req: FastifyRequest, reply: Fas
       if (ev.type === "finished") writer.endStream(encoder.doneAtEnd ?? true);
     } else if (ev.type === "finished") {
       writer.json(200, encoder.unary(ev));
-    }
-    if (ev.type === "finished") {
-      log.info({ event: "finished", choices: ev.choices.map((c) => c.reason), promptTokens: ev.usage.promptTokens, completionTokens: ev.usage.completionTokens }, "request finished");
     }
   };
 
@@ -191,8 +187,10 @@ export function runGeneration(ctx: RouteContext, req: FastifyRequest, reply: Fas
     ctx.ttftPhase("engine", Math.max(0, readAt - submittedAt) / 1000);
     ctx.ttftPhase("deliver", Math.max(0, performance.now() - readAt) / 1000);
   };
-  if (!ctx.model.requests.open(plan.id, session, children, deliver, unavailable)) return;
-  log.info({ event: "accepted", stream: plan.stream, n: plan.n, maxTokens: plan.params.maxTokens, temperature: plan.params.temperature, guided: plan.params.guide !== undefined, parsed: plan.parser !== undefined }, "request accepted");
+  // The request's lifecycle lines are DEBUG (accepted, then each child's queued, prefill, first token, end); its one
+  // INFO line is the terminal record the output processor makes when it forgets the request (request-record.ts).
+  log.debug({ event: "accepted", stream: plan.stream, n: plan.n, maxTokens: plan.params.maxTokens, temperature: plan.params.temperature, guided: plan.params.guide !== undefined, parsed: plan.parser !== undefined }, "request accepted");
+  if (!ctx.model.requests.open(plan.id, session, children, deliver, unavailable, req.routeOptions.url ?? req.url)) return;
 
   // 2. The client leaving is an input of the request path: it releases every child still in the engine (vLLM
   //    #14326). The disconnect is counted once they are all released, in the furthest phase they had reached.

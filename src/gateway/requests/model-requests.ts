@@ -44,12 +44,15 @@ export class ModelRequests {
     this.processor = new OutputProcessor(this.table);
   }
 
-  /** Open an HTTP request (its children are submitted). False when the engine went away: it failed with `unavailable`. */
-  open(id: string, session: GenerationSession, children: readonly Child[], deliver: Deliver, unavailable: () => KeelHttpError): boolean {
+  /**
+   * Open an HTTP request that came in on `route` (its children are submitted). False when the engine went away: it
+   * failed with `unavailable`.
+   */
+  open(id: string, session: GenerationSession, children: readonly Child[], deliver: Deliver, unavailable: () => KeelHttpError, route: string): boolean {
     this.writers.set(id, deliver);
     let accepted = false;
     this.apply(() => {
-      const out = this.processor.open(id, session, children, unavailable);
+      const out = this.processor.open(id, session, children, unavailable, route);
       accepted = out.accepted;
       return out;
     });

@@ -55,6 +55,7 @@ function setup() {
         opts.onDeliver?.();
       },
       () => notReady(),
+      "/v3/chat/completions",
     );
   };
   const cancels = () => observed.flatMap((e) => (e.type === "cancelled" ? [`${e.id} ${e.cause}`] : []));
@@ -140,7 +141,7 @@ describe("a gateway-side failure serving one request", () => {
     t.requests.open("w", new GenerationSession({ childIds: ["w-0", "w-1"], stop: [], includeStopStr: false, logprobs: false }), ["w-0", "w-1"].map((id) => ({ id, prompt: { text: "w" }, params })), (evs) => {
       given.push([...evs]);
       throw new Error("EPIPE");
-    }, () => notReady());
+    }, () => notReady(), "/v3/chat/completions");
     t.open("ok", 1);
     t.log.length = 0;
     t.requests.handleStep(step(out("w-0", { admitted }), out("ok", { admitted })));
@@ -167,7 +168,7 @@ describe("opening a request", () => {
     }, (ev) => void t.observed.push(ev));
     const got: SessionEvent[] = [];
     const session = new GenerationSession({ childIds: ["r-0", "r-1"], stop: [], includeStopStr: false, logprobs: false });
-    const ok = requests.open("r", session, ["r-0", "r-1"].map((id) => ({ id, prompt: { text: "r" }, params })), (evs) => void got.push(...evs), () => notReady());
+    const ok = requests.open("r", session, ["r-0", "r-1"].map((id) => ({ id, prompt: { text: "r" }, params })), (evs) => void got.push(...evs), () => notReady(), "/v3/chat/completions");
     expect(ok).toBe(false);
     expect(got).toEqual([{ type: "failed", error: expect.objectContaining({ status: 503, code: "not_ready" }) }]);
     expect(t.sent.filter((m) => m.type === "abort")).toEqual([{ v: PROTOCOL_VERSION, type: "abort", ids: ["r-0"] }]);

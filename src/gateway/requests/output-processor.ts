@@ -15,6 +15,7 @@ import type { ExitDecision } from "../supervision/recovery.js";
 import type { ObservedEvent, TableEvent } from "./events.js";
 import type { CancelCause, Phase } from "./lifecycle.js";
 import { RequestRegistry, type Culprit } from "./registry.js";
+import { RequestTally } from "./request-record.js";
 import type { GenerationSession } from "./session/session.js";
 import type { SessionEvent, SessionStep } from "./session/events.js";
 
@@ -61,6 +62,8 @@ interface HttpRequest {
   readonly live: Set<string>;
   /** Whether its client is still there (see {@link ClientState}). */
   client: ClientState;
+  /** What its events said so far, for its terminal record (logged once the table holds none of its children). */
+  readonly tally: RequestTally;
 }
 
 /** The most advanced phase among children (for the disconnect metric). */
@@ -78,11 +81,11 @@ export class OutputProcessor {
   constructor(readonly table: RequestRegistry) {}
 
   /**
-   * A new HTTP request: submit one engine request per child. When the engine refuses one (it went away since the
-   * readiness check), the request fails with `unavailable` and the children already submitted are released.
+   * A new HTTP request (on `route`): submit one engine request per child. When the engine refuses one (it went away
+   * since the readiness check), the request fails with `unavailable` and the children already submitted are released.
    */
-  open(id: string, session: GenerationSession, children: readonly Child[], unavailable: () => KeelHttpError): Outcome & { accepted: boolean } {
-    const req: HttpRequest = { id, session, live: new Set(), client: { state: "connected" } };
+  open(id: string, session: GenerationSession, children: readonly Child[], unavailable: () => KeelHttpError, route: string): Outcome & { accepted: boolean } {
+    const req: HttpRequest = { id, session, live: new Set(), client: { state: "connected" }, tally: new RequestTally(children, route) };
     this.requests.set(id, req);
     let accepted = true;
     for (const c of children) {
@@ -95,7 +98,7 @@ export class OutputProcessor {
     }
     const out = this.route(this.table.drain());
     if (!accepted) this.take(out, req, session.fail(unavailable()), "sibling_failed");
-    this.forgetIfDone(req);
+    this.forgetIfDone(out, req);
     return { ...out, accepted };
   }
 
@@ -167,6 +170,7 @@ export class OutputProcessor {
       out.observed.push(ev);
       const req = this.owner.get(ev.id);
       if (!req) continue;
+      req.tally.child(ev);
       try {
         this.input(out, req, ev);
       } catch (err) {
@@ -175,7 +179,7 @@ export class OutputProcessor {
       if (ev.type === "finished") {
         this.owner.delete(ev.id);
         req.live.delete(ev.id);
-        this.forgetIfDone(req);
+        this.forgetIfDone(out, req);
       }
     }
     return out;
@@ -234,6 +238,7 @@ export class OutputProcessor {
 
   /** Add a session step to the outcome: its events for `req`, its aborts with `cause`. */
   private take(out: Outcome, req: HttpRequest, step: SessionStep, cause: CancelCause): void {
+    req.tally.session(step.events);
     if (step.events.length > 0) {
       const list = out.deliveries.get(req.id);
       if (list) list.push(...step.events);
@@ -242,9 +247,13 @@ export class OutputProcessor {
     for (const id of step.abort) out.aborts.push({ id, cause });
   }
 
-  /** Forget an HTTP request once the table holds none of its children. */
-  private forgetIfDone(req: HttpRequest): void {
-    if (req.live.size === 0) this.requests.delete(req.id);
+  /**
+   * Forget an HTTP request once the table holds none of its children: its fate is sealed, and its terminal record
+   * (the one line logged per request) is made here, once.
+   */
+  private forgetIfDone(out: Outcome, req: HttpRequest): void {
+    if (req.live.size > 0 || !this.requests.delete(req.id)) return;
+    out.observed.push({ type: "request_done", ...req.tally.record(req.id, req.client.state === "gone") });
   }
 }
 
