@@ -7,7 +7,7 @@
 // the fused/fast paths on T threads (sampleMany's `threads`, the engine's thread count). Needs Keel's addon
 // (node scripts/prepare.mjs builds it) and dist/.
 //
-//   node bench/sample-many.mjs [--model PATH] [--seqs 8,32,64] [--iters 50] [--rounds 3] [--configs greedy,k40,p95,temp]
+//   node bench/sample-many.mjs [--model PATH] [--seqs 8,32,64] [--iters 50] [--rounds 3] [--configs greedy,ban128,k40,p95,temp]
 //                              [--threads T]
 import { arg, benchModel, median, openAdapter } from "./lib.mjs";
 
@@ -18,6 +18,8 @@ const ROUNDS = Number(arg("rounds", 3));
 const base = { temperature: 0, topP: 1, topK: 0, minP: 0, seed: 1, bias: new Map(), repetitionPenalty: 1 };
 const CONFIGS = {
   greedy: base,
+  // Greedy with 128 tokens banned, as bench/compare.mjs sends to the keel-tiny models (the bias path of the fast greedy).
+  ban128: { ...base, bias: new Map(Array.from({ length: 128 }, (_, i) => [1000 + 7 * i, -Infinity])) },
   k40: { ...base, temperature: 0.8, topP: 0.95, topK: 40 },
   p95: { ...base, temperature: 0.8, topP: 0.95 },
   temp: { ...base, temperature: 0.8 },

@@ -142,6 +142,29 @@ describe("LlamaAdapter.sampleMany (Keel's addon) equals sequential sample()", ()
     expect(after.fast - mid.fast).toBe(0);
   });
 
+
+  it("a biased greedy pick leaves the logits row as it was: a plain greedy pick of the same row after it is unchanged", async () => {
+    const sampleMany = adapter.sampleMany!;
+    const prompt = adapter.tokenize(PROMPTS[1]!);
+    adapter.clearSequence(0);
+    const [row] = await adapter.decode([{ slot: 0, pos: 0, tokens: prompt, wantsLogits: true }]);
+    const plain = adapter.createSampler(base, prompt);
+    const pick = (handle: SamplerHandle): number => {
+      const [t] = sampleMany([{ batchLogitIndex: row!, sampler: handle }]);
+      if (typeof t !== "number") throw t ?? new Error("no token");
+      return t;
+    };
+    const top = pick(plain);
+    // The biases go onto the row during the scan: a ban of the top token and a lift of another token to the top.
+    const other = top === 65 ? 66 : 65;
+    const biased = adapter.createSampler({ ...base, bias: new Map([[top, -Infinity], [other, 80]]) }, prompt);
+    expect(pick(biased)).toBe(other);
+    expect(pick(plain)).toBe(top);
+    const raw = await adapter.logprobs(row!, top, 0);
+    expect(pick(biased)).toBe(other);
+    expect(await adapter.logprobs(row!, top, 0)).toEqual(raw);
+    [plain, biased].forEach((h) => h.dispose());
+  });
   it("under a grammar too: the same tokens, each twin's grammar state advanced by its own sampler", async () => {
     const grammar = adapter.compileGrammar('root ::= [a-z ]{1,40} "."', "root");
     const states = { a: [0, 1].map(() => adapter.createGrammarState(grammar)), b: [0, 1].map(() => adapter.createGrammarState(grammar)) };
