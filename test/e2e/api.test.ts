@@ -75,6 +75,18 @@ describe("routes", () => {
     expect(JSON.parse(r.body).error.type).toBe("invalid_request_error");
   });
 
+  it("GET /v2/models/{served name} without /ready is a route_not_found 404, not 'the model does not exist' (the breaker's finding)", async () => {
+    for (const p of ["/v2/models/keel-tiny", "/v2/models/keel-tiny/versions/1", "/v2/models/nope"]) {
+      const r = await get(server.baseUrl, p);
+      expect(r.status, p).toBe(404);
+      const e = (JSON.parse(r.body) as { error: { code: string; message: string } }).error;
+      expect(e.code, p).toBe("route_not_found");
+      expect(e.message, p).not.toMatch(/does not exist/);
+      expect(e.message, p).toContain("GET /v2/models/{name}/ready");
+    }
+    expect((await get(server.baseUrl, "/v2/models/keel-tiny/ready")).status).toBe(200);
+  });
+
   it("garbage after a streaming request on the same connection never writes a raw error into the stream", async () => {
     const net = await import("node:net");
     const sock = net.connect(server.port, "127.0.0.1");

@@ -200,7 +200,9 @@ export function buildHttpApp(deps: HttpAppDeps): HttpApp {
     if (!notReadyUnit) return reply.status(200).send();
     return reply.status(503).send(toErrorBody(notReadyUnit.unavailable(models)));
   });
-  registerConfigRoutes(app, models, log, deps.reload);
+  // The open readiness route names the served models (in an unknown model's 404) only to a caller with the key.
+  const mayListModels = (req: { headers: http.IncomingHttpHeaders }): boolean => checkKey === null || checkKey(one(req.headers.authorization), one(req.headers["x-api-key"])).ok;
+  registerConfigRoutes(app, models, log, mayListModels, deps.reload);
   app.get("/metrics", async (_req, reply) => {
     // `--metrics_list` (OVMS): only the families it names.
     const text = opts.metricsList
