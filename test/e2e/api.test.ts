@@ -3,9 +3,10 @@
  * text equality (UTF-8 held back, never thrown on), stop strings, usage, and OpenAI-shaped 4xx errors.
  */
 import http from "node:http";
+import net from "node:net";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { chat } from "../support/chat-client.js";
-import { get, metrics, startServer, type ServerHandle } from "../support/server.js";
+import { get, metrics, startServer, waitForMetrics, type ServerHandle } from "../support/server.js";
 
 let server: ServerHandle;
 
@@ -30,6 +31,42 @@ function post(path: string, raw: string | Buffer, headers: Record<string, string
     req.end(raw);
   });
 }
+
+/**
+ * Write one chat request on a raw socket, then half-close (`socket.end()`: FIN, still reading). Resolves with every
+ * byte the server sent until it closed.
+ */
+function halfClosedChat(body: Record<string, unknown>): Promise<string> {
+  return new Promise((resolve) => {
+    const sock = net.connect(server.port, "127.0.0.1");
+    let got = "";
+    sock.on("data", (d) => (got += d.toString("utf8")));
+    sock.on("error", () => undefined);
+    sock.on("close", () => resolve(got));
+    const payload = JSON.stringify(body);
+    sock.end(`POST /v3/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: ${Buffer.byteLength(payload)}\r\n\r\n${payload}`);
+  });
+}
+
+describe("a client that half-closes its side after a complete request", () => {
+  // The rule (docs/operations.md, "Clients that leave"): a FIN from the client is the client leaving, as in uvicorn
+  // (vLLM), llama-server (cpp-httplib), nginx (499) and Go's net/http. Most clients that go away close with a FIN,
+  // not a reset; a server that took a FIN for a half-close would keep generating for them until a write failed (for
+  // a unary request: the whole generation). So the request is aborted at the next step boundary and counted as a
+  // disconnect, and a half-closing client gets no answer.
+  const disconnects = (m: Map<string, number>): number => ["queued", "prefill", "decode"].reduce((a, p) => a + (m.get(`keel_client_disconnects_total{phase="${p}"}`) ?? 0), 0);
+  for (const stream of [false, true]) {
+    it(`${stream ? "streaming" : "unary"}: taken as gone — aborted and counted as a disconnect, nothing generated to the end`, async () => {
+      const before = await metrics(server.baseUrl);
+      const got = await halfClosedChat({ ...base, messages: [{ role: "user", content: "half-closed" }], max_tokens: 1500, stream });
+      expect(got).toBe("");
+      const after = await waitForMetrics(server.baseUrl, (m) => m.get("keel_requests_running") === 0 && m.get("keel_requests_waiting") === 0 && m.get("keel_engine_sequences_active") === 0);
+      expect(disconnects(after)).toBe(disconnects(before) + 1);
+      expect(after.get('keel_requests_finished_total{finish_reason="abort"}')).toBe(before.get('keel_requests_finished_total{finish_reason="abort"}')! + 1);
+      expect(after.get('keel_requests_finished_total{finish_reason="length"}')).toBe(before.get('keel_requests_finished_total{finish_reason="length"}'));
+    });
+  }
+});
 
 describe("routes", () => {
   it("serves the model list on /v3/models, /v3/v1/models and /v1/models", async () => {
@@ -73,6 +110,18 @@ describe("routes", () => {
     const r = await get(server.baseUrl, "/v3/nope");
     expect(r.status).toBe(404);
     expect(JSON.parse(r.body).error.type).toBe("invalid_request_error");
+  });
+
+  it("GET /v2/models/{served name} without /ready is a route_not_found 404, not 'the model does not exist' (the breaker's finding)", async () => {
+    for (const p of ["/v2/models/keel-tiny", "/v2/models/keel-tiny/versions/1", "/v2/models/nope"]) {
+      const r = await get(server.baseUrl, p);
+      expect(r.status, p).toBe(404);
+      const e = (JSON.parse(r.body) as { error: { code: string; message: string } }).error;
+      expect(e.code, p).toBe("route_not_found");
+      expect(e.message, p).not.toMatch(/does not exist/);
+      expect(e.message, p).toContain("GET /v2/models/{name}/ready");
+    }
+    expect((await get(server.baseUrl, "/v2/models/keel-tiny/ready")).status).toBe(200);
   });
 
   it("garbage after a streaming request on the same connection never writes a raw error into the stream", async () => {

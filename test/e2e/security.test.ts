@@ -92,6 +92,22 @@ describe("API key", () => {
     expect(server.logs.join("\n")).not.toContain(KEY);
   });
 
+  it("KServe readiness stays open, but an unknown model's 404 names the served models only to a caller with the key", async () => {
+    // Found by the attack round: the 404 of /v2/models/{unknown}/ready listed the served names to anyone.
+    const anon = await call("/v2/models/no-such-model/ready");
+    expect(anon.status).toBe(404);
+    const anonError = ((await anon.json()) as { error: { code: string; message: string } }).error;
+    expect(anonError.code).toBe("model_not_found");
+    expect(anonError.message).not.toContain("keel-tiny");
+    const wrong = await call("/v2/models/no-such-model/ready", { headers: { authorization: `Bearer ${KEY}x` } });
+    expect(((await wrong.json()) as { error: { message: string } }).error.message).not.toContain("keel-tiny");
+    const authorised = await call("/v2/models/no-such-model/ready", { headers: { authorization: `Bearer ${KEY}` } });
+    expect(authorised.status).toBe(404);
+    expect(((await authorised.json()) as { error: { message: string } }).error.message).toContain('Served models: "keel-tiny"');
+    // A probe needs no secret for a model it names.
+    expect((await call("/v2/models/keel-tiny/ready")).status).toBe(200);
+  });
+
   it("an unreadable --api_key_file stops the start with a message naming it", async () => {
     const missing = path.join(tmp, "no-such-key");
     await expect(startServer(["--api_key_file", missing])).rejects.toThrow(new RegExp(`--api_key_file ${missing} cannot be read: ENOENT`));

@@ -33,6 +33,7 @@ import { internalsOf, NativeCallGuard, type Internals } from "./internals.js";
 import { kvElementsPerToken, LlamaKv, supportsPartialTrim } from "./kv.js";
 import { LlamaLogprobs } from "./logprobs.js";
 import { LlamaSamplers } from "./sampler.js";
+import { NativeGarbage } from "./native-garbage.js";
 import { Vocabulary } from "./vocabulary.js";
 
 export { slotOrder } from "./batch.js";
@@ -69,6 +70,8 @@ export interface LlamaAdapterOptions {
   onLoadProgress?: (progress: number) => void;
   /** Called when the llama.cpp backend has loaded, before the model is read (the model check times its phases). */
   onBackendLoaded?: () => void;
+  /** Disposed samplers' native bytes that trigger a full V8 collection (native-garbage.ts; tests lower it). */
+  garbageThresholdBytes?: number;
 }
 
 export class LlamaAdapter implements ModelBackend, GrammarBackend {
@@ -102,7 +105,7 @@ export class LlamaAdapter implements ModelBackend, GrammarBackend {
     this.vocab = new Vocabulary(native.model, this.vocabSize);
     this.eogTokens = this.vocab.eogTokens;
     this.grammars = new LlamaGrammars(native, (llama as unknown as { _bindings: unknown })._bindings, this.vocab, this.guard);
-    this.samplers = new LlamaSamplers(native, this.vocab, this.grammars, this.guard, options.contextSize, options.threads);
+    this.samplers = new LlamaSamplers(native, this.vocab, this.grammars, this.guard, options.contextSize, options.threads, new NativeGarbage(options.garbageThresholdBytes));
     this.raw = new LlamaLogprobs(native, this.guard);
     this.kv = new LlamaKv(native.ctx, this.guard);
     // Opt-in until measured to keep time to first token (docs/gpu-h200.md, "decode overlap"): unset is off.
@@ -212,6 +215,11 @@ export class LlamaAdapter implements ModelBackend, GrammarBackend {
   }
 
   /** A sampler for one sequence whose penalty history starts as `history` (see {@link LlamaSamplers.create}). */
+  /** Native memory of disposed samplers waiting for V8 (native-garbage.ts). */
+  get nativeGarbage(): NativeGarbage {
+    return this.samplers.garbage;
+  }
+
   createSampler(cfg: SamplerConfig, history: readonly number[] = []): SamplerHandle {
     return this.samplers.create(cfg, history);
   }

@@ -8,6 +8,7 @@ import { GrammarMaskedError, type GrammarState, type SampleRequest, type Sampler
 import type { LlamaGrammars } from "./grammar.js";
 import type { Internals, NativeCallGuard, NativeSampler, NativeSampleTokens } from "./internals.js";
 import type { Vocabulary } from "./vocabulary.js";
+import { CANDIDATE_BYTES_PER_TOKEN, NativeGarbage } from "./native-garbage.js";
 
 /** A native sampler and the mirror of its penalty history. */
 interface SamplerState {
@@ -36,6 +37,8 @@ export class LlamaSamplers {
     private readonly guard: NativeCallGuard,
     private readonly contextSize: number,
     private readonly threads = 1,
+    /** Disposed samplers' native buffers waiting for V8 (native-garbage.ts). */
+    readonly garbage = new NativeGarbage(),
   ) {}
 
   /**
@@ -52,6 +55,7 @@ export class LlamaSamplers {
     /** Penalty history (prompt + resumed + sampled), grown by doubling; only while a repetition penalty is on. */
     let penaltyTokens: Uint32Array | null = null;
     let penaltyLength = 0;
+    let disposed = false;
     const state: SamplerState = {
       native: sampler,
       grammar: null,
@@ -104,7 +108,13 @@ export class LlamaSamplers {
             : {}),
         });
       },
-      dispose: () => sampler.dispose(),
+      dispose: () => {
+        if (disposed) return;
+        disposed = true;
+        sampler.dispose();
+        // The candidates buffer stays until V8 collects the wrapper (native-garbage.ts).
+        this.garbage.released(this.vocab.size * CANDIDATE_BYTES_PER_TOKEN);
+      },
     };
     this.states.set(handle, state);
     handle.configure(cfg);

@@ -3,9 +3,10 @@
  * (200 when that model is ready, else 503) and `POST /v1/config/reload` (re-read the config file; model-set.ts applies
  * it). Readiness of the whole server (`/v2/health/ready`) is in http-app.ts.
  */
-import type { FastifyInstance } from "fastify";
+import type { FastifyInstance, FastifyRequest } from "fastify";
 import type { Logger } from "pino";
-import { invalidConfig, modelNotFound, noConfigFile, shuttingDown } from "../http/errors.js";
+import { invalidConfig, modelNotFound, noConfigFile, routeNotFound, shuttingDown } from "../http/errors.js";
+import { routeList } from "../http/routes.js";
 import { toErrorBody } from "../http/error-envelope.js";
 import type { ModelSet, ModelSpec } from "../models/model-set.js";
 
@@ -19,15 +20,20 @@ export function configStatus(models: ModelSet): Record<string, unknown> {
   return Object.fromEntries(models.servingUnits().map((u) => [u.spec.name, ovmsModelStatus(u.ovmsState())]));
 }
 
-export function registerConfigRoutes(app: FastifyInstance, models: ModelSet, log: Logger, reload?: () => Promise<ModelSpec[]>): void {
+/**
+ * Register the model-status routes. `mayListModels` says whether a request may be told the served names (false for a
+ * caller without the API key when one is set: the readiness route is open to probes, the model list is not).
+ */
+export function registerConfigRoutes(app: FastifyInstance, models: ModelSet, log: Logger, mayListModels: (req: FastifyRequest) => boolean, reload?: () => Promise<ModelSpec[]>): void {
   app.get("/v1/config", async () => configStatus(models));
   app.get("/v2/models/*", async (req, reply) => {
-    // `{name}/ready` with names that may hold slashes ("org/model"): the wildcard ends in "/ready".
+    // `{name}/ready` with names that may hold slashes ("org/model"): the wildcard ends in "/ready". Any other path
+    // under /v2/models/ is not a route (KServe's model metadata is not served), whether or not it names a model.
     const rest = (req.params as { "*": string })["*"];
-    if (!rest.endsWith("/ready")) return reply.status(404).send(toErrorBody(modelNotFound(decodeURIComponent(rest), models.names())));
+    if (!rest.endsWith("/ready")) return reply.status(404).send(toErrorBody(routeNotFound(req.method, req.url, routeList())));
     const name = decodeURIComponent(rest.slice(0, -"/ready".length));
     const unit = models.lookup(name);
-    if (!unit) return reply.status(404).send(toErrorBody(modelNotFound(name, models.names())));
+    if (!unit) return reply.status(404).send(toErrorBody(modelNotFound(name, mayListModels(req) ? models.names() : undefined)));
     if (unit.isReady(models)) return reply.status(200).send();
     return reply.status(503).send(toErrorBody(unit.unavailable(models)));
   });

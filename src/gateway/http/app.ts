@@ -169,15 +169,24 @@ export function buildHttpApp(deps: HttpAppDeps): HttpApp {
     // A 503 (loading, restarting, draining) is the server saying "not now", not a failure: info, with the id.
     if (e.status === 503) log.info({ event: "unavailable", requestId: req.id, url: req.url, code: e.code }, "request refused: server unavailable");
     else if (e.status >= 500) log.error({ event: "request_error", requestId: req.id, url: req.url, err: err instanceof Error ? err.message : String(err) }, "request failed");
+    const body = errorBody(req.routeOptions.url ?? req.url, e);
     if (e.status === 413 && !req.raw.complete) {
       // The client may still be sending a body that is too large. Answering and closing at once (Fastify's way) makes
-      // its writes fail with EPIPE before it reads the answer. So answer at once but keep the connection, and read and
-      // discard the rest of the body (bounded in bytes here and in time by --request_timeout); a client sending
-      // more than the bound is cut off.
+      // its writes fail with EPIPE before it reads the answer. So the rest of the body is read and discarded (bounded
+      // in bytes here and in time by --request_timeout); a client sending more than the bound is cut off.
+      const discarded = discardBody(req.raw, MAX_DISCARDED_BODY_BYTES);
+      if (!reply.raw.shouldKeepAlive) {
+        // The client asked to close (`Connection: close`, HTTP/1.0): Node closes the connection as soon as the answer
+        // is written, and closing with body bytes still unread resets it (RST), which can destroy the answer before
+        // the client reads it. So the answer waits until the whole body was read (docs/upstream.md).
+        void discarded.then((exceeded) => (exceeded ? req.raw.socket.destroy() : void reply.status(e.status).send(body)));
+        return;
+      }
+      // A client keeping the connection gets the answer at once, and the connection stays open while its body drains.
       reply.removeHeader("connection");
-      void discardBody(req.raw, MAX_DISCARDED_BODY_BYTES).then((exceeded) => exceeded && req.raw.socket.destroy());
+      void discarded.then((exceeded) => exceeded && req.raw.socket.destroy());
     }
-    return reply.status(e.status).send(errorBody(req.routeOptions.url ?? req.url, e));
+    return reply.status(e.status).send(body);
   });
   // A known path asked with another method is a 405 with `Allow` (RFC 9110); a path no route has is a short 404.
   app.setNotFoundHandler((req, reply) => {
@@ -194,7 +203,9 @@ export function buildHttpApp(deps: HttpAppDeps): HttpApp {
     if (!notReadyUnit) return reply.status(200).send();
     return reply.status(503).send(toErrorBody(notReadyUnit.unavailable(models)));
   });
-  registerConfigRoutes(app, models, log, deps.reload);
+  // The open readiness route names the served models (in an unknown model's 404) only to a caller with the key.
+  const mayListModels = (req: { headers: http.IncomingHttpHeaders }): boolean => checkKey === null || checkKey(one(req.headers.authorization), one(req.headers["x-api-key"])).ok;
+  registerConfigRoutes(app, models, log, mayListModels, deps.reload);
   app.get("/metrics", async (_req, reply) => {
     // `--metrics_list` (OVMS): only the families it names.
     const text = opts.metricsList
