@@ -6,7 +6,6 @@
 import type { FastifyInstance, FastifyRequest } from "fastify";
 import type { Logger } from "pino";
 import { invalidConfig, modelNotFound, noConfigFile, routeNotFound, shuttingDown } from "../http/errors.js";
-import { routeList } from "../http/routes.js";
 import { toErrorBody } from "../http/error-envelope.js";
 import type { ModelSet, ModelSpec } from "../models/model-set.js";
 
@@ -30,7 +29,7 @@ export function registerConfigRoutes(app: FastifyInstance, models: ModelSet, log
     // `{name}/ready` with names that may hold slashes ("org/model"): the wildcard ends in "/ready". Any other path
     // under /v2/models/ is not a route (KServe's model metadata is not served), whether or not it names a model.
     const rest = (req.params as { "*": string })["*"];
-    if (!rest.endsWith("/ready")) return reply.status(404).send(toErrorBody(routeNotFound(req.method, req.url, routeList())));
+    if (!rest.endsWith("/ready")) return reply.status(404).send(toErrorBody(routeNotFound(req.method, req.url)));
     const name = decodeURIComponent(rest.slice(0, -"/ready".length));
     const unit = models.lookup(name);
     if (!unit) return reply.status(404).send(toErrorBody(modelNotFound(name, mayListModels(req) ? models.names() : undefined)));
