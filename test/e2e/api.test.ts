@@ -33,10 +33,11 @@ function post(path: string, raw: string | Buffer, headers: Record<string, string
 }
 
 /**
- * Write one chat request on a raw socket, then half-close (`socket.end()`: FIN, still reading). Resolves with every
- * byte the server sent until it closed.
+ * Write one chat request on a raw socket and send a FIN after it: `close` false keeps reading (a half-close), true
+ * closes the socket at once (a client that left: the FIN is all the server sees until it writes). Resolves with every
+ * byte the server sent until the connection closed.
  */
-function halfClosedChat(body: Record<string, unknown>): Promise<string> {
+function finAfterChat(body: Record<string, unknown>, close: boolean): Promise<string> {
   return new Promise((resolve) => {
     const sock = net.connect(server.port, "127.0.0.1");
     let got = "";
@@ -44,23 +45,34 @@ function halfClosedChat(body: Record<string, unknown>): Promise<string> {
     sock.on("error", () => undefined);
     sock.on("close", () => resolve(got));
     const payload = JSON.stringify(body);
-    sock.end(`POST /v3/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: ${Buffer.byteLength(payload)}\r\n\r\n${payload}`);
+    sock.end(`POST /v3/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: ${Buffer.byteLength(payload)}\r\n\r\n${payload}`, () => {
+      if (close) sock.destroy();
+    });
   });
 }
 
-describe("a client that half-closes its side after a complete request", () => {
-  // The rule (docs/operations.md, "Clients that leave"): a FIN from the client is the client leaving, as in uvicorn
-  // (vLLM), llama-server (cpp-httplib), nginx (499) and Go's net/http. Most clients that go away close with a FIN,
-  // not a reset; a server that took a FIN for a half-close would keep generating for them until a write failed (for
-  // a unary request: the whole generation). So the request is aborted at the next step boundary and counted as a
-  // disconnect, and a half-closing client gets no answer.
+describe("a client's FIN after a complete request (docs/operations.md, \"Clients that leave\")", () => {
+  // HTTP/1.1 lets a client half-close and read its answer; most clients that leave also just send a FIN. The server
+  // tells them apart by writing: `100 Continue` probes before the answer starts (a departed client's kernel resets
+  // the connection), the stream's own events after. Node's httpAllowHalfOpen switch is what lets the FIN through
+  // without aborting the request (docs/upstream.md): these tests pin it.
   const disconnects = (m: Map<string, number>): number => ["queued", "prefill", "decode"].reduce((a, p) => a + (m.get(`keel_client_disconnects_total{phase="${p}"}`) ?? 0), 0);
+  const idle = (m: Map<string, number>): boolean => m.get("keel_requests_running") === 0 && m.get("keel_requests_waiting") === 0 && m.get("keel_engine_sequences_active") === 0;
   for (const stream of [false, true]) {
-    it(`${stream ? "streaming" : "unary"}: taken as gone — aborted and counted as a disconnect, nothing generated to the end`, async () => {
+    it(`${stream ? "streaming" : "unary"}: a half-closed client gets its whole answer and is not counted as a disconnect`, async () => {
       const before = await metrics(server.baseUrl);
-      const got = await halfClosedChat({ ...base, messages: [{ role: "user", content: "half-closed" }], max_tokens: 1500, stream });
-      expect(got).toBe("");
-      const after = await waitForMetrics(server.baseUrl, (m) => m.get("keel_requests_running") === 0 && m.get("keel_requests_waiting") === 0 && m.get("keel_engine_sequences_active") === 0);
+      const got = await finAfterChat({ ...base, messages: [{ role: "user", content: "half-closed" }], max_tokens: 12, ignore_eos: true, stream }, false);
+      expect(got).toMatch(/^(HTTP\/1\.1 100 Continue\r\n\r\n)*HTTP\/1\.1 200 OK\r\n/);
+      if (stream) expect(got).toContain("data: [DONE]");
+      else expect(got).toContain('"finish_reason":"length"');
+      const after = await waitForMetrics(server.baseUrl, idle);
+      expect(disconnects(after)).toBe(disconnects(before));
+      expect(after.get('keel_requests_finished_total{finish_reason="length"}')).toBe(before.get('keel_requests_finished_total{finish_reason="length"}')! + 1);
+    });
+    it(`${stream ? "streaming" : "unary"}: a client that closed after its FIN is found gone by the probe — aborted, not generated to the end`, async () => {
+      const before = await metrics(server.baseUrl);
+      await finAfterChat({ ...base, messages: [{ role: "user", content: "left after the FIN" }], max_tokens: 1500, ignore_eos: true, stream }, true);
+      const after = await waitForMetrics(server.baseUrl, (m) => idle(m) && disconnects(m) > disconnects(before));
       expect(disconnects(after)).toBe(disconnects(before) + 1);
       expect(after.get('keel_requests_finished_total{finish_reason="abort"}')).toBe(before.get('keel_requests_finished_total{finish_reason="abort"}')! + 1);
       expect(after.get('keel_requests_finished_total{finish_reason="length"}')).toBe(before.get('keel_requests_finished_total{finish_reason="length"}'));

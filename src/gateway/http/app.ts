@@ -106,11 +106,17 @@ export function buildHttpApp(deps: HttpAppDeps): HttpApp {
     },
     // Node drops a client that has not sent its whole request (headers and body) within requestTimeout; it checks
     // on connectionsCheckingInterval, kept below the timeout so short limits are honoured.
-    serverFactory: (handler) =>
-      http.createServer(
+    serverFactory: (handler) => {
+      const server = http.createServer(
         { requestTimeout, headersTimeout: requestTimeout, connectionsCheckingInterval: Math.min(30_000, Math.max(100, Math.floor(requestTimeout / 4))) },
         handler,
-      ),
+      );
+      // A client's FIN no longer aborts its request at once: HTTP/1.1 lets a client half-close and read its answer.
+      // Whether it left is found by writing to it (ResponseWriter's half-close probes). Node's own switch, not in its
+      // typings (docs/upstream.md); test/e2e/api.test.ts pins it.
+      (server as http.Server & { httpAllowHalfOpen: boolean }).httpAllowHalfOpen = true;
+      return server;
+    },
   });
   // CORS then the API key, before any route: every response carries the CORS headers, a preflight (OPTIONS) is
   // answered 204 before the key is asked for (a browser sends none with it), and a missing or wrong key is a 401.

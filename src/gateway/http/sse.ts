@@ -8,7 +8,13 @@
  *    through `onGone`;
  *  - the backpressure bound: a client that stops reading may leave at most `maxUnreadBytes` unsent; past that it is
  *    treated as gone (socket destroyed) instead of buffering without limit;
- *  - nothing is ever written after the response ended or the client left.
+ *  - nothing is ever written after the response ended or the client left;
+ *  - a client that half-closes (its FIN after a complete request) is asked whether it still reads: a FIN is how most
+ *    clients leave, but HTTP/1.1 also lets a client shut its sending side and wait, and only a write tells the two apart.
+ *    Before the answer starts, `100 Continue` probes go out at {@link HALF_CLOSE_PROBES_MS}: a departed client's
+ *    kernel answers the first with a reset, the next write fails and the connection closes (gone); a half-closed
+ *    client reads them as interim responses and gets its answer. Once streaming, the stream's own writes are the
+ *    probes. HTTP/1.0 has no interim responses: there a FIN is the client leaving.
  */
 import type { ServerResponse } from "node:http";
 import type { Socket } from "node:net";
@@ -20,6 +26,12 @@ import type { Logger } from "pino";
  */
 type WriterState = "idle" | "streaming" | "ended" | "gone";
 
+/**
+ * When the half-close probes go out, in ms after the client's FIN (the last delay then repeats while nothing was
+ * written): at once, then soon enough that a reset already came back on a local network, then spaced out.
+ */
+export const HALF_CLOSE_PROBES_MS = [0, 2, 20, 200, 2000] as const;
+
 export class ResponseWriter {
   /** Where the response is (see {@link WriterState}). */
   #state: WriterState = "idle";
@@ -30,6 +42,10 @@ export class ResponseWriter {
   readonly #socket: Socket | null;
   /** Listener on the connection's `close`, removed once the response is over (keep-alive connections are reused). */
   readonly #onSocketClose = (): void => this.#closed();
+  /** Listener on the connection's `end` (the client's FIN), removed with the `close` one. */
+  readonly #onSocketEnd = (): void => this.#halfClosed();
+  /** The next half-close probe, while one is scheduled. */
+  #probe: NodeJS.Timeout | null = null;
 
   constructor(
     private readonly res: ServerResponse,
@@ -40,6 +56,9 @@ export class ResponseWriter {
     // connection drops (Node emits it only for the response being written), so the connection is watched too.
     this.#socket = opts.socket ?? null;
     this.#socket?.on("close", this.#onSocketClose);
+    this.#socket?.on("end", this.#onSocketEnd);
+    // The FIN may have come while the body was parsed, before this listener existed.
+    if (this.#socket?.readableEnded) this.#halfClosed();
   }
 
   /** True while the response can still be written (not ended, client present). */
@@ -100,7 +119,7 @@ export class ResponseWriter {
     if (done) this.#write("data: [DONE]\n\n");
     if (this.#state !== "streaming") return;
     this.#state = "ended";
-    this.#socket?.off("close", this.#onSocketClose);
+    this.#detach();
     this.res.end();
   }
 
@@ -108,7 +127,7 @@ export class ResponseWriter {
   json(status: number, payload: unknown): void {
     if (this.#state !== "idle") return;
     this.#state = "ended";
-    this.#socket?.off("close", this.#onSocketClose);
+    this.#detach();
     const text = JSON.stringify(payload);
     this.res.writeHead(status, {
       "content-type": "application/json; charset=utf-8",
@@ -129,9 +148,38 @@ export class ResponseWriter {
   }
 
   #closed(): void {
-    this.#socket?.off("close", this.#onSocketClose);
+    this.#detach();
     if (this.#state === "ended" || this.#state === "gone") return;
     this.#state = "gone";
     this.#onGone?.();
+  }
+
+  /** The client sent its FIN while the response is open: HTTP/1.0 leaves; HTTP/1.1 is probed (see the file's doc). */
+  #halfClosed(): void {
+    if (!this.open || this.#probe !== null) return;
+    if (this.res.req?.httpVersionMinor === 0 && this.res.req.httpVersionMajor === 1) {
+      this.#socket?.destroy();
+      return;
+    }
+    this.#sendProbe(0);
+  }
+
+  /** Probe `k` (see {@link HALF_CLOSE_PROBES_MS}); none once the answer started (its writes probe) or ended. */
+  #sendProbe(k: number): void {
+    this.#probe = null;
+    if (this.#state !== "idle" || this.res.destroyed) return;
+    this.res.writeContinue();
+    const last = HALF_CLOSE_PROBES_MS.length - 1;
+    const delay = k < last ? HALF_CLOSE_PROBES_MS[k + 1]! - HALF_CLOSE_PROBES_MS[k]! : HALF_CLOSE_PROBES_MS[last];
+    this.#probe = setTimeout(() => this.#sendProbe(k + 1), delay);
+    this.#probe.unref();
+  }
+
+  /** Stop watching the connection (keep-alive connections are reused) and cancel a scheduled probe. */
+  #detach(): void {
+    this.#socket?.off("close", this.#onSocketClose);
+    this.#socket?.off("end", this.#onSocketEnd);
+    if (this.#probe !== null) clearTimeout(this.#probe);
+    this.#probe = null;
   }
 }
