@@ -113,6 +113,7 @@ describe("real model: SmolLM2-135M (template without tools) with the seed's tool
 describe.each(ENGINES_UNDER_TEST)("tiny models on %s", (engine) => {
   let plain: ServerHandle;
   let coder: ServerHandle;
+  let mismatched: ServerHandle;
   // Bounded values: a random-weight model inside an unbounded string would write until max_tokens.
   const order = {
     type: "function",
@@ -124,13 +125,20 @@ describe.each(ENGINES_UNDER_TEST)("tiny models on %s", (engine) => {
   };
 
   beforeAll(async () => {
-    [plain, coder] = await Promise.all([
+    [plain, coder, mismatched] = await Promise.all([
       startServer(["--tool_parser", "qwen3coder", "--enable_tool_guided_generation", "true", "--max_num_seqs", "2", "--max_num_batched_tokens", "64"], {}, { engine }),
       startServer(["--model_path", "keel-tiny-qwen3coder", "--tool_parser", "qwen3coder", "--max_num_seqs", "2", "--max_num_batched_tokens", "64"], {}, { engine }),
+      startServer(["--model_path", "keel-tiny-qwen3coder", "--tool_parser", "hermes3", "--max_num_seqs", "1", "--max_num_batched_tokens", "64"], {}, { engine }),
     ]);
   }, 240_000);
   afterAll(async () => {
-    await Promise.all([plain?.stop(), coder?.stop()]);
+    await Promise.all([plain?.stop(), coder?.stop(), mismatched?.stop()]);
+  });
+
+  it("a --tool_parser other than the format the template teaches is warned about at start; the matching one is not", () => {
+    expect(events(mismatched.logs, "tool_parser_mismatch")).toEqual([expect.objectContaining({ toolParser: "hermes3", templateFormat: "qwen3coder" })]);
+    expect(events(coder.logs, "tool_parser_mismatch")).toEqual([]);
+    expect(events(plain.logs, "tool_parser_mismatch")).toEqual([]);
   });
 
   it("the ChatML template of the tiny model cannot show tools: injected, logged once", () => {

@@ -203,6 +203,9 @@ export class ModelUnit {
         log.info({ event: "tools_injected", model: this.spec.name, toolParser: injected, support }, `model ${this.spec.name}: the chat template does not show tools; tool definitions and the ${injected} call format are written into the system message`);
       } else if (format !== null) {
         log.info({ event: "tools_in_template", model: this.spec.name, toolParser: format }, `model ${this.spec.name}: the chat template shows tools; they are rendered by the template`);
+        // The template teaches the model its own call format: a parser for another one reads its calls as text.
+        const own = pickToolParser(t.source);
+        if (own !== null && own !== format) log.warn({ event: "tool_parser_mismatch", model: this.spec.name, toolParser: format, templateFormat: own }, `model ${this.spec.name}: its chat template writes ${own} tool calls, but --tool_parser is ${format}: its calls will come back as text (serve it with --tool_parser ${own} or auto)`);
       }
     }
     this.injectedAs = injected;
