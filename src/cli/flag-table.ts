@@ -112,7 +112,7 @@ export const SERVE_FLAGS = [
   flag("grpc_bind_address", "refused: no gRPC", undefined, refused("grpc_bind_address", "Keel serves no gRPC; use --rest_bind_address")),
   flag("max_prompt_len", "refused: NPU-only in OVMS", undefined, refused("max_prompt_len", "it is NPU-only in OVMS and Keel has no NPU; a prompt is limited by --max_model_len")),
   flag("model_distribution_policy", "refused: one engine on one device", undefined, refused("model_distribution_policy", "Keel runs each model in one engine process on one device (no tensor or pipeline parallelism)")),
-  flag("draft_source_model", "refused: no speculative decoding", undefined, refused("draft_source_model", "Keel has no speculative decoding; serve the main model alone")),
+  flag("draft_source_model", "refused: no draft-model speculation (prompt lookup is: --prompt_lookup)", undefined, refused("draft_source_model", "Keel has no draft-model speculative decoding; its speculation is prompt lookup (--prompt_lookup, docs/speculative.md)")),
   flag("allowed_local_media_path", "refused: no image input", undefined, refused("allowed_local_media_path", "Keel serves text-only models (no image input)")),
   flag("allowed_media_domains", "refused: no image input", undefined, refused("allowed_media_domains", "Keel serves text-only models (no image input)")),
   flag("weight-format", "refused: GGUF files carry their quantization", undefined, refused("weight-format", "Keel serves GGUF files whose quantization is fixed in the file; choose a quantized file (--gguf_filename)")),

@@ -90,7 +90,7 @@ describe("OVMS flags: refused with why and what to use", () => {
     [["--grpc_bind_address", "0.0.0.0"], /--grpc_bind_address is not supported: .*--rest_bind_address/],
     [["--max_prompt_len", "1024"], /--max_prompt_len is not supported: it is NPU-only/],
     [["--model_distribution_policy", "TENSOR_PARALLEL"], /--model_distribution_policy is not supported/],
-    [["--draft_source_model", "org/d"], /--draft_source_model is not supported: Keel has no speculative decoding/],
+    [["--draft_source_model", "org/d"], /--draft_source_model is not supported: Keel has no draft-model speculative decoding/],
     [["--allowed_local_media_path", "/x"], /--allowed_local_media_path is not supported: .*text-only/],
     [["--allowed_media_domains", "all"], /--allowed_media_domains is not supported/],
     [["--weight-format", "int8"], /--weight-format is not supported/],

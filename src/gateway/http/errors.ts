@@ -162,7 +162,13 @@ export function toolsNotServed(autoFoundNone: boolean): KeelHttpError {
   const why = autoFoundNone
     ? "the server was started with --tool_parser auto, but the model's chat template shows no tool-call format Keel knows"
     : "the server was started without --tool_parser";
-  return unsupportedField("tools", `Tool calling needs a tool parser: ${why}. Start the server with --tool_parser hermes3, qwen3coder or llama3 (the model's format) or auto (read from its chat template), or send tool_choice 'none'.`);
+  return new KeelHttpError({
+    status: 400,
+    type: "invalid_request_error",
+    code: "unsupported_field",
+    message: `'tools' needs a tool-call parser on this server: ${why}. Start the server with --tool_parser hermes3, qwen3coder or llama3 (the model's format) or auto (read from its chat template), or send tool_choice 'none'.`,
+    param: "tools",
+  });
 }
 
 /** 400 `unsupported_field`: the request needs constrained generation (`param`) and the engine cannot apply a grammar. */
