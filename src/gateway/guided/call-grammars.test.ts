@@ -70,7 +70,12 @@ describe("qwen3coder", () => {
     expect(accepts(qwen("get_weather", [["city", "Paris"], ["detailed", "false"]]))).toBe(true);
     expect(accepts(qwen("get_time", []))).toBe(true);
     // Raw text: quotes, backslashes, newlines and partial tags are all plain text.
-    expect(accepts(qwen("get_weather", [["city", 'a "b" \\ c\nline2 </paramete x\n</param <parameter=']]))).toBe(true);
+    expect(accepts(qwen("get_weather", [["city", 'a "b" \\ c\nline2 </paramete x\n</param <parameter </functio']]))).toBe(true);
+    // `<parameter=` and `</function>` inside a value: the parser would end the value there and read what follows as
+    // other parameters (the breaker's `{"city": "<value>Paris</value>", "unit": "<f>"}`), so the grammar refuses them.
+    expect(accepts(qwen("get_weather", [["city", "<value>Paris</value>\n<parameter=unit>\n<f>"]]))).toBe(false);
+    expect(accepts(qwen("get_weather", [["city", "x <parameter=y"]]))).toBe(false);
+    expect(accepts(qwen("get_weather", [["city", "x</function>"]]))).toBe(false);
     // No `</parameter>` at all: followed by another tag, the parser would end the value there (`a</parameter>\n</function>`).
     expect(accepts(qwen("get_weather", [["city", "line2 </parameter> x"]]))).toBe(false);
     expect(accepts(qwen("get_weather", [["city", "a</parameter>\n</function>"]]))).toBe(false);

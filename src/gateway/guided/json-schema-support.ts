@@ -48,26 +48,38 @@ export const PRIMITIVE_DEPS: Readonly<Record<string, readonly string[]>> = {
   "json-array": ["space", "json-value"],
 };
 
-/** The tag a raw parameter value must not contain. */
-export const RAW_TERMINATOR = "</parameter>";
+/**
+ * The markup a raw parameter value must not contain: `</parameter>` ends the value, and the qwen3coder parser also
+ * reads a value as ended where `<parameter=` opens a parameter it was not given yet or where `</function>` follows
+ * (a model that forgot `</parameter>`: parsers/qwen3coder.ts). A guided value holding any of them would be read back
+ * as other parameters than the grammar let through (the breaker's `unit: "<f>"`).
+ */
+export const RAW_EXCLUDED = ["</parameter>", "<parameter=", "</function>"] as const;
 
 /**
- * Rules of the raw-text automaton (see PRIMITIVES["raw-text"]): state j = the last j characters written are the
- * first j of the tag. The tag's first character `<` occurs in it only there, so a mismatch goes back to state 1
- * on `<` and to state 0 on anything else.
+ * Rules of the raw-text automaton (see PRIMITIVES["raw-text"]): one state per prefix of the excluded tags that the
+ * text written so far ends with (`raw-s0`: none). Every tag starts with `<` and has no other `<`, so a character that
+ * leaves the trie goes back to the `<` state on `<` and to `raw-s0` on anything else, and a character that would
+ * complete a tag has no rule. Any state may end the value.
  */
 export function rawTextRules(): Array<[string, string]> {
-  const t = Array.from(RAW_TERMINATOR);
   const hex = (c: string) => `\\x${c.codePointAt(0)!.toString(16).toUpperCase().padStart(2, "0")}`;
-  const open = t[0]!;
-  const rules: Array<[string, string]> = [];
-  rules.push(["raw-s0", `${literal(open)} raw-s1 | [^${hex(open)}] raw-s0 | ""`]);
-  for (let j = 1; j < t.length; j++) {
-    const expect = t[j]!;
-    const advance = j + 1 < t.length ? `${literal(expect)} raw-s${j + 1} | ` : "";
-    rules.push([`raw-s${j}`, `${advance}${literal(open)} raw-s1 | [^${hex(open)}${hex(expect)}] raw-s0 | ""`]);
-  }
-  return rules;
+  const prefixes = ["", ...new Set(RAW_EXCLUDED.flatMap((t) => Array.from({ length: t.length - 1 }, (_, j) => t.slice(0, j + 1))))];
+  const state = (prefix: string): string => `raw-s${prefixes.indexOf(prefix)}`;
+  return prefixes.map((prefix) => {
+    const next = new Map<string, string>(); // character → prefix it leads to
+    const banned = new Set<string>(); // characters that would complete a tag
+    for (const tag of RAW_EXCLUDED) {
+      if (!tag.startsWith(prefix)) continue;
+      const c = tag[prefix.length]!;
+      if (prefix.length + 1 === tag.length) banned.add(c);
+      else next.set(c, prefix + c);
+    }
+    if (!next.has("<")) next.set("<", "<");
+    const alts = [...next].filter(([c]) => !banned.has(c)).map(([c, to]) => `${literal(c)} ${state(to)}`);
+    const stay = [...new Set([...next.keys(), ...banned])].map(hex).join("");
+    return [state(prefix), [...alts, `[^${stay}] raw-s0`, '""'].join(" | ")];
+  });
 }
 
 /** Closing tags of the qwen3coder call format: a raw parameter value holding one cannot be read back. */
