@@ -1,7 +1,7 @@
 #!/usr/bin/env node
 // Makes a fresh clone runnable: installs the locked dependencies when node_modules is missing or stale (for
 // `npm run serve` without the dev tools; `npm test` adds them), compiles the TypeScript sources to dist/ when a source
-// is newer than the last build, and generates the embedded tiny model; for the tests it also fetches the real test
+// differs from the last build's, and generates the embedded tiny model; for the tests it also fetches the real test
 // models into the model cache. Idempotent and quick when nothing changed. Uses only Node built-ins (it runs before
 // dependencies exist). Outside `npm run serve` it also provides the
 // OpenAI Python SDK that test/e2e/openai-python-sdk.test.ts drives the server with (a venv in .venv-test/).
@@ -15,7 +15,7 @@ const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
 const npm = process.platform === "win32" ? "npm.cmd" : "npm";
 const run = (cmd, args) => execFileSync(cmd, args, { cwd: root, stdio: "inherit" });
 const serving = process.env.npm_lifecycle_event === "serve";
-const { BUILD_STAMP, INSTALL_STAMP, buildState, installState, lockHash, markBuilt } = await import("./prepare-checks.mjs");
+const { BUILD_STAMP, INSTALL_STAMP, buildInputs, buildState, installState, lockHash, markBuilt } = await import("./prepare-checks.mjs");
 
 // 1. Dependencies: `npm ci` when the lockfile changed since the last install; serving needs no dev tools (the tests
 //    add them). npm's progress is its own; the line says what it is and that it happens once.
@@ -28,13 +28,13 @@ const npmCi = (flavour, reason) => {
 if (install.action === "install") npmCi(install.flavour, install.reason);
 else if (install.action === "adopt") fs.writeFileSync(path.join(root, INSTALL_STAMP), `${lockHash(root)} ${install.flavour}`);
 
-// 2. Build, unless dist/ is newer than every source and build configuration (`npm run build` always builds).
+// 2. Build, unless dist/ was built from these sources and build configurations (`npm run build` always builds).
 const build = buildState(root);
 if (!build.current) {
   // TypeScript and @types/node are dependencies, since serving builds dist/. `--omit=optional` drops TypeScript's
   // native binary (an optional package): then npx runs the pinned version, leaving node_modules as it was installed.
   const tsc = path.join(root, "node_modules", "typescript", "bin", "tsc");
-  const started = Date.now();
+  const inputs = buildInputs(root);
   console.error(`keel: compiling dist/ (${build.reason})…`);
   fs.rmSync(path.join(root, BUILD_STAMP), { force: true });
   const config = ["-p", path.join(root, "tsconfig.build.json")];
@@ -45,7 +45,7 @@ if (!build.current) {
     // From outside the repository: inside it npx would pick the broken local tsc again.
     execFileSync(process.platform === "win32" ? "npx.cmd" : "npx", ["--yes", "--package", `typescript@${version}`, "--", "tsc", ...config], { cwd: os.tmpdir(), stdio: "inherit" });
   }
-  markBuilt(root, started);
+  markBuilt(root, inputs);
 }
 
 // 2b. Keel's native addon (one synchronous call samples a whole step; src/native/build.ts) for the binary directories

@@ -7,7 +7,7 @@ import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
-import { BUILD_STAMP, INSTALL_STAMP, buildState, installState, lockHash, markBuilt } from "../../scripts/prepare-checks.mjs";
+import { BUILD_STAMP, INSTALL_STAMP, buildInputs, buildState, installState, lockHash, markBuilt } from "../../scripts/prepare-checks.mjs";
 
 let root: string;
 /** A time well in the past: every file of the fixture is set to it unless a test moves one. */
@@ -30,33 +30,48 @@ beforeEach(() => {
 afterEach(() => fs.rmSync(root, { recursive: true, force: true }));
 
 describe("is dist/ current?", () => {
+  const built = (): void => markBuilt(root, buildInputs(root));
+
   it("not before a build was recorded; after one, yes while nothing changed", () => {
     expect(buildState(root)).toEqual({ current: false, reason: "no record of a build in dist/" });
-    markBuilt(root, T0 + 1000);
-    expect(buildState(root)).toEqual({ current: true, reason: "dist/ is newer than every source" });
+    built();
+    expect(buildState(root)).toEqual({ current: true, reason: "dist/ was built from these sources" });
   });
 
-  it("a source or a build configuration changed since the build started: rebuild, naming it", () => {
-    markBuilt(root, T0 + 1000);
-    touch("src/gateway/server.ts", T0 + 1001); // e.g. saved while tsc was running
+  it("a source or a build configuration whose content changed: rebuild, naming it; back as built: current again", () => {
+    built();
+    write("src/gateway/server.ts", "edited");
     expect(buildState(root)).toEqual({ current: false, reason: "src/gateway/server.ts changed since the last build" });
-    touch("src/gateway/server.ts", T0);
+    write("src/gateway/server.ts", "x");
     for (const config of ["tsconfig.build.json", "tsconfig.json", "package-lock.json"]) {
-      touch(config, T0 + 5000);
+      write(config, "{}");
       expect(buildState(root)).toEqual({ current: false, reason: `${config} changed since the last build` });
-      touch(config, T0);
+      write(config, `{"f":"${config}"}`);
     }
     expect(buildState(root).current).toBe(true);
   });
 
-  it("a test file is not a build input: editing one rebuilds nothing", () => {
-    markBuilt(root, T0 + 1000);
-    touch("src/gateway/server.test.ts", T0 + 9000);
+  it("times do not count, contents do: an edit given an old time, or an original put back after building an edit", () => {
+    built();
+    write("src/cli.ts", "edited in the past", T0 - 60_000);
+    expect(buildState(root).current).toBe(false);
+    built(); // dist/ now holds the edit
+    write("src/cli.ts", "x", T0 - 60_000); // the original back from a copy, older than the build
+    expect(buildState(root)).toEqual({ current: false, reason: "src/cli.ts changed since the last build" });
+    touch("src/cli.ts", T0 + 9_000_000);
+    built();
+    touch("src/cli.ts", T0 + 99_000_000); // a touch alone changes nothing
     expect(buildState(root).current).toBe(true);
   });
 
-  it("a source added (even with an old time, as a checkout or copy may give it) or removed: rebuild", () => {
-    markBuilt(root, T0 + 1000);
+  it("a test file is not a build input: editing one rebuilds nothing", () => {
+    built();
+    write("src/gateway/server.test.ts", "edited");
+    expect(buildState(root).current).toBe(true);
+  });
+
+  it("a source added or removed: rebuild", () => {
+    built();
     write("src/gateway/new.ts", "x", T0);
     expect(buildState(root)).toEqual({ current: false, reason: "sources were added, removed or renamed" });
     fs.rmSync(path.join(root, "src/gateway/new.ts"));
@@ -66,16 +81,18 @@ describe("is dist/ current?", () => {
   });
 
   it("an output missing from dist/ (a declaration file has none): rebuild", () => {
-    markBuilt(root, T0 + 1000);
+    built();
     fs.rmSync(path.join(root, "dist/gateway/server.js"));
     expect(buildState(root)).toEqual({ current: false, reason: `${path.join("dist", "gateway", "server.js")} is missing` });
   });
 
-  it("the stamp lives in dist/: removing dist/ forgets the build", () => {
-    markBuilt(root, T0 + 1000);
+  it("the stamp lives in dist/: removing dist/ forgets the build; a stamp of the older time-based form is no record", () => {
+    built();
     expect(fs.existsSync(path.join(root, BUILD_STAMP))).toBe(true);
     fs.rmSync(path.join(root, "dist"), { recursive: true });
     expect(buildState(root).current).toBe(false);
+    write(BUILD_STAMP, JSON.stringify({ startedAt: T0 + 1000, sources: "abc" }));
+    expect(buildState(root)).toEqual({ current: false, reason: "no record of a build in dist/" });
   });
 });
 
