@@ -17,7 +17,7 @@ import { openvinoIrDirectory, resolveServeModel } from "../model/serve-model.js"
 import type { EngineCommand, EngineConfig } from "../protocol/engine-config.js";
 import type { ModelMetadata } from "../protocol/messages.js";
 import { CliError } from "./cli-error.js";
-import { agentLine, impliedLines } from "./start-summary.js";
+import { agentLine, impliedLines, serverLines } from "./start-summary.js";
 import { chooseEngine, engineBaseConfig, engineCommandFor, engineFlagProblems, type EngineChoice, type ModelToServe } from "./engine-choice.js";
 import { withSettings, type ServeOptions } from "./flags.js";
 import { kvCapacity } from "./kv-capacity.js";
@@ -159,6 +159,10 @@ export async function serveFromConfig(file: string, options: ServeOptions, engin
     models: specs,
     reloadModels: () => resolveConfigModels(file, options, engineOverride),
   });
+  // The server-wide lines once (flag notes for the engines served, the API key), then each model's.
+  const engines = [...new Set(specs.map((s) => s.engineName).filter((e): e is NonNullable<typeof e> => e !== undefined))];
+  const { notes, security } = serverLines(options, typeof settings.apiKey === "string", engines);
+  for (const line of [...notes, security]) gw.log[line.level](line.fields, line.msg);
   for (const s of specs) {
     gw.log.info({ event: "engine", name: s.name, engine: s.engineName ?? null, command: s.engineCommand?.command ?? null }, `${s.name}: engine ${s.engineName ?? "(not said)"}`);
     gw.log.info({ event: "model", name: s.name, path: s.engine.modelPath, tokensPerSequence: s.engine.maxModelLen, sequences: s.engine.maxNumSeqs }, `serving ${s.name} from ${s.engine.modelPath}`);

@@ -22,7 +22,7 @@ import { FlagError, parseServeCommand, type ServeOptions } from "./flags.js";
 import { kvCapacity } from "./kv-capacity.js";
 import { checkModelFile, validateModel } from "./model-check.js";
 import { serveFromConfig } from "./serve-config.js";
-import { agentLine, impliedLines } from "./start-summary.js";
+import { agentLine, impliedLines, serverLines } from "./start-summary.js";
 import { engineCommandOverride, listen, serverSettings, type ServerSettings } from "./server-settings.js";
 import { drainOnSignals } from "./shutdown.js";
 
@@ -182,13 +182,13 @@ function logStart(gw: Gateway, o: ServeOptions, s: Started): void {
   gw.log.info({ event: "engine", engine, why: s.choice.why, command: s.engineCommand.command }, `engine ${engine}: ${s.choice.why}`);
   const backend = s.meta.backend;
   gw.log.info({ event: "device", targetDevice: s.device, backend: backend ?? null }, `target device ${s.device}: ${engine} runs on ${backend ? (backend.gpu === false ? "cpu" : `${backend.gpu} (${backend.devices.join(", ")})`) : "unknown"}`);
-  for (const note of o.notes) if (note.engine === undefined || note.engine === engine) gw.log[note.level]({ event: "flag" }, note.msg);
-  for (const line of [agentLine(s.agents), ...impliedLines(engine, s.engineConfig, o.flash_attention)]) gw.log[line.level](line.fields, line.msg);
+  const { notes, security } = serverLines(o, s.apiKeyRequired, [engine]);
+  for (const line of [...notes, agentLine(s.agents), ...impliedLines(engine, s.engineConfig, o.flash_attention)]) gw.log[line.level](line.fields, line.msg);
   if (o.deterministic) {
     if (engine === "openvino") gw.log.info({ event: "deterministic", prefixCaching: false }, "deterministic mode: prefix reuse off; the OpenVINO engine's numerics are exact by default on CPU (f32 inference and KV, no dynamic quantisation) unless --plugin_config overrides them");
     else gw.log.info({ event: "deterministic", prefixCaching: false, flashAttention: false, kvCachePrecision: "f16" }, "deterministic mode: the same request and seed give the same text on every run (prefix reuse off)");
   }
-  gw.log.info({ event: "security", apiKeyRequired: s.apiKeyRequired, corsOrigins: o.allowedOrigins, allowCredentials: o.allowCredentials ?? false }, s.apiKeyRequired ? "API key required on /v1/ and /v3/ routes" : "no API key: every route is open");
+  gw.log[security.level](security.fields, security.msg);
   const { model, modelName } = s;
   const modelPath = s.choice.modelPath;
   gw.log.info({ event: "model", name: modelName, kind: model.kind, path: modelPath, source: model.source }, `serving ${modelName} (${model.source}) from ${modelPath}`);

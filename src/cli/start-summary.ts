@@ -64,3 +64,25 @@ export function impliedLines(engineName: EngineName, engine: Pick<EngineConfig, 
   }
   return out;
 }
+
+/** What {@link serverLines} reads of the parsed flags. */
+interface ServerFlags {
+  notes: readonly { level: "info" | "warn"; msg: string; engine?: string }[];
+  allowedOrigins?: unknown;
+  allowCredentials?: boolean;
+}
+
+/**
+ * The server-wide start lines, once whatever the number of models: a line per flag note (a flag that changes nothing
+ * on the engines served, or that is applied differently) and whether an API key is required. `engines` are the
+ * engines served: a note for one engine only is logged when that engine serves a model.
+ */
+export function serverLines(o: ServerFlags, apiKeyRequired: boolean, engines: readonly string[]): { notes: StartLine[]; security: StartLine } {
+  const notes: StartLine[] = o.notes.filter((n) => n.engine === undefined || engines.includes(n.engine)).map((n) => ({ level: n.level, fields: { event: "flag" }, msg: n.msg }));
+  const security: StartLine = {
+    level: "info",
+    fields: { event: "security", apiKeyRequired, corsOrigins: o.allowedOrigins, allowCredentials: o.allowCredentials ?? false },
+    msg: apiKeyRequired ? "API key required on /v1/ and /v3/ routes" : "no API key: every route is open",
+  };
+  return { notes, security };
+}

@@ -121,6 +121,10 @@ describe("several models from --config_path", () => {
     expect(tinyEngine!.enginePid).not.toBe(qwenEngine!.enginePid);
     expect(tinyEngine!.limits.maxNumSeqs).toBe(4);
     expect(qwenEngine!.limits.maxNumSeqs).toBe(2);
+    // The server-wide start lines once, as with --model_path: whether an API key is required.
+    const security = s.logs.filter((l) => l.includes('"event":"security"'));
+    expect(security).toHaveLength(1);
+    expect(JSON.parse(security[0]!)).toMatchObject({ apiKeyRequired: false, msg: "no API key: every route is open" });
     // One ready line once both engines are ready, naming each model with its engine and backend.
     const ready = JSON.parse(await s.waitForLog((l) => l.startsWith("{") && (JSON.parse(l) as { event?: string }).event === "ready")) as { msg: string };
     expect(ready.msg).toMatch(new RegExp(`^ready: ${s.baseUrl.replaceAll(".", "\\.")} \\(models tiny: engine node-llama-cpp@[\\d.]+, backend cpu; qwen: engine node-llama-cpp@[\\d.]+, backend cpu\\)$`));
