@@ -10,5 +10,8 @@ export default defineConfig({
     hookTimeout: 120_000,
     allowOnly: false,
     passWithNoTests: false,
+    // Every server the suites start runs its model check (a remembered pass would skip the lines tests assert on);
+    // test/e2e/cli.test.ts turns the memory on where it tests it.
+    env: { KEEL_MODEL_CHECK_CACHE: "off" },
   },
 });

@@ -8,6 +8,7 @@ import fs from "node:fs";
 import path from "node:path";
 import { DEFAULT_ENGINE_COMMAND, spawnEngine } from "../gateway/supervision/engine-client.js";
 import { LoadProgressLines } from "../gateway/supervision/load-progress.js";
+import { checkKey, readCheck, writeCheck } from "./model-check-cache.js";
 import type { EngineCommand, EngineConfig } from "../protocol/engine-config.js";
 import type { EngineBackend, ModelMetadata } from "../protocol/messages.js";
 
@@ -98,7 +99,14 @@ async function runModelCheck(config: Omit<EngineConfig, "mode">, command: Engine
  * @param opts.log where the check says what it does, its progress and its time (none when absent)
  * @returns the model metadata. @throws Error with the child's last log line when it fails.
  */
-export async function validateModel(config: Omit<EngineConfig, "mode">, command: EngineCommand = DEFAULT_ENGINE_COMMAND, opts: { log?: (line: string) => void } = {}): Promise<ModelMetadata & { backend?: EngineBackend }> {
+export async function validateModel(config: Omit<EngineConfig, "mode">, command: EngineCommand = DEFAULT_ENGINE_COMMAND, opts: { log?: (line: string) => void; cacheRoot?: string } = {}): Promise<ModelMetadata & { backend?: EngineBackend }> {
+  // 1. A check that passed for this very file, configuration and install is remembered (model-check-cache.ts).
+  const key = opts.cacheRoot === undefined ? null : checkKey(config, command);
+  const remembered = key === null ? null : readCheck(opts.cacheRoot!, key);
+  if (remembered !== null) {
+    opts.log?.(`model check: ${path.basename(config.modelPath)} passed before with these settings (remembered in ${path.join(opts.cacheRoot!, "checks")}; KEEL_MODEL_CHECK_CACHE=off checks again)`);
+    return remembered;
+  }
   const started = Date.now();
   const say = opts.log ? checkLines(config.modelPath, opts.log) : null;
   let run = await runModelCheck(config, command, say?.progress);
@@ -108,7 +116,9 @@ export async function validateModel(config: Omit<EngineConfig, "mode">, command:
     const line = stdout.trim().split("\n").pop() ?? "";
     const result = JSON.parse(line) as { metadata: ModelMetadata; backend?: EngineBackend; timings?: CheckTimings };
     say?.passed(Date.now() - started, result.timings);
-    return result.backend ? { ...result.metadata, backend: result.backend } : result.metadata;
+    const passed = result.backend ? { ...result.metadata, backend: result.backend } : result.metadata;
+    if (key !== null) writeCheck(opts.cacheRoot!, key, config.modelPath, passed);
+    return passed;
   }
   if (stderr.includes(`"event":"${NO_GPU_EVENT}"`)) {
     // Asked for a GPU, none loads: say so plainly (no model verdict, no silent CPU fallback). The OpenVINO engine

@@ -12,7 +12,7 @@ import type { Gateway } from "../gateway/server.js";
 import { isTinyModelName } from "../model/default-model.js";
 import { HYBRID_MODEL_NAME } from "../engine-openvino/hybrid-model.js";
 import { kvBlockTokens, openvinoKvElementBytes } from "../model/kv-bytes.js";
-import { isCatalogueName } from "../model/model-cache.js";
+import { isCatalogueName, keelCacheRoot } from "../model/model-cache.js";
 import { openvinoIrDirectory, resolveServeModel } from "../model/serve-model.js";
 import type { EngineCommand, EngineConfig } from "../protocol/engine-config.js";
 import type { ModelMetadata } from "../protocol/messages.js";
@@ -66,7 +66,7 @@ async function checkedModel(config: Omit<EngineConfig, "mode">, engineCommand: E
   const key = JSON.stringify([config, st.size, st.mtimeMs, engineCommand]);
   const hit = checked.get(key);
   if (hit) return hit;
-  const meta = await validateModel(config, engineCommand, { log: (line) => void process.stderr.write(`keel serve: ${line}\n`) });
+  const meta = await validateModel(config, engineCommand, { log: (line) => void process.stderr.write(`keel serve: ${line}\n`), cacheRoot: keelCacheRoot() });
   checked.set(key, meta);
   return meta;
 }

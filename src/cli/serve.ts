@@ -7,6 +7,7 @@
  *
  * @module
  */
+import { keelCacheRoot } from "../model/model-cache.js";
 import type { AgentFlags } from "../gateway/models/agent-config.js";
 import type { Gateway } from "../gateway/server.js";
 import { HubError } from "../model/hub-download.js";
@@ -125,7 +126,7 @@ async function serveModel(o: ServeOptions, model: ServeModel, settings: ServerSe
   }
   let meta: ModelMetadata & { backend?: EngineBackend };
   try {
-    meta = await validateModel({ ...base, maxModelLen: 256 }, engineCommand, { log: say });
+    meta = await validateModel({ ...base, maxModelLen: 256 }, engineCommand, { log: say, cacheRoot: keelCacheRoot() });
   } catch (err) {
     throw new CliError(1, (err as Error).message);
   }

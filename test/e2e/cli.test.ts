@@ -187,6 +187,30 @@ describe("start-up lines", () => {
   }, 60_000);
 });
 
+describe("the model check is remembered", () => {
+  it("a check that passed for this file, configuration and install is not run again; another configuration is checked", async () => {
+    // Its own cache root (the suites run with KEEL_MODEL_CHECK_CACHE=off: vitest.config.ts).
+    const cacheRoot = fs.mkdtempSync(path.join(os.tmpdir(), "keel-check-cache-"));
+    const env = { KEEL_MODEL_CHECK_CACHE: "on", KEEL_CACHE_DIR: cacheRoot };
+    const checked = (s: { logs: string[] }): boolean => s.logs.some((l) => /^keel serve: model check passed in /.test(l));
+    const remembered = (s: { logs: string[] }): boolean => s.logs.some((l) => /^keel serve: model check: \S+ passed before with these settings/.test(l));
+    try {
+      for (const [flags, expectChecked] of [[[], true], [[], false], [["--max_num_seqs", "3"], true]] as const) {
+        const server = await startServer([...flags], env);
+        try {
+          expect([checked(server), remembered(server)]).toEqual([expectChecked, !expectChecked]);
+          expect((await get(server.baseUrl, "/v2/health/ready")).status).toBe(200);
+        } finally {
+          await server.stop();
+        }
+      }
+      expect(fs.readdirSync(path.join(cacheRoot, "checks"))).toHaveLength(2);
+    } finally {
+      fs.rmSync(cacheRoot, { recursive: true, force: true });
+    }
+  }, 120_000);
+});
+
 describe("the seed's command line", () => {
   it("unchanged, on a machine without a GPU: exit 1 with one clear GPU message (no silent CPU fallback, no help dump)", () => {
     const r = keel("serve", ...SEED_LINE);
