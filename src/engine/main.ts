@@ -46,6 +46,11 @@ async function main(): Promise<void> {
   /** When the phases of the load ended, in ms since the process started (the model check reports them). */
   const phases = { start: performance.now(), backend: 0, model: 0, context: 0 };
   let adapter: LlamaAdapter;
+  // The load's first line at once: starting llama.cpp's backend takes a second or more before its first progress.
+  if (channel) {
+    send({ v: PROTOCOL_VERSION, type: "loading", progress: 0 });
+    lastProgress = 0;
+  }
   try {
     adapter = await LlamaAdapter.open({
       ...toAdapterOptions(config),
@@ -55,13 +60,16 @@ async function main(): Promise<void> {
       },
       onBackendLoaded: () => (phases.backend = performance.now()),
       onLoadProgress: (progress) => {
-        if (progress >= 1) phases.model ||= performance.now();
+        const loaded = progress >= 1 && phases.model === 0;
+        if (loaded) phases.model = performance.now();
         if (progress - lastProgress < LOAD_PROGRESS_STEP && progress < 1) return;
         lastProgress = progress;
         const p = Math.min(1, Math.max(0, progress));
         // The model check has no channel: its progress goes to stdout, before the result line.
         if (channel) send({ v: PROTOCOL_VERSION, type: "loading", progress: p });
         else process.stdout.write(JSON.stringify({ loading: p }) + "\n");
+        // Creating the context allocates the whole KV cache: seconds for a large one, said before it starts.
+        if (loaded && channel) logLine("info", `model loaded; creating its context (KV cache for ${config.maxNumSeqs} sequences of ${config.maxModelLen} tokens)…`, { event: "creating_context" });
       },
     });
   } catch (err) {
