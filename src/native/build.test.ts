@@ -102,10 +102,20 @@ describe("native addon build cache", () => {
     expect(fs.readdirSync(path.join(cacheRoot, "native"))).toEqual([path.basename(path.dirname(results[0]!.path))]);
   });
 
-  it("a changed library in the binary directory gets its own build (the key follows the directory)", async () => {
+  it("a changed library in the binary directory gets its own build (the key follows its bytes, not its time)", async () => {
     const first = await build();
     const keyBefore = nativeBuildKey(binDir);
     const lib = fs.readdirSync(binDir).find((f) => f.startsWith("libllama"))!;
+    const original = fs.readFileSync(path.join(binDir, lib));
+    // The same bytes written anew (as `npm ci` does): the same key, whatever the file's time.
+    fs.writeFileSync(path.join(binDir, lib), original);
+    fs.utimesSync(path.join(binDir, lib), new Date(2030, 0, 1), new Date(2030, 0, 1));
+    expect(nativeBuildKey(binDir)).toBe(keyBefore);
+    // Other bytes of the same size (another build id), then another size: another key.
+    const other = Buffer.from(original);
+    other[0] = other[0]! ^ 0xff;
+    fs.writeFileSync(path.join(binDir, lib), other);
+    expect(nativeBuildKey(binDir)).not.toBe(keyBefore);
     fs.writeFileSync(path.join(binDir, lib), "a rebuilt library, other size");
     expect(nativeBuildKey(binDir)).not.toBe(keyBefore);
     expect(nativeAddonFor(binDir, cacheRoot).path).toBeNull();

@@ -7,8 +7,8 @@
  *
  * The result lives outside the repository, in `<cache>/native/<key>/llama-addon.node`, where the key hashes every
  * input that can change the binary: ours and node-llama-cpp's addon sources, the patch, node-addon-api's version and
- * the binary directory (path, and name/size/mtime of its files). {@link nativeAddonFor} computes the same key at
- * engine start (cheap, synchronous) to find a build for the directory node-llama-cpp is loading. Concurrent builders
+ * the binary directory (path, and name, size and first 64 KiB of its files). {@link nativeAddonFor} computes the same
+ * key at engine start (cheap, synchronous) to find a build for the directory node-llama-cpp is loading. Concurrent builders
  * each build in a private temporary folder and rename it into place: the first rename wins, the others use it.
  */
 import { createHash, randomBytes } from "node:crypto";
@@ -58,9 +58,20 @@ function listFiles(dir: string, prefix = ""): string[] {
   return out.sort();
 }
 
+/** The first `bytes` bytes of `file` (fewer when it is shorter). */
+function readHead(file: string, bytes: number): Buffer {
+  const fd = fs.openSync(file, "r");
+  try {
+    const buf = Buffer.alloc(bytes);
+    return buf.subarray(0, fs.readSync(fd, buf, 0, bytes, 0));
+  } finally {
+    fs.closeSync(fd);
+  }
+}
+
 /**
- * The cache key of a build for `binDir` (hex). Synchronous and cheap (hashes ~100 KB of sources and stats the
- * binary directory), because the engine computes it at start.
+ * The cache key of a build for `binDir` (hex). Synchronous and cheap (hashes ~100 KB of sources and the first
+ * 64 KiB of each library in the binary directory), because the engine computes it at start.
  * @throws Error when Keel's native sources or node-llama-cpp's addon sources are missing.
  */
 export function nativeBuildKey(binDir: string): string {
@@ -83,12 +94,17 @@ export function nativeBuildKey(binDir: string): string {
   }
   const require = createRequire(import.meta.url);
   line(`node-addon-api ${JSON.parse(fs.readFileSync(require.resolve("node-addon-api/package.json"), "utf8")).version}`);
-  // 3. The binary directory we link against: a rebuilt or replaced library changes size or mtime.
+  // 3. The binary directory we link against: a rebuilt or replaced library changes its size or its first 64 KiB (an
+  //    ELF file's build id is in its first page). Not its time: `npm ci` writes the same files anew, and the addon
+  //    linked against them is still right (it was rebuilt after every reinstall when the key had the times).
   const real = fs.realpathSync(binDir);
   line(`bin ${real}`);
   for (const f of fs.readdirSync(real).sort()) {
-    const st = fs.statSync(path.join(real, f));
-    if (st.isFile()) line(`${f} ${st.size} ${Math.round(st.mtimeMs)}`);
+    const file = path.join(real, f);
+    const st = fs.statSync(file);
+    if (!st.isFile()) continue;
+    line(`${f} ${st.size}`);
+    hash.update(readHead(file, 64 * 1024));
   }
   return hash.digest("hex").slice(0, 32);
 }
