@@ -35,4 +35,13 @@ describe("checkCapabilities and samplingFields", () => {
     expect(checkCapabilities(all, null, { ...base, extendedSampling: true, samplingFields: ["minP"] }, VOCAB)).toBeNull();
     expect(checkCapabilities({ stopTokenIds: [VOCAB] }, null, openvino, VOCAB)).toMatchObject({ code: "invalid_value", param: "stop_token_ids" });
   });
+
+  it("a logit_bias that bans every token of the vocabulary is a 400 (a sampler would still have to pick a banned one); all but one is served", () => {
+    const ext = { ...base, extendedSampling: true };
+    const all = Array.from({ length: VOCAB }, (_, t): [number, number] => [t, -100]);
+    expect(checkCapabilities({ logitBias: all }, null, ext, VOCAB)).toMatchObject({ status: 400, code: "invalid_value", param: "logit_bias" });
+    expect(checkCapabilities({ logitBias: all }, null, ext, VOCAB)?.message).toContain("bans every token of the vocabulary (1000 tokens at -100)");
+    expect(checkCapabilities({ logitBias: all.slice(1) }, null, ext, VOCAB)).toBeNull();
+    expect(checkCapabilities({ logitBias: [...all.slice(1), [0, -99]] }, null, ext, VOCAB)).toBeNull();
+  });
 });

@@ -166,9 +166,13 @@ export function checkCapabilities(
       ? unsupportedField(logprobs.param, `${engine} does not compute log probabilities.`)
       : invalidValue(logprobs.param, `Invalid value for '${logprobs.param}': ${engine.charAt(0).toLowerCase()}${engine.slice(1)} serves at most ${caps.maxTopLogprobs} alternatives per token (got ${logprobs.n}).`);
   }
-  for (const [token] of ext.logitBias ?? []) {
+  let banned = 0;
+  for (const [token, bias] of ext.logitBias ?? []) {
     if (token >= vocabSize) return invalidValue("logit_bias", `Invalid value for 'logit_bias': token id ${token} is outside the vocabulary (0..${vocabSize - 1}).`);
+    if (bias <= -100) banned += 1;
   }
+  // Every token banned (-100 bans, as OpenAI's): nothing may be generated, and a sampler would still pick one.
+  if (banned >= vocabSize) return invalidValue("logit_bias", `Invalid value for 'logit_bias': it bans every token of the vocabulary (${vocabSize} tokens at -100), so nothing could be generated.`);
   for (const token of ext.stopTokenIds ?? []) {
     if (token >= vocabSize) return invalidValue("stop_token_ids", `Invalid value for 'stop_token_ids': token id ${token} is outside the vocabulary (0..${vocabSize - 1}).`);
   }
