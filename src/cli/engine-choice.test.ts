@@ -123,6 +123,13 @@ describe("engineBaseConfig: one start configuration for the flags path and --con
     expect(withEnv("openvino", "0")).toEqual([]);
   });
 
+  it("KEEL_MODEL_CHECK_CACHE is an on/off switch like the others: anything else is refused by name, on both engines", () => {
+    const o = parse();
+    expect(engineFlagProblems("llama.cpp", o, o.given, { KEEL_MODEL_CHECK_CACHE: "nope" })).toEqual(['KEEL_MODEL_CHECK_CACHE="nope" is not on/off (1/0, true/false, yes/no)']);
+    expect(engineFlagProblems("openvino", o, o.given, { KEEL_MODEL_CHECK_CACHE: "nope" })).toEqual([expect.stringContaining("KEEL_MODEL_CHECK_CACHE")]);
+    for (const v of ["off", "0", "on", "yes", ""]) expect(engineFlagProblems("llama.cpp", o, o.given, { KEEL_MODEL_CHECK_CACHE: v })).toEqual([]);
+  });
+
   it("--deterministic with a --plugin_config precision key is refused on OpenVINO (it would void the exact numerics)", () => {
     expect(problems("openvino", "--deterministic", "true", "--plugin_config", '{"INFERENCE_PRECISION_HINT":"bf16"}')).toEqual([expect.stringContaining("--deterministic true needs the OpenVINO engine's exact numerics")]);
     expect(problems("openvino", "--deterministic", "true", "--plugin_config", '{"NUM_STREAMS":1}')).toEqual([]);

@@ -12,7 +12,7 @@ import path from "node:path";
 import { DEFAULT_ENGINE_COMMAND } from "../gateway/supervision/engine-client.js";
 import { ensureOpenvinoVenv, openvinoEngineCommand } from "../engine-openvino/venv.js";
 import { modelCacheDir } from "../model/model-cache.js";
-import { decodeOverlapSwitch } from "../native/loader.js";
+import { decodeOverlapSwitch, nativeSamplingSwitch } from "../native/loader.js";
 import type { EngineCommand, EngineConfig } from "../protocol/engine-config.js";
 import type { EngineFlag, EngineName } from "./flag-table.js";
 import type { ServeOptions } from "./flags.js";
@@ -71,6 +71,9 @@ function overlapProblems(engine: EngineName, f: ServeOptions, env: NodeJS.Proces
  */
 export function engineFlagProblems(engine: EngineName, f: ServeOptions, given: ReadonlySet<string>, env: NodeJS.ProcessEnv = process.env): string[] {
   const problems: string[] = [...overlapProblems(engine, f, env)];
+  // KEEL_MODEL_CHECK_CACHE (cli/model-check-cache.ts): on unless off, read as every on/off switch; anything else refused.
+  const checkCache = env["KEEL_MODEL_CHECK_CACHE"];
+  if (nativeSamplingSwitch(checkCache) === "invalid") problems.push(`KEEL_MODEL_CHECK_CACHE=${JSON.stringify(checkCache)} is not on/off (1/0, true/false, yes/no)`);
   if (engine === "llama.cpp") {
     if (f.num_kv_blocks !== undefined) {
       problems.push("--num_kv_blocks sets the OpenVINO engine's shared KV block pool; the llama.cpp engine has none (its KV is one partition per sequence: size it with --cache_size or --max_model_len), so it is refused with the llama.cpp engine (use --engine openvino)");

@@ -30,7 +30,8 @@ describe("the model check's memory", () => {
   });
 
   it("nothing is remembered when switched off, for a folder (an OpenVINO IR) or a path that does not exist", () => {
-    expect(checkKey(config(), command, { KEEL_MODEL_CHECK_CACHE: "off" })).toBeNull();
+    for (const off of ["off", "0", "false", "NO"]) expect(checkKey(config(), command, { KEEL_MODEL_CHECK_CACHE: off })).toBeNull();
+    expect(checkKey(config(), command, {})).not.toBeNull();
     expect(checkKey(config({ modelPath: dir }), command, on)).toBeNull();
     expect(checkKey(config({ modelPath: path.join(dir, "missing.gguf") }), command, on)).toBeNull();
   });

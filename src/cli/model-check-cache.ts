@@ -6,7 +6,8 @@
  * GPU device nodes). Any change there checks again. Only a passed check of a model file is remembered: a failure is
  * never cached, and an OpenVINO model folder is always checked.
  *
- * `KEEL_MODEL_CHECK_CACHE=off` checks every time (the test suites set it; docs/flags.md).
+ * `KEEL_MODEL_CHECK_CACHE=off` (or 0, false, no) checks every time (the test suites set it; docs/flags.md); a value
+ * that is not on/off is refused at start (cli/engine-choice.ts).
  *
  * @module
  */
@@ -14,6 +15,7 @@ import { createHash } from "node:crypto";
 import fs from "node:fs";
 import path from "node:path";
 import { binDirsKey } from "../native/bin-dirs.js";
+import { nativeSamplingSwitch } from "../native/loader.js";
 import type { EngineCommand, EngineConfig } from "../protocol/engine-config.js";
 import type { EngineBackend, ModelMetadata } from "../protocol/messages.js";
 
@@ -22,7 +24,7 @@ export type CheckResult = ModelMetadata & { backend?: EngineBackend };
 
 /** The record's key for this check, or null when it is not remembered (a folder, an unreadable path, switched off). */
 export function checkKey(config: Omit<EngineConfig, "mode">, command: EngineCommand, env: NodeJS.ProcessEnv = process.env): string | null {
-  if (env["KEEL_MODEL_CHECK_CACHE"] === "off") return null;
+  if (nativeSamplingSwitch(env["KEEL_MODEL_CHECK_CACHE"]) !== "on") return null;
   let file: string;
   let stat: fs.Stats;
   try {
