@@ -5,25 +5,16 @@
  * fails only its own request.
  */
 import { describe, expect, it } from "vitest";
-import { PROTOCOL_VERSION, type GatewayMessage, type RequestOutput, type SamplingParams, type StepMessage } from "../../protocol/messages.js";
+import { PROTOCOL_VERSION, type GatewayMessage, type SamplingParams } from "../../protocol/messages.js";
 import { notReady } from "../http/errors.js";
 import type { OutputParser } from "../parsers/types.js";
 import type { ObservedEvent } from "./events.js";
 import { ModelRequests } from "./model-requests.js";
 import { GenerationSession } from "./session/session.js";
+import { out, step } from "../../../test/support/step-messages.js";
 import type { SessionEvent } from "./session/events.js";
 
 const params: SamplingParams = { maxTokens: 8, temperature: 0, topP: 1, topK: -1, seed: 1, ignoreEos: false };
-let stepNo = 0;
-const step = (...outputs: RequestOutput[]): StepMessage => ({
-  v: PROTOCOL_VERSION,
-  type: "step",
-  step: ++stepNo,
-  batchTokens: 1,
-  outputs,
-  stats: { waiting: 0, running: 0, activeSequences: 0, cachedSequences: 0, prefixCacheHitTokens: 0 },
-});
-const out = (id: string, o: Partial<RequestOutput> = {}): RequestOutput => ({ id, tokens: [], text: "", ...o });
 const admitted = { promptTokens: [1, 2], cachedTokens: 0 };
 
 /** A request path whose engine records what it is sent, in one log with what each writer was given. */

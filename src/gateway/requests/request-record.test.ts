@@ -4,23 +4,14 @@
  * rate and finish reason. The clock is faked (Date only), so the timings are exact.
  */
 import { afterEach, beforeEach, describe, expect, it, vi } from "vitest";
-import { PROTOCOL_VERSION, type RequestOutput, type SamplingParams, type StepMessage } from "../../protocol/messages.js";
+import { PROTOCOL_VERSION, type SamplingParams } from "../../protocol/messages.js";
 import { notReady } from "../http/errors.js";
 import type { ObservedEvent } from "./events.js";
 import { ModelRequests } from "./model-requests.js";
 import { GenerationSession } from "./session/session.js";
+import { currentStep, out, step } from "../../../test/support/step-messages.js";
 
 const params: SamplingParams = { maxTokens: 8, temperature: 0, topP: 1, topK: -1, seed: 1, ignoreEos: false };
-let stepNo = 0;
-const step = (...outputs: RequestOutput[]): StepMessage => ({
-  v: PROTOCOL_VERSION,
-  type: "step",
-  step: ++stepNo,
-  batchTokens: 1,
-  outputs,
-  stats: { waiting: 0, running: 0, activeSequences: 0, cachedSequences: 0, prefixCacheHitTokens: 0 },
-});
-const out = (id: string, o: Partial<RequestOutput> = {}): RequestOutput => ({ id, tokens: [], text: "", ...o });
 const admitted = { promptTokens: [1, 2, 3], cachedTokens: 0 };
 const T0 = Date.UTC(2026, 0, 1);
 
@@ -33,7 +24,7 @@ afterEach(() => vi.useRealTimers());
 /** A request path with a fake engine; `at(ms)` moves the clock to T0 + ms. */
 function setup() {
   const observed: ObservedEvent[] = [];
-  const requests = new ModelRequests(() => true, (ev) => void observed.push(ev), () => stepNo);
+  const requests = new ModelRequests(() => true, (ev) => void observed.push(ev), currentStep);
   const open = (id: string, n: number, opts: { stop?: string[]; prompts?: string[] } = {}) => {
     const ids = n === 1 ? [id] : Array.from({ length: n }, (_, i) => `${id}-${i}`);
     const session = new GenerationSession({ childIds: ids, stop: opts.stop ?? [], includeStopStr: false, logprobs: false });
