@@ -164,6 +164,18 @@ export class BatchExecutor {
     return batched;
   }
 
+  /**
+   * A guided item's token: through Keel's addon when loaded, whose one-item call also drops the tokens that would make
+   * the output invalid UTF-8 (llama.cpp's grammar lets some through: keel-grammar-utf8.cpp), else node-llama-cpp's.
+   */
+  private async sampleGuided(logitIndex: number, st: RequestState): Promise<number> {
+    if (!this.backend.sampleMany) return this.backend.sample(logitIndex, st.sampler);
+    const [result] = this.backend.sampleMany([{ batchLogitIndex: logitIndex, sampler: st.sampler }]);
+    if (result instanceof Error) throw result;
+    if (result === undefined) throw new Error("no sample returned");
+    return result;
+  }
+
   /** The token of one item: sampled together already (`pre`), or sampled now (guided: the guide decides first). */
   private async sampleOne(it: BatchItem, st: RequestState, logitIndex: number, pre: number | Error | undefined): Promise<SampledToken> {
     if (pre instanceof Error) throw pre;
@@ -179,11 +191,12 @@ export class BatchExecutor {
     }
     let token: number;
     try {
-      token = pre ?? (await this.backend.sample(logitIndex, st.sampler));
+      token = pre ?? (await this.sampleGuided(logitIndex, st));
     } catch (err) {
       if (!guided?.grammar || !st.guide) throw err;
       // 2. A sampler error under a grammar (everything masked, a rejected pick): that grammar state is never
-      //    touched again; the request goes on unconstrained (sampling never changes the logits: sample again).
+      //    touched again; the request goes on unconstrained (sample again: the row lost at most the tokens that are
+      //    invalid UTF-8 after the grammar's bytes, keel-grammar-utf8.cpp).
       st.guide.drop(`sampling under the grammar failed: ${(err as Error).message}`);
       guided = { grammar: null, bans: new Set(), ending: false };
       configureGuided(this.backend, st, seed, guided);

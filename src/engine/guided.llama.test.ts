@@ -174,6 +174,29 @@ describe("guided generation on the real engine", () => {
     }
   });
 
+  it("output under a rule is valid UTF-8 of the length the rule bounds, whatever byte tokens the weights favour", async () => {
+    // llama.cpp's grammar counts some invalid byte sequences (a lead byte past F4, overlong forms) as one character;
+    // Keel's addon masks the tokens no strict decoder accepts (keel-grammar-utf8.cpp). Random weights pick byte
+    // tokens often, so 48 sampled runs of 1–6 free characters meet such sequences.
+    const counts = () => (adapter as unknown as { llama: { _bindings: { keelSamplingCounts(): { utf8Masked: number; utf8Unchecked: number } } } }).llama._bindings.keelSamplingCounts();
+    const before = counts();
+    const guide = rule('root ::= "<" [^<>\\x00-\\x1F]{1,6} ">"');
+    const texts: string[] = [];
+    for (let from = 0; from < 48; from += 3) {
+      const runs = await generateAll([0, 1, 2].map((k) => ({ id: `u${from + k}`, params: { guide, temperature: 1.5, seed: 700 + from + k } })));
+      for (const run of runs.values()) texts.push(run.text);
+    }
+    const after = counts();
+    for (const text of texts) {
+      expect(text).not.toContain("\uFFFD");
+      expect(text).toMatch(/^<[^<>\x00-\x1F]{1,6}>$/u);
+    }
+    // Some run left ASCII (the mask mattered), and every guided sample was masked with the grammar's state read.
+    expect(texts.some((t) => /[^\x00-\x7F]/.test(t))).toBe(true);
+    expect(after.utf8Masked).toBeGreaterThan(before.utf8Masked);
+    expect(after.utf8Unchecked).toBe(before.utf8Unchecked);
+  });
+
   it("special tokens are banned inside a rule unless the guide lists them", async () => {
     const imStart = idOf("<|im_start|>");
     // The rule admits the marker text; +100 makes the special token the greedy pick unless it is banned.

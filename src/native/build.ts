@@ -28,7 +28,7 @@ export const ADDON_FILE = "llama-addon.node";
 
 /** Keel's native sources: `<repo>/src/native` whether this module runs from src/ (tests) or dist/ (built). */
 export const NATIVE_SOURCE_DIR = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..", "..", "src", "native");
-const OUR_SOURCES = ["keel-sampling.cpp", "keel-fused-sampling.cpp", "keel-sampling-pool.cpp", "register.patch"] as const;
+const OUR_SOURCES = ["keel-sampling.cpp", "keel-fused-sampling.cpp", "keel-sampling-pool.cpp", "keel-grammar-utf8.cpp", "register.patch"] as const;
 
 /** A build is not possible here (no compiler, no headers, a binary directory it cannot link against). */
 export class NativeBuildError extends Error {

@@ -25,6 +25,7 @@
 #include <functional>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "napi.h"
@@ -39,6 +40,10 @@ bool keelSampleFused(const float* logits, int32_t n, AddonSampler* sampler, llam
 bool keelFirstMax(const float* values, int32_t n, int32_t& index);
 /** keel-sampling-pool.cpp: fn(0..jobs-1) over the calling thread and up to threads-1 pool threads. */
 void keelParallelFor(unsigned threads, size_t jobs, const std::function<void(size_t)>& fn);
+/** keel-grammar-utf8.cpp: mask the tokens that would make a guided item's output invalid UTF-8 out of its row. */
+void keelMaskInvalidUtf8(AddonSampler* sampler, float* row);
+/** keel-grammar-utf8.cpp: guided items masked, and those left unmasked (the grammar's layout did not check out). */
+std::pair<uint64_t, uint64_t> keelUtf8MaskCounts();
 
 namespace {
 
@@ -141,14 +146,18 @@ int32_t sampleOne(AddonContext* context, AddonSampler* sampler, int32_t batchLog
     int32_t quick;
     if (sampleWithoutChain(rowOf(context->ctx, batchLogitIndex), n, sampler, quick)) return quick;
     chainSamples.fetch_add(1, std::memory_order_relaxed);
-    // 2. The sampler copies the logits of this batch index into its own candidate array and applies its chain.
+    // 2. Under a grammar, tokens no strict UTF-8 decoder accepts leave the row first (llama.cpp's grammar lets some through).
+    if (sampler->grammarEvaluationState != nullptr && rowOf(context->ctx, batchLogitIndex) != nullptr) {
+        keelMaskInvalidUtf8(sampler, llama_get_logits_ith(context->ctx, batchLogitIndex));
+    }
+    // 3. The sampler copies the logits of this batch index into its own candidate array and applies its chain.
     llama_token_data_array candidates;
     sampler->sample(context->ctx, batchLogitIndex, candidates, false);
     if (candidates.size == 0 || candidates.selected < 0 || candidates.selected >= (int64_t)candidates.size) {
         return KEEL_SAMPLE_NONE;
     }
     const llama_token token = candidates.data[candidates.selected].id;
-    // 3. The sampler's own state (penalty window, grammar) moves on by the chosen token, as sampleToken does.
+    // 4. The sampler's own state (penalty window, grammar) moves on by the chosen token, as sampleToken does.
     try {
         sampler->acceptToken(token);
     } catch (const std::exception& e) {
@@ -309,9 +318,15 @@ Napi::Value keelSynchronize(const Napi::CallbackInfo& info) {
     return env.Undefined();
 }
 
-/** keelSamplingCounts() → { fast, fused, chain }: items each path sampled since load (tests check which path is taken). */
+/**
+ * keelSamplingCounts() → { fast, fused, chain, utf8Masked, utf8Unchecked }: items each path sampled since load (tests
+ * check which path is taken), guided items whose row lost its invalid-UTF-8 tokens, and guided items left unmasked.
+ */
 Napi::Value keelSamplingCounts(const Napi::CallbackInfo& info) {
     Napi::Object out = Napi::Object::New(info.Env());
+    const auto [utf8Masked, utf8Unchecked] = keelUtf8MaskCounts();
+    out.Set("utf8Masked", Napi::Number::New(info.Env(), static_cast<double>(utf8Masked)));
+    out.Set("utf8Unchecked", Napi::Number::New(info.Env(), static_cast<double>(utf8Unchecked)));
     out.Set("fast", Napi::Number::New(info.Env(), static_cast<double>(fastSamples.load())));
     out.Set("fused", Napi::Number::New(info.Env(), static_cast<double>(fusedSamples.load())));
     out.Set("chain", Napi::Number::New(info.Env(), static_cast<double>(chainSamples.load())));
