@@ -67,7 +67,7 @@ export const SERVE_FLAGS = [
   flag("num_kv_blocks", "OpenVINO engine: a fixed KV pool of N blocks shared by all sequences (32 tokens per block on CPU, 16 on GPU); refused with the llama.cpp engine", undefined, int("num_kv_blocks", 1, 1 << 24)),
   flag("engine_stall_timeout", "seconds without engine progress while there is work before the engine is restarted", "30", int("engine_stall_timeout", 1, 86_400)),
   flag("shutdown_timeout", "seconds in-flight requests may take to finish after SIGTERM/SIGINT", "30", int("shutdown_timeout", 0, 86_400)),
-  flag("log_level", "DEBUG, INFO, WARNING or ERROR (TRACE = DEBUG); INFO: one line per request and, while busy, an engine line every 5 s; DEBUG: each request's lifecycle too", "INFO", oneOf("log_level", ["TRACE", "DEBUG", "INFO", "WARNING", "ERROR"]).transform((v) => (v === "TRACE" ? "DEBUG" : v))),
+  flag("log_level", "TRACE, DEBUG, INFO, WARNING or ERROR; INFO: one line per request and, while busy, an engine line every 5 s; DEBUG: each request's lifecycle too; TRACE: also one line per engine step (its batch, admissions, first tokens, phase times)", "INFO", oneOf("log_level", ["TRACE", "DEBUG", "INFO", "WARNING", "ERROR"])),
   flag("log_format", "text (one readable line per event) or json (default: text when stdout is a terminal, else json)", undefined, oneOf("log_format", ["text", "json"])),
   flag("log_path", "write the log to this file (appended) instead of stdout", undefined, text),
   flag("request_timeout", "seconds a client may take to send its whole request (headers and body) before it is dropped", "30", int("request_timeout", 1, 3600)),

@@ -56,7 +56,7 @@ describe("OVMS flags: accepted with their meaning", () => {
 
   it("--log_path, --log_format, --cache_dir and TRACE logging", () => {
     const f = parse("--log_path", "/tmp/k.log", "--log_format", "text", "--cache_dir", "/tmp/c", "--log_level", "TRACE");
-    expect([f["log_path"], f["log_format"], f["cache_dir"], f["log_level"]]).toEqual(["/tmp/k.log", "text", "/tmp/c", "DEBUG"]);
+    expect([f["log_path"], f["log_format"], f["cache_dir"], f["log_level"]]).toEqual(["/tmp/k.log", "text", "/tmp/c", "TRACE"]);
   });
 
   it("--metrics_list takes known families: Keel's, the vLLM-named gauges and the OVMS families", () => {

@@ -19,7 +19,7 @@ export type ServerSettings = Pick<
 >;
 
 /** `--log_level`'s values → the logger's levels. */
-const LOG_LEVELS = { DEBUG: "debug", INFO: "info", WARNING: "warn", ERROR: "error" } as const;
+const LOG_LEVELS = { TRACE: "trace", DEBUG: "debug", INFO: "info", WARNING: "warn", ERROR: "error" } as const;
 
 /**
  * The server's settings from the options; reads what must be read before a model loads (the API key file, the log

@@ -50,7 +50,7 @@ export interface GatewayOptions {
    * sending one; slower clients are dropped (default 30 s).
    */
   requestTimeoutMs?: number;
-  logLevel: "debug" | "info" | "warn" | "error";
+  logLevel: "trace" | "debug" | "info" | "warn" | "error";
   /** Where log lines go and in which format (gateway/http/logging.ts); default: JSON lines on stdout. */
   logDestination?: DestinationStream;
   /** No step progress for this long (ms) while there is work → the engine is killed and restarted (default 30 s). */

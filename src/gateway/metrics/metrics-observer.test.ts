@@ -2,7 +2,7 @@ import pino from "pino";
 import { describe, expect, it } from "vitest";
 import { PROTOCOL_VERSION, type StepMessage } from "../../protocol/messages.js";
 import { Metrics } from "./metrics.js";
-import { requestObserver, StepObserver } from "./metrics-observer.js";
+import { requestObserver, StepObserver, stepTrace } from "./metrics-observer.js";
 
 function setup(level = "debug") {
   const lines: { level: number; event?: string; requestId?: string; msg?: string; [k: string]: unknown }[] = [];
@@ -249,5 +249,24 @@ describe("StepObserver: preemptions from the engine's cumulative count", () => {
   it("both names are metric families --metrics_list may name", async () => {
     const { metricFamilies } = await import("./metrics.js");
     expect(metricFamilies()).toEqual(expect.arrayContaining(["keel_engine_preemptions_total", "vllm:num_preemptions_total"]));
+  });
+});
+
+describe("stepTrace: the TRACE line of one engine step", () => {
+  it("counts admissions, prefilled tokens past the prefix cache, sampled and finished requests, and the phase times", () => {
+    const msg: StepMessage = {
+      ...stepMsg(7, 0),
+      batchTokens: 41,
+      outputs: [
+        { id: "a", tokens: [5], text: "x", admitted: { promptTokens: [1, 2, 3, 4, 5, 6], cachedTokens: 4 } },
+        { id: "b", tokens: [], text: "", admitted: { promptTokens: [1, 2, 3], cachedTokens: 9 } },
+        { id: "c", tokens: [8], text: "y", finish: { reason: "stop", promptTokens: 2, completionTokens: 3 } },
+      ],
+      stats: { waiting: 2, running: 3, activeSequences: 3, cachedSequences: 0, prefixCacheHitTokens: 4, phaseUs: { decode: 900, sample: 40, step: 1100 } },
+    };
+    expect(stepTrace(msg)).toEqual({
+      event: "engine_step", step: 7, batchTokens: 41, admitted: 2, prefilledTokens: 2, sampledRequests: 2, finished: 1,
+      waiting: 2, running: 3, decodeUs: 900, sampleUs: 40, stepUs: 1100,
+    });
   });
 });

@@ -18,6 +18,38 @@ export interface ProcessedTokens {
   generatedTokens: number;
 }
 
+/**
+ * The fields of one engine step's TRACE line (`--log_level TRACE`): what the step held and what it took, to lay a
+ * request's first token against the steps around it (a time-to-first-token investigation).
+ */
+export function stepTrace(msg: StepMessage): Record<string, unknown> {
+  let admitted = 0;
+  let prefilled = 0;
+  let sampled = 0;
+  let finished = 0;
+  for (const o of msg.outputs) {
+    if (o.admitted) {
+      admitted++;
+      prefilled += o.admitted.promptTokens.length - Math.min(o.admitted.cachedTokens, o.admitted.promptTokens.length);
+    }
+    if (o.tokens.length > 0) sampled++;
+    if (o.finish) finished++;
+  }
+  const ph = msg.stats.phaseUs;
+  return {
+    event: "engine_step",
+    step: msg.step,
+    batchTokens: msg.batchTokens,
+    admitted,
+    prefilledTokens: prefilled,
+    sampledRequests: sampled,
+    finished,
+    waiting: msg.stats.waiting,
+    running: msg.stats.running,
+    ...(ph ? { decodeUs: ph.decode, sampleUs: ph.sample, stepUs: ph.step } : {}),
+  };
+}
+
 /** Counters derived from the current engine's cumulative step stats. */
 export class StepObserver {
   /** Step counter of the current engine as last reported (0 before its first step). */

@@ -15,7 +15,7 @@ import { exitDecision, IsolatedPrompts, stallLimitMs, type WatchdogKill, type En
 import { LoadProgressLines } from "./load-progress.js";
 import { describeReady } from "./ready-line.js";
 import type { Metrics } from "../metrics/metrics.js";
-import type { StepObserver } from "../metrics/metrics-observer.js";
+import { stepTrace, type StepObserver } from "../metrics/metrics-observer.js";
 import type { Culprit } from "../requests/registry.js";
 
 /** The request path the supervisor feeds with the engine's messages and exits (requests/model-requests.ts). */
@@ -113,6 +113,7 @@ export class EngineSupervisor {
               this.lastProgressAt = Date.now();
               this.stallStreak = 0;
               this.steps.observe(msg);
+              if (this.log.isLevelEnabled("trace")) this.log.trace(stepTrace(msg), "engine step");
               this.requests.handleStep(msg);
               break;
             case "request_error":
