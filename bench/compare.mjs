@@ -3,7 +3,7 @@
 // source node-llama-cpp ships, bench/build-llama-server.sh), same GGUF, same settings. Prints tables; asserts nothing.
 // Run `node bench/compare.mjs --help` for the options.
 import { spawn } from "node:child_process";
-import { existsSync, readFileSync } from "node:fs";
+import { appendFileSync, existsSync, mkdirSync, readFileSync } from "node:fs";
 import http from "node:http";
 import os from "node:os";
 import path from "node:path";
@@ -53,6 +53,7 @@ Options (flag, or the env variable in brackets):
   --flash-attention on|off  flash attention for both servers (Keel --flash_attention, llama-server -fa; default off)
                                                                                              [FLASH_ATTENTION]
   --keel-args "..."      extra flags for keel serve (space-separated)                        [KEEL_ARGS]
+  (env COMPARE_TRACE=DIR: each throughput request's timeline to DIR/requests.jsonl, Keel's log at TRACE to DIR/keel.log)
   --other-args "..."     extra flags for the default llama-server command                    [OTHER_ARGS]
   --mixed-decoders N (4) --mixed-long N (2) --long-reqs N (6) --long-prompt N (1500)
   --storm-conc N (8) --storm-reqs N (per client, 4)
@@ -100,6 +101,9 @@ const num = (name, def) => {
   return v;
 };
 const GPU = opt("gpu", "") === "1" || opt("gpu", "") === "true";
+/** COMPARE_TRACE=DIR: throughput requests' timelines (requests.jsonl) and Keel's log at TRACE (keel.log) go there. */
+const TRACE_DIR = process.env.COMPARE_TRACE || "";
+if (TRACE_DIR) mkdirSync(TRACE_DIR, { recursive: true });
 const CFG = {
   model: opt("model", "keel-tiny"),
   concurrency: String(opt("concurrency", GPU ? "1,8,32,64" : "1,4,8,16")).split(",").map(Number),
@@ -243,7 +247,7 @@ let keelBackendShown = false;
 async function startKeel(model, slots) {
   const args = [KEEL_BIN, "serve", "--model_path", model, "--model_name", "bench", "--rest_port", "0", "--rest_bind_address", "127.0.0.1", "--log_format", "json",
     "--max_num_seqs", String(slots), "--max_model_len", String(CFG.ctx), "--max_num_batched_tokens", String(Math.max(CFG.batch, slots)),
-    "--engine_threads", String(CFG.threads), "--flash_attention", String(CFG.flashAttention === "on"), "--max_queued_requests", "4096", ...(GPU ? ["--target_device", "GPU"] : []), ...CFG.keelArgs];
+    "--engine_threads", String(CFG.threads), "--flash_attention", String(CFG.flashAttention === "on"), "--max_queued_requests", "4096", ...(GPU ? ["--target_device", "GPU"] : []), ...(TRACE_DIR ? ["--log_level", "TRACE"] : []), ...CFG.keelArgs];
   const proc = spawn(process.execPath, args, { cwd: ROOT, stdio: ["ignore", "pipe", "pipe"], detached: true });
   live.add(proc);
   const tail = [];
@@ -251,6 +255,7 @@ async function startKeel(model, slots) {
     let port = 0;
     let ready = false;
     const onLine = (line) => {
+      if (TRACE_DIR) appendFileSync(path.join(TRACE_DIR, "keel.log"), line + "\n");
       tail.push(line);
       if (tail.length > 20) tail.shift();
       let j;
@@ -426,12 +431,17 @@ async function calibrate(port) {
 }
 
 // ---------- 1. throughput ----------
-async function loadRound(port, clients, perClient, tag) {
+async function loadRound(port, clients, perClient, tag, server = "") {
   const reqs = [];
   const t0 = performance.now();
   await Promise.all(
     Array.from({ length: clients }, async (_, ci) => {
-      for (let k = 0; k < perClient; k++) reqs.push(await chat(port, { content: `${tag} client ${ci} request ${k}: ${words(12)}`, maxTokens: CFG.tokens }));
+      for (let k = 0; k < perClient; k++) {
+        const r = await chat(port, { content: `${tag} client ${ci} request ${k}: ${words(12)}`, maxTokens: CFG.tokens });
+        reqs.push(r);
+        // COMPARE_TRACE: each request's timeline (ms from the round's start; wall clock to match Keel's TRACE lines).
+        if (TRACE_DIR) appendFileSync(path.join(TRACE_DIR, "requests.jsonl"), JSON.stringify({ server, C: clients, tag, client: ci, k, wallSent: Math.round(performance.timeOrigin + r.sent), sent: r2(r.sent - t0), ttft: r2(ttftOf(r)), end: r2(r.end - t0) }) + "\n");
+      }
     }),
   );
   const sec = (performance.now() - t0) / 1000;
@@ -451,9 +461,9 @@ async function throughput(model) {
     await withServers(model, c, async (servers) => {
       for (let round = 0; round < CFG.rounds; round++) {
         const res = await interleaved(servers, round, async (s) => {
-          if (s.name !== "keel") return loadRound(s.port, c, perClient, `r${round}`);
+          if (s.name !== "keel") return loadRound(s.port, c, perClient, `r${round}`, s.name);
           const before = await keelPhases(s.port);
-          const r = await loadRound(s.port, c, perClient, `r${round}`);
+          const r = await loadRound(s.port, c, perClient, `r${round}`, s.name);
           const after = await keelPhases(s.port);
           const ph = phaseRow(before, after);
           const tt = ttftRow(before, after);
