@@ -34,7 +34,7 @@ CUDA_PID=$!
 VKP="$W/vkp"
 . "$W/bench/gpu/vulkan-build.sh"
 VK_PID=""
-if vulkan_unpack "$W/vk" > "$R/vulkan-unpack.log" 2>&1; then
+if [ "$PLAN" != i21d ] && vulkan_unpack "$W/vk" > "$R/vulkan-unpack.log" 2>&1; then
   vulkan_build "$NODE" "$R/build-vulkan.log" &
   VK_PID=$!
 fi
@@ -69,6 +69,7 @@ compare() { local f="$1"; shift; env "${CUDA_ENV[@]}" timeout "$LIM" "$NODE" ben
 
 # Plan i21b (the second #21 session) measures other things once both builds are done: bench/gpu/plan-i21b.sh.
 if [ "$PLAN" = i21b ]; then . "$W/bench/gpu/plan-i21b.sh"; kill "$DMON" 2>/dev/null; log "pipeline done"; date -u > "$R/DONE"; return 0; fi
+if [ "$PLAN" = i21d ]; then . "$W/bench/gpu/plan-i21d.sh"; kill "$DMON" 2>/dev/null; log "pipeline done"; date -u > "$R/DONE"; return 0; fi
 
 # 2a. [~9–13 min] Keel vs llama-server on CUDA, 1/8/32/64 streams, one round, flash attention off, then on (both).
 for fa in off on; do

@@ -30,6 +30,8 @@ MODE="${1:-start}"
 # i21 = issue #21 in one session (bench/gpu/plan-i21.sh: CUDA with flash attention and a Vulkan build of both servers);
 # i21b = its second session (the same builds, then bench/gpu/plan-i21b.sh: more rounds, the decode overlap A/B);
 # i21c = the same A/B within 10 minutes of device time (bench/gpu/plan-i21c.sh: CUDA without flash attention only).
+# i21d = the fourth #21 session: CUDA only (no Vulkan build), the 8 B roofline again, the 8-stream TTFT timeline
+#        (bench/gpu/plan-i21d.sh).
 export PLAN="${PLAN:-${2:-main}}"
 W="${KEEL_GPU_WORK:-/tmp/k}"   # work folder on the device (survives between calls while the machine is warm)
 R=$W/results             # logs, copied to $OUT by every call
@@ -107,7 +109,7 @@ CUDA_ENV=(
   NODE_LLAMA_CPP_CMAKE_OPTION_LLAMA_BUILD_TOOLS=ON
   NODE_LLAMA_CPP_CMAKE_OPTION_LLAMA_BUILD_SERVER=ON
   NODE_LLAMA_CPP_CMAKE_OPTION_LLAMA_USE_PREBUILT_UI=OFF
-  NODE_LLAMA_CPP_CMAKE_OPTION_GGML_CUDA_FA="$( case "$PLAN" in i21|i21b) echo ON ;; *) echo OFF ;; esac )"   # i21: flash attention kernels in
+  NODE_LLAMA_CPP_CMAKE_OPTION_GGML_CUDA_FA="$( case "$PLAN" in i21|i21b|i21d) echo ON ;; *) echo OFF ;; esac )"   # i21: flash attention kernels in
 )
 LB="$W/node_modules/node-llama-cpp/llama/localBuilds"
 # build_dir GPU: the local build folder of node-llama-cpp for that GPU (cuda, vulkan); lib_path DIR: its library
@@ -115,7 +117,7 @@ LB="$W/node_modules/node-llama-cpp/llama/localBuilds"
 build_dir() { find "$LB" -maxdepth 1 -type d -name "*-$1*" 2>/dev/null | head -1; }
 lib_path() { find "$1" -name '*.so*' -printf '%h\n' | sort -u | tr '\n' ':'; }
 # Plan i21 (issue #21) lives in its own file: both builds in parallel, flash attention, the roofline, Vulkan.
-if [ "$PLAN" = i21 ] || [ "$PLAN" = i21b ]; then . "$W/bench/gpu/plan-i21.sh"; exit 0; fi
+if [ "$PLAN" = i21 ] || [ "$PLAN" = i21b ] || [ "$PLAN" = i21d ]; then . "$W/bench/gpu/plan-i21.sh"; exit 0; fi
 if [ "$PLAN" = i21c ]; then . "$W/bench/gpu/plan-i21c.sh"; exit 0; fi
 
 if [ "$PLAN" = vulkan ]; then
