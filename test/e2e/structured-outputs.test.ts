@@ -53,6 +53,28 @@ describe.each(ENGINES_UNDER_TEST)("on the %s engine", (engine) => {
     }
   });
 
+  it("a logit_bias that bans every token a guide allows is a 400 naming logit_bias, unary and streamed", async () => {
+    // "~" is one token and "~~" / "~~~" no token of their own: the regex allows that token only.
+    const tokenize = async (text: string) => {
+      const r = await fetch(`${server.baseUrl}/v3/tokenize`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ model, text, add_special_tokens: false }) });
+      return ((await r.json()) as { tokens: number[] }).tokens;
+    };
+    const [tilde] = await tokenize("~");
+    expect(await tokenize("~~~")).toEqual([tilde, tilde, tilde]);
+    const body = { model, messages: user, max_tokens: 16, temperature: 1, seed: 4, structured_outputs: { regex: "~{3}" } };
+    const allowed = await chat(server.baseUrl, body);
+    expect(answer(allowed.body).text).toBe("~~~");
+    const banned = { ...body, logit_bias: { [String(tilde)]: -100 } };
+    const unary = await chat(server.baseUrl, banned);
+    expect(unary.status).toBe(400);
+    expect((unary.body as ErrorBody).error.param).toBe("logit_bias");
+    const streamed = await chat(server.baseUrl, { ...banned, stream: true });
+    // Refused before the stream starts (an engine without logit_bias) or by the stream's one error event.
+    const error = streamed.status === 400 ? (streamed.body as ErrorBody).error : (streamed.events.at(-1) as ErrorBody | undefined)?.error;
+    expect(error?.param).toBe("logit_bias");
+    expect(streamed.text).toBe("");
+  });
+
   it("choice (structured_outputs and guided_choice) on chat and completions: always one of the strings", async () => {
     const choices = ["positive", "negative", "neutral \"maybe\""];
     for (const seed of [1, 2, 3, 4]) {

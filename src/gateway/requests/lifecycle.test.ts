@@ -45,9 +45,9 @@ const states: [string, Lifecycle][] = [
 ];
 
 const reasons: FinishReason[] = ["stop", "length", "abort", "error"];
-const causes: CancelCause[] = ["client_disconnect", "stop_string", "shutdown", "internal_error", "sibling_failed"];
+const causes: CancelCause[] = ["client_disconnect", "stop_string", "shutdown", "internal_error", "sibling_failed", "guide_unsatisfiable"];
 /** What a cancelled request reports when it is released (written out, not computed by the module). */
-const cancelledReason: Record<CancelCause, FinishReason> = { client_disconnect: "abort", stop_string: "stop", shutdown: "abort", internal_error: "error", sibling_failed: "abort" };
+const cancelledReason: Record<CancelCause, FinishReason> = { client_disconnect: "abort", stop_string: "stop", shutdown: "abort", internal_error: "error", sibling_failed: "abort", guide_unsatisfiable: "error" };
 const cancelling = new Set(["cancelling(client_disconnect)", "cancelling(stop_string)", "cancelling(shutdown)", "cancelling(internal_error)"]);
 
 /** Expected result per state name; names not listed expect null. */

@@ -37,9 +37,10 @@ export type Phase = "queued" | "prefill" | "decode";
 
 /**
  * Why the gateway cancels a request. `sibling_failed`: another choice of the same `n` request failed, so the
- * response has failed and this choice is released (an abort, not an error of its own).
+ * response has failed and this choice is released (an abort, not an error of its own). `guide_unsatisfiable`: the
+ * engine dropped the request's guide while the client's logit_bias bans tokens (its bans left the guide nothing).
  */
-export type CancelCause = "client_disconnect" | "stop_string" | "shutdown" | "internal_error" | "sibling_failed";
+export type CancelCause = "client_disconnect" | "stop_string" | "shutdown" | "internal_error" | "sibling_failed" | "guide_unsatisfiable";
 
 /** Tokens of progress after a (re)submission that clear a request's death count. */
 export const FORGIVE_AFTER_TOKENS = 8;
@@ -171,7 +172,7 @@ export function isolate(s: Lifecycle): Lifecycle | null {
 
 /** Reason a request cancelled for `cause` ends with (OpenAI reports a stop string as `stop`). */
 export function cancelledReason(cause: CancelCause): FinishReason {
-  return cause === "stop_string" ? "stop" : cause === "internal_error" ? "error" : "abort";
+  return cause === "stop_string" ? "stop" : cause === "internal_error" || cause === "guide_unsatisfiable" ? "error" : "abort";
 }
 
 /**

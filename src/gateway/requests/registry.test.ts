@@ -733,4 +733,24 @@ describe("RequestRegistry: guideDropped", () => {
     t.reg.handleStep(step(out("g", { tokens: [9], text: "c", guideDropped: "late" })));
     expect(order).toEqual(["out a", "dropped trigger replay rejected", "out b"]);
   });
+
+  it("a guide dropped while the client's logit_bias bans tokens ends the request with a 400 naming logit_bias; nothing unconstrained is sent", () => {
+    const t = setup();
+    const banned = sink();
+    const unbanned = sink();
+    t.reg.submit("b", { text: "hi" }, { ...params, logitBias: [[4, -100], [6, 3]] }, banned);
+    t.reg.submit("u", { text: "hi" }, { ...params, logitBias: [[4, -99]] }, unbanned);
+    t.reg.handleStep(step(out("b", { admitted: { promptTokens: [1], cachedTokens: 0 }, tokens: [7], text: "{" }), out("u", { admitted: { promptTokens: [1], cachedTokens: 0 }, tokens: [7], text: "{" })));
+    t.sent.length = 0;
+    t.reg.handleStep(step(out("b", { tokens: [8], text: "x", guideDropped: "every token was masked" }), out("u", { tokens: [8], text: "x", guideDropped: "every token was masked" })));
+    expect(banned.log.outputs.map((o) => o.text)).toEqual(["{"]);
+    const [f] = banned.log.finishes;
+    expect([f?.reason, f?.error?.httpError?.status, f?.error?.httpError?.param]).toEqual(["error", 400, "logit_bias"]);
+    expect(f?.error?.message).toContain("after 1 generated tokens.");
+    expect(t.sent).toEqual([{ v: PROTOCOL_VERSION, type: "abort", ids: ["b"] }]);
+    expect(t.events).toContain("cancel b decode guide_unsatisfiable");
+    // Without a ban the request goes on unconstrained (the drop is logged, guide_dropped).
+    expect(unbanned.log.outputs.map((o) => o.text)).toEqual(["{", "x"]);
+    expect(unbanned.log.finishes).toEqual([]);
+  });
 });

@@ -11,7 +11,7 @@ import { PROTOCOL_VERSION } from "../../protocol/messages.js";
 import * as lc from "./lifecycle.js";
 import type { RequestError, TableEvent, Usage } from "./events.js";
 import { SuspectTests, type ExitDecision } from "../supervision/recovery.js";
-import { engineErrorToHttp, engineFault, SHUTTING_DOWN_MESSAGE, shuttingDown, type KeelHttpError } from "../http/errors.js";
+import { engineErrorToHttp, engineFault, invalidValue, SHUTTING_DOWN_MESSAGE, shuttingDown, type KeelHttpError } from "../http/errors.js";
 
 export type { Usage };
 
@@ -196,7 +196,17 @@ export class RequestRegistry {
       }
     }
     // Delivered before the same step's output; a request being cancelled has no client to tell.
-    if (o.guideDropped !== undefined && e.lifecycle.state !== "cancelling") this.events.push({ type: "guide_dropped", id: e.id, reason: o.guideDropped });
+    if (o.guideDropped !== undefined && e.lifecycle.state !== "cancelling") {
+      this.events.push({ type: "guide_dropped", id: e.id, reason: o.guideDropped });
+      // The client's own bans left its guide no token: what follows would break the format it asked for, so the
+      // request ends here with a 400 naming logit_bias (this step's tokens, sampled unconstrained, are not sent; the
+      // engine's reason is in the guide_dropped line).
+      if (e.params.logitBias?.some(([, bias]) => bias <= -100)) {
+        const message = `Invalid value for 'logit_bias': it bans every token the requested format (response_format, a guided tool call or a grammar) allows after ${e.generated.length} generated tokens.`;
+        this.endForClient(e, { code: "invalid_value", message, httpError: invalidValue("logit_bias", message) }, "guide_unsatisfiable");
+        return;
+      }
+    }
     if (o.tokens.length > 0 || o.text.length > 0) {
       const before = e.generated.length;
       e.generated.push(...o.tokens);
