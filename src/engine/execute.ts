@@ -195,8 +195,7 @@ export class BatchExecutor {
     } catch (err) {
       if (!guided?.grammar || !st.guide) throw err;
       // 2. A sampler error under a grammar (everything masked, a rejected pick): that grammar state is never
-      //    touched again; the request goes on unconstrained (sample again: the row lost at most the tokens that are
-      //    invalid UTF-8 after the grammar's bytes, keel-grammar-utf8.cpp).
+      //    touched again; the request goes on unconstrained (sampling never changes the logits: sample again).
       st.guide.drop(`sampling under the grammar failed: ${(err as Error).message}`);
       guided = { grammar: null, bans: new Set(), ending: false };
       configureGuided(this.backend, st, seed, guided);

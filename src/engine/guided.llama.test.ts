@@ -197,6 +197,25 @@ describe("guided generation on the real engine", () => {
     expect(after.utf8Unchecked).toBe(before.utf8Unchecked);
   });
 
+  it("a bias that bans the rest of a character the rule requires drops the guide (never a token outside the rule)", async () => {
+    // 日 is three byte tokens in this vocabulary; banning its second leaves the grammar nothing once the first is out.
+    const bytes = adapter.tokenize("日").filter((t) => t !== adapter.bosToken);
+    expect(bytes).toHaveLength(3);
+    const run = await generate({ guide: rule('root ::= "日本"'), logitBias: [[bytes[1]!, -100]], maxTokens: 6, temperature: 1, seed: 5 });
+    expect(run.dropped).toEqual([expect.stringMatching(/every token was masked/)]);
+    expect(run.tokens[0]).toBe(bytes[0]);
+    expect(run.tokens).not.toContain(bytes[1]);
+  });
+
+  it("log probabilities under a guide are the raw ones: the UTF-8 mask is undone once the token is sampled", async () => {
+    // The rule allows every token the mask keeps, so greedy takes the same first token with and without it.
+    const plain = await generate({ maxTokens: 1, logprobs: 5 });
+    const guided = await generate({ maxTokens: 1, logprobs: 5, guide: rule("root ::= [^\\x00]{1,8}", "free") });
+    expect(guided.tokens).toEqual(plain.tokens);
+    expect(guided.outputs.flatMap((o) => o.logprobs ?? [])).toEqual(plain.outputs.flatMap((o) => o.logprobs ?? []));
+    expect(plain.outputs.flatMap((o) => o.logprobs ?? [])[0]?.top).toHaveLength(5);
+  });
+
   it("special tokens are banned inside a rule unless the guide lists them", async () => {
     const imStart = idOf("<|im_start|>");
     // The rule admits the marker text; +100 makes the special token the greedy pick unless it is banned.

@@ -145,10 +145,11 @@ std::atomic<uint64_t> uncheckedSteps{0};
 }  // namespace
 
 /**
- * Mask (logit −∞ in the item's row) every token whose bytes would make a guided item's output invalid UTF-8. A grammar
- * still waiting for its trigger (lazy) constrains nothing yet, so neither does this.
+ * Mask (logit −∞ in the item's row) every token whose bytes would make a guided item's output invalid UTF-8, saving
+ * each masked entry's logit in `saved` so the caller restores the row after sampling (log probabilities and a retry
+ * read the raw logits). A grammar still waiting for its trigger (lazy) constrains nothing yet, so neither does this.
  */
-void keelMaskInvalidUtf8(AddonSampler* sampler, float* row) {
+void keelMaskInvalidUtf8(AddonSampler* sampler, float* row, std::vector<std::pair<llama_token, float>>& saved) {
     AddonGrammarEvaluationState* state = sampler->grammarEvaluationState;
     if (state == nullptr || state->sampler == nullptr || row == nullptr) return;
     const llama_vocab* vocab = llama_model_get_vocab(sampler->model->model);
@@ -162,12 +163,16 @@ void keelMaskInvalidUtf8(AddonSampler* sampler, float* row) {
     if (ctx->grammar->awaiting_trigger) return;
     const VocabularyBytes& bytes = bytesOf(vocab);
     const Utf8State partial = fromPartial(ctx->grammar->partial_utf8);
+    const auto mask = [&](llama_token t) {
+        saved.emplace_back(t, row[t]);
+        row[t] = -INFINITY;
+    };
     if (partial.remain == 0) {
-        for (llama_token t : bytes.invalidBetweenCharacters) row[t] = -INFINITY;
+        for (llama_token t : bytes.invalidBetweenCharacters) mask(t);
     } else {
         // Inside a character the grammar itself refuses a token that does not start with a continuation byte.
         for (const auto& [t, piece] : bytes.continuations) {
-            if (!decodesStrictly(partial, piece)) row[t] = -INFINITY;
+            if (!decodesStrictly(partial, piece)) mask(t);
         }
     }
     maskedSteps.fetch_add(1, std::memory_order_relaxed);

@@ -21,6 +21,7 @@
 // addon (scripts/build-native.mjs).
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <exception>
 #include <functional>
 #include <string>
@@ -41,7 +42,7 @@ bool keelFirstMax(const float* values, int32_t n, int32_t& index);
 /** keel-sampling-pool.cpp: fn(0..jobs-1) over the calling thread and up to threads-1 pool threads. */
 void keelParallelFor(unsigned threads, size_t jobs, const std::function<void(size_t)>& fn);
 /** keel-grammar-utf8.cpp: mask the tokens that would make a guided item's output invalid UTF-8 out of its row. */
-void keelMaskInvalidUtf8(AddonSampler* sampler, float* row);
+void keelMaskInvalidUtf8(AddonSampler* sampler, float* row, std::vector<std::pair<llama_token, float>>& saved);
 /** keel-grammar-utf8.cpp: guided items masked, and those left unmasked (the grammar's layout did not check out). */
 std::pair<uint64_t, uint64_t> keelUtf8MaskCounts();
 
@@ -139,6 +140,19 @@ const float* rowOf(llama_context* ctx, int32_t batchLogitIndex) {
     return llama_get_logits_ith(ctx, batchLogitIndex);
 }
 
+/** A logit row with entries masked for one sample; puts them back when restored or left (also on an exception). */
+struct MaskedRow {
+    /** The row, or null when nothing was masked. */
+    float* row;
+    /** Masked entries and their logits. */
+    std::vector<std::pair<llama_token, float>> saved;
+    void restore() {
+        for (const auto& [t, logit] : saved) row[t] = logit;
+        saved.clear();
+    }
+    ~MaskedRow() { restore(); }
+};
+
 /** Samples one item on the engine's thread, the chain when needed; returns the token id or KEEL_SAMPLE_NONE, throws on failure. */
 int32_t sampleOne(AddonContext* context, AddonSampler* sampler, int32_t batchLogitIndex, int32_t n) {
     // 1. A disposed sampler throws here ("Sampler is disposed"), before touching the logits.
@@ -146,17 +160,25 @@ int32_t sampleOne(AddonContext* context, AddonSampler* sampler, int32_t batchLog
     int32_t quick;
     if (sampleWithoutChain(rowOf(context->ctx, batchLogitIndex), n, sampler, quick)) return quick;
     chainSamples.fetch_add(1, std::memory_order_relaxed);
-    // 2. Under a grammar, tokens no strict UTF-8 decoder accepts leave the row first (llama.cpp's grammar lets some through).
-    if (sampler->grammarEvaluationState != nullptr && rowOf(context->ctx, batchLogitIndex) != nullptr) {
-        keelMaskInvalidUtf8(sampler, llama_get_logits_ith(context->ctx, batchLogitIndex));
-    }
+    // 2. Under a grammar, tokens no strict UTF-8 decoder accepts leave the row first (llama.cpp's grammar lets some
+    //    through); the row is restored after sampling, so it stays the raw logits for log probabilities and retries.
+    const bool guided = sampler->grammarEvaluationState != nullptr && sampler->grammarEvaluationState->sampler != nullptr;
+    MaskedRow masked{guided && rowOf(context->ctx, batchLogitIndex) != nullptr ? llama_get_logits_ith(context->ctx, batchLogitIndex) : nullptr, {}};
+    if (masked.row != nullptr) keelMaskInvalidUtf8(sampler, masked.row, masked.saved);
     // 3. The sampler copies the logits of this batch index into its own candidate array and applies its chain.
     llama_token_data_array candidates;
     sampler->sample(context->ctx, batchLogitIndex, candidates, false);
+    masked.restore();
     if (candidates.size == 0 || candidates.selected < 0 || candidates.selected >= (int64_t)candidates.size) {
         return KEEL_SAMPLE_NONE;
     }
     const llama_token token = candidates.data[candidates.selected].id;
+    // A pick whose logit is −∞ means the grammar, the bias and the UTF-8 check left nothing: llama.cpp still picks,
+    // and its grammar may take the token without complaint (inside a character). Never accepted: the caller drops
+    // the guide (or ends the request, when the client's bias did it).
+    if (guided && std::isinf(candidates.data[candidates.selected].logit) && candidates.data[candidates.selected].logit < 0) {
+        throw std::runtime_error("every token was masked by the grammar, the bias and the UTF-8 check");
+    }
     // 4. The sampler's own state (penalty window, grammar) moves on by the chosen token, as sampleToken does.
     try {
         sampler->acceptToken(token);

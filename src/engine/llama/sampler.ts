@@ -193,7 +193,7 @@ export class LlamaSamplers {
     const grammar = state.grammar;
     if (!grammar) return err instanceof Error ? err : new Error(String(err));
     grammar.dead = true;
-    return new GrammarMaskedError(`the grammar rejected the sampled token: ${(err as Error).message}`);
+    return new GrammarMaskedError((err as Error).message);
   }
 
   /** Checks a natively sampled token and mirrors it into the handle's penalty history. @throws as {@link sample}. */

@@ -83,10 +83,39 @@ export function groupDepth(body: string): number {
 }
 
 /**
+ * The first surrogate code point (U+D800–U+DFFF) a GBNF body names, as a `\u` / `\U` / `\x` escape or as a
+ * character of its own (a JSON string may carry a lone one), or null. llama.cpp's grammar reads each such code point
+ * as a character that UTF-8 output can never spell, so a guide holding one could only be escaped or dropped.
+ */
+export function loneSurrogate(body: string): number | null {
+  const isSurrogate = (c: number) => c >= 0xd800 && c <= 0xdfff;
+  for (let i = 0; i < body.length; i++) {
+    const c = body.charCodeAt(i);
+    if (c === 0x5c) {
+      const width = { x: 2, u: 4, U: 8 }[body[i + 1] ?? ""];
+      if (width !== undefined && /^[0-9a-fA-F]+$/.test(body.slice(i + 2, i + 2 + width))) {
+        const v = parseInt(body.slice(i + 2, i + 2 + width), 16);
+        if (isSurrogate(v)) return v;
+        i += 1 + width;
+      } else i += 1; // an escaped character (\\, \", \], …)
+      continue;
+    }
+    if (c >= 0xd800 && c <= 0xdbff && i + 1 < body.length && body.charCodeAt(i + 1) >= 0xdc00 && body.charCodeAt(i + 1) <= 0xdfff) {
+      i += 1; // a well-formed pair: one character above U+FFFF
+      continue;
+    }
+    if (isSurrogate(c)) return c;
+  }
+  return null;
+}
+
+/**
  * Why llama.cpp would refuse or crash on `body` (groups nested deeper than {@link MAX_GROUP_DEPTH}, or a repetition
  * reaching {@link LLAMA_REPETITION_THRESHOLD} counted as in the module comment), or null when it parses.
  */
 export function bodyProblem(body: string): string | null {
+  const surrogate = loneSurrogate(body);
+  if (surrogate !== null) return `it holds the lone surrogate U+${surrogate.toString(16).toUpperCase()}, which no UTF-8 text holds (a character above U+FFFF is one code point: \\U0001F600, not \\uD83D\\uDE00)`;
   if (groupDepth(body) > MAX_GROUP_DEPTH) return `groups nest deeper than ${MAX_GROUP_DEPTH} (limit ${MAX_GROUP_DEPTH})`;
   // Generated rules per open group (the outermost entry is the body itself).
   const inner: number[] = [0];

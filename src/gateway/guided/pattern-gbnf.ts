@@ -234,7 +234,7 @@ class RegexParser {
           this.pos = close + 1;
           return single(parseInt(digits, 16));
         }
-        return single(this.hexDigits(4));
+        return single(this.utf16Escape(this.hexDigits(4)));
       case "b":
         if (inClass) return single(8);
         throw new PatternError("word boundaries (\\b) are not supported");
@@ -251,6 +251,20 @@ class RegexParser {
         if (c >= 0x31 && c <= 0x39) throw new PatternError("backreferences (\\1…) are not supported");
         return single(c); // identity escape of a syntax character
     }
+  }
+
+  /**
+   * A `\uXXXX` escape's code point: a high surrogate followed by `\u` and a low one is the character they encode, as
+   * in a JavaScript regex (`\ud83d\ude00` is 😀); a surrogate left alone is refused (no UTF-8 text holds one).
+   */
+  private utf16Escape(unit: number): number {
+    const next = String.fromCodePoint(...this.cps.slice(this.pos, this.pos + 6));
+    if (unit >= 0xd800 && unit <= 0xdbff && /^\\u[dD][c-fC-F][0-9a-fA-F]{2}$/.test(next)) {
+      this.pos += 6;
+      return 0x10000 + ((unit - 0xd800) << 10) + (parseInt(next.slice(2), 16) - 0xdc00);
+    }
+    if (unit >= 0xd800 && unit <= 0xdfff) throw new PatternError(`the lone surrogate \\u${unit.toString(16).toUpperCase()} matches no UTF-8 text (write a pair, or \\u{…} for a character above U+FFFF)`);
+    return unit;
   }
 
   private hexDigits(n: number): number {

@@ -145,6 +145,18 @@ describe("regex and choice", () => {
     expect(bad("a{0,5000}").message).toMatch(/repetition bound above 1999/);
   });
 
+  it("an escaped surrogate pair is the character it encodes (as in a JavaScript regex); a lone surrogate is a 400 wherever it is written", () => {
+    for (const pattern of ["\\ud83d\\ude00", "\\u{1F600}", "😀"]) {
+      const { accepts } = guideOf({ kind: "regex", pattern, field: "structured_outputs.regex" });
+      expect(accepts("😀")).toBe(true);
+      expect(new RegExp(`^(?:${pattern})$`, "u").test("😀")).toBe(true);
+    }
+    expect(refusal({ kind: "regex", pattern: "a\\ud83d", field: "guided_regex" })).toMatchObject({ param: "guided_regex", message: expect.stringMatching(/lone surrogate/) });
+    expect(refusal({ kind: "regex", pattern: "a\ud83d", field: "guided_regex" }).message).toMatch(/lone surrogate U\+D83D/);
+    expect(refusal(grammar('root ::= "x\\uDC00y"')).message).toMatch(/lone surrogate U\+DC00/);
+    expect(refusal({ kind: "choice", choices: ["ok", "\ud83d"], field: "structured_outputs.choice" }).message).toMatch(/lone surrogate U\+D83D/);
+  });
+
   it("a choice is exactly one of the strings, special characters included", async () => {
     const { guide, accepts } = guideOf({ kind: "choice", choices: ["yes", "no", 'say "hi"\n', "yes"], field: "structured_outputs.choice" });
     for (const ok of ["yes", "no", 'say "hi"\n']) expect(accepts(ok)).toBe(true);

@@ -1,6 +1,7 @@
 import pino from "pino";
 import { describe, expect, it } from "vitest";
 import { PROTOCOL_VERSION, type StepMessage } from "../../protocol/messages.js";
+import { invalidValue } from "../http/errors.js";
 import { Metrics } from "./metrics.js";
 import { requestObserver, StepObserver, stepTrace } from "./metrics-observer.js";
 
@@ -50,14 +51,20 @@ describe("requestObserver: every request event reaches metrics and the log", () 
 
   it("a dropped guide is counted and warned about; a disconnect is counted once its children are released, in its phase", async () => {
     const t = setup();
-    t.observe({ type: "guide_dropped", id: "g", reason: "trigger replay rejected" });
+    t.observe({ type: "guide_dropped", id: "g", reason: "trigger replay rejected", ends: false });
+    t.observe({ type: "guide_dropped", id: "h", reason: "every token was masked", ends: true });
     t.observe({ type: "client_disconnect", requestId: "r", children: 2 });
     t.observe({ type: "client_disconnect_released", requestId: "r", phase: "prefill" });
     t.observe({ type: "client_disconnect_released", requestId: "s", phase: null }); // no engine held it: not counted
-    expect(await t.value("keel_guided_dropped_total")).toBe(1);
+    expect(await t.value("keel_guided_dropped_total")).toBe(2);
     expect(await t.value("keel_client_disconnects_total", '{phase="prefill"}')).toBe(1);
+    expect(t.lines.filter((l) => l.event === "guide_dropped").map((l) => l.msg)).toEqual([
+      "guided generation dropped; the request continues unconstrained",
+      "guided generation dropped: the request's logit_bias left its guide no token; it ends with a 400",
+    ]);
     expect(t.lines.map((l) => [l.level, l.event, l.requestId])).toEqual([
       [40, "guide_dropped", "g"],
+      [40, "guide_dropped", "h"],
       [20, "client_disconnect", "r"],
       [20, "client_disconnect_released", "r"],
       [20, "client_disconnect_released", "s"],
@@ -70,7 +77,11 @@ describe("requestObserver: every request event reaches metrics and the log", () 
     t.observe({ type: "finished", id: "a", reason: "error", usage: { promptTokens: 3, completionTokens: 2 }, phase: "decode", error: { code: "engine_fault", message: "x" }, e2eMs: 10, ...done });
     t.observe({ type: "finished", id: "b", reason: "error", usage: { promptTokens: 1, completionTokens: 0 }, phase: "queued", error: { code: "shutting_down", message: "y" }, e2eMs: 5, ...done });
     t.observe({ type: "finished", id: "c", reason: "stop", usage: { promptTokens: 4, completionTokens: 6 }, phase: "decode", e2eMs: 7, ...done });
-    expect(await t.value("keel_requests_finished_total", '{finish_reason="error"}')).toBe(2);
+    const bias = invalidValue("logit_bias", "bans everything");
+    t.observe({ type: "finished", id: "d", reason: "error", usage: { promptTokens: 0, completionTokens: 0 }, phase: "decode", error: { code: "invalid_value", message: "z", httpError: bias }, e2eMs: 3, ...done });
+    expect(await t.value("keel_requests_failed_total", '{reason="invalid_request"}')).toBe(1);
+    expect(await t.value("keel_requests_failed_total", '{reason="engine_error"}')).toBe(0);
+    expect(await t.value("keel_requests_finished_total", '{finish_reason="error"}')).toBe(3);
     expect(await t.value("keel_requests_failed_total", '{reason="engine_fault"}')).toBe(1);
     expect(await t.value("keel_requests_failed_total", '{reason="shutdown"}')).toBe(1);
     expect(await t.value("keel_prompt_tokens_total")).toBe(8);

@@ -185,7 +185,10 @@ export function requestObserver(metrics: Metrics, log: Logger, waiting: () => nu
       case "guide_dropped":
         // The engine stopped constraining this request: a schema is no longer guaranteed — counted and logged, never silent.
         metrics.guidedDropped.inc();
-        log.warn({ requestId: ev.id, event: "guide_dropped", child: ev.id, reason: ev.reason }, "guided generation dropped; the request continues unconstrained");
+        log.warn(
+          { requestId: ev.id, event: "guide_dropped", child: ev.id, reason: ev.reason, ends: ev.ends },
+          ev.ends ? "guided generation dropped: the request's logit_bias left its guide no token; it ends with a 400" : "guided generation dropped; the request continues unconstrained",
+        );
         return;
       case "cancelled":
         log.debug({ requestId: ev.id, event: "cancelled", phase: ev.phase, cause: ev.cause }, "request cancelled");
@@ -248,7 +251,9 @@ export function requestObserver(metrics: Metrics, log: Logger, waiting: () => nu
     (reason === "stop" || reason === "length" ? metrics.ovmsSuccess : metrics.ovmsFail).inc(name);
     if (reason === "error") {
       log.debug({ requestId: id, event: "failed", phase: ev.phase, code: error?.code, error: error?.message, e2eMs: ev.e2eMs, ...usage }, "request failed");
-      metrics.requestsFailed.inc({ reason: error?.code === "engine_fault" ? "engine_fault" : error?.code === "shutting_down" ? "shutdown" : "engine_error" });
+      // A 4xx decided mid-request (a logit_bias that left the guide nothing) is the client's, not an engine error.
+      const clientError = error?.httpError !== undefined && error.httpError.status < 500;
+      metrics.requestsFailed.inc({ reason: error?.code === "engine_fault" ? "engine_fault" : error?.code === "shutting_down" ? "shutdown" : clientError ? "invalid_request" : "engine_error" });
     }
     if (reason === "abort") {
       log.debug({ requestId: id, event: "aborted", phase: ev.phase, abortLatencySteps: ev.abortLatencySteps, e2eMs: ev.e2eMs, ...usage }, "request aborted");

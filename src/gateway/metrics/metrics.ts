@@ -156,7 +156,7 @@ export class Metrics {
     this.queueTime = new client.Histogram({ name: "keel_request_queue_time_seconds", help: "Time from acceptance to admission to an engine sequence", buckets: latencyBuckets, registers });
     this.guidedDropped = new client.Counter({
       name: "keel_guided_dropped_total",
-      help: "Guided requests (tools, response_format) whose grammar constraint the engine dropped; they continued unconstrained",
+      help: "Guided requests (tools, response_format) whose grammar constraint the engine dropped; they continued unconstrained, or ended with a 400 when their own logit_bias left the guide no token",
       registers,
     });
     this.requestsResumed = new client.Counter({
@@ -164,7 +164,7 @@ export class Metrics {
       help: "Requests resubmitted as continuations to a restarted engine",
       registers,
     });
-    this.requestsFailed = labelled("keel_requests_failed_total", "Requests that ended with an error, by reason (engine_fault: isolated as the engine's killer; engine_error; shutdown)", "reason", ["engine_fault", "engine_error", "shutdown"]);
+    this.requestsFailed = labelled("keel_requests_failed_total", "Requests that ended with an error, by reason (engine_fault: isolated as the engine's killer; engine_error; shutdown; invalid_request: a 4xx decided while generating)", "reason", ["engine_fault", "engine_error", "shutdown", "invalid_request"]);
     gauge("keel_engine_last_step_age_seconds", "Seconds since the engine's last step", () => src.lastStepAgeSeconds());
     this.requestsUnauthorized = new client.Counter({ name: "keel_requests_unauthorized_total", help: "Requests refused 401 for a missing or wrong API key", registers });
 

@@ -33,7 +33,7 @@ export type TableEvent =
    */
   | { type: "admitted"; id: string; promptTokens: number; first: { queueMs: number; cachedTokens: number } | null; live: boolean }
   /** The engine stopped constraining this request (`RequestOutput.guideDropped`): it goes on unconstrained. */
-  | { type: "guide_dropped"; id: string; reason: string }
+  | { type: "guide_dropped"; id: string; reason: string; /** The request ends here (a 400: its logit_bias left the guide nothing) rather than going on unconstrained. */ ends: boolean }
   /** New tokens and the text they completed (text may be "" while a character is incomplete). */
   | { type: "output"; id: string; tokens: number[]; text: string; logprobs?: PositionLogprobs[]; textEnds?: number[] }
   /** The first generated token: time to first token from acceptance (ms). */

@@ -623,7 +623,7 @@ describe("guided generation at the route", () => {
     sink.onGuideDropped!("trigger replay rejected");
     sink.onOutput([1], "x");
     sink.onFinish("stop", usage(1));
-    expect(t.observed.filter((e) => e.type === "guide_dropped")).toEqual([{ type: "guide_dropped", id: "req", reason: "trigger replay rejected" }]);
+    expect(t.observed.filter((e) => e.type === "guide_dropped")).toEqual([{ type: "guide_dropped", id: "req", reason: "trigger replay rejected", ends: false }]);
     expect(t.wire.status).toBe(200);
   });
 

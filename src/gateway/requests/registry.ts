@@ -197,11 +197,12 @@ export class RequestRegistry {
     }
     // Delivered before the same step's output; a request being cancelled has no client to tell.
     if (o.guideDropped !== undefined && e.lifecycle.state !== "cancelling") {
-      this.events.push({ type: "guide_dropped", id: e.id, reason: o.guideDropped });
       // The client's own bans left its guide no token: what follows would break the format it asked for, so the
       // request ends here with a 400 naming logit_bias (this step's tokens, sampled unconstrained, are not sent; the
       // engine's reason is in the guide_dropped line).
-      if (e.params.logitBias?.some(([, bias]) => bias <= -100)) {
+      const banned = e.params.logitBias?.some(([, bias]) => bias <= -100) === true;
+      this.events.push({ type: "guide_dropped", id: e.id, reason: o.guideDropped, ends: banned });
+      if (banned) {
         const message = `Invalid value for 'logit_bias': it bans every token the requested format (response_format, a guided tool call or a grammar) allows after ${e.generated.length} generated tokens.`;
         this.endForClient(e, { code: "invalid_value", message, httpError: invalidValue("logit_bias", message) }, "guide_unsatisfiable");
         return;
