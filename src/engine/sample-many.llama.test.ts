@@ -169,7 +169,19 @@ describe("LlamaAdapter.sampleMany (Keel's addon) equals sequential sample()", ()
     const grammar = adapter.compileGrammar('root ::= [a-z ]{1,40} "."', "root");
     const states = { a: [0, 1].map(() => adapter.createGrammarState(grammar)), b: [0, 1].map(() => adapter.createGrammarState(grammar)) };
     const tokenized = PROMPTS.slice(0, 2).map((p) => adapter.tokenize(p));
-    const cfg = (s: number, step: number, twin: "a" | "b"): SamplerConfig => ({ ...base, temperature: 0.9, topK: 40, seed: 50 + s + step, grammar: states[twin][s]! });
+    // Under a grammar sampleMany first masks the tokens whose bytes are not UTF-8 (keel-grammar-utf8.cpp; this
+    // grammar's output is ASCII, so always between characters): twin B bans the same tokens by its bias, so both
+    // chains see the same candidates.
+    const notUtf8 = new Map<number, number>();
+    for (let t = 0; t < adapter.vocabSize; t++) {
+      try {
+        new TextDecoder("utf-8", { fatal: true }).decode(adapter.bytesOf(t), { stream: true });
+      } catch {
+        notUtf8.set(t, -Infinity);
+      }
+    }
+    expect(notUtf8.size).toBeGreaterThan(0);
+    const cfg = (s: number, step: number, twin: "a" | "b"): SamplerConfig => ({ ...base, temperature: 0.9, topK: 40, seed: 50 + s + step, grammar: states[twin][s]!, ...(twin === "b" ? { bias: notUtf8 } : {}) });
     const a = [0, 1].map((s) => adapter.createSampler(cfg(s, 0, "a")));
     const b = [0, 1].map((s) => adapter.createSampler(cfg(s, 0, "b")));
     tokenized.forEach((_, s) => adapter.clearSequence(s));
