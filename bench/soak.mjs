@@ -7,6 +7,7 @@
 //
 // Usage: npx tsc -p tsconfig.build.json && node bench/soak.mjs [--engine llama.cpp|openvino] [--minutes 2]
 //          [--streams 16] [--disconnect 0.25] [--max_tokens 96] [--baseline_s 20] [--sample_s 5] [--model M]
+//          [--serve_args '["--flag","value"]'] (env KEEL_OV_TRACEMALLOC=FILE: the OpenVINO worker's Python allocation growth)
 //        The real run: --minutes 60.
 import { spawn } from "node:child_process";
 import fs from "node:fs";
@@ -21,6 +22,8 @@ const MAX_TOKENS = Number(arg("max_tokens", "96"));
 const BASELINE_S = Number(arg("baseline_s", "20"));
 const SAMPLE_S = Number(arg("sample_s", "5"));
 const MODEL = arg("model", ENGINE === "openvino" ? "keel-tiny-f16" : "keel-tiny");
+/** Extra `keel serve` flags, one JSON array (e.g. '["--plugin_config","{\"CPU_RUNTIME_CACHE_CAPACITY\":\"100\"}"]'). */
+const SERVE_ARGS = JSON.parse(arg("serve_args", "[]"));
 const PROMPTS = ["Write a story about a lighthouse keeper.", "Explain how a queue works.", "List some rivers of Europe.", "Describe a busy train station.", "What makes bread rise?", "Tell me about the moon.", "How do servers handle load?", "Describe autumn in a forest."];
 
 // A seeded generator, so that a run's disconnect pattern can be replayed.
@@ -29,7 +32,7 @@ const rand = () => ((seed = (seed * 1_103_515_245 + 12_345) & 0x7fffffff) / 0x7f
 
 const live = serverGroups();
 const port = await freePort();
-const args = ["bin/keel.mjs", "serve", "--rest_port", String(port), "--rest_bind_address", "127.0.0.1", "--model_path", MODEL, "--model_name", "m", "--engine", ENGINE, "--max_num_seqs", String(STREAMS), "--max_queued_requests", String(STREAMS * 4)];
+const args = ["bin/keel.mjs", "serve", "--rest_port", String(port), "--rest_bind_address", "127.0.0.1", "--model_path", MODEL, "--model_name", "m", "--engine", ENGINE, "--max_num_seqs", String(STREAMS), "--max_queued_requests", String(STREAMS * 4), ...SERVE_ARGS];
 const proc = spawn(process.execPath, args, { cwd: ROOT, detached: true, stdio: ["ignore", "pipe", "pipe"] });
 live.add(proc);
 let gatewayPid = 0;
