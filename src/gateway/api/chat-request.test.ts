@@ -294,7 +294,8 @@ describe("parseChatRequest: generation parameters", () => {
   });
 
   it("requires top_k to be -1 or a positive integer", () => {
-    expectReject(withBase({ top_k: 0 }), "invalid_value", "top_k", /-1 \(all tokens\) or a positive integer/);
+    expect(parseChatRequest(withBase({ top_k: 0 })).topK).toBe(-1); // 0 = all tokens, as vLLM and llama.cpp
+    expectReject(withBase({ top_k: -3 }), "invalid_value", "top_k", /-1 or 0 \(all tokens\) or a positive integer/);
     expectReject(withBase({ top_k: -2 }), "invalid_value", "top_k");
     expectReject(withBase({ top_k: 2.5 }), "invalid_value", "top_k");
     expectReject(withBase({ top_k: "40" }), "invalid_value", "top_k", /got a string/);

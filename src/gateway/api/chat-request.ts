@@ -255,7 +255,7 @@ export const chatRequestBodySchema = z.object({
     .int()
     .nullish()
     .superRefine((v, ctx) => {
-      if (v != null && v !== -1 && v < 1) report(ctx, "invalid_value", `${RANGES.top_k} (got ${v}).`, [], v);
+      if (v != null && v < -1) report(ctx, "invalid_value", `${RANGES.top_k} (got ${v}).`, [], v);
     }),
   seed: z.number().min(0).max(UINT32_MAX).int().nullish(),
   stop: stopSchema,
@@ -371,7 +371,7 @@ export function parseChatRequest(body: unknown): ChatRequest {
     includeUsage: b.stream_options?.include_usage ?? false,
     temperature: b.temperature ?? 1,
     topP: b.top_p ?? 1,
-    topK: b.top_k ?? -1,
+    topK: b.top_k == null || b.top_k === 0 ? -1 : b.top_k, // 0 = all tokens, as vLLM and llama.cpp read it
     stop: b.stop,
     ignoreEos: b.ignore_eos ?? false,
     n: b.n ?? 1,

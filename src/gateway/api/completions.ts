@@ -11,6 +11,7 @@ import { randomUUID } from "node:crypto";
 import type { FastifyReply, FastifyRequest } from "fastify";
 import { z } from "zod";
 import { describe, issueToError, report, stopSchema, tokenLimit, UINT32_MAX, type GenerationFields } from "./chat-request.js";
+import { RANGES } from "./request-issues.js";
 import { invalidValue, unsupportedField } from "../http/errors.js";
 import { toErrorBody } from "../http/error-envelope.js";
 import { generationOptions, runGeneration, type Encoder } from "../requests/generate.js";
@@ -75,7 +76,7 @@ const completionBodySchema = z.object({
     .int()
     .nullish()
     .superRefine((v, ctx) => {
-      if (v != null && v !== -1 && v < 1) report(ctx, "invalid_value", `must be -1 (all tokens) or a positive integer (got ${v}).`, [], v);
+      if (v != null && v < -1) report(ctx, "invalid_value", `${RANGES.top_k} (got ${v}).`, [], v);
     }),
   seed: z.number().min(0).max(UINT32_MAX).int().nullish(),
   stop: stopSchema,
@@ -114,7 +115,7 @@ export function parseCompletionRequest(body: unknown): CompletionRequest {
     maxTokens: b.max_tokens ?? DEFAULT_COMPLETION_MAX_TOKENS,
     temperature: b.temperature ?? 1,
     topP: b.top_p ?? 1,
-    topK: b.top_k ?? -1,
+    topK: b.top_k == null || b.top_k === 0 ? -1 : b.top_k, // 0 = all tokens, as vLLM and llama.cpp read it
     stop: b.stop,
     ignoreEos: b.ignore_eos ?? false,
     n,

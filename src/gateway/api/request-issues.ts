@@ -36,7 +36,7 @@ export const RANGES: Record<string, string> = {
   max_completion_tokens: `must be an integer between 1 and ${UINT32_MAX}`,
   temperature: "must be between 0 and 2",
   top_p: "must be greater than 0 and at most 1",
-  top_k: "must be -1 (all tokens) or a positive integer",
+  top_k: "must be -1 or 0 (all tokens) or a positive integer",
   seed: `must be an integer between 0 and ${UINT32_MAX}`,
   best_of: "must be a positive integer",
   logprobs: `must be an integer between 0 and ${MAX_TOP_LOGPROBS}`,
