@@ -185,6 +185,12 @@ describe("engine threads default", () => {
 
 
 describe("parseServeFlags", () => {
+  it("names Keel's flag for a vLLM or llama-server spelling", () => {
+    expect(() => parseServeFlags(["--served-model-name", "foo"])).toThrow(/unknown flag --served-model-name \(Keel's: --model_name\)/);
+    expect(() => parseServeFlags(["--max-num-seqs=4", "--host", "::"])).toThrow(/--max-num-seqs \(Keel's: --max_num_seqs\), --host \(Keel's: --rest_bind_address\)/);
+    expect(() => parseServeFlags(["--bogus-flag", "1"])).toThrow(/unknown flag --bogus-flag;|unknown flag --bogus-flag$/);
+  });
+
   it("reports every unknown flag in one message", () => {
     expect(() => parseServeFlags(["--no_such", "1", "--max_num_seqs", "4", "--other=2", "--third"])).toThrow("unknown flags --no_such, --other, --third");
   });

@@ -71,7 +71,7 @@ function readCommandLine(argv: string[]): { help: boolean; values: Map<string, s
     } else if (t.name !== "help" && t.value !== undefined) values.set(t.name, t.value);
   }
   const problems: string[] = [];
-  if (unknown.length > 0) problems.push(`unknown flag${unknown.length > 1 ? "s" : ""} ${[...new Set(unknown)].join(", ")}`);
+  if (unknown.length > 0) problems.push(`unknown flag${unknown.length > 1 ? "s" : ""} ${[...new Set(unknown)].map((f) => withKeelName(f, known)).join(", ")}`);
   if (valueless.length > 0) problems.push(`flag${valueless.length > 1 ? "s" : ""} ${valueless.join(", ")} need${valueless.length > 1 ? "" : "s"} a value`);
   // A value after a switch (`--pull true`) is a positional to the parser: say what the switch takes instead.
   const positionals: string[] = [];
@@ -211,4 +211,27 @@ export function withSettings(options: ServeOptions, settings: Partial<Record<Ent
     else problems.push(r.problem.replace(`--${name}`, name));
   }
   return { options: out as unknown as ServeOptions, problems };
+}
+
+/** vLLM's and llama-server's flags whose Keel name is not their own with `_` for `-` (README's table). */
+const FOREIGN_FLAGS: Readonly<Record<string, string>> = {
+  "served-model-name": "model_name",
+  alias: "model_name",
+  model: "model_path",
+  m: "model_path",
+  host: "rest_bind_address",
+  "api-key": "api_key_file",
+  "tool-call-parser": "tool_parser",
+  "enable-auto-tool-choice": "tool_parser",
+  np: "max_num_seqs",
+  "parallel": "max_num_seqs",
+  c: "max_model_len",
+  "ctx-size": "max_model_len",
+};
+
+/** An unknown flag, with Keel's name for it when it is a vLLM or llama-server spelling (`--max-num-seqs`). */
+function withKeelName(raw: string, known: ReadonlySet<string>): string {
+  const name = raw.replace(/^-+/, "").split("=")[0]!;
+  const keel = FOREIGN_FLAGS[name] ?? (known.has(name.replace(/-/g, "_")) ? name.replace(/-/g, "_") : undefined);
+  return keel === undefined || !known.has(keel) ? raw : `${raw} (Keel's: --${keel})`;
 }

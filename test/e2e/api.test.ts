@@ -94,6 +94,7 @@ describe("routes", () => {
   it("answers health live/ready and exposes every required metric at start", async () => {
     expect((await get(server.baseUrl, "/v2/health/live")).status).toBe(200);
     expect((await get(server.baseUrl, "/v2/health/ready")).status).toBe(200);
+    expect((await get(server.baseUrl, "/health")).status).toBe(200); // vLLM's and llama-server's probe path
     const m = await metrics(server.baseUrl);
     for (const name of [
       "keel_requests_running",

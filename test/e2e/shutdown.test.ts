@@ -59,6 +59,7 @@ describe("graceful drain", () => {
       }
       expect(refused?.status).toBe(503);
       expect((await get(server.baseUrl, "/v2/health/ready")).status).toBe(503);
+      expect((await get(server.baseUrl, "/health")).status).toBe(503);
       const results = await Promise.all(streams);
       for (const r of results) {
         expect(r.done).toBe(true);

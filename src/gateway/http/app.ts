@@ -203,12 +203,15 @@ export function buildHttpApp(deps: HttpAppDeps): HttpApp {
 
   registerRoutes(app, models);
   app.get("/v2/health/live", async (_req, reply) => reply.status(200).send());
-  // Ready when every served model is (as OVMS); the answer names the first one that is not.
-  app.get("/v2/health/ready", async (_req, reply) => {
+  // Ready when every served model is (as OVMS); the answer names the first one that is not. `/health` is the same
+  // probe under vLLM's and llama-server's path (200 when ready, 503 while loading or restarting).
+  const ready = async (_req: unknown, reply: FastifyReply) => {
     const notReadyUnit = models.servingUnits().find((u) => !u.isReady(models));
     if (!notReadyUnit) return reply.status(200).send();
     return reply.status(503).send(toErrorBody(notReadyUnit.unavailable(models)));
-  });
+  };
+  app.get("/v2/health/ready", ready);
+  app.get("/health", ready);
   // The open readiness route names the served models (in an unknown model's 404) only to a caller with the key.
   const mayListModels = (req: { headers: http.IncomingHttpHeaders }): boolean => checkKey === null || checkKey(one(req.headers.authorization), one(req.headers["x-api-key"])).ok;
   registerConfigRoutes(app, models, log, mayListModels, deps.reload);

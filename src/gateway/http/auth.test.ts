@@ -42,6 +42,7 @@ describe("needsApiKey: the OpenAI/OVMS API needs it; probes and scrapers do not"
     ["/v1/config", true],
     ["/v2/health/live", false],
     ["/v2/health/ready", false],
+    ["/health", false],
     ["/v2/models/m/ready", false],
     ["/metrics", false],
     ["/v10/x", false],

@@ -22,7 +22,7 @@ export interface ModelRouter {
 export const API_PREFIXES = ["/v3", "/v3/v1", "/v1"] as const;
 
 /** The routes outside the API prefixes (registered by the server). */
-export const SERVER_ROUTES = ["GET /v2/health/live", "GET /v2/health/ready", "GET /v2/models/{name}/ready", "GET /v1/config", "POST /v1/config/reload", "GET /metrics"] as const;
+export const SERVER_ROUTES = ["GET /health", "GET /v2/health/live", "GET /v2/health/ready", "GET /v2/models/{name}/ready", "GET /v1/config", "POST /v1/config/reload", "GET /metrics"] as const;
 
 /** Method and path (after the prefix) of every API route. */
 const API_ROUTES = [
