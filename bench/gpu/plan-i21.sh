@@ -67,6 +67,24 @@ env "${CUDA_ENV[@]}" "$NODE" scripts/build-native.mjs 2>&1 | tail -n 4
 # compare.mjs's own watchdog (--max-seconds) ends it 10 s before the step's timeout, stopping both servers.
 compare() { local f="$1"; shift; env "${CUDA_ENV[@]}" timeout "$LIM" "$NODE" bench/compare.mjs --gpu --max-seconds $((LIM - 10)) "$@" 2>&1 | stamp "$f"; }
 
+# The 8 B batch-1 steps plans i21b and i21d share: roofline_8b = llama-bench -fa 1, then Keel vs llama-server at one
+# stream and 512 tokens; overlap_8b = Keel with the decode overlap on vs off (step labels as given).
+roofline_8b() {
+  wait "$M8_PID"; grep -E "Elapsed|Maximum resident" "$R/model8b.log"; ls -la "$MODEL8B"
+  if step "c1. llama-bench 8B batch-1 decode, -fa 1" 60 100; then
+    env "${CUDA_ENV[@]}" timeout "$LIM" "$BENCH" -m "$MODEL8B" -ngl 999 -fa 1 -p 0 -n 256 -r 2 -o md 2>&1 | grep -v "^ggml_\|^load" | tail -n 4 | tee "$R/bench-8b.log"
+  fi
+  step "c2. compare 8B at 1 stream, 512 tokens, flash attention on" 80 150 &&
+    compare compare-8b-512.log --model "$MODEL8B" --tokens 512 --rounds 1 --concurrency 1 --min-reqs 3 --reqs 3 --ctx 1024 \
+      --flash-attention on --llama-server "$LS" --other-args "--cache-ram 0" throughput
+}
+overlap_8b() {
+  step "$1 Keel 8B at 1 stream: decode overlap on (keel, KEEL_DECODE_OVERLAP=on) vs off" 80 150 &&
+    KEEL_DECODE_OVERLAP=on compare overlap-8b.log --model "$MODEL8B" --tokens 512 --rounds 1 --concurrency 1 --min-reqs 3 --reqs 3 --ctx 1024 \
+      --flash-attention on --other-cmd "env ${CUDA_ENV[*]} KEEL_DECODE_OVERLAP=off $KEEL_SERVE --flash_attention true" \
+      --other-name keel-no-overlap throughput
+}
+
 # Plan i21b (the second #21 session) measures other things once both builds are done: bench/gpu/plan-i21b.sh.
 if [ "$PLAN" = i21b ]; then . "$W/bench/gpu/plan-i21b.sh"; kill "$DMON" 2>/dev/null; log "pipeline done"; date -u > "$R/DONE"; return 0; fi
 if [ "$PLAN" = i21d ]; then . "$W/bench/gpu/plan-i21d.sh"; kill "$DMON" 2>/dev/null; log "pipeline done"; date -u > "$R/DONE"; return 0; fi

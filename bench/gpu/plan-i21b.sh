@@ -1,5 +1,5 @@
 # Plan i21b of run-h200.sh (issue #21, second session), sourced by plan-i21.sh once both builds are done (uses its
-# step, stamp, compare, MODEL, MODEL8B, LS, BENCH, CUDA_ENV, KEEL_SERVE, M8_PID, VK_PID). Device calls as plan i21's,
+# step, stamp, compare, roofline_8b, overlap_8b, MODEL, LS, CUDA_ENV, KEEL_SERVE, VK_PID). Device calls as plan i21's,
 # with `start i21b`; I21_MINUTES=23 leaves a minute of the 30 for the start. In order of what the issue needs most:
 #   a. the issue's own setting (flash attention off) with 4 rounds, so TTFT p50 has 32+ requests a cell;
 #   b. flash attention on, 3 rounds;
@@ -15,17 +15,8 @@ step "b. compare CUDA 1/8/32/64, flash attention on, 3 rounds" 170 260 &&
   compare compare-cuda-fa-on-3r.log --model "$MODEL" --tokens 256 --rounds 3 --flash-attention on --llama-server "$LS" \
     --other-args "--cache-ram 0" throughput
 
-wait "$M8_PID"; grep -E "Elapsed|Maximum resident" "$R/model8b.log"; ls -la "$MODEL8B"
-if step "c1. llama-bench 8B batch-1 decode, -fa 1" 60 100; then
-  env "${CUDA_ENV[@]}" timeout "$LIM" "$BENCH" -m "$MODEL8B" -ngl 999 -fa 1 -p 0 -n 256 -r 2 -o md 2>&1 | grep -v "^ggml_\|^load" | tail -n 4 | tee "$R/bench-8b.log"
-fi
-step "c2. compare 8B at 1 stream, 512 tokens, flash attention on" 80 150 &&
-  compare compare-8b-512.log --model "$MODEL8B" --tokens 512 --rounds 1 --concurrency 1 --min-reqs 3 --reqs 3 --ctx 1024 \
-    --flash-attention on --llama-server "$LS" --other-args "--cache-ram 0" throughput
-step "c3. Keel 8B at 1 stream: decode overlap on (keel, KEEL_DECODE_OVERLAP=on) vs off" 80 150 &&
-  KEEL_DECODE_OVERLAP=on compare overlap-8b.log --model "$MODEL8B" --tokens 512 --rounds 1 --concurrency 1 --min-reqs 3 --reqs 3 --ctx 1024 \
-    --flash-attention on --other-cmd "env ${CUDA_ENV[*]} KEEL_DECODE_OVERLAP=off $KEEL_SERVE --flash_attention true" \
-    --other-name keel-no-overlap throughput
+roofline_8b
+overlap_8b "c3."
 step "d. Keel 1.26B 1/8/64: decode overlap on (keel, KEEL_DECODE_OVERLAP=on) vs off, flash attention on, 2 rounds" 100 160 &&
   KEEL_DECODE_OVERLAP=on compare overlap-1b.log --model "$MODEL" --tokens 256 --rounds 2 --concurrency 1,8,64 --flash-attention on \
     --other-cmd "env ${CUDA_ENV[*]} KEEL_DECODE_OVERLAP=off $KEEL_SERVE --flash_attention true" \

@@ -1,5 +1,5 @@
 # Plan i21d of run-h200.sh (issue #21, fourth session), sourced by plan-i21.sh once the CUDA build is done (no Vulkan
-# build in this plan; uses step, stamp, compare, MODEL, MODEL8B, LS, BENCH, CUDA_ENV, KEEL_SERVE, M8_PID). Device
+# build in this plan; uses step, compare, roofline_8b, overlap_8b, MODEL, LS). Device
 # calls as plan i21's, with `start i21d`. In order of what the issue needs most:
 #   c. the 8 B batch-1 roofline again, now that greedy + logit_bias adds the biases in place (keel-sampling.cpp);
 #   t. the TTFT timeline at 8 streams, flash attention off (the cell where Keel's TTFT p50 was 1.35x llama-server's)
@@ -7,13 +7,7 @@
 #      engine step, each request's lifecycle), from COMPARE_TRACE (bench/compare.mjs);
 #   o. the decode overlap on the 8 B model.
 
-wait "$M8_PID"; grep -E "Elapsed|Maximum resident" "$R/model8b.log"; ls -la "$MODEL8B"
-if step "c1. llama-bench 8B batch-1 decode, -fa 1" 60 100; then
-  env "${CUDA_ENV[@]}" timeout "$LIM" "$BENCH" -m "$MODEL8B" -ngl 999 -fa 1 -p 0 -n 256 -r 2 -o md 2>&1 | grep -v "^ggml_\|^load" | tail -n 4 | tee "$R/bench-8b.log"
-fi
-step "c2. compare 8B at 1 stream, 512 tokens, flash attention on" 80 150 &&
-  compare compare-8b-512.log --model "$MODEL8B" --tokens 512 --rounds 1 --concurrency 1 --min-reqs 3 --reqs 3 --ctx 1024 \
-    --flash-attention on --llama-server "$LS" --other-args "--cache-ram 0" throughput
+roofline_8b
 
 # trace NAME FA: one traced compare at 8 streams, 2 rounds; the trace files come back as NAME-*.log.
 trace() {
@@ -27,7 +21,4 @@ trace() {
 step "t1. TTFT timeline, 8 streams, flash attention off" 70 150 && trace trace-c8-fa-off off
 step "t2. TTFT timeline, 8 streams, flash attention on" 70 150 && trace trace-c8-fa-on on
 
-step "o. Keel 8B at 1 stream: decode overlap on (keel, KEEL_DECODE_OVERLAP=on) vs off" 80 150 &&
-  KEEL_DECODE_OVERLAP=on compare overlap-8b.log --model "$MODEL8B" --tokens 512 --rounds 1 --concurrency 1 --min-reqs 3 --reqs 3 --ctx 1024 \
-    --flash-attention on --other-cmd "env ${CUDA_ENV[*]} KEEL_DECODE_OVERLAP=off $KEEL_SERVE --flash_attention true" \
-    --other-name keel-no-overlap throughput
+overlap_8b "o."

@@ -11,6 +11,8 @@
  * itself), so what we accept llama.cpp parses; the converter keeps repeated parts as rule references.
  */
 
+import { HEX_WIDTH } from "./gbnf-text.js";
+
 /** Deepest parenthesis nesting one emitted rule body may have. */
 export const MAX_GROUP_DEPTH = 64;
 /** llama.cpp's MAX_REPETITION_THRESHOLD: (rules repeated) × (bound) must stay below it. */
@@ -92,7 +94,7 @@ export function loneSurrogate(body: string): number | null {
   for (let i = 0; i < body.length; i++) {
     const c = body.charCodeAt(i);
     if (c === 0x5c) {
-      const width = { x: 2, u: 4, U: 8 }[body[i + 1] ?? ""];
+      const width = HEX_WIDTH[body[i + 1] ?? ""];
       if (width !== undefined && /^[0-9a-fA-F]+$/.test(body.slice(i + 2, i + 2 + width))) {
         const v = parseInt(body.slice(i + 2, i + 2 + width), 16);
         if (isSurrogate(v)) return v;
@@ -100,7 +102,8 @@ export function loneSurrogate(body: string): number | null {
       } else i += 1; // an escaped character (\\, \", \], …)
       continue;
     }
-    if (c >= 0xd800 && c <= 0xdbff && i + 1 < body.length && body.charCodeAt(i + 1) >= 0xdc00 && body.charCodeAt(i + 1) <= 0xdfff) {
+    const next = body.charCodeAt(i + 1); // NaN past the end
+    if (c >= 0xd800 && c <= 0xdbff && next >= 0xdc00 && next <= 0xdfff) {
       i += 1; // a well-formed pair: one character above U+FFFF
       continue;
     }

@@ -6,7 +6,7 @@
  * together (root, references, recursion) is user-grammar.ts's question.
  */
 import { MAX_GROUP_DEPTH } from "./gbnf-limits.js";
-import { type CharSet, charSet, MAX_CODE_POINT, negate } from "./gbnf-text.js";
+import { type CharSet, charSet, HEX_WIDTH, MAX_CODE_POINT, negate } from "./gbnf-text.js";
 
 /** One item of a sequence: a literal, a class (code-point set), a rule reference, a group or a repetition. */
 export type Item =
@@ -18,8 +18,6 @@ export type Item =
 
 /** The escapes llama.cpp's parser knows, by their letter. */
 const SIMPLE_ESCAPES: Readonly<Record<string, number>> = { t: 9, r: 13, n: 10, "\\": 0x5c, '"': 0x22, "[": 0x5b, "]": 0x5d };
-/** Hex digits after `\x`, `\u`, `\U`. */
-const HEX_WIDTH: Readonly<Record<string, number>> = { x: 2, u: 4, U: 8 };
 /** Whether `c` may be part of a rule name (`a-z A-Z 0-9 -`, as llama.cpp's). */
 function isNameChar(c: string | undefined): boolean {
   if (c === undefined) return false;

@@ -137,3 +137,6 @@ export function jsonCharOf(s: CharSet): string | null {
   if (alts.length === 0) return null;
   return alts.length === 1 ? alts[0]! : `(${alts.join(" | ")})`;
 }
+
+/** Hex digits after llama.cpp's GBNF escapes `\x`, `\u`, `\U`, by the escape's letter. */
+export const HEX_WIDTH: Readonly<Record<string, number>> = { x: 2, u: 4, U: 8 };
