@@ -7,10 +7,7 @@
  * repetition penalty's history (prompt + generated) lives in the native sampler (llama-adapter.ts); this module only
  * carries its factor.
  */
-import type { SamplingParams } from "../protocol/messages.js";
-
-/** logit_bias at its floor bans the token outright (OpenAI: "-100 should result in a ban"). */
-const BAN_AT = -100;
+import { LOGIT_BIAS_BAN, type SamplingParams } from "../protocol/messages.js";
 
 export class SamplingState {
   /** Token ids that end the request with reason "stop" (besides end-of-generation unless ignore_eos). */
@@ -42,7 +39,7 @@ export class SamplingState {
     this.frequency = params.frequencyPenalty ?? 0;
     this.eogTokens = eogTokens;
     const base = new Map<number, number>();
-    for (const [token, bias] of params.logitBias ?? []) if (bias !== 0) base.set(token, bias <= BAN_AT ? -Infinity : bias);
+    for (const [token, bias] of params.logitBias ?? []) if (bias !== 0) base.set(token, bias <= LOGIT_BIAS_BAN ? -Infinity : bias);
     if (params.ignoreEos) for (const t of eogTokens) base.set(t, -Infinity);
     this.staticBias = base;
     for (const t of generated) this.count(t);

@@ -12,6 +12,10 @@
 /** Protocol version carried by every message; a peer refuses messages of another major version. */
 export const PROTOCOL_VERSION = 1;
 
+/** A `logitBias` at or below this bans its token outright (OpenAI: "-100 should result in a ban"): the engine, the
+ * gateway's whole-vocabulary check and its guide-400 read the same floor. */
+export const LOGIT_BIAS_BAN = -100;
+
 /** Sampling parameters of one request, already validated by the gateway. */
 export interface SamplingParams {
   /**

@@ -6,7 +6,7 @@
  * `samplingFields` list) or is refused (400).
  */
 import { z } from "zod";
-import type { EngineCapabilities, SamplingParams } from "../../protocol/messages.js";
+import { LOGIT_BIAS_BAN, type EngineCapabilities, type SamplingParams } from "../../protocol/messages.js";
 import { invalidValue, show, unsupportedField, type KeelHttpError } from "../http/errors.js";
 
 /** Largest `n` per request (each choice is one engine request; OpenAI allows 128, a CPU server much less). */
@@ -169,7 +169,7 @@ export function checkCapabilities(
   let banned = 0;
   for (const [token, bias] of ext.logitBias ?? []) {
     if (token >= vocabSize) return invalidValue("logit_bias", `Invalid value for 'logit_bias': token id ${token} is outside the vocabulary (0..${vocabSize - 1}).`);
-    if (bias <= -100) banned += 1;
+    if (bias <= LOGIT_BIAS_BAN) banned += 1;
   }
   // Every token banned (-100 bans, as OpenAI's): nothing may be generated, and a sampler would still pick one.
   if (banned >= vocabSize) return invalidValue("logit_bias", `Invalid value for 'logit_bias': it bans every token of the vocabulary (${vocabSize} tokens at -100), so nothing could be generated.`);

@@ -7,7 +7,7 @@
  * does not know are dropped silently (late events are ignored).
  */
 import type { AddMessage, RequestErrorMessage, SamplingParams, StepMessage } from "../../protocol/messages.js";
-import { PROTOCOL_VERSION } from "../../protocol/messages.js";
+import { LOGIT_BIAS_BAN, PROTOCOL_VERSION } from "../../protocol/messages.js";
 import * as lc from "./lifecycle.js";
 import type { RequestError, TableEvent, Usage } from "./events.js";
 import { SuspectTests, type ExitDecision } from "../supervision/recovery.js";
@@ -200,7 +200,7 @@ export class RequestRegistry {
       // The client's own bans left its guide no token: what follows would break the format it asked for, so the
       // request ends here with a 400 naming logit_bias (this step's tokens, sampled unconstrained, are not sent; the
       // engine's reason is in the guide_dropped line).
-      const banned = e.params.logitBias?.some(([, bias]) => bias <= -100) === true;
+      const banned = e.params.logitBias?.some(([, bias]) => bias <= LOGIT_BIAS_BAN) === true;
       this.events.push({ type: "guide_dropped", id: e.id, reason: o.guideDropped, ends: banned });
       if (banned) {
         const message = `Invalid value for 'logit_bias': it bans every token the requested format (response_format, a guided tool call or a grammar) allows after ${e.generated.length} generated tokens.`;
