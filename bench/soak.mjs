@@ -7,7 +7,7 @@
 //
 // Usage: npx tsc -p tsconfig.build.json && node bench/soak.mjs [--engine llama.cpp|openvino] [--minutes 2]
 //          [--streams 16] [--disconnect 0.25] [--max_tokens 96] [--baseline_s 20] [--sample_s 5] [--model M]
-//          [--serve_args '["--flag","value"]'] (env KEEL_OV_TRACEMALLOC=FILE: the OpenVINO worker's Python allocation growth)
+//          [--warm_min min(5, minutes/10)] [--serve_args '["--flag","value"]'] (env KEEL_OV_TRACEMALLOC=FILE: the OpenVINO worker's Python allocation growth)
 //        The real run: --minutes 60.
 import { spawn } from "node:child_process";
 import fs from "node:fs";
@@ -21,6 +21,8 @@ const DISCONNECT = Number(arg("disconnect", "0.25"));
 const MAX_TOKENS = Number(arg("max_tokens", "96"));
 const BASELINE_S = Number(arg("baseline_s", "20"));
 const SAMPLE_S = Number(arg("sample_s", "5"));
+/** Minutes after which a process counts as warm (V8 sizing its heap, lazily filled pools): growth is also printed from there. */
+const WARM_MIN = Number(arg("warm_min", String(Math.min(5, MINUTES / 10))));
 const MODEL = arg("model", ENGINE === "openvino" ? "keel-tiny-f16" : "keel-tiny");
 /** Extra `keel serve` flags, one JSON array (e.g. '["--plugin_config","{\"CPU_RUNTIME_CACHE_CAPACITY\":\"100\"}"]'). */
 const SERVE_ARGS = JSON.parse(arg("serve_args", "[]"));
@@ -177,8 +179,10 @@ console.table([summary("baseline (undisturbed)", baseline), summary("soak", soak
 const lastThird = samples.filter((s) => s[0] >= (samples.at(-1)[0] * 2) / 3);
 const rssRow = (name, col) => {
   const start = samples[0][col];
+  const warm = (samples.find((s) => s[0] >= WARM_MIN) ?? samples.at(-1))[col];
   const end = samples.at(-1)[col];
-  return { process: name, "start MB": start.toFixed(1), "max MB": Math.max(...samples.map((s) => s[col])).toFixed(1), "end MB": end.toFixed(1), "change %": (((end - start) / start) * 100).toFixed(1), "slope MB/min (last third)": slope(lastThird.map((s) => [s[0], s[col]])).toFixed(2) };
+  const pct = (from) => (((end - from) / from) * 100).toFixed(1);
+  return { process: name, "start MB": start.toFixed(1), [`at ${WARM_MIN} min`]: warm.toFixed(1), "max MB": Math.max(...samples.map((s) => s[col])).toFixed(1), "end MB": end.toFixed(1), "change %": pct(start), "change from warm %": pct(warm), "slope MB/min (last third)": slope(lastThird.map((s) => [s[0], s[col]])).toFixed(2) };
 };
 console.table([rssRow("gateway", 1), rssRow(`engine (${ENGINE})`, 2)]);
 console.log(`RSS samples (min, gateway MB, engine MB): ${samples.map((s) => `${s[0].toFixed(1)}:${s[1].toFixed(0)}/${s[2].toFixed(0)}`).join(" ")}`);

@@ -91,6 +91,8 @@ class Engine:
             log("info", hs.note, event="hybrid_model", laBlocks=hs.la_blocks, laBlockTokens=hs.la_block_tokens, cacheIntervalMultiplier=hs.interval_multiplier)
         #: Sequences OpenVINO runs at once (maxNumSeqs, or 1 for a hybrid model under --deterministic).
         self.max_seqs = int(sc.max_num_seqs)
+        #: Tokens OpenVINO computes in one step (maxNumBatchedTokens, or a hybrid model's setting).
+        self.batched_tokens = int(sc.max_num_batched_tokens)
         tok_props = {"enable_save_ov_model": True} if props.get("enable_save_ov_model") else {}
         try:
             self.pipe = ov_genai.ContinuousBatchingPipeline(load_path, sc, self.device, props, tok_props)
@@ -144,6 +146,35 @@ class Engine:
         self.inbox: Optional[Inbox] = None
         #: The pool usage OpenVINO reported at its last step (percent).
         self.last_usage = 0.0
+
+    def warm_up(self) -> dict:
+        """One step at the largest batch before ready, as vLLM's profile run and llama.cpp's warm-up decode: the CPU
+        plugin sizes its buffers for intermediate tensors to the biggest batch shape it has seen and keeps them, so
+        without this the worker's memory climbs under the first heavy load instead of at start (issue #22's soak);
+        on a GPU it also compiles the largest shapes' kernels before the first request waits for them.
+        The prompt is one plain token repeated: no request of the gateway's is involved and its OpenVINO id is used
+        up like any other. Returns what to log."""
+        import numpy as np
+        import openvino as ov
+
+        started = time.monotonic()
+        tokens = max(1, min(self.batched_tokens, self.max_len - 1, self.pool_tokens - self.block))
+        filler = list(self.tok.encode("a", add_special_tokens=False).input_ids.data[0])[:1] or [0]
+        config = self.ov.GenerationConfig()
+        config.max_new_tokens = 1
+        config.do_sample = False
+        config.ignore_eos = True
+        ov_id = self.next_ov_id
+        self.next_ov_id += 1
+        handle = self.pipe.add_request(ov_id, ov.Tensor(np.array([filler * tokens], dtype=np.int64)), config)
+        steps = 0
+        # Chunked prefill (a smaller step budget than the prompt) takes more than one step; bounded all the same.
+        while self.pipe.has_non_finished_requests() and steps < 64:
+            self.pipe.step()
+            steps += 1
+        while handle.can_read():
+            handle.read()
+        return {"tokens": tokens, "steps": steps, "ms": round((time.monotonic() - started) * 1000)}
 
     # -- helpers ------------------------------------------------------------------------------------------------
 

@@ -108,6 +108,11 @@ class Settings(unittest.TestCase):
         self.assertNotIn("DYNAMIC_QUANTIZATION_GROUP_SIZE", props)
         self.assertEqual(len(notes), 1)
 
+    def test_cpu_shape_cache_off_unless_plugin_config_sets_it(self):
+        self.assertEqual(compile_properties(self.CFG)[0]["CPU_RUNTIME_CACHE_CAPACITY"], "0")
+        self.assertEqual(compile_properties({**self.CFG, "pluginConfig": {"CPU_RUNTIME_CACHE_CAPACITY": 5000}})[0]["CPU_RUNTIME_CACHE_CAPACITY"], 5000)
+        self.assertNotIn("CPU_RUNTIME_CACHE_CAPACITY", compile_properties(self.CFG, "GPU")[0])
+
     def test_u8_kv_is_applied_with_a_note(self):
         props, notes = compile_properties({**self.CFG, "kvCacheType": "q8_0"})
         self.assertEqual(props["KV_CACHE_PRECISION"], "u8")
