@@ -166,7 +166,10 @@ class Engine:
         config.ignore_eos = True
         ov_id = self.next_ov_id
         self.next_ov_id += 1
-        handle = self.pipe.add_request(ov_id, ov.Tensor(np.array([filler * tokens], dtype=np.int64)), config)
+        try:
+            handle = self.pipe.add_request(ov_id, ov.Tensor(np.array([filler * tokens], dtype=np.int64)), config)
+        except Exception as err:  # noqa: BLE001 - refused before anything is queued: serve without the warm-up
+            return {"tokens": 0, "steps": 0, "ms": round((time.monotonic() - started) * 1000), "skipped": str(err)}
         steps = 0
         # Chunked prefill (a smaller step budget than the prompt) takes more than one step; bounded all the same.
         while self.pipe.has_non_finished_requests() and steps < 64:

@@ -50,7 +50,10 @@ def main() -> None:
         os.write(result_fd, (json.dumps({"ok": True, "metadata": engine.meta, "backend": engine.backend()}) + "\n").encode("utf-8"))
         os._exit(0)
     warm = engine.warm_up()
-    log("info", f"warm-up: one {warm['tokens']}-token prompt in {warm['steps']} step(s), {warm['ms']} ms (buffers sized for the largest batch before the first request)", event="warm_up", **warm)
+    if "skipped" in warm:
+        log("warn", f"warm-up skipped: OpenVINO GenAI refused its prompt ({warm['skipped']}); memory for the largest batch is then taken under the first heavy load", event="warm_up", **warm)
+    else:
+        log("info", f"warm-up: one {warm['tokens']}-token prompt in {warm['steps']} step(s), {warm['ms']} ms (buffers sized for the largest batch before the first request)", event="warm_up", **warm)
     engine.inbox = Inbox(3, engine)
     engine.emit({
         "type": "ready",
