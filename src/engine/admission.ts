@@ -59,6 +59,8 @@ export function admitAdd(cmd: AddMessage, ctx: AdmissionContext): RequestState |
   const invalid = checkSamplingParams(cmd.params, { vocabSize: backend.vocabSize, maxTopLogprobs: ctx.maxTopLogprobs, grammars: ctx.grammars });
   if (invalid) return refuse("invalid_params", invalid);
   const sampling = new SamplingState(cmd.params, backend.eogTokens, generated);
+  const nothingLeft = sampling.unsatisfiable(backend.vocabSize, generated.length);
+  if (nothingLeft) return refuse("invalid_params", `Invalid value for 'logit_bias': ${nothingLeft}`);
   let guide: GuideState | null = null;
   const spec = cmd.params.guide;
   if (spec) {

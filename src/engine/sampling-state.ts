@@ -46,6 +46,21 @@ export class SamplingState {
     this.bias = this.computeBias();
   }
 
+  /**
+   * Why the bans leave no token to sample at some position, or null: logit_bias at -100 with the end tokens that
+   * ignore_eos bans for good or min_tokens bans until then. A sampler would still pick one of the banned tokens, so
+   * the add is refused instead (as the gateway refuses bans of the whole vocabulary before the engine sees them).
+   */
+  unsatisfiable(vocabSize: number, generated: number): string | null {
+    let banned = 0;
+    for (const bias of this.staticBias.values()) if (bias === -Infinity) banned += 1;
+    if (banned >= vocabSize) return "logit_bias with ignore_eos bans every token of the vocabulary (the end-of-generation tokens too), so nothing could be generated.";
+    if (generated >= this.minTokens) return null;
+    const gated = new Set([...this.eogTokens, ...this.stopTokens].filter((t) => this.staticBias.get(t) !== -Infinity));
+    if (banned + gated.size >= vocabSize) return `logit_bias bans every token but the end-of-generation and stop tokens, which min_tokens (${this.minTokens}) bans until then, so nothing could be generated.`;
+    return null;
+  }
+
   /** True when `token` is one of the request's stop token ids. */
   isStopToken(token: number): boolean {
     return this.stopTokens.has(token);

@@ -150,6 +150,23 @@ describe("StepLoop: the extended sampling set", () => {
     await bare.loop.step();
     expect(bare.messages).toEqual([expect.objectContaining({ type: "request_error", id: "lp0", code: "invalid_params" })]);
   });
+
+  // The breaker's case: -100 on every token but the end ones, which ignore_eos (for good) or min_tokens (until then)
+  // bans too, sampled banned tokens with a 200; the engine refuses the add instead. One token left open is served.
+  it("refuses bans that leave no token once ignore_eos or min_tokens bans the end tokens too; one token left open is served", async () => {
+    const t = setup({ maxModelLen: 64 });
+    const allBut = (...open: number[]): [number, number][] => Array.from({ length: 512 }, (_, i) => i).filter((i) => !open.includes(i)).map((i) => [i, -100]);
+    t.loop.submit(add("eos", "a", { maxTokens: 3, ignoreEos: true, logitBias: allBut(EOG, EOT) }));
+    t.loop.submit(add("min", "a", { maxTokens: 3, minTokens: 2, stopTokenIds: [0x78], logitBias: allBut(EOG, EOT, 0x78) }));
+    t.loop.submit(add("resumed", "a", { maxTokens: 4, minTokens: 2, logitBias: allBut(EOG, EOT, 0x61) }, { generated: [0x61, 0x61] }));
+    t.loop.submit(add("open", "a", { maxTokens: 2, ignoreEos: true, logitBias: allBut(EOG, EOT, 0x62) }));
+    await t.drain();
+    const errs = t.messages.filter((m): m is RequestErrorMessage => m.type === "request_error");
+    expect(errs.map((e) => [e.id, e.code])).toEqual([["eos", "invalid_params"], ["min", "invalid_params"]]);
+    expect(errs.every((e) => e.message.startsWith("Invalid value for 'logit_bias'"))).toBe(true);
+    expect(tokensOf(t, "open")).toHaveLength(2);
+    expect(t.outputsOf("resumed").at(-1)!.finish?.reason).toBeDefined();
+  });
 });
 
 describe("StepLoop: one native call samples the step (backend.sampleMany)", () => {

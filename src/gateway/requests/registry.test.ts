@@ -753,4 +753,19 @@ describe("RequestRegistry: guideDropped", () => {
     expect(unbanned.log.outputs.map((o) => o.text)).toEqual(["{", "x"]);
     expect(unbanned.log.finishes).toEqual([]);
   });
+
+  // The breaker's leak: the bans left nothing at the first token and the engine ended the request in the same output
+  // (it sampled an end token unconstrained); the 400 must still close the entry, not wait for an abort's answer.
+  it("a guide-400 in the output that also finishes the request closes it at once: nothing left running, no abort", () => {
+    const t = setup();
+    const s = sink();
+    t.reg.submit("b", { text: "hi" }, { ...params, logitBias: [[4, -100]] }, s);
+    t.sent.length = 0;
+    t.reg.handleStep(step(out("b", { admitted: { promptTokens: [1], cachedTokens: 0 }, tokens: [2], text: "", guideDropped: "every token was masked", finish: fin("stop") })));
+    expect(s.log.outputs).toEqual([]);
+    expect(s.log.finishes.map((f) => [f.reason, f.error?.httpError?.param])).toEqual([["error", "logit_bias"]]);
+    expect(t.reg.size).toBe(0);
+    expect(t.reg.counts()).toEqual({ waiting: 0, running: 0 });
+    expect(t.sent).toEqual([]);
+  });
 });

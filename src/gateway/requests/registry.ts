@@ -204,7 +204,11 @@ export class RequestRegistry {
       this.events.push({ type: "guide_dropped", id: e.id, reason: o.guideDropped, ends: banned });
       if (banned) {
         const message = `Invalid value for 'logit_bias': it bans every token the requested format (response_format, a guided tool call or a grammar) allows after ${e.generated.length} generated tokens.`;
-        this.endForClient(e, { code: "invalid_value", message, httpError: invalidValue("logit_bias", message) }, "guide_unsatisfiable");
+        const error = { code: "invalid_value", message, httpError: invalidValue("logit_bias", message) };
+        // The engine ended it in this same output (an end token sampled unconstrained): it holds nothing to abort,
+        // so the request closes now; otherwise it is aborted and closes when the engine confirms.
+        if (o.finish) this.end(e, "error", { promptTokens: e.promptTokens.length > 0 ? e.promptTokens.length : o.finish.promptTokens, completionTokens: e.generated.length }, error);
+        else this.endForClient(e, error, "guide_unsatisfiable");
         return;
       }
     }
