@@ -144,12 +144,14 @@ class HybridScheduling(unittest.TestCase):
         off = hybrid_settings(self.CFG, False, 27, 32, True)
         self.assertEqual((off.la_block_tokens, off.la_blocks, off.max_num_seqs), (None, 3, 3))
 
-    def test_prefix_caching_kept_only_with_interval_multiplier_1(self):
+    def test_prefix_caching_off_on_hybrid_models_with_why(self):
         on, why = hybrid_prefix_caching({"prefixCaching": True, "cacheIntervalMultiplier": 64})
         self.assertFalse(on)
-        self.assertIn("--cache_interval_multiplier 1", why)
-        self.assertEqual(hybrid_prefix_caching({"prefixCaching": True, "cacheIntervalMultiplier": 1}), (True, None))
-        self.assertEqual(hybrid_prefix_caching({"prefixCaching": True}), (True, None))
+        self.assertIn("--cache_interval_multiplier 64", why)
+        for cfg in ({"prefixCaching": True, "cacheIntervalMultiplier": 1}, {"prefixCaching": True}):
+            on, why = hybrid_prefix_caching(cfg)
+            self.assertFalse(on)
+            self.assertIn("some prefix-cache hits", why)
         self.assertEqual(hybrid_prefix_caching({"prefixCaching": False, "cacheIntervalMultiplier": 64}), (False, None))
 
     def test_deterministic_is_one_sequence_per_step_with_whole_prompts_when_not_rewired(self):

@@ -3,8 +3,8 @@
  * the CPU block, the block_manager assert at step 2 and every step after it), sent through Keel: the same model, pool
  * and flags (`--num_kv_blocks 27 --enable_prefix_caching true --cache_interval_multiplier 64`, split-fuse on) and three
  * greedy 8-token requests of 320, 320 and 200 prompt tokens at once. Keel admits by pool occupancy and preempts whole,
- * so the server stays up, no engine restarts, and every stream equals its solo run. Also with multiplier 1, where
- * prefix caching really stays on (a larger multiplier turns it off on hybrid models: docs/openvino.md).
+ * so the server stays up, no engine restarts, and every stream equals its solo run. Also with multiplier 1 (prefix
+ * caching is off on hybrid models either way: docs/openvino.md, hybrid-prefix.test.ts).
  */
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { hybridModel } from "../support/openvino.js";
