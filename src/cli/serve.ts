@@ -177,7 +177,7 @@ function logStart(gw: Gateway, o: ServeOptions, s: Started): void {
   gw.log.info(
     { event: "capacity", tokensPerSequence: maxModelLen, sequences: maxNumSeqs, kvBytes, limitedBy: capacityNote, kvCachePrecision: o.kv_cache_precision, prefixCaching: s.prefixCaching, ...(engine === "openvino" ? { poolTokens: poolTokens ?? null } : {}) },
     engine === "openvino"
-      ? `KV capacity: up to ${maxModelLen} tokens per sequence, ${maxNumSeqs} sequences sharing ${poolTokens !== undefined ? `a pool of ${poolTokens} tokens` : `a pool of ${maxModelLen * maxNumSeqs} tokens (max_model_len x max_num_seqs)`}, limited by ${capacityNote}`
+      ? `KV capacity: up to ${maxModelLen} tokens per sequence, ${maxNumSeqs} sequences sharing ${poolTokens !== undefined ? `a pool of ${poolTokens} tokens` : `a pool of max_model_len x max_num_seqs = ${maxModelLen * maxNumSeqs} tokens plus one block of headroom`}, limited by ${capacityNote}`
       : `KV capacity: ${maxModelLen} tokens per sequence x ${maxNumSeqs} sequences${kvBytes !== null ? ` = ${(kvBytes / 1e9).toFixed(2)} GB` : ""}, limited by ${capacityNote}`,
   );
   gw.log.info({ event: "engine", engine, why: s.choice.why, command: s.engineCommand.command }, `engine ${engine}: ${s.choice.why}`);

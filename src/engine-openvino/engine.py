@@ -64,7 +64,8 @@ class Engine:
         elif cfg.get("cacheGb") and self.meta["kvElementsPerToken"]:
             pool_tokens = int(float(cfg["cacheGb"]) * 1e9 / (self.meta["kvElementsPerToken"] * kv_element_bytes(props)))
         else:
-            pool_tokens = int(cfg["maxModelLen"]) * int(cfg["maxNumSeqs"])
+            # Every sequence at max_model_len, plus the one block of headroom a request is checked against (below).
+            pool_tokens = int(cfg["maxModelLen"]) * int(cfg["maxNumSeqs"]) + self.block
         # Whole blocks: a GB budget is never exceeded (floor), the default pool always holds its sequences (ceil).
         self.kv_blocks = max(2, pool_tokens // self.block if cfg.get("cacheGb") and not cfg.get("kvBlocks") else -(-pool_tokens // self.block))
         self.pool_tokens = self.kv_blocks * self.block

@@ -62,6 +62,23 @@ describe("OpenVINO engine: serving", () => {
     }
   });
 
+  // The breaker's case: the default pool was max_model_len x max_num_seqs with no room for the block of headroom a
+  // request is checked against, so with one sequence the advertised length could not be used.
+  it("with the default pool one sequence may use all of max_model_len (prompt + max_tokens = 64 of 64)", async () => {
+    const small = await startServer(["--model_path", "keel-tiny-f16", "--model_name", "keel-tiny", "--max_model_len", "64", "--max_num_seqs", "1"], {}, { engine: "openvino" });
+    try {
+      const ask = (maxTokens: number) =>
+        fetch(`${small.baseUrl}/v3/completions`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ model: "keel-tiny", prompt: "hello ".repeat(16), max_tokens: maxTokens, ignore_eos: true, temperature: 0 }) });
+      const full = await ask(15);
+      expect(full.status).toBe(200);
+      // 49 prompt tokens + 15.
+      expect(((await full.json()) as { usage: { total_tokens: number } }).usage.total_tokens).toBe(64);
+      expect((await ask(16)).status).toBe(400);
+    } finally {
+      await small.stop();
+    }
+  });
+
   it("penalties, min_tokens and stop_token_ids are applied; the sampled token's logprob is served", async () => {
     const plain = await chat(ov.baseUrl, body(PROMPTS[0]!));
     const penalised = await chat(ov.baseUrl, body(PROMPTS[0]!, { presence_penalty: 2, frequency_penalty: 2, repetition_penalty: 1.5 }));
