@@ -77,7 +77,7 @@ export function parseTargetDevice(v: string): "cpu" | "gpu" | "auto" {
   if (/^GPU\.\d+$/.test(v)) {
     throw new Error(`--target_device ${v}: Keel cannot pick a GPU by index; make that GPU the only visible one (CUDA_VISIBLE_DEVICES=${v.slice(4)} or GGML_VK_VISIBLE_DEVICES=${v.slice(4)}) and pass --target_device GPU`);
   }
-  if (v === "NPU" || v.startsWith("HETERO") || v.startsWith("MULTI")) throw new Error(`--target_device ${v} is not supported: Keel runs llama.cpp on CPU or one GPU (CPU, GPU, GPU.0, AUTO)`);
+  if (v === "NPU" || v.startsWith("HETERO") || v.startsWith("MULTI")) throw new Error(`--target_device ${v} is not supported: Keel runs either engine on the CPU or one GPU (CPU, GPU, GPU.0, AUTO)`);
   throw new Error(`--target_device must be one of CPU, GPU, GPU.0, AUTO, got "${v}"`);
 }
 

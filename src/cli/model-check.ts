@@ -146,6 +146,12 @@ export async function validateModel(config: Omit<EngineConfig, "mode">, command:
     .filter((l) => l.trim())
     .slice(-3)
     .join(" | ");
+  // A --plugin_config value OpenVINO rejects fails the load: name the flag, not the model.
+  const pluginKeys = Object.keys(config.pluginConfig ?? {});
+  const refusedKey = pluginKeys.find((k) => detail.includes(k));
+  if (pluginKeys.length > 0 && (refusedKey !== undefined || /Wrong value|[Uu]nsupported property|[Nn]ot supported property/.test(detail))) {
+    throw new Error(`--plugin_config${refusedKey !== undefined ? ` ${refusedKey}` : ""}: OpenVINO refused it while loading the model (engine exit code ${code}): ${detail}`);
+  }
   if (CORRUPT_GGUF.test(detail)) throw new Error(`the model ${config.modelPath} cannot be loaded: the GGUF file is truncated or corrupt (its contents end early or do not parse)`);
   throw new Error(`the model ${config.modelPath} cannot be loaded (engine ${signal ? `killed by ${signal}` : `exit code ${code}`}): ${detail || "no message"}`);
 }

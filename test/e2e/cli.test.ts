@@ -97,6 +97,14 @@ describe("keel serve flags", () => {
     fs.rmSync(dir, { recursive: true, force: true });
   });
 
+  it("a --plugin_config value OpenVINO rejects names the flag and the key, not the model", () => {
+    const r = keel("serve", "--model_path", "keel-tiny-f16", "--engine", "openvino", "--plugin_config", '{"CPU_RUNTIME_CACHE_CAPACITY":"abc"}', "--rest_port", "0", "--rest_bind_address", "127.0.0.1");
+    expect(r.status).toBe(1);
+    expect(r.stderr).toContain("--plugin_config CPU_RUNTIME_CACHE_CAPACITY: OpenVINO refused it");
+    expect(r.stderr).toContain("Wrong value abc");
+    expect(r.stderr).not.toContain("cannot be loaded");
+  });
+
   it("a truncated GGUF gets a clear message, not a JavaScript TypeError", () => {
     const dir = fs.mkdtempSync(path.join(os.tmpdir(), "keel-trunc-"));
     const whole = buildTinyModel({ layers: 1, hidden: 64, ff: 128, heads: 4, kvHeads: 2, merges: 50 });
