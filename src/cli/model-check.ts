@@ -61,7 +61,7 @@ interface CheckTimings {
 
 /** The check's lines: what it does and why before, its progress when slow, its time by phase after. */
 function checkLines(modelPath: string, log: (line: string) => void): { progress: (p: number) => void; passed: (ms: number, t: CheckTimings | undefined) => void } {
-  log(`checking ${path.basename(modelPath)} in a throwaway engine process (it loads the model once; a model that crashes llama.cpp stops only that process)…`);
+  log(`checking ${path.basename(modelPath)} in a throwaway engine process (it loads the model once; a model that crashes the engine stops only that process)…`);
   const lines = new LoadProgressLines({ edges: false });
   const s = (ms: number | null): string => `${((ms ?? 0) / 1000).toFixed(1)} s`;
   return {

@@ -13,7 +13,7 @@ from detokenize import ByteDetokenizer, Detokenizer
 from faults import Faults
 from guides import GuideRefused, plan_for, to_structured_config
 from inbox import Inbox
-from logline import log
+from logline import Ticking, log
 from messages import PROTOCOL_VERSION
 from hybrid_guard import HybridGuard, hybrid_prefix_caching, hybrid_settings
 from model_meta import is_hybrid, model_metadata, token_bytes_table
@@ -96,7 +96,8 @@ class Engine:
         self.batched_tokens = int(sc.max_num_batched_tokens)
         tok_props = {"enable_save_ov_model": True} if props.get("enable_save_ov_model") else {}
         try:
-            self.pipe = ov_genai.ContinuousBatchingPipeline(load_path, sc, self.device, props, tok_props)
+            with Ticking(f"compiling the model for {self.device} (OpenVINO)", "model_compile"):
+                self.pipe = ov_genai.ContinuousBatchingPipeline(load_path, sc, self.device, props, tok_props)
         except RuntimeError as err:
             if self.device == "GPU":
                 log("fatal", f"a GPU was asked for (device \"gpu\") but OpenVINO cannot use one: {err}", event=NO_GPU_EVENT)

@@ -12,8 +12,7 @@
 /** Protocol version carried by every message; a peer refuses messages of another major version. */
 export const PROTOCOL_VERSION = 1;
 
-/** A `logitBias` at or below this bans its token outright (OpenAI: "-100 should result in a ban"): the engine, the
- * gateway's whole-vocabulary check and its guide-400 read the same floor. */
+/** A `logitBias` at or below this bans its token (OpenAI: "-100 should result in a ban"); engine and gateway read it. */
 export const LOGIT_BIAS_BAN = -100;
 
 /** Sampling parameters of one request, already validated by the gateway. */
@@ -39,8 +38,7 @@ export interface SamplingParams {
   /**
    * OpenAI presence / frequency penalties (-2..2, 0 = off) and the multiplicative repetition penalty (> 0,
    * 1 = off; vLLM/llama.cpp semantics). The penalty window is the prompt plus every generated token, so the
-   * state is a pure function of (prompt ids, generated ids) and a resumed generation is token-identical.
-   * Absent = off.
+   * state is a pure function of (prompt ids, generated ids) and a resumed generation is token-identical. Absent = off.
    */
   presencePenalty?: number;
   frequencyPenalty?: number;
@@ -49,10 +47,7 @@ export interface SamplingParams {
   minP?: number;
   /** Additive logit bias per token id (-100..100; -100 bans the token), as OpenAI's `logit_bias`. */
   logitBias?: [token: number, bias: number][];
-  /**
-   * Generated tokens before end-of-generation and `stopTokenIds` may end the request (their logits are banned until
-   * then; counts tokens generated on earlier engines too). Absent = 0.
-   */
+  /** Generated tokens (earlier engines' too) before EOG and `stopTokenIds` may end the request (banned until then); absent = 0. */
   minTokens?: number;
   /** Extra token ids that end the request with reason "stop" (the token is reported but contributes no text). */
   stopTokenIds?: number[];
