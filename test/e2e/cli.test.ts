@@ -183,7 +183,7 @@ describe("start-up lines", () => {
       expect((await get(server.baseUrl, "/v2/health/ready")).status).toBe(200);
       // Before the gateway listens: the check announced, then its time by phase.
       const at = (re: RegExp): number => server.logs.findIndex((l) => re.test(l));
-      const check = at(/^keel serve: checking \S+ in a throwaway engine process \(it loads the model once; a model that crashes llama\.cpp stops only that process\)…$/);
+      const check = at(/^keel serve: checking \S+ in a throwaway engine process \(it loads the model once; a model that crashes the engine stops only that process\)…$/);
       const passed = at(/^keel serve: model check passed in \d+\.\d s \(process start \d+\.\d s, backend \d+\.\d s, model load \d+\.\d s, context \d+\.\d s\)$/);
       expect(check).toBeGreaterThanOrEqual(0);
       expect(passed).toBeGreaterThan(check);
