@@ -207,7 +207,7 @@ export class RequestRegistry {
         const error = { code: "invalid_value", message, httpError: invalidValue("logit_bias", message) };
         // The engine ended it in this same output (an end token sampled unconstrained): it holds nothing to abort,
         // so the request closes now; otherwise it is aborted and closes when the engine confirms.
-        if (o.finish) this.end(e, "error", { promptTokens: e.promptTokens.length > 0 ? e.promptTokens.length : o.finish.promptTokens, completionTokens: e.generated.length }, error);
+        if (o.finish) this.end(e, "error", finishUsage(e, o.finish), error);
         else this.endForClient(e, error, "guide_unsatisfiable");
         return;
       }
@@ -226,7 +226,7 @@ export class RequestRegistry {
       if (e.lifecycle.state !== "cancelling") this.events.push({ type: "output", id: e.id, tokens: o.tokens, text: o.text, ...(o.logprobs ? { logprobs: o.logprobs } : {}), ...(o.textEnds ? { textEnds: o.textEnds } : {}) });
     }
     if (o.finish) {
-      const usage = { promptTokens: e.promptTokens.length > 0 ? e.promptTokens.length : o.finish.promptTokens, completionTokens: e.generated.length };
+      const usage = finishUsage(e, o.finish);
       const error = o.finish.error ? { ...o.finish.error, httpError: engineErrorToHttp(o.finish.error.code, o.finish.error.message) } : undefined;
       this.end(e, o.finish.reason, usage, error, o.finish.stepsAfterAbort);
     }
@@ -432,4 +432,9 @@ export class RequestRegistry {
     const latency = stepsAfterAbort !== undefined ? { abortLatencySteps: stepsAfterAbort } : e.cancelledAtStep === null ? {} : { abortLatencySteps: this.currentStep() - e.cancelledAtStep };
     this.events.push({ type: "finished", id: e.id, reason: next.reason, usage, phase, e2eMs: Date.now() - e.acceptedAt, ...latency, ...(error ? { error } : {}), released, refused });
   }
+}
+
+/** Usage of a request the engine finished: the prompt as admitted (else as the engine counted it) and every token. */
+function finishUsage(e: Entry, finish: NonNullable<StepMessage["outputs"][number]["finish"]>): Usage {
+  return { promptTokens: e.promptTokens.length > 0 ? e.promptTokens.length : finish.promptTokens, completionTokens: e.generated.length };
 }
