@@ -30,6 +30,8 @@ export class SamplingState {
   private bias: ReadonlyMap<number, number>;
   private readonly presence: number;
   private readonly frequency: number;
+  /** Tokens logit_bias itself bans (at or below -100), without the ones ignore_eos adds. */
+  private readonly explicitBans: number;
 
   constructor(params: SamplingParams, eogTokens: readonly number[], generated: readonly number[]) {
     this.stopTokens = new Set(params.stopTokenIds ?? []);
@@ -40,6 +42,7 @@ export class SamplingState {
     this.eogTokens = eogTokens;
     const base = new Map<number, number>();
     for (const [token, bias] of params.logitBias ?? []) if (bias !== 0) base.set(token, bias <= LOGIT_BIAS_BAN ? -Infinity : bias);
+    this.explicitBans = [...base.values()].filter((b) => b === -Infinity).length;
     if (params.ignoreEos) for (const t of eogTokens) base.set(t, -Infinity);
     this.staticBias = base;
     for (const t of generated) this.count(t);
@@ -54,7 +57,12 @@ export class SamplingState {
   unsatisfiable(vocabSize: number, generated: number): string | null {
     let banned = 0;
     for (const bias of this.staticBias.values()) if (bias === -Infinity) banned += 1;
-    if (banned >= vocabSize) return "logit_bias with ignore_eos bans every token of the vocabulary (the end-of-generation tokens too), so nothing could be generated.";
+    if (banned >= vocabSize) {
+      // ignore_eos is named only when its bans of the end tokens are what completed the ban.
+      return this.explicitBans >= vocabSize
+        ? "logit_bias bans every token of the vocabulary, so nothing could be generated."
+        : "logit_bias with ignore_eos bans every token of the vocabulary (the end-of-generation tokens too), so nothing could be generated.";
+    }
     if (generated >= this.minTokens) return null;
     const gated = new Set([...this.eogTokens, ...this.stopTokens].filter((t) => this.staticBias.get(t) !== -Infinity));
     if (banned + gated.size >= vocabSize) return `logit_bias bans every token but the end-of-generation and stop tokens, which min_tokens (${this.minTokens}) bans until then, so nothing could be generated.`;

@@ -166,6 +166,20 @@ describe("StepLoop: the extended sampling set", () => {
     expect(errs.every((e) => e.message.startsWith("Invalid value for 'logit_bias'"))).toBe(true);
     expect(tokensOf(t, "open")).toHaveLength(2);
     expect(t.outputsOf("resumed").at(-1)!.finish?.reason).toBeDefined();
+    expect(errs[0]!.message).toContain("with ignore_eos");
+  });
+
+  it("names ignore_eos only when its bans completed the ban: logit_bias alone on the whole vocabulary says so", async () => {
+    const t = setup({ maxModelLen: 64 });
+    const all: [number, number][] = Array.from({ length: 512 }, (_, i) => [i, -100]);
+    t.loop.submit(add("all", "a", { maxTokens: 2, logitBias: all }));
+    t.loop.submit(add("all-eos", "a", { maxTokens: 2, ignoreEos: true, logitBias: all }));
+    await t.drain();
+    const errs = t.messages.filter((m): m is RequestErrorMessage => m.type === "request_error");
+    expect(errs.map((e) => [e.id, e.message])).toEqual([
+      ["all", "Invalid value for 'logit_bias': logit_bias bans every token of the vocabulary, so nothing could be generated."],
+      ["all-eos", "Invalid value for 'logit_bias': logit_bias bans every token of the vocabulary, so nothing could be generated."],
+    ]);
   });
 });
 
