@@ -35,7 +35,8 @@ if (!build.current) {
   // native binary (an optional package): then npx runs the pinned version, leaving node_modules as it was installed.
   const tsc = path.join(root, "node_modules", "typescript", "bin", "tsc");
   const inputs = buildInputs(root);
-  console.error(`keel: compiling dist/ (${build.reason})…`);
+  console.error(`keel: compiling dist/ (${build.reason}; again only when sources change)…`);
+  const compileStart = Date.now();
   fs.rmSync(path.join(root, BUILD_STAMP), { force: true });
   const config = ["-p", path.join(root, "tsconfig.build.json")];
   if (spawnSync(process.execPath, [tsc, "--version"], { stdio: "ignore" }).status === 0) run(process.execPath, [tsc, ...config]);
@@ -46,6 +47,7 @@ if (!build.current) {
     execFileSync(process.platform === "win32" ? "npx.cmd" : "npx", ["--yes", "--package", `typescript@${version}`, "--", "tsc", ...config], { cwd: os.tmpdir(), stdio: "inherit" });
   }
   markBuilt(root, inputs);
+  console.error(`keel: compiled dist/ in ${((Date.now() - compileStart) / 1000).toFixed(1)} s`);
 }
 
 // 2b. Keel's native addon (one synchronous call samples a whole step; src/native/build.ts) for the binary directories
