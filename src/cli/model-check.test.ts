@@ -2,7 +2,7 @@ import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { afterAll, describe, expect, it } from "vitest";
-import { checkModelFile } from "./model-check.js";
+import { checkModelFile, pluginConfigRefusal } from "./model-check.js";
 
 describe("checkModelFile", () => {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), "keel-modelfile-"));
@@ -27,5 +27,21 @@ describe("checkModelFile", () => {
     const f = path.join(dir, "magic.gguf");
     fs.writeFileSync(f, Buffer.from("GGUF\x03\x00\x00\x00", "latin1"));
     expect(checkModelFile(f)).toBeNull();
+  });
+});
+
+describe("pluginConfigRefusal: a --plugin_config OpenVINO refused, told apart from other load failures", () => {
+  it("names the flag and the key OpenVINO's refusal names (a value or an unknown key)", () => {
+    const keys = ["CPU_RUNTIME_CACHE_CAPACITY", "NUM_STREAMS"];
+    expect(pluginConfigRefusal("engine failed: Exception from src/plugins/intel_cpu/src/config.cpp:278: Wrong value abc for property key CPU_RUNTIME_CACHE_CAPACITY. Expected only integer numbers", keys)).toBe(
+      "--plugin_config CPU_RUNTIME_CACHE_CAPACITY: OpenVINO refused it while loading the model",
+    );
+    expect(pluginConfigRefusal("NotFound: Unsupported property NOT_A_KEY by CPU plugin.", ["NOT_A_KEY"])).toBe("--plugin_config NOT_A_KEY: OpenVINO refused it while loading the model");
+  });
+
+  it("is null for a failure that only mentions a key, and names no key that is only part of another word", () => {
+    expect(pluginConfigRefusal("engine failed: out of memory while compiling NUM_STREAMS=4 model", ["NUM_STREAMS"])).toBeNull();
+    expect(pluginConfigRefusal("Wrong value x for property key CPU_RUNTIME_CACHE_CAPACITY", ["CACHE"])).toBe("--plugin_config: OpenVINO refused it while loading the model");
+    expect(pluginConfigRefusal("Wrong value x for property key K", [])).toBeNull();
   });
 });

@@ -45,6 +45,20 @@ const CORRUPT_GGUF = /Cannot read properties of undefined|out of range|Offset is
 /** The model check found no GPU backend although --target_device asked for one. */
 export class NoGpuError extends Error {}
 
+/** OpenVINO's words when it refuses a property: a value (`Wrong value X for property key K`) or a key (`Unsupported property K`). */
+const OPENVINO_REFUSAL = /Wrong value|[Uu]nsupported property|[Nn]ot supported property/;
+
+/**
+ * A `--plugin_config` that OpenVINO refused while loading the model: the flag (and its key, when the message names one
+ * of those given) instead of a verdict on the model; null when the failure is not such a refusal — a key's name
+ * appearing in some other failure's message is not one.
+ */
+export function pluginConfigRefusal(detail: string, keys: readonly string[]): string | null {
+  if (keys.length === 0 || !OPENVINO_REFUSAL.test(detail)) return null;
+  const key = keys.find((k) => new RegExp(`(^|[^A-Z0-9_])${k.replace(/[.*+?^${}()|[\]\\]/g, "\\$&")}([^A-Z0-9_]|$)`).test(detail));
+  return `--plugin_config${key !== undefined ? ` ${key}` : ""}: OpenVINO refused it while loading the model`;
+}
+
 /** The event of the engine's fatal line when a GPU was required and none loads (engine/main.ts). */
 const NO_GPU_EVENT = "no_gpu_backend";
 
@@ -146,12 +160,8 @@ export async function validateModel(config: Omit<EngineConfig, "mode">, command:
     .filter((l) => l.trim())
     .slice(-3)
     .join(" | ");
-  // A --plugin_config value OpenVINO rejects fails the load: name the flag, not the model.
-  const pluginKeys = Object.keys(config.pluginConfig ?? {});
-  const refusedKey = pluginKeys.find((k) => detail.includes(k));
-  if (pluginKeys.length > 0 && (refusedKey !== undefined || /Wrong value|[Uu]nsupported property|[Nn]ot supported property/.test(detail))) {
-    throw new Error(`--plugin_config${refusedKey !== undefined ? ` ${refusedKey}` : ""}: OpenVINO refused it while loading the model (engine exit code ${code}): ${detail}`);
-  }
+  const refused = pluginConfigRefusal(detail, Object.keys(config.pluginConfig ?? {}));
+  if (refused !== null) throw new Error(`${refused} (engine exit code ${code}): ${detail}`);
   if (CORRUPT_GGUF.test(detail)) throw new Error(`the model ${config.modelPath} cannot be loaded: the GGUF file is truncated or corrupt (its contents end early or do not parse)`);
   throw new Error(`the model ${config.modelPath} cannot be loaded (engine ${signal ? `killed by ${signal}` : `exit code ${code}`}): ${detail || "no message"}`);
 }
