@@ -52,6 +52,8 @@ Options (flag, or the env variable in brackets):
   --other-name NAME      label of the other server (default llama-server)                     [OTHER_NAME]
   --flash-attention on|off  flash attention for both servers (Keel --flash_attention, llama-server -fa; default off)
                                                                                              [FLASH_ATTENTION]
+  --temperature T        sampling temperature of every request (default 0: greedy); > 0 measures sampled
+                         requests, with top_k 40, top_p 0.95, min_p 0.05 for both servers      [TEMPERATURE]
   --keel-args "..."      extra flags for keel serve (space-separated)                        [KEEL_ARGS]
   (env COMPARE_TRACE=DIR: each throughput request's timeline to DIR/requests.jsonl, Keel's log at TRACE to DIR/keel.log)
   --other-args "..."     extra flags for the default llama-server command                    [OTHER_ARGS]
@@ -86,7 +88,7 @@ for (let i = 0; i < argv.length; i++) {
   else if (a === "--gpu") flags.set("gpu", "1");
   else flags.set(a.slice(2), argv[++i]);
 }
-const KNOWN = new Set("flash-attention model gpu concurrency tokens rounds reqs min-reqs ctx batch threads llama-server other-cmd other-name keel-args other-args mixed-decoders mixed-long long-reqs long-prompt storm-conc storm-reqs seed max-seconds".split(" "));
+const KNOWN = new Set("flash-attention model gpu concurrency tokens rounds reqs min-reqs ctx batch threads llama-server other-cmd other-name keel-args other-args mixed-decoders mixed-long long-reqs long-prompt storm-conc storm-reqs seed max-seconds temperature".split(" "));
 for (const k of flags.keys()) if (!KNOWN.has(k)) fail(`unknown option --${k} (see --help)`);
 for (const s of sections) if (!["throughput", "mixed", "storm"].includes(s)) fail(`unknown section ${s} (throughput, mixed, storm)`);
 function fail(msg) {
@@ -125,10 +127,13 @@ const CFG = {
   stormConc: num("storm-conc", 8),
   stormReqs: num("storm-reqs", 4),
   flashAttention: opt("flash-attention", "off"),
+  temperature: num("temperature", 0),
   seed: num("seed", 7),
   maxSeconds: num("max-seconds", 1800),
 };
 if (!["on", "off"].includes(CFG.flashAttention)) fail("--flash-attention must be on or off");
+/** Sampled requests name llama-server's default chain (top_k 40, top_p 0.95, min_p 0.05), so both servers run the same one. */
+const SAMPLED = CFG.temperature > 0 ? { top_k: 40, top_p: 0.95, min_p: 0.05 } : {};
 const SECTIONS = sections.length ? sections : ["throughput", "mixed", "storm"];
 
 // ---------- small helpers ----------
@@ -322,7 +327,7 @@ async function stopProc(proc) {
 function chat(port, { content, maxTokens, closeAfterChunks = null, timeoutMs = 600_000 }) {
   return new Promise((resolve) => {
     const r = { status: 0, sent: NaN, chunks: [], end: NaN, usage: null, closed: false, done: false, error: null };
-    const payload = JSON.stringify({ model: "bench", messages: [{ role: "user", content }], stream: true, stream_options: { include_usage: true }, max_tokens: maxTokens, temperature: 0, ignore_eos: true, ...extraBody });
+    const payload = JSON.stringify({ model: "bench", messages: [{ role: "user", content }], stream: true, stream_options: { include_usage: true }, max_tokens: maxTokens, temperature: CFG.temperature, ...SAMPLED, ignore_eos: true, ...extraBody });
     let socket = null;
     let settled = false;
     const settle = () => {

@@ -34,13 +34,16 @@ CUDA_PID=$!
 VKP="$W/vkp"
 . "$W/bench/gpu/vulkan-build.sh"
 VK_PID=""
-if [ "$PLAN" != i21d ] && vulkan_unpack "$W/vk" > "$R/vulkan-unpack.log" 2>&1; then
+if [ "$PLAN" != i21d ] && [ "$PLAN" != i21e ] && vulkan_unpack "$W/vk" > "$R/vulkan-unpack.log" 2>&1; then
   vulkan_build "$NODE" "$R/build-vulkan.log" &
   VK_PID=$!
 fi
 mkdir -p "$W/models"
+# (plan i21e measures the 1.26 B model only: no 8 B model)
+if [ "$PLAN" = i21e ]; then M8_PID=""; else
 ( /usr/bin/time -v "$NODE" bin/keel.mjs make-model --shape llama3-8b --f16 --out "$MODEL8B" > "$R/model8b.log" 2>&1 ) &
 M8_PID=$!
+fi
 "$NODE" bench/gpu/write-model.mjs --out "$MODEL" --vocab 32000 --layers 24 --hidden 2048 --ff 5632 --heads 16 --kv-heads 8 --ctx 4096 --f16 || log "model write FAILED"
 python3 bench/gpu/bandwidth.py > "$R/bandwidth.log" 2>&1
 cat "$R/bandwidth.log"
@@ -88,6 +91,7 @@ overlap_8b() {
 # Plan i21b (the second #21 session) measures other things once both builds are done: bench/gpu/plan-i21b.sh.
 if [ "$PLAN" = i21b ]; then . "$W/bench/gpu/plan-i21b.sh"; kill "$DMON" 2>/dev/null; log "pipeline done"; date -u > "$R/DONE"; return 0; fi
 if [ "$PLAN" = i21d ]; then . "$W/bench/gpu/plan-i21d.sh"; kill "$DMON" 2>/dev/null; log "pipeline done"; date -u > "$R/DONE"; return 0; fi
+if [ "$PLAN" = i21e ]; then . "$W/bench/gpu/plan-i21e.sh"; kill "$DMON" 2>/dev/null; log "pipeline done"; date -u > "$R/DONE"; return 0; fi
 
 # 2a. [~9–13 min] Keel vs llama-server on CUDA, 1/8/32/64 streams, one round, flash attention off, then on (both).
 for fa in off on; do
