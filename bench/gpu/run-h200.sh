@@ -33,7 +33,7 @@ MODE="${1:-start}"
 # i21d = the fourth #21 session: CUDA only (no Vulkan build), the 8 B roofline again, the 8-stream TTFT timeline
 #        (bench/gpu/plan-i21d.sh).
 # i21e = a short follow-up (about 10 minutes of device time): CUDA only, no 8 B model; sampled requests (temperature
-#        0.8) at 8/32/64 streams and more rounds of the 1/8-stream TTFT (bench/gpu/plan-i21e.sh).
+#        0.8) at 8/64 streams and more rounds of the 1/8-stream TTFT (bench/gpu/plan-i21e.sh).
 export PLAN="${PLAN:-${2:-main}}"
 W="${KEEL_GPU_WORK:-/tmp/k}"   # work folder on the device (survives between calls while the machine is warm)
 R=$W/results             # logs, copied to $OUT by every call
