@@ -1,7 +1,7 @@
 """OpenVINO settings from the EngineConfig: device, KV block size, prefix caching, compile properties."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Mapping, Optional
 
 
 #: KV block size of OpenVINO's paged cache (tokens): 32 on CPU, 16 on GPU (research §1).
@@ -21,6 +21,26 @@ def resolve_device(cfg: dict) -> str:
     import openvino as ov
 
     return "GPU" if any(d.startswith("GPU") for d in ov.Core().available_devices) else "CPU"
+
+
+#: oneDNN's primitive cache: the JIT-compiled kernels the CPU plugin keeps (1,024 by default). Continuous batching
+#: gives almost every step a new batch shape, and each new shape compiles primitives until the cache is full: that
+#: cache filling was the CPU worker's memory growth in issue #22's soaks (+13 % to a plateau on a quiet host).
+ONEDNN_CACHE_ENV = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
+#: Keel's capacity on CPU (docs/benchmarks.md, "oneDNN's primitive cache"): 64 kept the worker flat (+0.7 % in 12 soak
+#: minutes against +8.4 % with 1,024 and +7.1 % with 256) at the same tok/s; 0 was flat too but halved tok/s.
+ONEDNN_CACHE_CPU = "64"
+
+
+def onednn_cache_capacity(cfg: dict, env: Mapping[str, str]) -> Optional[str]:
+    """The primitive-cache capacity to put in the environment before OpenVINO loads, or None to leave it.
+
+    On CPU only (the GPU plugin's kernels are OpenCL programs, costly to rebuild) and only when the environment names
+    no capacity of its own (oneDNN reads ONEDNN_ and DNNL_ names): a user's setting wins.
+    """
+    if cfg.get("device", "cpu") != "cpu" or ONEDNN_CACHE_ENV in env or "DNNL_PRIMITIVE_CACHE_CAPACITY" in env:
+        return None
+    return ONEDNN_CACHE_CPU
 
 
 def compile_properties(cfg: dict, device: str = "CPU") -> tuple[dict, list[str]]:

@@ -28,6 +28,22 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ov_settings import ONEDNN_CACHE_ENV, onednn_cache_capacity  # noqa: E402
+
+
+def _onednn_cache_before_openvino_loads() -> str | None:
+    """oneDNN reads its primitive-cache capacity from the environment once: set it before OpenVINO is imported."""
+    try:
+        capacity = onednn_cache_capacity(json.loads(sys.argv[-1]), os.environ)
+    except (ValueError, IndexError):
+        return None  # not a config: main() reports that
+    if capacity is not None:
+        os.environ[ONEDNN_CACHE_ENV] = capacity
+    return capacity
+
+
+#: The capacity Keel set (None: oneDNN's default or the user's), for the start-up log line.
+ONEDNN_CACHE_SET = _onednn_cache_before_openvino_loads()
 import step_loop  # noqa: E402
 from channel import Channel  # noqa: E402
 from engine import ENGINE_NAME, V, Engine  # noqa: E402
@@ -65,6 +81,8 @@ def main() -> None:
         "backend": engine.backend(),
         "loadMs": round((time.monotonic() - started) * 1000),
     })
+    if ONEDNN_CACHE_SET is not None:
+        log("info", f"oneDNN primitive cache: {ONEDNN_CACHE_SET} primitives (bounds the CPU worker's memory; {ONEDNN_CACHE_ENV} in the environment changes it)", event="onednn_cache", capacity=int(ONEDNN_CACHE_SET))
     log("info", "OpenVINO engine ready", event="ready", kvBlocks=engine.kv_blocks, blockTokens=engine.block, poolTokens=engine.pool_tokens, device=engine.device)
     step_loop.run(engine)
     os._exit(0)
