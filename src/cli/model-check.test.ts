@@ -44,4 +44,13 @@ describe("pluginConfigRefusal: a --plugin_config OpenVINO refused, told apart fr
     expect(pluginConfigRefusal("Wrong value x for property key CPU_RUNTIME_CACHE_CAPACITY", ["CACHE"])).toBe("--plugin_config: OpenVINO refused it while loading the model");
     expect(pluginConfigRefusal("Wrong value x for property key K", [])).toBeNull();
   });
+
+  it("takes the key from the refusal's own words before any other key that appears in the text, and knows OpenVINO's other refusal phrasings", () => {
+    const prep = "compiling the model for CPU (OpenVINO)… | engine failed: ";
+    expect(pluginConfigRefusal(`${prep}Wrong value FAST for property key PERFORMANCE_HINT`, ["for", "PERFORMANCE_HINT"])).toBe("--plugin_config PERFORMANCE_HINT: OpenVINO refused it while loading the model");
+    expect(pluginConfigRefusal(`${prep}Wrong value -5 for property key NUM_STREAMS`, ["key", "NUM_STREAMS"])).toBe("--plugin_config NUM_STREAMS: OpenVINO refused it while loading the model");
+    expect(pluginConfigRefusal(`${prep}Could not read number of streams from str: abc; stoi`, ["NUM_STREAMS"])).toBe("--plugin_config: OpenVINO refused it while loading the model");
+    expect(pluginConfigRefusal(`${prep}Could not convert to bool from string x`, ["ENABLE_MMAP"])).toBe("--plugin_config: OpenVINO refused it while loading the model");
+    expect(pluginConfigRefusal(`${prep}expect kvcache type bf16, current: u3 , u3`, ["KV_CACHE_PRECISION"])).toBe("--plugin_config: OpenVINO refused it while loading the model");
+  });
 });

@@ -45,8 +45,13 @@ const CORRUPT_GGUF = /Cannot read properties of undefined|out of range|Offset is
 /** The model check found no GPU backend although --target_device asked for one. */
 export class NoGpuError extends Error {}
 
-/** OpenVINO's words when it refuses a property: a value (`Wrong value X for property key K`) or a key (`Unsupported property K`). */
-const OPENVINO_REFUSAL = /Wrong value|[Uu]nsupported property|[Nn]ot supported property/;
+/**
+ * OpenVINO's words when it refuses a property: a value (`Wrong value X for property key K`, `Could not read number of
+ * streams from str`, `Could not convert to bool from string`, `expect kvcache type`) or a key (`Unsupported property K`).
+ */
+const OPENVINO_REFUSAL = /Wrong value|[Uu]nsupported property|[Nn]ot supported property|Could not (?:read|convert)|expect kvcache type/;
+/** The key OpenVINO's refusal names, when it names one. */
+const REFUSED_KEY = /(?:property key|[Uu]nsupported property|[Nn]ot supported property)\s+([A-Za-z0-9_.]+)/;
 
 /**
  * A `--plugin_config` that OpenVINO refused while loading the model: the flag (and its key, when the message names one
@@ -55,7 +60,10 @@ const OPENVINO_REFUSAL = /Wrong value|[Uu]nsupported property|[Nn]ot supported p
  */
 export function pluginConfigRefusal(detail: string, keys: readonly string[]): string | null {
   if (keys.length === 0 || !OPENVINO_REFUSAL.test(detail)) return null;
-  const key = keys.find((k) => new RegExp(`(^|[^A-Z0-9_])${k.replace(/[.*+?^${}()|[\]\\]/g, "\\$&")}([^A-Z0-9_]|$)`).test(detail));
+  // The key the refusal names; else a given key that appears as a whole word (a message about one value of it).
+  const named = REFUSED_KEY.exec(detail)?.[1];
+  const wholeWord = (k: string): boolean => k !== "" && new RegExp(`(^|[^A-Za-z0-9_])${k.replace(/[.*+?^${}()|[\]\\]/g, "\\$&")}([^A-Za-z0-9_]|$)`).test(detail);
+  const key = named !== undefined && keys.includes(named) ? named : keys.find(wholeWord);
   return `--plugin_config${key !== undefined ? ` ${key}` : ""}: OpenVINO refused it while loading the model`;
 }
 

@@ -32,15 +32,28 @@ ONEDNN_CACHE_ENV = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
 ONEDNN_CACHE_CPU = "64"
 
 
-def onednn_cache_capacity(cfg: dict, env: Mapping[str, str]) -> Optional[str]:
+def onednn_cache_capacity(cfg: dict, env: Mapping[str, str], gpu_render_node: bool) -> Optional[str]:
     """The primitive-cache capacity to put in the environment before OpenVINO loads, or None to leave it.
 
-    On CPU only (the GPU plugin's kernels are OpenCL programs, costly to rebuild) and only when the environment names
-    no capacity of its own (oneDNN reads ONEDNN_ and DNNL_ names): a user's setting wins.
+    On CPU only (the GPU plugin's kernels are OpenCL programs, costly to rebuild): `--target_device CPU`, or AUTO on a
+    machine without a GPU render node (/dev/dri/renderD*: AUTO cannot pick a GPU there; where there is one, only
+    OpenVINO can tell, after this must be set, so the default stays). And only when the environment names no capacity
+    of its own (oneDNN reads ONEDNN_ and DNNL_ names): a user's setting wins.
     """
-    if cfg.get("device", "cpu") != "cpu" or ONEDNN_CACHE_ENV in env or "DNNL_PRIMITIVE_CACHE_CAPACITY" in env:
+    device = cfg.get("device", "cpu")
+    if device != "cpu" and not (device == "auto" and not gpu_render_node):
+        return None
+    if user_onednn_cache(env) is not None:
         return None
     return ONEDNN_CACHE_CPU
+
+
+def user_onednn_cache(env: Mapping[str, str]) -> Optional[str]:
+    """The primitive-cache capacity the environment sets (ONEDNN_ first, as oneDNN reads it), or None."""
+    for name in (ONEDNN_CACHE_ENV, "DNNL_PRIMITIVE_CACHE_CAPACITY"):
+        if name in env:
+            return env[name]
+    return None
 
 
 def compile_properties(cfg: dict, device: str = "CPU") -> tuple[dict, list[str]]:

@@ -12,7 +12,7 @@ from messages import parse_message, sampling_error  # noqa: E402
 from detokenize import ByteDetokenizer, Detokenizer  # noqa: E402
 from model_meta import is_hybrid  # noqa: E402
 from faults import Faults  # noqa: E402
-from ov_settings import ONEDNN_CACHE_CPU, compile_properties, onednn_cache_capacity  # noqa: E402
+from ov_settings import ONEDNN_CACHE_CPU, compile_properties, onednn_cache_capacity, user_onednn_cache  # noqa: E402
 from hybrid_guard import HybridGuard, hybrid_prefix_caching, hybrid_settings  # noqa: E402
 from model_meta import model_metadata  # noqa: E402
 
@@ -114,12 +114,15 @@ class Settings(unittest.TestCase):
         self.assertNotIn("CPU_RUNTIME_CACHE_CAPACITY", compile_properties(self.CFG, "GPU")[0])
 
     def test_onednn_cache_bounded_on_cpu_unless_the_environment_sets_it(self):
-        self.assertEqual(onednn_cache_capacity(self.CFG, {}), ONEDNN_CACHE_CPU)
-        self.assertEqual(onednn_cache_capacity({**self.CFG, "device": "cpu"}, {"PATH": "/bin"}), ONEDNN_CACHE_CPU)
-        self.assertIsNone(onednn_cache_capacity({**self.CFG, "device": "cpu"}, {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "1024"}))
-        self.assertIsNone(onednn_cache_capacity({**self.CFG, "device": "cpu"}, {"DNNL_PRIMITIVE_CACHE_CAPACITY": "64"}))
-        self.assertIsNone(onednn_cache_capacity({**self.CFG, "device": "gpu"}, {}))
-        self.assertIsNone(onednn_cache_capacity({**self.CFG, "device": "auto"}, {}))
+        self.assertEqual(onednn_cache_capacity(self.CFG, {}, True), ONEDNN_CACHE_CPU)
+        self.assertEqual(onednn_cache_capacity({**self.CFG, "device": "cpu"}, {"PATH": "/bin"}, False), ONEDNN_CACHE_CPU)
+        self.assertIsNone(onednn_cache_capacity({**self.CFG, "device": "cpu"}, {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "1024"}, False))
+        self.assertIsNone(onednn_cache_capacity({**self.CFG, "device": "cpu"}, {"DNNL_PRIMITIVE_CACHE_CAPACITY": ""}, False))
+        self.assertEqual(user_onednn_cache({"DNNL_PRIMITIVE_CACHE_CAPACITY": "", "PATH": "/bin"}), "")
+        self.assertIsNone(onednn_cache_capacity({**self.CFG, "device": "gpu"}, {}, False))
+        # AUTO cannot pick a GPU on a machine without a render node: it runs on the CPU, capped; with one, left alone.
+        self.assertEqual(onednn_cache_capacity({**self.CFG, "device": "auto"}, {}, False), ONEDNN_CACHE_CPU)
+        self.assertIsNone(onednn_cache_capacity({**self.CFG, "device": "auto"}, {}, True))
 
     def test_u8_kv_is_applied_with_a_note(self):
         props, notes = compile_properties({**self.CFG, "kvCacheType": "q8_0"})

@@ -28,15 +28,17 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ov_settings import ONEDNN_CACHE_ENV, onednn_cache_capacity  # noqa: E402
+import glob  # noqa: E402
+from ov_settings import ONEDNN_CACHE_CPU, ONEDNN_CACHE_ENV, onednn_cache_capacity, user_onednn_cache  # noqa: E402
 
 
 def _onednn_cache_before_openvino_loads() -> str | None:
     """oneDNN reads its primitive-cache capacity from the environment once: set it before OpenVINO is imported."""
     try:
-        capacity = onednn_cache_capacity(json.loads(sys.argv[-1]), os.environ)
-    except (ValueError, IndexError):
-        return None  # not a config: main() reports that
+        cfg = json.loads(sys.argv[-1])
+        capacity = onednn_cache_capacity(cfg, os.environ, bool(glob.glob("/dev/dri/renderD*")))
+    except Exception:  # noqa: BLE001 - not a config: main() reports that as a fatal line
+        return None
     if capacity is not None:
         os.environ[ONEDNN_CACHE_ENV] = capacity
     return capacity
@@ -81,8 +83,11 @@ def main() -> None:
         "backend": engine.backend(),
         "loadMs": round((time.monotonic() - started) * 1000),
     })
+    user_cache = user_onednn_cache(os.environ) if ONEDNN_CACHE_SET is None else None
     if ONEDNN_CACHE_SET is not None:
         log("info", f"oneDNN primitive cache: {ONEDNN_CACHE_SET} primitives (bounds the CPU worker's memory; {ONEDNN_CACHE_ENV} in the environment changes it)", event="onednn_cache", capacity=int(ONEDNN_CACHE_SET))
+    elif user_cache is not None:
+        log("info", f"oneDNN primitive cache: {user_cache!r} from the environment (Keel's CPU default is {ONEDNN_CACHE_CPU}; 0 recompiles every step, about half the tok/s; empty or unset is oneDNN's 1,024)", event="onednn_cache", capacity=user_cache, source="environment")
     log("info", "OpenVINO engine ready", event="ready", kvBlocks=engine.kv_blocks, blockTokens=engine.block, poolTokens=engine.pool_tokens, device=engine.device)
     step_loop.run(engine)
     os._exit(0)
