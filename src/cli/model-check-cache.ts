@@ -18,6 +18,7 @@ import { binDirsKey } from "../native/bin-dirs.js";
 import { nativeSamplingSwitch } from "../native/loader.js";
 import type { EngineCommand, EngineConfig } from "../protocol/engine-config.js";
 import type { EngineBackend, ModelMetadata } from "../protocol/messages.js";
+import { makeDirsSync } from "../model/make-dirs.js";
 
 /** What a passed check returns (and a record holds). */
 export type CheckResult = ModelMetadata & { backend?: EngineBackend };
@@ -63,7 +64,7 @@ export function readCheck(cacheRoot: string, key: string): CheckResult | null {
 export function writeCheck(cacheRoot: string, key: string, modelPath: string, result: CheckResult): void {
   try {
     const file = recordFile(cacheRoot, key);
-    fs.mkdirSync(path.dirname(file), { recursive: true });
+    makeDirsSync(path.dirname(file));
     const tmp = `${file}.${process.pid}.tmp`;
     fs.writeFileSync(tmp, JSON.stringify({ modelPath, checkedAt: new Date().toISOString(), result }) + "\n");
     fs.renameSync(tmp, file);

@@ -11,10 +11,10 @@
 import { spawn } from "node:child_process";
 import { createHash } from "node:crypto";
 import { existsSync, readFileSync } from "node:fs";
-import { mkdir } from "node:fs/promises";
 import path from "node:path";
 import { acquireLock, keelCacheRoot } from "../model/model-cache.js";
 import { OPENVINO_WORKER, ensureOpenvinoVenv } from "./venv.js";
+import { makeDirsSync } from "../model/make-dirs.js";
 
 const SRC_DIR = path.dirname(OPENVINO_WORKER);
 /** The script that writes the IR (`python make_hybrid.py OUT_DIR`). */
@@ -44,7 +44,7 @@ export async function ensureHybridModel(opts: { log?: (line: string) => void; en
   const log = opts.log ?? (() => undefined);
   const dir = hybridModelDir(env);
   if (isComplete(dir)) return dir;
-  await mkdir(path.dirname(dir), { recursive: true });
+  makeDirsSync(path.dirname(dir));
   const release = await acquireLock(`${dir}.lock`, 500, (pid) => log(`waiting for process ${pid}, which is making ${dir}`));
   try {
     if (isComplete(dir)) return dir;

