@@ -6,4 +6,5 @@ export declare function installState(root: string, opts: { needDev: boolean }): 
 export declare function buildSources(root: string): string[];
 export declare function buildState(root: string): { current: boolean; reason: string };
 export declare function buildInputs(root: string): Record<string, string | null>;
+export declare function staleOutputs(root: string): string[];
 export declare function markBuilt(root: string, inputs: Record<string, string | null>): void;

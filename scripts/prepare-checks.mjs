@@ -113,6 +113,34 @@ export function buildState(root) {
   return { current: true, reason: "dist/ was built from these sources" };
 }
 
+/**
+ * Files tsc wrote for sources that are gone (src/a.ts deleted or renamed leaves dist/a.js and its map): relative to
+ * root, sorted. tsc never deletes outputs, and a stale module would still load for an import that names it.
+ * @returns {string[]}
+ */
+export function staleOutputs(root) {
+  const live = new Set(buildSources(root).map(outputOf).filter((o) => o !== null));
+  const out = [];
+  const walk = (rel) => {
+    let entries;
+    try {
+      entries = fs.readdirSync(path.join(root, rel), { withFileTypes: true });
+    } catch {
+      return;
+    }
+    for (const e of entries) {
+      const p = path.join(rel, e.name);
+      if (e.isDirectory()) walk(p);
+      else {
+        const js = p.replace(/\.map$/, "");
+        if (/\.(c|m)?js$/.test(js) && !live.has(js)) out.push(p);
+      }
+    }
+  };
+  walk("dist");
+  return out.sort();
+}
+
 /** Record a build of `inputs` (buildInputs taken before tsc ran, so an edit during it counts as a change). */
 export function markBuilt(root, inputs) {
   fs.writeFileSync(path.join(root, BUILD_STAMP), JSON.stringify({ inputs }) + "\n");

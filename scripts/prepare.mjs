@@ -15,7 +15,7 @@ const root = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
 const npm = process.platform === "win32" ? "npm.cmd" : "npm";
 const run = (cmd, args) => execFileSync(cmd, args, { cwd: root, stdio: "inherit" });
 const serving = process.env.npm_lifecycle_event === "serve";
-const { BUILD_STAMP, INSTALL_STAMP, buildInputs, buildState, installState, lockHash, markBuilt } = await import("./prepare-checks.mjs");
+const { BUILD_STAMP, INSTALL_STAMP, buildInputs, buildState, installState, lockHash, markBuilt, staleOutputs } = await import("./prepare-checks.mjs");
 
 // 1. Dependencies: `npm ci` when the lockfile changed since the last install; serving needs no dev tools (the tests
 //    add them). npm's progress is its own; the line says what it is and that it happens once.
@@ -39,13 +39,23 @@ if (!build.current) {
   const compileStart = Date.now();
   fs.rmSync(path.join(root, BUILD_STAMP), { force: true });
   const config = ["-p", path.join(root, "tsconfig.build.json")];
-  if (spawnSync(process.execPath, [tsc, "--version"], { stdio: "ignore" }).status === 0) run(process.execPath, [tsc, ...config]);
+  // tsc has printed its errors: end with one line and its status, not a Node stack trace on top of them.
+  const compile = (cmd, args, cwd) => {
+    const r = spawnSync(cmd, args, { cwd, stdio: "inherit" });
+    if (r.status !== 0) {
+      console.error(`keel: compiling dist/ failed (${r.error ? r.error.message : `tsc exited with ${r.status ?? r.signal}`}); the errors are above`);
+      process.exit(typeof r.status === "number" && r.status !== 0 ? r.status : 1);
+    }
+  };
+  if (spawnSync(process.execPath, [tsc, "--version"], { stdio: "ignore" }).status === 0) compile(process.execPath, [tsc, ...config], root);
   else {
     const version = JSON.parse(fs.readFileSync(path.join(root, "package.json"), "utf8")).dependencies.typescript;
     console.error(`keel: TypeScript does not run from node_modules (installed with --omit=optional?): running typescript@${version} with npx`);
     // From outside the repository: inside it npx would pick the broken local tsc again.
-    execFileSync(process.platform === "win32" ? "npx.cmd" : "npx", ["--yes", "--package", `typescript@${version}`, "--", "tsc", ...config], { cwd: os.tmpdir(), stdio: "inherit" });
+    compile(process.platform === "win32" ? "npx.cmd" : "npx", ["--yes", "--package", `typescript@${version}`, "--", "tsc", ...config], os.tmpdir());
   }
+  // tsc leaves the outputs of deleted sources behind; an import of one would still load the old code.
+  for (const rel of staleOutputs(root)) fs.rmSync(path.join(root, rel), { force: true });
   markBuilt(root, inputs);
   console.error(`keel: compiled dist/ in ${((Date.now() - compileStart) / 1000).toFixed(1)} s`);
 }

@@ -7,7 +7,7 @@ import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
 import { afterEach, beforeEach, describe, expect, it } from "vitest";
-import { BUILD_STAMP, INSTALL_STAMP, buildInputs, buildState, installState, lockHash, markBuilt } from "../../scripts/prepare-checks.mjs";
+import { BUILD_STAMP, INSTALL_STAMP, buildInputs, buildState, installState, lockHash, markBuilt, staleOutputs } from "../../scripts/prepare-checks.mjs";
 
 let root: string;
 /** A time well in the past: every file of the fixture is set to it unless a test moves one. */
@@ -93,6 +93,24 @@ describe("is dist/ current?", () => {
     expect(buildState(root).current).toBe(false);
     write(BUILD_STAMP, JSON.stringify({ startedAt: T0 + 1000, sources: "abc" }));
     expect(buildState(root)).toEqual({ current: false, reason: "no record of a build in dist/" });
+  });
+});
+
+describe("outputs of deleted sources", () => {
+  it("are listed with their maps (a .d.ts source has none to list); live outputs and the stamp are not", () => {
+    write("dist/cli.js.map");
+    write("dist/gateway/gone.js");
+    write("dist/gateway/gone.js.map");
+    write("dist/old.mjs");
+    write(BUILD_STAMP, "{}");
+    expect(staleOutputs(root)).toEqual(["dist/gateway/gone.js", "dist/gateway/gone.js.map", "dist/old.mjs"].map((p) => path.join(...p.split("/"))));
+    fs.rmSync(path.join(root, "src", "cli.ts"));
+    expect(staleOutputs(root)).toContain(path.join("dist", "cli.js"));
+  });
+
+  it("no dist/ at all: nothing", () => {
+    fs.rmSync(path.join(root, "dist"), { recursive: true });
+    expect(staleOutputs(root)).toEqual([]);
   });
 });
 
