@@ -2,8 +2,8 @@
 // Endurance benchmark (issue #22 item 7): a soak of N minutes at --streams concurrent streams, a share of them
 // (--disconnect, 25 %) leaving at a random point (FIN or RST, at the headers or after a random number of chunks), on
 // either engine. Prints the gateway's and the engine's RSS at the start and end of the soak and their slope per minute
-// over its last third (a leak keeps rising; a warm-up levels off), and the survivors' decode tok/s against an
-// undisturbed baseline run first on the same server. Prints figures; asserts nothing (docs/benchmarks.md "Soak").
+// over its last third (a leak keeps rising; a warm-up levels off), the gateway's live V8 heap per third, and the
+// survivors' decode tok/s against an undisturbed baseline run first on the same server. Prints figures; asserts nothing (docs/benchmarks.md "Soak").
 //
 // Usage: npx tsc -p tsconfig.build.json && node bench/soak.mjs [--engine llama.cpp|openvino] [--minutes 2]
 //          [--streams 16] [--disconnect 0.25] [--max_tokens 96] [--baseline_s 20] [--sample_s 5] [--model M]
@@ -166,14 +166,20 @@ console.log(`processes: gateway ${gatewayPid} (${comm(gatewayPid)}), engine ${en
 const baseline = await phase(BASELINE_S, 0);
 const samples = [];
 const t0 = Date.now();
-const sample = () => samples.push([(Date.now() - t0) / 60_000, rssMb(gatewayPid), rssMb(enginePid)]);
-sample();
+/** [minute, gateway RSS MB, engine RSS MB, gateway V8 heap used MB (live objects and garbage not yet collected)]. */
+const sample = async () => {
+  const at = (Date.now() - t0) / 60_000;
+  const [gateway, engine] = [rssMb(gatewayPid), rssMb(enginePid)];
+  const heap = (await metric("nodejs_heap_size_used_bytes").catch(() => NaN)) / 1024 / 1024;
+  samples.push([at, gateway, engine, heap]);
+};
+await sample();
 const sampler = setInterval(sample, SAMPLE_S * 1000);
 const soak = await phase(MINUTES * 60, DISCONNECT);
 clearInterval(sampler);
 // Back to idle before the last sample: what is left then is what stays.
 for (let i = 0; i < 200 && ((await metric("keel_requests_running")) > 0 || (await metric("keel_engine_sequences_active")) > 0); i++) await new Promise((r) => setTimeout(r, 50));
-sample();
+await sample();
 
 console.table([summary("baseline (undisturbed)", baseline), summary("soak", soak)]);
 const lastThird = samples.filter((s) => s[0] >= (samples.at(-1)[0] * 2) / 3);
@@ -185,6 +191,12 @@ const rssRow = (name, col) => {
   return { process: name, "start MB": start.toFixed(1), [`at ${WARM_MIN} min`]: warm.toFixed(1), "max MB": Math.max(...samples.map((s) => s[col])).toFixed(1), "end MB": end.toFixed(1), "change %": pct(start), "change from warm %": pct(warm), "slope MB/min (last third)": slope(lastThird.map((s) => [s[0], s[col]])).toFixed(2) };
 };
 console.table([rssRow("gateway", 1), rssRow(`engine (${ENGINE})`, 2)]);
+// The gateway's live heap: the least "heap used" in each third of the soak is close to what survives a full
+// collection (V8 collects the old generation every few minutes under this load). A leak raises it third by third;
+// V8 sizing its heap raises RSS but not this floor.
+const thirds = [0, 1, 2].map((k) => samples.filter((s) => s[0] >= (samples.at(-1)[0] * k) / 3 && s[0] <= (samples.at(-1)[0] * (k + 1)) / 3 && Number.isFinite(s[3])));
+const floors = thirds.map((t) => Math.min(...t.map((s) => s[3])));
+console.log(`gateway V8 heap used, least per third of the soak: ${floors.map((f) => f.toFixed(1)).join(" / ")} MB (last vs first ${(((floors[2] - floors[0]) / floors[0]) * 100).toFixed(1)} %); max ${Math.max(...samples.map((s) => s[3]).filter(Number.isFinite)).toFixed(1)} MB`);
 console.log(`RSS samples (min, gateway MB, engine MB): ${samples.map((s) => `${s[0].toFixed(1)}:${s[1].toFixed(0)}/${s[2].toFixed(0)}`).join(" ")}`);
 const disconnects = await metric("keel_client_disconnects_total");
 const restarts = await metric("keel_engine_restarts_total");

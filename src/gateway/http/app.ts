@@ -217,10 +217,7 @@ export function buildHttpApp(deps: HttpAppDeps): HttpApp {
   registerConfigRoutes(app, models, log, mayListModels, deps.reload);
   app.get("/metrics", async (_req, reply) => {
     // `--metrics_list` (OVMS): only the families it names.
-    const text = opts.metricsList
-      ? (await Promise.all(opts.metricsList.map((name) => metrics.registry.getSingleMetricAsString(name)))).join("\n") + "\n"
-      : await metrics.registry.metrics();
-    return reply.type(metrics.registry.contentType).send(text);
+    return reply.type(metrics.registry.contentType).send(await metrics.text(opts.metricsList));
   });
 
   // `Expect: 100-continue` is answered by Node itself; any other expectation gets the OpenAI envelope, not Node's

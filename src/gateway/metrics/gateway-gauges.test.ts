@@ -1,4 +1,5 @@
 import pino from "pino";
+import client from "prom-client";
 import { describe, expect, it } from "vitest";
 import { PROTOCOL_VERSION, type StepMessage } from "../../protocol/messages.js";
 import { Scheduler } from "../../engine/scheduler.js";
@@ -105,5 +106,32 @@ describe("KV cells in use: scheduler → step stats → StepObserver", () => {
     steps.observe(msg(7));
     steps.observe(msg(undefined)); // an engine that does not report it
     expect(steps.kvTokensInUse).toBe(0);
+  });
+});
+
+describe("process metrics (prom-client's default set)", () => {
+  /** The value of the first sample of `name` in a /metrics text. */
+  const value = (text: string, name: string): number => Number(text.split("\n").find((l) => l.startsWith(name + " "))?.split(" ")[1]);
+
+  it("every gateway exports the process's RSS and V8 heap, read at scrape time from the one shared collector", async () => {
+    for (const t of [setup([]), setup([])]) {
+      const text = await t.metrics.text();
+      // This test process's own figures: a live Node process holds megabytes of each, and its heap is inside its RSS.
+      expect(value(text, "process_resident_memory_bytes")).toBeGreaterThan(1e6);
+      expect(value(text, "nodejs_heap_size_used_bytes")).toBeGreaterThan(1e6);
+      expect(value(text, "nodejs_heap_size_used_bytes")).toBeLessThan(value(text, "process_resident_memory_bytes"));
+      expect(text).toMatch(/^nodejs_heap_space_size_used_bytes\{space="old"\} [1-9]/m);
+    }
+  });
+
+  it("contract: prom-client fills nodejs_heap_size_used_bytes from its sibling's collect, so --metrics_list collects every family first", async () => {
+    // Upstream, on a registry of its own: the family read alone is 0 (docs/upstream.md).
+    const bare = new client.Registry();
+    client.collectDefaultMetrics({ register: bare });
+    expect(value(await bare.getSingleMetricAsString("nodejs_heap_size_used_bytes"), "nodejs_heap_size_used_bytes")).toBe(0);
+    // Keel's listed scrape: the real figure.
+    const listed = await setup([]).metrics.text(["nodejs_heap_size_used_bytes", "keel_engine_steps_total"]);
+    expect(value(listed, "nodejs_heap_size_used_bytes")).toBeGreaterThan(1e6);
+    expect(value(listed, "keel_engine_steps_total")).toBe(0);
   });
 });

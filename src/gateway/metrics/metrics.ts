@@ -49,6 +49,21 @@ export function kvUsage(m: Pick<ModelGauges, "kvTokensInUse" | "kvTokenCapacity"
 /** Buckets (seconds) of the phase histograms: a step's or a first token's parts, 10 µs to 2.5 s. */
 const PHASE_BUCKETS = [0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5];
 
+/**
+ * prom-client's default set (process_resident_memory_bytes, nodejs_heap_size_used_bytes and the heap spaces, GC
+ * durations, event-loop lag), collected once per process: its collectors (a GC observer, an event-loop monitor) are
+ * process-wide and never torn down, so every gateway in the process shares them.
+ */
+let processRegistry: client.Registry | null = null;
+function processMetrics(): client.Metric[] {
+  if (!processRegistry) {
+    processRegistry = new client.Registry();
+    client.collectDefaultMetrics({ register: processRegistry });
+  }
+  const reg = processRegistry;
+  return reg.getMetricsAsArray().map((m) => reg.getSingleMetric(m.name)!);
+}
+
 export class Metrics {
   readonly registry = new client.Registry();
   readonly engineSteps: client.Counter;
@@ -238,6 +253,18 @@ export class Metrics {
     this.acceptedDraftTokens = new client.Counter({ name: "keel_engine_accepted_draft_tokens_total", help: "Prompt-lookup draft tokens accepted (equal to the token sampled at their position), per model", labelNames: ["model"], registers });
     this.vllmDraftTokens = new client.Counter({ name: "vllm:spec_decode_num_draft_tokens_total", help: "Number of draft tokens (vLLM name)", labelNames: ["model_name"], registers });
     this.vllmAcceptedDraftTokens = new client.Counter({ name: "vllm:spec_decode_num_accepted_tokens_total", help: "Number of accepted tokens (vLLM name)", labelNames: ["model_name"], registers });
+    for (const m of processMetrics()) this.registry.registerMetric(m);
+  }
+
+  /**
+   * The /metrics text: every family, or only `names` (`--metrics_list`). prom-client's default set fills sibling
+   * families from one family's collect (nodejs_heap_size_used_bytes from nodejs_heap_size_total_bytes'), so a family
+   * read alone would show 0 or a stale value: every family is collected first (docs/upstream.md).
+   */
+  async text(names?: readonly string[]): Promise<string> {
+    if (!names) return this.registry.metrics();
+    await this.registry.getMetricsAsJSON();
+    return (await Promise.all(names.map((name) => this.registry.getSingleMetricAsString(name)))).join("\n") + "\n";
   }
 
   /** Create the per-model series at 0 (OVMS families, preemptions), so a fresh server shows each name for `modelName`. */
