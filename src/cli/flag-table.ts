@@ -20,7 +20,7 @@ export type EngineName = (typeof ENGINES)[number];
 export const ENGINE_FLAG_VALUES = ["auto", ...ENGINES] as const;
 export type EngineFlag = (typeof ENGINE_FLAG_VALUES)[number];
 
-/** The metric families `--metrics_list` may name: every family /metrics exports (keel_*, vllm:*, ovms_*). */
+/** The metric families `--metrics_list` may name: every family /metrics exports (keel_*, vllm:*, ovms_*, process_*, nodejs_*). */
 export const METRIC_FAMILIES: readonly string[] = metricFamilies();
 
 /** One `keel serve` flag. */
