@@ -219,8 +219,9 @@ class Engine:
 
     # -- adds -----------------------------------------------------------------------------------------------------
 
-    def refuse(self, rid: str, code: str, message: str) -> None:
-        self.emit({"type": "request_error", "id": rid, "code": code, "message": message})
+    def refuse(self, rid: str, code: str, message: str, param: str | None = None) -> None:
+        """Refuse an add; `param` names the params field at fault, when the refusal is about one."""
+        self.emit({"type": "request_error", "id": rid, "code": code, "message": message, **({"param": param} if param else {})})
 
     def generation_config(self, req: Request, max_new: int):
         p = req.params
@@ -274,7 +275,7 @@ class Engine:
         p = m["params"]
         unsupported = [k for k in ("logitBias",) if k in p]
         if unsupported:
-            return self.refuse(rid, "invalid_params", "the OpenVINO engine does not apply logitBias (OpenVINO GenAI has no logit bias)")
+            return self.refuse(rid, "invalid_params", "the OpenVINO engine does not apply logitBias (OpenVINO GenAI has no logit bias)", "logitBias")
         if p.get("guide") is not None and (p["ignoreEos"] or p.get("minTokens")):
             # OpenVINO lets a completed grammar's end-of-generation be ignored (the output then runs on unconstrained)
             # and masks everything before min_new_tokens (NUL tokens): never apply a guide loosely.
@@ -284,7 +285,7 @@ class Engine:
             return self.refuse(rid, "invalid_params", f"logprobs {p['logprobs']} exceeds the engine's maximum of 0 (OpenVINO GenAI reports the sampled token's log-probability only)")
         bad = next((t for t in p.get("stopTokenIds") or [] if t >= self.vocab), None)
         if bad is not None:
-            return self.refuse(rid, "invalid_params", f"stopTokenIds token {bad} is outside the vocabulary ({self.vocab})")
+            return self.refuse(rid, "invalid_params", f"stopTokenIds token {bad} is outside the vocabulary ({self.vocab})", "stopTokenIds")
         try:
             prompt = self.tokenize(m["prompt"]["text"], True) if "text" in m["prompt"] else list(m["prompt"]["tokens"])
         except Exception as err:  # noqa: BLE001 - a tokenizer failure refuses this request only

@@ -17,6 +17,8 @@ import type { NgramSettings } from "./speculation/ngram.js";
 export interface AddRefused {
   code: EngineErrorCode;
   message: string;
+  /** The `params` field at fault, when the refusal is about one (protocol `request_error.param`). */
+  param?: string;
 }
 
 /** What admission reads besides the command: the model, the scheduler, and what the engine announced it serves. */
@@ -34,7 +36,7 @@ export interface AdmissionContext {
 /** Make `cmd` a live request (queued in the scheduler), or say why not. */
 export function admitAdd(cmd: AddMessage, ctx: AdmissionContext): RequestState | AddRefused {
   const { backend, scheduler } = ctx;
-  const refuse = (code: EngineErrorCode, message: string): AddRefused => ({ code, message });
+  const refuse = (code: EngineErrorCode, message: string, param?: string): AddRefused => ({ code, message, ...(param ? { param } : {}) });
   let prompt: number[];
   if ("text" in cmd.prompt && backend.tokenLowerBound) {
     const atLeast = backend.tokenLowerBound(cmd.prompt.text);
@@ -57,16 +59,16 @@ export function admitAdd(cmd: AddMessage, ctx: AdmissionContext): RequestState |
   const maxNew = cmd.params.maxTokens === null ? null : cmd.params.maxTokens - generated.length;
   if (maxNew !== null && maxNew < 1) return refuse("invalid_prompt", "the resumed generation already reached max_tokens");
   const invalid = checkSamplingParams(cmd.params, { vocabSize: backend.vocabSize, maxTopLogprobs: ctx.maxTopLogprobs, grammars: ctx.grammars });
-  if (invalid) return refuse("invalid_params", invalid);
+  if (invalid) return refuse("invalid_params", invalid.message, invalid.param);
   const sampling = new SamplingState(cmd.params, backend.eogTokens, generated);
   const nothingLeft = sampling.unsatisfiable(backend.vocabSize, generated.length);
-  if (nothingLeft) return refuse("invalid_params", `Invalid value for 'logit_bias': ${nothingLeft}`);
+  if (nothingLeft) return refuse("invalid_params", `Invalid value for 'logit_bias': ${nothingLeft}`, "logitBias");
   let guide: GuideState | null = null;
   const spec = cmd.params.guide;
   if (spec) {
     const grammar = grammarSupport(backend)!;
     const uncompilable = guideCompileError(grammar, spec);
-    if (uncompilable) return refuse("invalid_params", uncompilable);
+    if (uncompilable) return refuse("invalid_params", uncompilable, "guide");
     guide = createGuide(backend, grammar, { ...cmd.params, guide: spec }, sampling, generated);
   }
   // Engine-side state first: a sampler that cannot be created refuses this add only, before the scheduler

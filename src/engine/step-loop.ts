@@ -327,14 +327,14 @@ export class StepLoop {
 
   /** Make an add live (admission.ts), or refuse it with a `request_error`. */
   private applyAdd(cmd: AddMessage): void {
-    const refuse = (code: EngineErrorCode, message: string): void => {
+    const refuse = (code: EngineErrorCode, message: string, param?: string): void => {
       this.abortArrivedAtStep.delete(cmd.id);
       if (!this.requests.has(cmd.id)) this.addArrivedAt.delete(cmd.id);
-      this.send({ v: PROTOCOL_VERSION, type: "request_error", id: cmd.id, code, message });
+      this.send({ v: PROTOCOL_VERSION, type: "request_error", id: cmd.id, code, message, ...(param ? { param } : {}) });
     };
     if (this.requests.has(cmd.id)) return refuse("duplicate_id", `request id ${cmd.id} is already live`);
     const admitted = admitAdd(cmd, { backend: this.backend, scheduler: this.scheduler, maxTopLogprobs: this.maxTopLogprobs, grammars: this.grammars, promptLookup: this.options.promptLookup ?? null });
-    if (isRefused(admitted)) return refuse(admitted.code, admitted.message);
+    if (isRefused(admitted)) return refuse(admitted.code, admitted.message, admitted.param);
     this.requests.set(cmd.id, admitted);
   }
 

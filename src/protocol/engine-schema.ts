@@ -97,7 +97,7 @@ const stepMessage = z.object({
     phaseUs: z.object({ decode: nonNegative, sample: nonNegative, step: nonNegative }).optional(),
   }),
 });
-const requestErrorMessage = z.object({ v: z.number(), type: z.literal("request_error"), id: z.string(), code: errorCode, message: z.string() });
+const requestErrorMessage = z.object({ v: z.number(), type: z.literal("request_error"), id: z.string(), code: errorCode, message: z.string(), param: z.string().optional() });
 const protocolErrorMessage = z.object({ v: z.number(), type: z.literal("protocol_error"), message: z.string() });
 const fatalMessage = z.object({ v: z.number(), type: z.literal("fatal"), message: z.string() });
 const tokenized = { v: z.number(), type: z.literal("tokenized"), id: z.string() };

@@ -418,6 +418,8 @@ export interface RequestErrorMessage {
   id: string;
   code: EngineErrorCode;
   message: string;
+  /** The `add.params` field at fault (e.g. `logitBias`), when the refusal is about one: the client is told its field. */
+  param?: string;
 }
 
 /** engine → gateway: a frame the engine could not understand; the engine keeps running. */

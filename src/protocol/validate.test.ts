@@ -135,14 +135,15 @@ describe("checkSamplingParams", () => {
     expect(checkSamplingParams({ ...params, logitBias: [[99, 1]], stopTokenIds: [0, 99], logprobs: 20 }, limits)).toBeNull();
   });
   it.each([
-    ["a biased token outside the vocabulary", { logitBias: [[100, 1]] as [number, number][] }, /logitBias token 100/],
-    ["a stop token outside the vocabulary", { stopTokenIds: [5, 100] }, /stopTokenIds token 100/],
-    ["logprobs above the cap", { logprobs: 21 }, /exceeds the engine's maximum of 20/],
-  ])("refuses %s", (_name, patch, message) => {
-    expect(checkSamplingParams({ ...params, ...patch }, limits)).toMatch(message);
+    ["a biased token outside the vocabulary", { logitBias: [[100, 1]] as [number, number][] }, /logitBias token 100/, "logitBias"],
+    ["a stop token outside the vocabulary", { stopTokenIds: [5, 100] }, /stopTokenIds token 100/, "stopTokenIds"],
+    ["logprobs above the cap", { logprobs: 21 }, /exceeds the engine's maximum of 20/, "logprobs"],
+  ])("refuses %s, naming the field", (_name, patch, message, param) => {
+    expect(checkSamplingParams({ ...params, ...patch }, limits)?.message).toMatch(message);
+    expect(checkSamplingParams({ ...params, ...patch }, limits)?.param).toBe(param);
   });
   it("refuses any logprobs when the engine serves none", () => {
-    expect(checkSamplingParams({ ...params, logprobs: 0 }, { vocabSize: 100, maxTopLogprobs: -1 })).toMatch(/does not serve log probabilities/);
+    expect(checkSamplingParams({ ...params, logprobs: 0 }, { vocabSize: 100, maxTopLogprobs: -1 })?.message).toMatch(/does not serve log probabilities/);
   });
 });
 
@@ -198,7 +199,7 @@ describe("params.guide shape", () => {
 
   it("is refused by an engine without grammars, accepted by one with them", () => {
     const p = { ...params, guide: guide as never };
-    expect(checkSamplingParams(p, { vocabSize: 100, maxTopLogprobs: -1 })).toMatch(/guides/);
+    expect(checkSamplingParams(p, { vocabSize: 100, maxTopLogprobs: -1 })).toEqual({ param: "guide", message: expect.stringMatching(/guides/) });
     expect(checkSamplingParams(p, { vocabSize: 100, maxTopLogprobs: -1, grammars: true })).toBeNull();
   });
 });

@@ -74,18 +74,23 @@ export interface EngineParamLimits {
   grammars?: boolean;
 }
 
+/** A param the engine cannot serve: which field (protocol name), and why. */
+export interface ParamRefusal {
+  param: keyof SamplingParams;
+  message: string;
+}
+
 /** Checks of range-valid params against the engine (token ids in the vocabulary, logprobs cap); null when fine. */
-export function checkSamplingParams(p: SamplingParams, limits: EngineParamLimits): string | null {
+export function checkSamplingParams(p: SamplingParams, limits: EngineParamLimits): ParamRefusal | null {
   const outside = (ids: readonly number[]): number | undefined => ids.find((t) => t >= limits.vocabSize);
   const badBias = outside((p.logitBias ?? []).map(([t]) => t));
-  if (badBias !== undefined) return `logitBias token ${badBias} is outside the vocabulary (${limits.vocabSize})`;
+  if (badBias !== undefined) return { param: "logitBias", message: `logitBias token ${badBias} is outside the vocabulary (${limits.vocabSize})` };
   const badStop = outside(p.stopTokenIds ?? []);
-  if (badStop !== undefined) return `stopTokenIds token ${badStop} is outside the vocabulary (${limits.vocabSize})`;
-  if (p.guide && !limits.grammars) return "this engine does not apply guides (capabilities.grammars is false)";
+  if (badStop !== undefined) return { param: "stopTokenIds", message: `stopTokenIds token ${badStop} is outside the vocabulary (${limits.vocabSize})` };
+  if (p.guide && !limits.grammars) return { param: "guide", message: "this engine does not apply guides (capabilities.grammars is false)" };
   if (p.logprobs != null && p.logprobs > limits.maxTopLogprobs) {
-    return limits.maxTopLogprobs < 0
-      ? "this engine does not serve log probabilities"
-      : `logprobs ${p.logprobs} exceeds the engine's maximum of ${limits.maxTopLogprobs}`;
+    const message = limits.maxTopLogprobs < 0 ? "this engine does not serve log probabilities" : `logprobs ${p.logprobs} exceeds the engine's maximum of ${limits.maxTopLogprobs}`;
+    return { param: "logprobs", message };
   }
   return null;
 }

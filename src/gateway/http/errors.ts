@@ -344,10 +344,19 @@ export function engineFault(message: string): KeelHttpError {
 }
 
 /**
- * 400 for an `add` the engine refused (protocol `request_error`): its message already names the numbers.
- * `context_length_exceeded` keeps OpenAI's code and points at `messages`.
+ * The request field behind an engine's `params` field, where every API spells it the same (`logit_bias` in chat and
+ * completions alike); `guide` and `logprobs` come from different fields per API, so they stay unnamed.
  */
-export function engineRefusal(code: string, message: string): KeelHttpError {
+const API_PARAM: Readonly<Record<string, string>> = { logitBias: "logit_bias", stopTokenIds: "stop_token_ids" };
+
+/**
+ * 400 for an `add` the engine refused (protocol `request_error`): its message already names the numbers.
+ * `context_length_exceeded` keeps OpenAI's code and points at `messages`; a refusal of a field the client named
+ * answers like the gateway's own check of that field (`invalid_value`, `param`).
+ */
+export function engineRefusal(code: string, message: string, param?: string): KeelHttpError {
+  const field = param === undefined ? undefined : API_PARAM[param];
+  if (field) return invalidValue(field, message);
   return new KeelHttpError({ status: 400, type: "invalid_request_error", code, message, param: code === "context_length_exceeded" ? "messages" : null });
 }
 
@@ -358,12 +367,12 @@ export function engineRefusal(code: string, message: string): KeelHttpError {
  *   engine_error, invariant_violation → 500 `engine_error` (the engine failed the request)
  *   any other code → 500 `engine_error` (an engine must not invent codes; treated as a failure)
  */
-export function engineErrorToHttp(code: string, message: string): KeelHttpError {
+export function engineErrorToHttp(code: string, message: string, param?: string): KeelHttpError {
   switch (code as EngineErrorCode) {
     case "context_length_exceeded":
     case "invalid_prompt":
     case "invalid_params":
-      return engineRefusal(code, message);
+      return engineRefusal(code, message, param);
     case "duplicate_id":
       return new KeelHttpError({ status: 409, type: "invalid_request_error", code, message });
     case "engine_error":

@@ -156,6 +156,21 @@ describe("RequestRegistry", () => {
     }
   });
 
+  it("a refusal naming a params field answers with the client's field, like the gateway's own check; an unmapped one stays unnamed", () => {
+    const answer = (param?: string) => {
+      const reg = new SinkTable(() => true);
+      const s = sink();
+      reg.submit("a", { text: "x" }, params, s);
+      reg.handleRequestError({ v: PROTOCOL_VERSION, type: "request_error", id: "a", code: "invalid_params", message: "no", ...(param ? { param } : {}) });
+      const h = s.log.finishes[0]!.error!.httpError!;
+      return [h.status, h.code, h.param];
+    };
+    expect(answer("logitBias")).toEqual([400, "invalid_value", "logit_bias"]);
+    expect(answer("stopTokenIds")).toEqual([400, "invalid_value", "stop_token_ids"]);
+    expect(answer("guide")).toEqual([400, "invalid_params", null]);
+    expect(answer()).toEqual([400, "invalid_params", null]);
+  });
+
   it("cancel sends exactly one abort, keeps the request until the engine's finish, and silences the sink", () => {
     const t = setup();
     const s = sink();

@@ -237,7 +237,7 @@ export class RequestRegistry {
     return this.operation(() => {
       const e = this.live.get(msg.id);
       if (!e) return;
-      const httpError = engineErrorToHttp(msg.code, msg.message);
+      const httpError = engineErrorToHttp(msg.code, msg.message, msg.param);
       // A 4xx is a refusal of a bad request (e.g. context length), not a finished request; a 5xx is an engine failure.
       this.end(e, "error", { promptTokens: 0, completionTokens: 0 }, { code: httpError.code, message: msg.message, httpError }, undefined, httpError.status < 500);
     });
