@@ -302,6 +302,8 @@ export function defineEngineConformance(name: string, start: () => EngineLaunch 
         expect(ENGINE_ERROR_CODES).toContain(err.code);
         expect(err.message.length).toBeGreaterThan(0);
       }
+      // The refusal names the field the engine could not apply, so the client is told its own field.
+      expect((await engine.refused(ids[3]!)).param).toBe("logitBias");
       expect((await engine.finished(ok)).at(-1)!.finish!.reason).toBe("length");
       for (const id of ids) expect(engine.outputsOf(id)).toEqual([]);
     });
