@@ -32,6 +32,26 @@ ONEDNN_CACHE_ENV = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
 ONEDNN_CACHE_CPU = "64"
 
 
+def runs_on_cpu(cfg: dict, gpu_render_node: bool) -> bool:
+    """Whether the CPU plugin runs the model, as far as is known before OpenVINO loads: `--target_device CPU`, or AUTO
+    on a machine without a GPU render node (/dev/dri/renderD*: AUTO cannot pick a GPU there)."""
+    device = cfg.get("device", "cpu")
+    return device == "cpu" or (device == "auto" and not gpu_render_node)
+
+
+#: oneDNN verbose values that turn execution profiling on (legacy 1 and 2, `profile`, `profile_exec`, `all`).
+ONEDNN_EXEC_PROFILING = frozenset({"1", "2", "all", "profile", "profile_exec"})
+
+
+def onednn_exec_profiling(cfg: dict, env: Mapping[str, str], gpu_render_node: bool) -> list[str]:
+    """The oneDNN verbose variables (ONEDNN_VERBOSE, DNNL_VERBOSE) asking for execution profiling on CPU, which the
+    worker removes before OpenVINO loads: with it, OpenVINO 2026.4's CPU plugin fails to compile models most of the
+    time (a constant's Reorder: "could not execute a primitive"; docs/upstream.md)."""
+    if not runs_on_cpu(cfg, gpu_render_node):
+        return []
+    return [name for name in ("ONEDNN_VERBOSE", "DNNL_VERBOSE") if any(v.strip().lower() in ONEDNN_EXEC_PROFILING for v in env.get(name, "").split(","))]
+
+
 def onednn_cache_capacity(cfg: dict, env: Mapping[str, str], gpu_render_node: bool) -> Optional[str]:
     """The primitive-cache capacity to put in the environment before OpenVINO loads, or None to leave it.
 
@@ -40,8 +60,7 @@ def onednn_cache_capacity(cfg: dict, env: Mapping[str, str], gpu_render_node: bo
     OpenVINO can tell, after this must be set, so the default stays). And only when the environment names no capacity
     of its own (oneDNN reads ONEDNN_ and DNNL_ names): a user's setting wins.
     """
-    device = cfg.get("device", "cpu")
-    if device != "cpu" and not (device == "auto" and not gpu_render_node):
+    if not runs_on_cpu(cfg, gpu_render_node):
         return None
     if user_onednn_cache(env) is not None:
         return None

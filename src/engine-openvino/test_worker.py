@@ -12,7 +12,7 @@ from messages import parse_message, sampling_error  # noqa: E402
 from detokenize import ByteDetokenizer, Detokenizer  # noqa: E402
 from model_meta import is_hybrid  # noqa: E402
 from faults import Faults  # noqa: E402
-from ov_settings import ONEDNN_CACHE_CPU, compile_properties, onednn_cache_capacity, user_onednn_cache  # noqa: E402
+from ov_settings import ONEDNN_CACHE_CPU, compile_properties, onednn_cache_capacity, onednn_exec_profiling, user_onednn_cache  # noqa: E402
 from hybrid_guard import HybridGuard, hybrid_prefix_caching, hybrid_settings  # noqa: E402
 from model_meta import model_metadata  # noqa: E402
 
@@ -112,6 +112,17 @@ class Settings(unittest.TestCase):
         self.assertEqual(compile_properties(self.CFG)[0]["CPU_RUNTIME_CACHE_CAPACITY"], "0")
         self.assertEqual(compile_properties({**self.CFG, "pluginConfig": {"CPU_RUNTIME_CACHE_CAPACITY": 5000}})[0]["CPU_RUNTIME_CACHE_CAPACITY"], 5000)
         self.assertNotIn("CPU_RUNTIME_CACHE_CAPACITY", compile_properties(self.CFG, "GPU")[0])
+
+    def test_onednn_execution_profiling_is_taken_out_on_cpu_only(self):
+        cpu = {**self.CFG, "device": "cpu"}
+        for value in ("all", "1", "2", "profile", "profile_exec", "dispatch, PROFILE_EXEC"):
+            self.assertEqual(onednn_exec_profiling(cpu, {"ONEDNN_VERBOSE": value}, False), ["ONEDNN_VERBOSE"], value)
+        self.assertEqual(onednn_exec_profiling(cpu, {"ONEDNN_VERBOSE": "all", "DNNL_VERBOSE": "1"}, False), ["ONEDNN_VERBOSE", "DNNL_VERBOSE"])
+        for value in ("", "0", "none", "dispatch", "profile_create", "check,warn,error", "debuginfo=1"):
+            self.assertEqual(onednn_exec_profiling(cpu, {"ONEDNN_VERBOSE": value}, False), [], value)
+        self.assertEqual(onednn_exec_profiling({**self.CFG, "device": "gpu"}, {"ONEDNN_VERBOSE": "all"}, False), [])
+        self.assertEqual(onednn_exec_profiling({**self.CFG, "device": "auto"}, {"ONEDNN_VERBOSE": "all"}, False), ["ONEDNN_VERBOSE"])
+        self.assertEqual(onednn_exec_profiling({**self.CFG, "device": "auto"}, {"ONEDNN_VERBOSE": "all"}, True), [])
 
     def test_onednn_cache_bounded_on_cpu_unless_the_environment_sets_it(self):
         self.assertEqual(onednn_cache_capacity(self.CFG, {}, True), ONEDNN_CACHE_CPU)

@@ -29,23 +29,26 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import glob  # noqa: E402
-from ov_settings import ONEDNN_CACHE_CPU, ONEDNN_CACHE_ENV, onednn_cache_capacity, user_onednn_cache  # noqa: E402
+from ov_settings import ONEDNN_CACHE_CPU, ONEDNN_CACHE_ENV, onednn_cache_capacity, onednn_exec_profiling, user_onednn_cache  # noqa: E402
 
 
-def _onednn_cache_before_openvino_loads() -> str | None:
-    """oneDNN reads its primitive-cache capacity from the environment once: set it before OpenVINO is imported."""
+def _onednn_before_openvino_loads() -> tuple[str | None, dict[str, str]]:
+    """oneDNN reads its settings from the environment once: set the primitive-cache capacity, and take out execution
+    profiling (it breaks the CPU plugin's compile), before OpenVINO is imported. Returns (capacity set, removed)."""
     try:
         cfg = json.loads(sys.argv[-1])
-        capacity = onednn_cache_capacity(cfg, os.environ, bool(glob.glob("/dev/dri/renderD*")))
+        gpu = bool(glob.glob("/dev/dri/renderD*"))
+        capacity = onednn_cache_capacity(cfg, os.environ, gpu)
+        profiling = onednn_exec_profiling(cfg, os.environ, gpu)
     except Exception:  # noqa: BLE001 - not a config: main() reports that as a fatal line
-        return None
+        return None, {}
     if capacity is not None:
         os.environ[ONEDNN_CACHE_ENV] = capacity
-    return capacity
+    return capacity, {name: os.environ.pop(name) for name in profiling}
 
 
-#: The capacity Keel set (None: oneDNN's default or the user's), for the start-up log line.
-ONEDNN_CACHE_SET = _onednn_cache_before_openvino_loads()
+#: The capacity Keel set (None: oneDNN's default or the user's), and the verbose settings it took out, for the log.
+ONEDNN_CACHE_SET, ONEDNN_VERBOSE_REMOVED = _onednn_before_openvino_loads()
 import step_loop  # noqa: E402
 from channel import Channel  # noqa: E402
 from engine import ENGINE_NAME, V, Engine  # noqa: E402
@@ -63,6 +66,8 @@ def main() -> None:
     channel = Channel(3) if serve else None
     if channel:
         channel.send({"v": V, "type": "loading", "progress": 0})
+    for name, value in ONEDNN_VERBOSE_REMOVED.items():
+        log("warn", f"{name}={value} not applied: oneDNN's execution profiling makes OpenVINO's CPU plugin fail to compile the model (\"could not execute a primitive\"); dispatch, profile_create, check, warn and error work", event="onednn_verbose", name=name, value=value)
     engine = Engine(cfg, channel)
     if not serve:
         os.write(result_fd, (json.dumps({"ok": True, "metadata": engine.meta, "backend": engine.backend()}) + "\n").encode("utf-8"))
