@@ -28,6 +28,13 @@ const npmCi = (flavour, reason) => {
 if (install.action === "install") npmCi(install.flavour, install.reason);
 else if (install.action === "adopt") fs.writeFileSync(path.join(root, INSTALL_STAMP), `${lockHash(root)} ${install.flavour}`);
 
+/** Remove `rel` (a folder under dist/) and then its parents while they are empty, stopping at dist/. */
+function removeEmptyDirs(rel) {
+  for (let dir = rel; dir !== "dist" && dir.startsWith("dist") && fs.readdirSync(path.join(root, dir)).length === 0; dir = path.dirname(dir)) {
+    fs.rmdirSync(path.join(root, dir));
+  }
+}
+
 // 2. Build, unless dist/ was built from these sources and build configurations (`npm run build` always builds).
 const build = buildState(root);
 if (!build.current) {
@@ -54,8 +61,17 @@ if (!build.current) {
     // From outside the repository: inside it npx would pick the broken local tsc again.
     compile(process.platform === "win32" ? "npx.cmd" : "npx", ["--yes", "--package", `typescript@${version}`, "--", "tsc", ...config], os.tmpdir());
   }
-  // tsc leaves the outputs of deleted sources behind; an import of one would still load the old code.
-  for (const rel of staleOutputs(root)) fs.rmSync(path.join(root, rel), { force: true });
+  // tsc leaves the outputs of deleted sources behind; an import of one would still load the old code. One that cannot
+  // be removed is said, not fatal: it only matters if something imports it.
+  for (const rel of staleOutputs(root)) {
+    try {
+      fs.unlinkSync(path.join(root, rel));
+      removeEmptyDirs(path.dirname(rel));
+    } catch (err) {
+      if (err.code === "ENOENT") continue;
+      console.error(`keel: could not remove ${rel}, left from a deleted source (${err.code ?? err.message}); remove it by hand`);
+    }
+  }
   markBuilt(root, inputs);
   console.error(`keel: compiled dist/ in ${((Date.now() - compileStart) / 1000).toFixed(1)} s`);
 }

@@ -100,7 +100,9 @@ export const SERVE_FLAGS = [
     throw new Error("--metrics_enable false is not supported: Keel always serves /metrics (gateways and probes scrape it)");
   })),
   { ...flag("metrics_list", `comma-separated metric families to export (${METRIC_FAMILIES.length} known; see /metrics)`, undefined, checked((v) => {
-    const names = csv(v);
+    // Each family once: a family exported twice is a second TYPE line, which Prometheus refuses for the whole scrape.
+    const names = [...new Set(csv(v))];
+    if (names.length === 0) throw new Error("--metrics_list names no metric family: leave it out to export every family (see /metrics)");
     const unknown = names.filter((n) => !METRIC_FAMILIES.includes(n));
     if (unknown.length > 0) throw new Error(`--metrics_list names unknown metric famil${unknown.length > 1 ? "ies" : "y"} ${unknown.join(", ")} (known: ${METRIC_FAMILIES.join(", ")})`);
     return names;

@@ -59,6 +59,10 @@ describe("OVMS flags: accepted with their meaning", () => {
     expect([f["log_path"], f["log_format"], f["cache_dir"], f["log_level"]]).toEqual(["/tmp/k.log", "text", "/tmp/c", "TRACE"]);
   });
 
+  it("--metrics_list names each family once, however often it is given (a second TYPE line fails a Prometheus scrape)", () => {
+    expect(parse("--metrics_list", "keel_engine_steps_total,,keel_engine_steps_total, process_cpu_seconds_total")["metricsList"]).toEqual(["keel_engine_steps_total", "process_cpu_seconds_total"]);
+  });
+
   it("--metrics_list takes known families: Keel's, the vLLM-named gauges and the OVMS families", () => {
     expect(parse("--metrics_list", `${METRIC_FAMILIES[0]},${METRIC_FAMILIES[1]}`)["metricsList"]).toEqual([METRIC_FAMILIES[0], METRIC_FAMILIES[1]]);
     expect(parse("--metrics_list", "vllm:num_requests_running,ovms_requests_success,keel_engine_steps_total")["metricsList"]).toEqual([
@@ -96,6 +100,8 @@ describe("OVMS flags: refused with why and what to use", () => {
     [["--weight-format", "int8"], /--weight-format is not supported/],
     [["--metrics_enable", "false"], /--metrics_enable false is not supported: Keel always serves \/metrics/],
     [["--metrics_list", "keel_engine_steps_total,nope"], /--metrics_list names unknown metric family nope/],
+    [["--metrics_list", ""], /--metrics_list names no metric family: leave it out/],
+    [["--metrics_list", " , "], /--metrics_list names no metric family/],
     [["--cache_interval_multiplier", "0"], /--cache_interval_multiplier must be an integer/],
     [["--log_format", "yaml"], /--log_format must be one of text, json/],
   ];

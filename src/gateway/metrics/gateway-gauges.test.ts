@@ -124,14 +124,34 @@ describe("process metrics (prom-client's default set)", () => {
     }
   });
 
-  it("contract: prom-client fills nodejs_heap_size_used_bytes from its sibling's collect, so --metrics_list collects every family first", async () => {
+  it("contract: prom-client fills nodejs_heap_size_used_bytes from its sibling's collect, so --metrics_list is cut from a whole scrape", async () => {
     // Upstream, on a registry of its own: the family read alone is 0 (docs/upstream.md).
     const bare = new client.Registry();
     client.collectDefaultMetrics({ register: bare });
     expect(value(await bare.getSingleMetricAsString("nodejs_heap_size_used_bytes"), "nodejs_heap_size_used_bytes")).toBe(0);
-    // Keel's listed scrape: the real figure.
+    // Keel's listed scrape: the real figure, each listed family once (HELP, TYPE, samples), nothing else.
     const listed = await setup([]).metrics.text(["nodejs_heap_size_used_bytes", "keel_engine_steps_total"]);
     expect(value(listed, "nodejs_heap_size_used_bytes")).toBeGreaterThan(1e6);
     expect(value(listed, "keel_engine_steps_total")).toBe(0);
+    expect(listed.split("\n").filter((l) => l.startsWith("# TYPE")).sort()).toEqual(["# TYPE keel_engine_steps_total counter", "# TYPE nodejs_heap_size_used_bytes gauge"]);
+  });
+
+  it("contract: prom-client's event-loop lag collect resets its histogram, so a second collect at once reads an empty one; Keel's keeps the last values", async () => {
+    type Collecting = client.Metric & { collect(): unknown };
+    const meanOf = async (reg: client.Registry): Promise<string> => (await reg.getSingleMetricAsString("nodejs_eventloop_lag_mean_seconds")).split("\n").at(-1)!;
+    // Upstream: two collects with no event-loop turn between them; the second reads a histogram with no sample.
+    const bare = new client.Registry();
+    client.collectDefaultMetrics({ register: bare });
+    const bareLag = bare.getSingleMetric("nodejs_eventloop_lag_seconds") as Collecting;
+    bareLag.collect();
+    bareLag.collect();
+    expect(await meanOf(bare)).toBe("nodejs_eventloop_lag_mean_seconds Nan");
+    // Keel's registry: the second collect within a second changes nothing.
+    const reg = setup([]).metrics.registry;
+    const lag = reg.getSingleMetric("nodejs_eventloop_lag_seconds") as Collecting;
+    lag.collect();
+    const first = await meanOf(reg);
+    lag.collect();
+    expect(await meanOf(reg)).toBe(first);
   });
 });

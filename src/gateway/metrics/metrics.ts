@@ -59,9 +59,32 @@ function processMetrics(): client.Metric[] {
   if (!processRegistry) {
     processRegistry = new client.Registry();
     client.collectDefaultMetrics({ register: processRegistry });
+    spaceLagCollects(processRegistry);
   }
   const reg = processRegistry;
   return reg.getMetricsAsArray().map((m) => reg.getSingleMetric(m.name)!);
+}
+
+/** Least time between two reads of the event-loop delay histogram (see {@link spaceLagCollects}). */
+const LAG_COLLECT_MIN_MS = 1000;
+
+/**
+ * prom-client's event-loop lag families are filled by one collect that reads a delay histogram and resets it, so a
+ * second collect within the histogram's 10 ms resolution (two scrapes at once) reads an empty one: min 9.2e9 s, max 0,
+ * mean NaN. A collect less than a second after the last keeps the last values; the next one covers both windows
+ * (docs/upstream.md).
+ */
+function spaceLagCollects(reg: client.Registry): void {
+  const lag = reg.getSingleMetric("nodejs_eventloop_lag_seconds") as (client.Metric & { collect?: () => unknown }) | undefined;
+  const collect = lag?.collect;
+  if (!lag || !collect) return;
+  let last = -Infinity;
+  lag.collect = function (this: unknown) {
+    const now = performance.now();
+    if (now - last < LAG_COLLECT_MIN_MS) return undefined;
+    last = now;
+    return collect.call(this);
+  };
 }
 
 export class Metrics {
@@ -257,14 +280,22 @@ export class Metrics {
   }
 
   /**
-   * The /metrics text: every family, or only `names` (`--metrics_list`). prom-client's default set fills sibling
-   * families from one family's collect (nodejs_heap_size_used_bytes from nodejs_heap_size_total_bytes'), so a family
-   * read alone would show 0 or a stale value: every family is collected first (docs/upstream.md).
+   * The /metrics text: every family, or only `names` (`--metrics_list`), cut from one whole scrape. prom-client's
+   * default set fills sibling families from one family's collect (nodejs_heap_size_used_bytes from
+   * nodejs_heap_size_total_bytes'), so a family read alone would show 0 or a stale value (docs/upstream.md).
    */
   async text(names?: readonly string[]): Promise<string> {
-    if (!names) return this.registry.metrics();
-    await this.registry.getMetricsAsJSON();
-    return (await Promise.all(names.map((name) => this.registry.getSingleMetricAsString(name)))).join("\n") + "\n";
+    const all = await this.registry.metrics();
+    if (!names) return all;
+    const wanted = new Set(names);
+    const kept: string[] = [];
+    let keep = false;
+    for (const line of all.split("\n")) {
+      const family = /^# (?:HELP|TYPE) (\S+)/.exec(line)?.[1];
+      if (family !== undefined) keep = wanted.has(family);
+      if (keep && line !== "") kept.push(line);
+    }
+    return kept.join("\n") + "\n";
   }
 
   /** Create the per-model series at 0 (OVMS families, preemptions), so a fresh server shows each name for `modelName`. */
