@@ -209,6 +209,15 @@ describe("parseChatRequest: the body itself", () => {
     expect(e.message).toBe(`Invalid type for the request body: expected a JSON object, but got ${what} instead.`);
   });
 
+  it("an absent body says it is empty", () => {
+    const e = reject(undefined);
+    expect([e.code, e.param, e.message]).toEqual(["invalid_value", null, "The request body is empty: expected a JSON object."]);
+  });
+
+  it("a number beyond a double's range (JSON.parse reads 1e309 as Infinity) is named as such, not as a decimal", () => {
+    expectReject({ ...base, temperature: JSON.parse("1e309") }, "invalid_value", "temperature", /got a number beyond the range of a double/);
+  });
+
   it("rejects an empty object, reporting the missing model first", () => {
     expectReject({}, "missing_field", "model", /^Missing required parameter: 'model'\.$/);
   });

@@ -58,6 +58,7 @@ export function issueToError(issue: z.core.$ZodIssue): KeelHttpError {
   const param = toParam(issue.path);
   const input = (issue as { input?: unknown }).input;
   if (param === null) {
+    if (input === undefined) return invalidValue(null, "The request body is empty: expected a JSON object.");
     return invalidValue(null, `Invalid type for the request body: expected a JSON object, but got ${describe(input)} instead.`);
   }
   if (issue.code === "custom") {

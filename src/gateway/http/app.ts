@@ -12,7 +12,7 @@ import { MAX_JSON_NESTING, withinNesting } from "./json-depth.js";
 import { registerConfigRoutes } from "../api/config.js";
 import { apiKeyChecker, needsApiKey } from "./auth.js";
 import { corsHeaders, OPEN_CORS } from "./cors.js";
-import { clientConnectionError, invalidApiKey, invalidUrl, expectationFailed, invalidJson, methodNotAllowed, routeNotFound } from "./errors.js";
+import { clientConnectionError, invalidApiKey, invalidUrl, expectationFailed, invalidJson, methodNotAllowed, routeNotFound, unsupportedContentEncoding } from "./errors.js";
 import { toAnthropicErrorBody, toErrorBody, toHttpError } from "./error-envelope.js";
 import type { Metrics } from "../metrics/metrics.js";
 import type { ModelSet, ModelSpec } from "../models/model-set.js";
@@ -148,8 +148,11 @@ export function buildHttpApp(deps: HttpAppDeps): HttpApp {
   const silent = new SilentConnections(app.server, requestTimeout);
   // Bodies are parsed as strict UTF-8 JSON whatever the content type says (clients often omit it).
   app.removeAllContentTypeParsers();
-  app.addContentTypeParser("*", { parseAs: "buffer" }, (_req, buf, done) => {
+  app.addContentTypeParser("*", { parseAs: "buffer" }, (req, buf, done) => {
     const raw = buf as Buffer;
+    // A compressed body is refused, not parsed as if it were plain (Keel decodes no Content-Encoding).
+    const encoding = one(req.headers["content-encoding"])?.trim();
+    if (encoding && encoding.toLowerCase() !== "identity") return done(unsupportedContentEncoding(encoding), undefined);
     if (raw.length === 0) return done(null, undefined);
     let text: string;
     try {

@@ -19,6 +19,7 @@ import {
   routeNotFound,
   templateError,
   unsupportedField,
+  unsupportedContentEncoding,
   unsupportedMediaType,
 } from "./errors.js";
 import { toErrorBody, toHttpError } from "./error-envelope.js";
@@ -36,6 +37,7 @@ describe("error factories", () => {
     ["methodNotAllowed", methodNotAllowed("PUT", "/v3/models", ["GET"]), 405, "invalid_request_error", "method_not_allowed", null],
     ["requestTooLarge", requestTooLarge(1024), 413, "invalid_request_error", "request_too_large", null],
     ["unsupportedMediaType", unsupportedMediaType(), 415, "invalid_request_error", "unsupported_media_type", null],
+    ["unsupportedContentEncoding", unsupportedContentEncoding("gzip"), 415, "invalid_request_error", "unsupported_content_encoding", null],
     ["queueFull", queueFull(), 429, "rate_limit_error", "queue_full", null],
     ["engineError", engineError(), 500, "server_error", "engine_error", null],
     ["notReady", notReady(), 503, "service_unavailable_error", "not_ready", null],

@@ -283,6 +283,16 @@ export function unsupportedMediaType(): KeelHttpError {
   });
 }
 
+/** 415 `unsupported_content_encoding`: a compressed body (`Content-Encoding` other than identity), which Keel does not decode. */
+export function unsupportedContentEncoding(encoding: string): KeelHttpError {
+  return new KeelHttpError({
+    status: 415,
+    type: "invalid_request_error",
+    code: "unsupported_content_encoding",
+    message: `Content-Encoding ${encoding.slice(0, 100)} is not supported: send the request body uncompressed.`,
+  });
+}
+
 /** 429 `queue_full`: the admission queue is at capacity; the client should retry later. */
 /**
  * The answer to a connection-level client error that Node reports before any route runs (`clientError`): a request
@@ -421,6 +431,8 @@ export function describe(v: unknown): string {
     case "boolean":
       return "a boolean";
     case "number":
+      // JSON.parse reads a literal beyond the double range (1e309) as ±Infinity.
+      if (!Number.isFinite(v)) return "a number beyond the range of a double";
       return Number.isInteger(v) ? "an integer" : "a decimal";
     case "object":
       return "an object";
