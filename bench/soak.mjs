@@ -156,9 +156,11 @@ function slope(points) {
   return den === 0 ? 0 : num / den;
 }
 
+/** The sum of `name`'s samples on /metrics; NaN when the server exports no such family (an older gateway). */
 const metric = async (name) => {
   const text = (await httpGet(port, "/metrics")).body;
-  return text.split("\n").filter((l) => l.startsWith(name)).map((l) => Number(l.split(" ").pop())).reduce((a, v) => a + v, 0);
+  const values = text.split("\n").filter((l) => l.startsWith(name)).map((l) => Number(l.split(" ").pop()));
+  return values.length === 0 ? NaN : values.reduce((a, v) => a + v, 0);
 };
 
 console.log(`soak: engine ${ENGINE}, model ${MODEL}, ${STREAMS} streams, ${DISCONNECT * 100} % leaving, max_tokens ${MAX_TOKENS}, baseline ${BASELINE_S} s, soak ${MINUTES} min`);
@@ -167,16 +169,20 @@ const baseline = await phase(BASELINE_S, 0);
 const samples = [];
 const t0 = Date.now();
 /** [minute, gateway RSS MB, engine RSS MB, gateway V8 heap used MB (live objects and garbage not yet collected)]. */
-const sample = async () => {
-  const at = (Date.now() - t0) / 60_000;
-  const [gateway, engine] = [rssMb(gatewayPid), rssMb(enginePid)];
-  const heap = (await metric("nodejs_heap_size_used_bytes").catch(() => NaN)) / 1024 / 1024;
-  samples.push([at, gateway, engine, heap]);
-};
+/** The sample being taken (its heap read is a request): awaited before the last one, so samples stay in time order. */
+let sampling = Promise.resolve();
+const sample = () =>
+  (sampling = sampling.then(async () => {
+    const at = (Date.now() - t0) / 60_000;
+    const [gateway, engine] = [rssMb(gatewayPid), rssMb(enginePid)];
+    const heap = (await metric("nodejs_heap_size_used_bytes").catch(() => NaN)) / 1024 / 1024;
+    samples.push([at, gateway, engine, heap]);
+  }));
 await sample();
 const sampler = setInterval(sample, SAMPLE_S * 1000);
 const soak = await phase(MINUTES * 60, DISCONNECT);
 clearInterval(sampler);
+await sampling;
 // Back to idle before the last sample: what is left then is what stays.
 for (let i = 0; i < 200 && ((await metric("keel_requests_running")) > 0 || (await metric("keel_engine_sequences_active")) > 0); i++) await new Promise((r) => setTimeout(r, 50));
 await sample();
@@ -194,9 +200,18 @@ console.table([rssRow("gateway", 1), rssRow(`engine (${ENGINE})`, 2)]);
 // The gateway's live heap: the least "heap used" in each third of the soak is close to what survives a full
 // collection (V8 collects the old generation every few minutes under this load). A leak raises it third by third;
 // V8 sizing its heap raises RSS but not this floor.
-const thirds = [0, 1, 2].map((k) => samples.filter((s) => s[0] >= (samples.at(-1)[0] * k) / 3 && s[0] <= (samples.at(-1)[0] * (k + 1)) / 3 && Number.isFinite(s[3])));
-const floors = thirds.map((t) => Math.min(...t.map((s) => s[3])));
-console.log(`gateway V8 heap used, least per third of the soak: ${floors.map((f) => f.toFixed(1)).join(" / ")} MB (last vs first ${(((floors[2] - floors[0]) / floors[0]) * 100).toFixed(1)} %); max ${Math.max(...samples.map((s) => s[3]).filter(Number.isFinite)).toFixed(1)} MB`);
+// Thirds are half-open ([k/3, (k+1)/3) of the soak's length, the last one closed); a third without a heap reading
+// (samples sparser than a third, or a gateway without the metric) prints n/a.
+const span = samples.at(-1)[0];
+const inThird = (k, at) => at >= (span * k) / 3 && (k === 2 ? at <= span : at < (span * (k + 1)) / 3);
+const floors = [0, 1, 2].map((k) => {
+  const heaps = samples.filter((s) => inThird(k, s[0]) && Number.isFinite(s[3])).map((s) => s[3]);
+  return heaps.length > 0 ? Math.min(...heaps) : NaN;
+});
+const mb = (v) => (Number.isFinite(v) ? v.toFixed(1) : "n/a");
+const heaps = samples.map((s) => s[3]).filter(Number.isFinite);
+const change = Number.isFinite(floors[0]) && Number.isFinite(floors[2]) ? `${(((floors[2] - floors[0]) / floors[0]) * 100).toFixed(1)} %` : "n/a";
+console.log(`gateway V8 heap used, least per third of the soak: ${floors.map(mb).join(" / ")} MB (last vs first ${change}); max ${mb(heaps.length > 0 ? Math.max(...heaps) : NaN)} MB`);
 console.log(`RSS samples (min, gateway MB, engine MB): ${samples.map((s) => `${s[0].toFixed(1)}:${s[1].toFixed(0)}/${s[2].toFixed(0)}`).join(" ")}`);
 const disconnects = await metric("keel_client_disconnects_total");
 const restarts = await metric("keel_engine_restarts_total");

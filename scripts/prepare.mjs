@@ -66,10 +66,15 @@ if (!build.current) {
   for (const rel of staleOutputs(root)) {
     try {
       fs.unlinkSync(path.join(root, rel));
+    } catch (err) {
+      if (err.code !== "ENOENT") console.error(`keel: could not remove ${rel}, left from a deleted source (${err.code ?? err.message}); remove it by hand`);
+      continue;
+    }
+    try {
       removeEmptyDirs(path.dirname(rel));
     } catch (err) {
-      if (err.code === "ENOENT") continue;
-      console.error(`keel: could not remove ${rel}, left from a deleted source (${err.code ?? err.message}); remove it by hand`);
+      // Another build may be writing there, or the folder is not ours to remove: an empty folder harms nothing.
+      if (err.code !== "ENOENT" && err.code !== "ENOTEMPTY") console.error(`keel: could not remove the emptied folder ${path.dirname(rel)} (${err.code ?? err.message})`);
     }
   }
   markBuilt(root, inputs);

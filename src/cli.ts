@@ -5,7 +5,7 @@
  * @module
  */
 export { main } from "./cli/main.js";
-export { ENGINE_FLAG_VALUES, ENGINES, METRIC_FAMILIES, SERVE_FLAGS, usage, type EngineFlag, type EngineName, type FlagValues } from "./cli/flag-table.js";
+export { ENGINE_FLAG_VALUES, ENGINES, metricFamilyNames, SERVE_FLAGS, usage, type EngineFlag, type EngineName, type FlagValues } from "./cli/flag-table.js";
 export { parseTargetDevice } from "./cli/flag-values.js";
 export { FlagError, parseServeCommand, parseServeFlags, type FlagNote, type ServeCommand, type ServeOptions } from "./cli/flags.js";
 export { checkModelFile, NoGpuError, validateModel } from "./cli/model-check.js";

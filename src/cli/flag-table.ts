@@ -20,8 +20,15 @@ export type EngineName = (typeof ENGINES)[number];
 export const ENGINE_FLAG_VALUES = ["auto", ...ENGINES] as const;
 export type EngineFlag = (typeof ENGINE_FLAG_VALUES)[number];
 
-/** The metric families `--metrics_list` may name: every family /metrics exports (keel_*, vllm:*, ovms_*, process_*, nodejs_*). */
-export const METRIC_FAMILIES: readonly string[] = metricFamilies();
+/**
+ * The metric families `--metrics_list` may name: every family /metrics exports (keel_*, vllm:*, ovms_*, process_*,
+ * nodejs_*). Listed on first use: listing starts the process metrics' collectors, which a command that never serves
+ * does not need.
+ */
+let families: readonly string[] | null = null;
+export function metricFamilyNames(): readonly string[] {
+  return (families ??= metricFamilies());
+}
 
 /** One `keel serve` flag. */
 export interface FlagSpec<N extends string = string, T = unknown, D extends string | undefined = string | undefined> {
@@ -99,12 +106,13 @@ export const SERVE_FLAGS = [
     if (must(bool("metrics_enable"), v)) return true;
     throw new Error("--metrics_enable false is not supported: Keel always serves /metrics (gateways and probes scrape it)");
   })),
-  { ...flag("metrics_list", `comma-separated metric families to export (${METRIC_FAMILIES.length} known; see /metrics)`, undefined, checked((v) => {
+  { ...flag("metrics_list", "comma-separated metric families to export (any family /metrics shows; an unknown name is refused)", undefined, checked((v) => {
     // Each family once: a family exported twice is a second TYPE line, which Prometheus refuses for the whole scrape.
     const names = [...new Set(csv(v))];
     if (names.length === 0) throw new Error("--metrics_list names no metric family: leave it out to export every family (see /metrics)");
-    const unknown = names.filter((n) => !METRIC_FAMILIES.includes(n));
-    if (unknown.length > 0) throw new Error(`--metrics_list names unknown metric famil${unknown.length > 1 ? "ies" : "y"} ${unknown.join(", ")} (known: ${METRIC_FAMILIES.join(", ")})`);
+    const known = metricFamilyNames();
+    const unknown = names.filter((n) => !known.includes(n));
+    if (unknown.length > 0) throw new Error(`--metrics_list names unknown metric famil${unknown.length > 1 ? "ies" : "y"} ${unknown.join(", ")} (known: ${known.join(", ")})`);
     return names;
   })), field: "metricsList" },
   flag("port", "OVMS gRPC port: only 0 (Keel serves REST only)", "0", checked((v) => {

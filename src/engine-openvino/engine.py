@@ -275,7 +275,7 @@ class Engine:
         p = m["params"]
         unsupported = [k for k in ("logitBias",) if k in p]
         if unsupported:
-            return self.refuse(rid, "invalid_params", "the OpenVINO engine does not apply logitBias (OpenVINO GenAI has no logit bias)", "logitBias")
+            return self.refuse(rid, "invalid_params", "the OpenVINO engine does not apply logitBias (OpenVINO GenAI has no logit bias)")
         if p.get("guide") is not None and (p["ignoreEos"] or p.get("minTokens")):
             # OpenVINO lets a completed grammar's end-of-generation be ignored (the output then runs on unconstrained)
             # and masks everything before min_new_tokens (NUL tokens): never apply a guide loosely.

@@ -39,17 +39,37 @@ def runs_on_cpu(cfg: dict, gpu_render_node: bool) -> bool:
     return device == "cpu" or (device == "auto" and not gpu_render_node)
 
 
-#: oneDNN verbose values that turn execution profiling on (legacy 1 and 2, `profile`, `profile_exec`, `all`).
-ONEDNN_EXEC_PROFILING = frozenset({"1", "2", "all", "profile", "profile_exec"})
+#: oneDNN verbose values that turn execution profiling on (legacy 1, 2 and -1, `profile`, `profile_exec`, `all`).
+ONEDNN_EXEC_PROFILING = frozenset({"1", "2", "-1", "all", "profile", "profile_exec"})
+
+
+def _profiles_execution(value: str) -> bool:
+    """Whether a verbose value turns execution profiling on, read as oneDNN reads it: lower-cased, comma-separated,
+    left to right, `0`/`none` clearing what came before."""
+    on = False
+    for token in value.lower().split(","):
+        if token in ("0", "none"):
+            on = False
+        elif token in ONEDNN_EXEC_PROFILING:
+            on = True
+    return on
 
 
 def onednn_exec_profiling(cfg: dict, env: Mapping[str, str], gpu_render_node: bool) -> list[str]:
-    """The oneDNN verbose variables (ONEDNN_VERBOSE, DNNL_VERBOSE) asking for execution profiling on CPU, which the
-    worker removes before OpenVINO loads: with it, OpenVINO 2026.4's CPU plugin fails to compile models most of the
-    time (a constant's Reorder: "could not execute a primitive"; docs/upstream.md)."""
+    """The oneDNN verbose variables to take out of the environment on CPU so that execution profiling stays off: with
+    it, OpenVINO 2026.4's CPU plugin fails to compile models most of the time (a constant's Reorder: "could not
+    execute a primitive"; docs/upstream.md). oneDNN reads ONEDNN_VERBOSE, or DNNL_VERBOSE when that is unset: so
+    DNNL_VERBOSE counts only once ONEDNN_VERBOSE is absent or taken out."""
     if not runs_on_cpu(cfg, gpu_render_node):
         return []
-    return [name for name in ("ONEDNN_VERBOSE", "DNNL_VERBOSE") if any(v.strip().lower() in ONEDNN_EXEC_PROFILING for v in env.get(name, "").split(","))]
+    out: list[str] = []
+    for name in ("ONEDNN_VERBOSE", "DNNL_VERBOSE"):
+        if name not in env:
+            continue
+        if not _profiles_execution(env[name]):
+            break
+        out.append(name)
+    return out
 
 
 def onednn_cache_capacity(cfg: dict, env: Mapping[str, str], gpu_render_node: bool) -> Optional[str]:

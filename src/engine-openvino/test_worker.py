@@ -115,11 +115,16 @@ class Settings(unittest.TestCase):
 
     def test_onednn_execution_profiling_is_taken_out_on_cpu_only(self):
         cpu = {**self.CFG, "device": "cpu"}
-        for value in ("all", "1", "2", "profile", "profile_exec", "dispatch, PROFILE_EXEC"):
+        for value in ("all", "ALL", "1", "2", "-1", "profile", "profile_exec", "dispatch,PROFILE_EXEC", "none,all"):
             self.assertEqual(onednn_exec_profiling(cpu, {"ONEDNN_VERBOSE": value}, False), ["ONEDNN_VERBOSE"], value)
-        self.assertEqual(onednn_exec_profiling(cpu, {"ONEDNN_VERBOSE": "all", "DNNL_VERBOSE": "1"}, False), ["ONEDNN_VERBOSE", "DNNL_VERBOSE"])
-        for value in ("", "0", "none", "dispatch", "profile_create", "check,warn,error", "debuginfo=1"):
+        # Read as oneDNN reads it: no trimming, and 0/none clears what came before.
+        for value in ("", "0", "none", "all,none", "profile,0", "dispatch", "profile_create", "check,warn,error", "debuginfo=1", "dispatch, profile_exec"):
             self.assertEqual(onednn_exec_profiling(cpu, {"ONEDNN_VERBOSE": value}, False), [], value)
+        # DNNL_VERBOSE is read only without ONEDNN_VERBOSE: once that is taken out, or when it is absent.
+        self.assertEqual(onednn_exec_profiling(cpu, {"ONEDNN_VERBOSE": "all", "DNNL_VERBOSE": "1"}, False), ["ONEDNN_VERBOSE", "DNNL_VERBOSE"])
+        self.assertEqual(onednn_exec_profiling(cpu, {"ONEDNN_VERBOSE": "all", "DNNL_VERBOSE": "dispatch"}, False), ["ONEDNN_VERBOSE"])
+        self.assertEqual(onednn_exec_profiling(cpu, {"ONEDNN_VERBOSE": "dispatch", "DNNL_VERBOSE": "all"}, False), [])
+        self.assertEqual(onednn_exec_profiling(cpu, {"DNNL_VERBOSE": "all"}, False), ["DNNL_VERBOSE"])
         self.assertEqual(onednn_exec_profiling({**self.CFG, "device": "gpu"}, {"ONEDNN_VERBOSE": "all"}, False), [])
         self.assertEqual(onednn_exec_profiling({**self.CFG, "device": "auto"}, {"ONEDNN_VERBOSE": "all"}, False), ["ONEDNN_VERBOSE"])
         self.assertEqual(onednn_exec_profiling({**self.CFG, "device": "auto"}, {"ONEDNN_VERBOSE": "all"}, True), [])

@@ -209,9 +209,9 @@ describe("parseChatRequest: the body itself", () => {
     expect(e.message).toBe(`Invalid type for the request body: expected a JSON object, but got ${what} instead.`);
   });
 
-  it("an absent body says it is empty", () => {
+  it("an absent body is invalid JSON that says it is empty", () => {
     const e = reject(undefined);
-    expect([e.code, e.param, e.message]).toEqual(["invalid_value", null, "The request body is empty: expected a JSON object."]);
+    expect([e.code, e.param, e.message]).toEqual(["invalid_json", null, "We could not parse the JSON body of your request. (The request body is empty.)"]);
   });
 
   it("a number beyond a double's range (JSON.parse reads 1e309 as Infinity) is named as such, not as a decimal", () => {

@@ -3,7 +3,7 @@
  * custom issues the schemas report (a missing field, an unsupported one), each naming its field path.
  */
 import type { z } from "zod";
-import { describe, KeelHttpError, invalidValue, missingField, show, unsupportedField } from "../http/errors.js";
+import { describe, invalidJson, KeelHttpError, invalidValue, missingField, show, unsupportedField } from "../http/errors.js";
 import { MAX_TOP_LOGPROBS, SAMPLING_RANGES } from "./sampling.js";
 
 /** Largest value of uint32 fields (`max_tokens`, `seed`), as in OVMS. */
@@ -58,7 +58,8 @@ export function issueToError(issue: z.core.$ZodIssue): KeelHttpError {
   const param = toParam(issue.path);
   const input = (issue as { input?: unknown }).input;
   if (param === null) {
-    if (input === undefined) return invalidValue(null, "The request body is empty: expected a JSON object.");
+    // An empty body reaches validation as undefined (Keel's body parser lets it through): docs/api.md calls it invalid JSON.
+    if (input === undefined) return invalidJson("(The request body is empty.)");
     return invalidValue(null, `Invalid type for the request body: expected a JSON object, but got ${describe(input)} instead.`);
   }
   if (issue.code === "custom") {

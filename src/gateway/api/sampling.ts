@@ -5,6 +5,7 @@
  * runs on any engine; any other value needs the engine's `extendedSampling` capability (or the field in its
  * `samplingFields` list) or is refused (400).
  */
+import { EXTENDED_FIELD_NAMES } from "./field-names.js";
 import { z } from "zod";
 import { LOGIT_BIAS_BAN, type EngineCapabilities, type SamplingParams } from "../../protocol/messages.js";
 import { invalidValue, show, unsupportedField, type KeelHttpError } from "../http/errors.js";
@@ -126,17 +127,6 @@ export function checkMinTokens(ext: ExtendedSampling, maxTokens: number | null |
     throw invalidValue("min_tokens", `Invalid value for 'min_tokens': must not exceed the token budget (max_tokens ${maxTokens}), got ${ext.minTokens}.`);
   }
 }
-
-const EXTENDED_FIELD_NAMES: Record<keyof ExtendedSampling, string> = {
-  presencePenalty: "presence_penalty",
-  frequencyPenalty: "frequency_penalty",
-  repetitionPenalty: "repetition_penalty",
-  minP: "min_p",
-  logitBias: "logit_bias",
-  minTokens: "min_tokens",
-  stopTokenIds: "stop_token_ids",
-  speculation: "num_assistant_tokens",
-};
 
 /**
  * Refuse what the current engine cannot do (instead of accepting and ignoring it): extended sampling fields without

@@ -151,8 +151,8 @@ export function buildHttpApp(deps: HttpAppDeps): HttpApp {
   app.addContentTypeParser("*", { parseAs: "buffer" }, (req, buf, done) => {
     const raw = buf as Buffer;
     // A compressed body is refused, not parsed as if it were plain (Keel decodes no Content-Encoding).
-    const encoding = one(req.headers["content-encoding"])?.trim();
-    if (encoding && encoding.toLowerCase() !== "identity") return done(unsupportedContentEncoding(encoding), undefined);
+    const encoding = one(req.headers["content-encoding"]);
+    if (encoding && encoding.split(",").some((c) => c.trim().toLowerCase() !== "identity")) return done(unsupportedContentEncoding(encoding), undefined);
     if (raw.length === 0) return done(null, undefined);
     let text: string;
     try {
@@ -195,6 +195,8 @@ export function buildHttpApp(deps: HttpAppDeps): HttpApp {
       reply.removeHeader("connection");
       void discarded.then((exceeded) => exceeded && req.raw.socket.destroy());
     }
+    // RFC 9110 §15.5.16: a 415 for a content coding names the codings that are accepted.
+    if (e.code === "unsupported_content_encoding") void reply.header("accept-encoding", "identity");
     return reply.status(e.status).send(body);
   });
   // A known path asked with another method is a 405 with `Allow` (RFC 9110); a path no route has is a short 404.

@@ -22,10 +22,11 @@ const post = (url: string, encoding: string | undefined, payload: string | Buffe
   app.inject({ method: "POST", url, payload, headers: { "content-type": "application/json", ...(encoding === undefined ? {} : { "content-encoding": encoding }) } });
 
 describe("Content-Encoding", () => {
-  it.each(["gzip", "br", "GZIP", "deflate, gzip"])("%s on a plain body: 415 unsupported_content_encoding naming it (OpenAI envelope)", async (encoding) => {
+  it.each(["gzip", "br", "GZIP", "deflate, gzip", "identity, gzip"])("%s on a plain body: 415 unsupported_content_encoding naming it (OpenAI envelope)", async (encoding) => {
     const r = await post("/v3/chat/completions", encoding);
     expect(r.statusCode).toBe(415);
-    expect(r.json()).toEqual({ error: { message: `Content-Encoding ${encoding} is not supported: send the request body uncompressed.`, type: "invalid_request_error", code: "unsupported_content_encoding", param: null } });
+    expect(r.headers["accept-encoding"]).toBe("identity");
+    expect(r.json()).toEqual({ error: { message: `Content-Encoding '${encoding}' is not supported: send the request body uncompressed.`, type: "invalid_request_error", code: "unsupported_content_encoding", param: null } });
   });
 
   it("a really gzipped body: the same 415, not an invalid-JSON 400", async () => {
@@ -36,11 +37,16 @@ describe("Content-Encoding", () => {
   it("on the Anthropic route: Anthropic's envelope", async () => {
     const r = await post("/v1/messages", "gzip");
     expect(r.statusCode).toBe(415);
-    expect(r.json()).toMatchObject({ type: "error", error: { type: "invalid_request_error", message: expect.stringMatching(/^Content-Encoding gzip is not supported/) } });
+    expect(r.json()).toMatchObject({ type: "error", error: { type: "invalid_request_error", message: expect.stringMatching(/^Content-Encoding 'gzip' is not supported/) } });
   });
 
-  it("identity, or no header, reaches the route (which knows no model here)", async () => {
-    for (const encoding of ["identity", " Identity ", undefined]) {
+  it("a long coding is echoed cut to 120 characters", async () => {
+    const r = await post("/v3/chat/completions", "x".repeat(500));
+    expect(r.json().error.message).toBe(`Content-Encoding '${"x".repeat(120)}…' is not supported: send the request body uncompressed.`);
+  });
+
+  it("identity (or a list of identities), or no header, reaches the route (which knows no model here)", async () => {
+    for (const encoding of ["identity", " Identity ", "identity, identity", undefined]) {
       const r = await post("/v3/chat/completions", encoding);
       expect(r.statusCode).not.toBe(415);
       expect(r.json().error.code).not.toBe("unsupported_content_encoding");

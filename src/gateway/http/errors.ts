@@ -17,6 +17,7 @@
  *
  * @module
  */
+import { apiFieldOf } from "../api/field-names.js";
 import type { EngineErrorCode } from "../../protocol/messages.js";
 import { sanitizeForJson } from "../requests/utf8-stream.js";
 
@@ -289,7 +290,7 @@ export function unsupportedContentEncoding(encoding: string): KeelHttpError {
     status: 415,
     type: "invalid_request_error",
     code: "unsupported_content_encoding",
-    message: `Content-Encoding ${encoding.slice(0, 100)} is not supported: send the request body uncompressed.`,
+    message: `Content-Encoding ${quoteClientValue(encoding.trim())} is not supported: send the request body uncompressed.`,
   });
 }
 
@@ -354,18 +355,13 @@ export function engineFault(message: string): KeelHttpError {
 }
 
 /**
- * The request field behind an engine's `params` field, where every API spells it the same (`logit_bias` in chat and
- * completions alike); `guide` and `logprobs` come from different fields per API, so they stay unnamed.
- */
-const API_PARAM: Readonly<Record<string, string>> = { logitBias: "logit_bias", stopTokenIds: "stop_token_ids" };
-
-/**
  * 400 for an `add` the engine refused (protocol `request_error`): its message already names the numbers.
- * `context_length_exceeded` keeps OpenAI's code and points at `messages`; a refusal of a field the client named
- * answers like the gateway's own check of that field (`invalid_value`, `param`).
+ * `context_length_exceeded` keeps OpenAI's code and points at `messages`; a refusal of a value the client sent in a
+ * field (engines name it in `param`) answers like the gateway's own check of that value (`invalid_value`, `param`).
  */
 export function engineRefusal(code: string, message: string, param?: string): KeelHttpError {
-  const field = param === undefined ? undefined : API_PARAM[param];
+  // `guide` and `logprobs` come from different request fields per API: those stay unnamed.
+  const field = param === undefined ? undefined : apiFieldOf(param);
   if (field) return invalidValue(field, message);
   return new KeelHttpError({ status: 400, type: "invalid_request_error", code, message, param: code === "context_length_exceeded" ? "messages" : null });
 }

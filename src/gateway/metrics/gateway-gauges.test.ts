@@ -3,7 +3,7 @@ import client from "prom-client";
 import { describe, expect, it } from "vitest";
 import { PROTOCOL_VERSION, type StepMessage } from "../../protocol/messages.js";
 import { Scheduler } from "../../engine/scheduler.js";
-import { kvUsage, Metrics, type ModelGauges } from "./metrics.js";
+import { kvUsage, LAG_COLLECT_MIN_MS, Metrics, spaceLagCollects, type ModelGauges } from "./metrics.js";
 import { requestObserver, StepObserver } from "./metrics-observer.js";
 
 /** Metrics whose per-model gauges read `models` (mutable between scrapes). */
@@ -136,22 +136,29 @@ describe("process metrics (prom-client's default set)", () => {
     expect(listed.split("\n").filter((l) => l.startsWith("# TYPE")).sort()).toEqual(["# TYPE keel_engine_steps_total counter", "# TYPE nodejs_heap_size_used_bytes gauge"]);
   });
 
-  it("contract: prom-client's event-loop lag collect resets its histogram, so a second collect at once reads an empty one; Keel's keeps the last values", async () => {
+  it("contract: prom-client's lag collect exports an empty delay histogram (no sample since the last collect's reset) as NaN", async () => {
     type Collecting = client.Metric & { collect(): unknown };
-    const meanOf = async (reg: client.Registry): Promise<string> => (await reg.getSingleMetricAsString("nodejs_eventloop_lag_mean_seconds")).split("\n").at(-1)!;
-    // Upstream: two collects with no event-loop turn between them; the second reads a histogram with no sample.
+    // Two collects with no event-loop turn between them: the second reads a histogram with no sample.
     const bare = new client.Registry();
     client.collectDefaultMetrics({ register: bare });
-    const bareLag = bare.getSingleMetric("nodejs_eventloop_lag_seconds") as Collecting;
-    bareLag.collect();
-    bareLag.collect();
-    expect(await meanOf(bare)).toBe("nodejs_eventloop_lag_mean_seconds Nan");
-    // Keel's registry: the second collect within a second changes nothing.
-    const reg = setup([]).metrics.registry;
-    const lag = reg.getSingleMetric("nodejs_eventloop_lag_seconds") as Collecting;
+    const lag = bare.getSingleMetric("nodejs_eventloop_lag_seconds") as Collecting;
     lag.collect();
-    const first = await meanOf(reg);
     lag.collect();
-    expect(await meanOf(reg)).toBe(first);
+    expect((await bare.getSingleMetricAsString("nodejs_eventloop_lag_mean_seconds")).split("\n").at(-1)).toBe("nodejs_eventloop_lag_mean_seconds Nan");
+  });
+
+  it("Keel's lag collect runs at most once a second (by the clock it is given); the calls between keep the last values", () => {
+    const reg = new client.Registry();
+    let calls = 0;
+    new client.Gauge({ name: "nodejs_eventloop_lag_seconds", help: "h", registers: [reg], collect: () => void (calls += 1) });
+    let t = 0;
+    spaceLagCollects(reg, () => t);
+    const lag = reg.getSingleMetric("nodejs_eventloop_lag_seconds") as client.Metric & { collect(): unknown };
+    const seen: number[] = [];
+    for (t of [0, 500, LAG_COLLECT_MIN_MS - 1, LAG_COLLECT_MIN_MS, LAG_COLLECT_MIN_MS + 10, 2 * LAG_COLLECT_MIN_MS + 5]) {
+      lag.collect();
+      seen.push(calls);
+    }
+    expect(seen).toEqual([1, 1, 1, 2, 2, 3]);
   });
 });

@@ -66,7 +66,7 @@ function processMetrics(): client.Metric[] {
 }
 
 /** Least time between two reads of the event-loop delay histogram (see {@link spaceLagCollects}). */
-const LAG_COLLECT_MIN_MS = 1000;
+export const LAG_COLLECT_MIN_MS = 1000;
 
 /**
  * prom-client's event-loop lag families are filled by one collect that reads a delay histogram and resets it, so a
@@ -74,15 +74,15 @@ const LAG_COLLECT_MIN_MS = 1000;
  * mean NaN. A collect less than a second after the last keeps the last values; the next one covers both windows
  * (docs/upstream.md).
  */
-function spaceLagCollects(reg: client.Registry): void {
+export function spaceLagCollects(reg: client.Registry, now: () => number = () => performance.now()): void {
   const lag = reg.getSingleMetric("nodejs_eventloop_lag_seconds") as (client.Metric & { collect?: () => unknown }) | undefined;
   const collect = lag?.collect;
   if (!lag || !collect) return;
   let last = -Infinity;
   lag.collect = function (this: unknown) {
-    const now = performance.now();
-    if (now - last < LAG_COLLECT_MIN_MS) return undefined;
-    last = now;
+    const t = now();
+    if (t - last < LAG_COLLECT_MIN_MS) return undefined;
+    last = t;
     return collect.call(this);
   };
 }
