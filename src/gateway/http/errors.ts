@@ -294,7 +294,6 @@ export function unsupportedContentEncoding(encoding: string): KeelHttpError {
   });
 }
 
-/** 429 `queue_full`: the admission queue is at capacity; the client should retry later. */
 /**
  * The answer to a connection-level client error that Node reports before any route runs (`clientError`): a request
  * not sent within --request_timeout (408 `request_timeout`), headers too large (431 `headers_too_large`), or a
@@ -310,6 +309,7 @@ export function clientConnectionError(nodeCode: string | undefined): KeelHttpErr
   return new KeelHttpError({ status: 400, type: "invalid_request_error", code: "malformed_request", message: "The request is not valid HTTP." });
 }
 
+/** 429 `queue_full`: the admission queue is at capacity; the client should retry later. */
 export function queueFull(): KeelHttpError {
   return new KeelHttpError({
     status: 429,
