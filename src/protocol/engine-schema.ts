@@ -17,7 +17,7 @@ const nonNegative = z.number().min(0);
 
 /**
  * An error code: validated as a non-empty string although the type is the closed catalogue, because the gateway
- * maps a code it does not know to engine_error itself (http/errors.ts `engineErrorToHttp`): an engine that invents
+ * maps a code it does not know to engine_error itself (http/engine-errors.ts `engineErrorToHttp`): an engine that invents
  * one fails that request, not the protocol.
  */
 const errorCode = z.string().min(1) as unknown as z.ZodType<EngineErrorCode>;

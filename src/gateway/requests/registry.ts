@@ -11,7 +11,8 @@ import { LOGIT_BIAS_BAN, PROTOCOL_VERSION } from "../../protocol/messages.js";
 import * as lc from "./lifecycle.js";
 import type { RequestError, TableEvent, Usage } from "./events.js";
 import { SuspectTests, type ExitDecision } from "../supervision/recovery.js";
-import { engineErrorToHttp, engineFault, invalidValue, SHUTTING_DOWN_MESSAGE, shuttingDown, type KeelHttpError } from "../http/errors.js";
+import { engineErrorToHttp } from "../http/engine-errors.js";
+import { engineFault, invalidValue, SHUTTING_DOWN_MESSAGE, shuttingDown, type KeelHttpError } from "../http/errors.js";
 
 export type { Usage };
 
@@ -232,7 +233,7 @@ export class RequestRegistry {
     }
   }
 
-  /** The engine refused an add. Its code maps to HTTP once (errors.ts engineErrorToHttp). */
+  /** The engine refused an add. Its code maps to HTTP once (engine-errors.ts engineErrorToHttp). */
   handleRequestError(msg: RequestErrorMessage): void {
     return this.operation(() => {
       const e = this.live.get(msg.id);
