@@ -57,7 +57,9 @@ describe("native addon build cache", () => {
     const lines = callLines();
     const compiles = lines.filter((l) => / -c /.test(l));
     // Progress: a first line saying it happens once, then every step numbered as it starts: each file, then the link.
-    expect(logged[0]).toMatch(/^building Keel's addon once for .* \(cached in .* until Keel's or node-llama-cpp's native sources change\): \d+ files with /);
+    const head = /^building Keel's addon once for .* \(cached in .* until Keel's or node-llama-cpp's native sources change\): (\d+) steps \((\d+) files with /.exec(logged[0]!);
+    // The first line's step count is the count the numbered lines use (the files, then the link).
+    expect([Number(head?.[1]), Number(head?.[2])]).toEqual([compiles.length + 1, compiles.length]);
     const steps = logged.slice(1).map((l) => /^\[(\d+)\/(\d+)\] (.*)$/.exec(l)!);
     expect(steps.map((m) => Number(m[1]))).toEqual(Array.from({ length: compiles.length + 1 }, (_, i) => i + 1));
     expect(new Set(steps.map((m) => Number(m[2])))).toEqual(new Set([compiles.length + 1]));

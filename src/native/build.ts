@@ -409,7 +409,7 @@ export async function buildNativeAddon(opts: NativeBuildOptions): Promise<Native
     const steps = sources.length + (opts.verify !== false ? 2 : 1);
     let step = 0;
     const say = (what: string): void => log(`[${++step}/${steps}] ${what}`);
-    log(`building Keel's addon once for ${binDir} (cached in ${path.join(cacheRoot, "native")} until Keel's or node-llama-cpp's native sources change): ${sources.length} files with ${cxx}, ${jobs} at a time`);
+    log(`building Keel's addon once for ${binDir} (cached in ${path.join(cacheRoot, "native")} until Keel's or node-llama-cpp's native sources change): ${steps} steps (${sources.length} files with ${cxx}, ${jobs} at a time, then the link${opts.verify !== false ? " and a load check" : ""})`);
     const objects = sources.map((f) => path.join(tmp, "obj", f.replace(/[\\/]/g, "_") + ".o"));
     fs.mkdirSync(path.join(tmp, "obj"));
     await pool(sources.map((f, i) => () => (say(`compiling ${f}`), run(cxx, [...flags, "-c", path.join(src, f), "-o", objects[i]!]))), jobs);
