@@ -21,6 +21,12 @@ describe("log format", () => {
     expect(formatLogLine("not json")).toBe("not json");
   });
 
+  it("an engine line the gateway relays (under `engine`) prints as the engine's, with its fields", () => {
+    const engine = { level: "info", time: 1, component: "engine", pid: 9, msg: "model loaded", event: "creating_context" };
+    const line = JSON.stringify({ level: 30, time: Date.UTC(2026, 0, 2, 3, 4, 5, 6), pid: 7, component: "gateway", engine, msg: "model loaded", model: "m" });
+    expect(formatLogLine(line)).toBe("03:04:05.006 INFO  engine model loaded model=m event=creating_context");
+  });
+
   it("--log_path writes the log to that file, in the chosen format", () => {
     const file = path.join(dir, "keel.log");
     const log = pino({ base: { component: "gateway" } }, logDestination({ format: "text", path: file }));

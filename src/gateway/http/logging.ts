@@ -3,9 +3,9 @@
  * human-readable line per event on a terminal (`--log_format text`), to stdout or to a file (`--log_path`).
  * pino-pretty is not a dependency: the text format is this small formatter.
  */
-import fs from "node:fs";
 import path from "node:path";
 import pino, { type DestinationStream } from "pino";
+import { makeDirsSync } from "../../model/make-dirs.js";
 
 export type LogFormat = "text" | "json";
 
@@ -41,8 +41,13 @@ export function formatLogLine(line: string): string {
   }
   const time = typeof rec["time"] === "number" ? new Date(rec["time"]).toISOString().slice(11, 23) : "--:--:--.---";
   const level = typeof rec["level"] === "number" ? (LEVEL_NAMES[rec["level"]] ?? String(rec["level"])) : String(rec["level"] ?? "").toUpperCase();
-  const component = typeof rec["component"] === "string" ? rec["component"] : "-";
-  const extras = Object.entries(rec)
+  // A line the engine wrote, relayed by the gateway under `engine`: printed as the engine's, its fields beside the
+  // gateway's (the gateway's own message is the engine's).
+  const relayed = rec["engine"];
+  const engine = typeof relayed === "object" && relayed !== null && !Array.isArray(relayed) ? (relayed as Record<string, unknown>) : null;
+  const component = engine ? "engine" : typeof rec["component"] === "string" ? rec["component"] : "-";
+  const own = Object.entries(rec).filter(([k]) => !(engine && k === "engine"));
+  const extras = [...own, ...(engine ? Object.entries(engine) : [])]
     .filter(([k, v]) => !PREFIX_FIELDS.has(k) && v !== undefined)
     .map(([k, v]) => field(k, v));
   return [time, level.padEnd(5), component, String(rec["msg"] ?? ""), ...extras].join(" ");
@@ -54,7 +59,7 @@ export function formatLogLine(line: string): string {
  */
 export function logDestination(opts: { format: LogFormat; path?: string | undefined }): DestinationStream {
   // The log file's folder is created one level at a time: a recursive mkdir under /proc never returns (it spins).
-  if (opts.path !== undefined) makeFolders(path.dirname(path.resolve(opts.path)));
+  if (opts.path !== undefined) makeDirsSync(path.dirname(path.resolve(opts.path)));
   // pino's own destination (sonic-boom) handles a full pipe (EAGAIN); synchronous so that a crash loses no line.
   const sink = pino.destination({ dest: opts.path ?? 1, sync: true, append: true });
   if (opts.format === "json") return sink;
@@ -64,14 +69,4 @@ export function logDestination(opts: { format: LogFormat; path?: string | undefi
       sink.write(chunk.split("\n").filter((l) => l !== "").map((l) => formatLogLine(l) + "\n").join(""));
     },
   };
-}
-
-/** Create `dir` and its missing parents, each with a plain (non-recursive) mkdir. @throws Error when one fails. */
-function makeFolders(dir: string): void {
-  const missing: string[] = [];
-  for (let d = dir; !fs.existsSync(d); d = path.dirname(d)) {
-    if (path.dirname(d) === d) break;
-    missing.unshift(d);
-  }
-  for (const d of missing) fs.mkdirSync(d);
 }
