@@ -256,7 +256,7 @@ export class Metrics {
     perModel("ovms_current_graphs", "Requests in flight (waiting or running), per model (OVMS name)", "name", (m) => m.waiting + m.running);
     const byName = (name: string, help: string): client.Counter<"name"> => new client.Counter({ name, help, labelNames: ["name"], registers });
     this.ovmsAccepted = byName("ovms_requests_accepted", "Requests handed to a model's engine (OVMS name)");
-    this.ovmsRejected = byName("ovms_requests_rejected", "Requests refused before or by the engine: queue full, not ready, invalid (OVMS name)");
+    this.ovmsRejected = byName("ovms_requests_rejected", "Requests refused at admission: queue full, not ready, or refused by the engine (a 400 from the gateway's own validation is not counted; OVMS name)");
     this.ovmsSuccess = byName("ovms_requests_success", "Requests that ended with finish_reason stop or length (OVMS name)");
     this.ovmsFail = byName("ovms_requests_fail", "Requests that ended with an error or were aborted (OVMS name)");
     this.ovmsProcessingTime = new client.Histogram({
