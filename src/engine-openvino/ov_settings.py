@@ -58,13 +58,14 @@ def _profiles_execution(value: str) -> bool:
 def onednn_exec_profiling(cfg: dict, env: Mapping[str, str], gpu_render_node: bool) -> list[str]:
     """The oneDNN verbose variables to take out of the environment on CPU so that execution profiling stays off: with
     it, OpenVINO 2026.4's CPU plugin fails to compile models most of the time (a constant's Reorder: "could not
-    execute a primitive"; docs/upstream.md). oneDNN reads ONEDNN_VERBOSE, or DNNL_VERBOSE when that is unset: so
-    DNNL_VERBOSE counts only once ONEDNN_VERBOSE is absent or taken out."""
+    execute a primitive"; docs/upstream.md). oneDNN reads ONEDNN_VERBOSE, or DNNL_VERBOSE when that is unset or empty:
+    so DNNL_VERBOSE counts only once ONEDNN_VERBOSE is absent, empty or taken out."""
     if not runs_on_cpu(cfg, gpu_render_node):
         return []
     out: list[str] = []
     for name in ("ONEDNN_VERBOSE", "DNNL_VERBOSE"):
-        if name not in env:
+        # oneDNN takes an empty value for an unset one (and falls back to DNNL_VERBOSE).
+        if env.get(name, "") == "":
             continue
         if not _profiles_execution(env[name]):
             break

@@ -125,6 +125,8 @@ class Settings(unittest.TestCase):
         self.assertEqual(onednn_exec_profiling(cpu, {"ONEDNN_VERBOSE": "all", "DNNL_VERBOSE": "dispatch"}, False), ["ONEDNN_VERBOSE"])
         self.assertEqual(onednn_exec_profiling(cpu, {"ONEDNN_VERBOSE": "dispatch", "DNNL_VERBOSE": "all"}, False), [])
         self.assertEqual(onednn_exec_profiling(cpu, {"DNNL_VERBOSE": "all"}, False), ["DNNL_VERBOSE"])
+        # An empty ONEDNN_VERBOSE is unset to oneDNN: DNNL_VERBOSE is read (a breaker's crash-loop).
+        self.assertEqual(onednn_exec_profiling(cpu, {"ONEDNN_VERBOSE": "", "DNNL_VERBOSE": "profile_exec"}, False), ["DNNL_VERBOSE"])
         self.assertEqual(onednn_exec_profiling({**self.CFG, "device": "gpu"}, {"ONEDNN_VERBOSE": "all"}, False), [])
         self.assertEqual(onednn_exec_profiling({**self.CFG, "device": "auto"}, {"ONEDNN_VERBOSE": "all"}, False), ["ONEDNN_VERBOSE"])
         self.assertEqual(onednn_exec_profiling({**self.CFG, "device": "auto"}, {"ONEDNN_VERBOSE": "all"}, True), [])

@@ -214,8 +214,8 @@ describe("parseChatRequest: the body itself", () => {
     expect([e.code, e.param, e.message]).toEqual(["invalid_json", null, "We could not parse the JSON body of your request. (The request body is empty.)"]);
   });
 
-  it("a number beyond a double's range (JSON.parse reads 1e309 as Infinity) is named as such, not as a decimal", () => {
-    expectReject({ ...base, temperature: JSON.parse("1e309") }, "invalid_value", "temperature", /got a number beyond the range of a double/);
+  it("a number beyond a double's range (JSON.parse reads 1e309 as Infinity) is named so, not as a decimal", () => {
+    expectReject({ ...base, temperature: JSON.parse("1e309") }, "invalid_value", "temperature", /got a value beyond the range of a double \(read as Infinity\)/);
   });
 
   it("rejects an empty object, reporting the missing model first", () => {

@@ -391,7 +391,7 @@ export function describe(v: unknown): string {
       return "a boolean";
     case "number":
       // JSON.parse reads a literal beyond the double range (1e309) as ±Infinity.
-      if (!Number.isFinite(v)) return "a number beyond the range of a double";
+      if (!Number.isFinite(v)) return "a value beyond the range of a double (read as Infinity)";
       return Number.isInteger(v) ? "an integer" : "a decimal";
     case "object":
       return "an object";

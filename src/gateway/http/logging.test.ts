@@ -27,6 +27,13 @@ describe("log format", () => {
     expect(formatLogLine(line)).toBe("03:04:05.006 INFO  engine model loaded model=m event=creating_context");
   });
 
+  it("a multi-line message stays one line (its breaks as \\n, trailing blank lines dropped); an engine's stderr line is the engine's", () => {
+    const fatal = JSON.stringify({ level: 50, time: Date.UTC(2026, 0, 2, 3, 4, 5, 6), component: "gateway", engine: { level: "fatal", msg: "x" }, msg: "engine failed: A:\nB:\nC\n\n\n" });
+    expect(formatLogLine(fatal)).toBe("03:04:05.006 ERROR engine engine failed: A:\\nB:\\nC");
+    const stderr = JSON.stringify({ level: 30, time: Date.UTC(2026, 0, 2, 3, 4, 5, 6), component: "gateway", engineStream: "stderr", msg: "onednn_verbose,v1,info" });
+    expect(formatLogLine(stderr)).toBe("03:04:05.006 INFO  engine onednn_verbose,v1,info engineStream=stderr");
+  });
+
   it("--log_path writes the log to that file, in the chosen format", () => {
     const file = path.join(dir, "keel.log");
     const log = pino({ base: { component: "gateway" } }, logDestination({ format: "text", path: file }));

@@ -45,12 +45,15 @@ export function formatLogLine(line: string): string {
   // gateway's (the gateway's own message is the engine's).
   const relayed = rec["engine"];
   const engine = typeof relayed === "object" && relayed !== null && !Array.isArray(relayed) ? (relayed as Record<string, unknown>) : null;
-  const component = engine ? "engine" : typeof rec["component"] === "string" ? rec["component"] : "-";
+  // A line the engine printed outside its JSON log (its stderr, `engineStream`) is the engine's too.
+  const component = engine || rec["engineStream"] !== undefined ? "engine" : typeof rec["component"] === "string" ? rec["component"] : "-";
   const own = Object.entries(rec).filter(([k]) => !(engine && k === "engine"));
   const extras = [...own, ...(engine ? Object.entries(engine) : [])]
     .filter(([k, v]) => !PREFIX_FIELDS.has(k) && v !== undefined)
     .map(([k, v]) => field(k, v));
-  return [time, level.padEnd(5), component, String(rec["msg"] ?? ""), ...extras].join(" ");
+  // One event, one line: a message with line breaks (an OpenVINO exception's stack of "Exception from …") keeps them as \n.
+  const msg = String(rec["msg"] ?? "").trimEnd().replace(/\r?\n/g, "\\n");
+  return [time, level.padEnd(5), component, msg, ...extras].join(" ");
 }
 
 /**
