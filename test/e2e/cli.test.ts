@@ -339,7 +339,10 @@ describe("--log_path and --log_format text", () => {
       proc.kill("SIGTERM");
       expect(await exited).toBe(0);
       const lines = fs.readFileSync(file, "utf8").trim().split("\n");
-      for (const l of lines) expect(l).toMatch(/^\d\d:\d\d:\d\d\.\d{3} (DEBUG|INFO |WARN |ERROR) gateway /);
+      for (const l of lines) expect(l).toMatch(/^\d\d:\d\d:\d\d\.\d{3} (DEBUG|INFO |WARN |ERROR) (gateway|engine) /);
+      // The engine's own lines, relayed by the gateway, read as the engine's (no `engine={…}` JSON in a text line).
+      expect(lines.some((l) => / INFO  engine model loaded; creating its context .* event=creating_context/.test(l))).toBe(true);
+      expect(lines.filter((l) => l.includes("engine={"))).toEqual([]);
       expect(lines.some((l) => / INFO  gateway loading the model: 100% /.test(l))).toBe(true);
       expect(lines.some((l) => / INFO  gateway engine ready in \d+\.\d s; backend cpu; KV capacity /.test(l))).toBe(true);
       // The request's one INFO line (its lifecycle events are DEBUG): its route, usage, TTFT and finish reason.
