@@ -74,9 +74,12 @@ export interface EngineParamLimits {
   grammars?: boolean;
 }
 
-/** A param the engine cannot serve: which field (protocol name), and why. */
+/**
+ * A param the engine cannot serve, and why; `param` names the field when its value is at fault (protocol
+ * `request_error.param`), not when the engine serves the field not at all (its capabilities say that).
+ */
 export interface ParamRefusal {
-  param: keyof SamplingParams;
+  param?: keyof SamplingParams;
   message: string;
 }
 
@@ -87,10 +90,10 @@ export function checkSamplingParams(p: SamplingParams, limits: EngineParamLimits
   if (badBias !== undefined) return { param: "logitBias", message: `logitBias token ${badBias} is outside the vocabulary (${limits.vocabSize})` };
   const badStop = outside(p.stopTokenIds ?? []);
   if (badStop !== undefined) return { param: "stopTokenIds", message: `stopTokenIds token ${badStop} is outside the vocabulary (${limits.vocabSize})` };
-  if (p.guide && !limits.grammars) return { param: "guide", message: "this engine does not apply guides (capabilities.grammars is false)" };
+  if (p.guide && !limits.grammars) return { message: "this engine does not apply guides (capabilities.grammars is false)" };
   if (p.logprobs != null && p.logprobs > limits.maxTopLogprobs) {
-    const message = limits.maxTopLogprobs < 0 ? "this engine does not serve log probabilities" : `logprobs ${p.logprobs} exceeds the engine's maximum of ${limits.maxTopLogprobs}`;
-    return { param: "logprobs", message };
+    if (limits.maxTopLogprobs < 0) return { message: "this engine does not serve log probabilities" };
+    return { param: "logprobs", message: `logprobs ${p.logprobs} exceeds the engine's maximum of ${limits.maxTopLogprobs}` };
   }
   return null;
 }
