@@ -54,15 +54,15 @@ const PHASE_BUCKETS = [0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.00
  * durations, event-loop lag), collected once per process: its collectors (a GC observer, an event-loop monitor) are
  * process-wide and never torn down, so every gateway in the process shares them.
  */
-let processRegistry: client.Registry | null = null;
+let processMetricList: client.Metric[] | null = null;
 function processMetrics(): client.Metric[] {
-  if (!processRegistry) {
-    processRegistry = new client.Registry();
-    client.collectDefaultMetrics({ register: processRegistry });
-    spaceLagCollects(processRegistry);
+  if (!processMetricList) {
+    const reg = new client.Registry();
+    client.collectDefaultMetrics({ register: reg });
+    spaceLagCollects(reg);
+    processMetricList = reg.getMetricsAsArray().map((m) => reg.getSingleMetric(m.name)!);
   }
-  const reg = processRegistry;
-  return reg.getMetricsAsArray().map((m) => reg.getSingleMetric(m.name)!);
+  return processMetricList;
 }
 
 /** Least time between two reads of the event-loop delay histogram (see {@link spaceLagCollects}). */
