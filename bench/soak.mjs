@@ -166,9 +166,9 @@ const metric = async (name) => {
 console.log(`soak: engine ${ENGINE}, model ${MODEL}, ${STREAMS} streams, ${DISCONNECT * 100} % leaving, max_tokens ${MAX_TOKENS}, baseline ${BASELINE_S} s, soak ${MINUTES} min`);
 console.log(`processes: gateway ${gatewayPid} (${comm(gatewayPid)}), engine ${enginePid} (${comm(enginePid)})`);
 const baseline = await phase(BASELINE_S, 0);
+/** [minute, gateway RSS MB, engine RSS MB, gateway V8 heap used MB (live objects and garbage not yet collected)]. */
 const samples = [];
 const t0 = Date.now();
-/** [minute, gateway RSS MB, engine RSS MB, gateway V8 heap used MB (live objects and garbage not yet collected)]. */
 /** The sample being taken (its heap read is a request): awaited before the last one, so samples stay in time order. */
 let sampling = Promise.resolve();
 const sample = () =>
