@@ -51,7 +51,7 @@ if (!build.current) {
     const r = spawnSync(cmd, args, { cwd, stdio: "inherit" });
     if (r.status !== 0) {
       console.error(`keel: compiling dist/ failed (${r.error ? r.error.message : `tsc exited with ${r.status ?? r.signal}`}); the errors are above`);
-      process.exit(typeof r.status === "number" && r.status !== 0 ? r.status : 1);
+      process.exit(r.status ?? 1);
     }
   };
   if (spawnSync(process.execPath, [tsc, "--version"], { stdio: "ignore" }).status === 0) compile(process.execPath, [tsc, ...config], root);
