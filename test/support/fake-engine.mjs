@@ -10,6 +10,8 @@
 //   junk     a frame whose payload is not JSON;
 //   ready2   a second `ready` (valid on its own, with a 1-token context): an engine may report ready once;
 //   twice    a step that reports the request twice (each entry valid on its own: its text would be applied twice).
+// FAKE_ENGINE_CHUNK_STEPS=1 answers every read of its channel that carried adds with one step message giving each
+// of those requests one token whose text is how many adds that read carried (what one step boundary would admit).
 import net from "node:net";
 
 const config = JSON.parse(process.argv.at(-1));
@@ -47,8 +49,10 @@ const breakProtocol = (add) => {
   malformed = null;
 };
 let buf = Buffer.alloc(0);
+let steps = 0;
 channel.on("data", (chunk) => {
   buf = Buffer.concat([buf, chunk]);
+  const adds = [];
   while (buf.length >= 4 && buf.length >= 4 + buf.readUInt32BE(0)) {
     const len = buf.readUInt32BE(0);
     const msg = JSON.parse(buf.subarray(4, 4 + len).toString("utf8"));
@@ -56,6 +60,11 @@ channel.on("data", (chunk) => {
     if (msg.type === "ping") send({ v: 1, type: "pong", nonce: msg.nonce, step: 0 });
     if (msg.type === "shutdown") process.exit(0);
     if (msg.type === "add" && malformed) breakProtocol(msg);
+    if (msg.type === "add") adds.push(msg.id);
+  }
+  if (process.env.FAKE_ENGINE_CHUNK_STEPS && adds.length > 0) {
+    const outputs = adds.map((id) => ({ id, tokens: [5], text: String(adds.length) }));
+    send({ v: 1, type: "step", step: ++steps, batchTokens: adds.length, outputs, stats: { waiting: 0, running: adds.length, activeSequences: adds.length, cachedSequences: 0, prefixCacheHitTokens: 0 } });
   }
 });
 channel.on("close", () => process.exit(0));

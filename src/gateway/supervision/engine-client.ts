@@ -76,6 +76,8 @@ export class EngineClient {
   private child: ChildProcess | null = null;
   /** Duplex pipe on the child's fd 3. */
   private channel: Duplex | null = null;
+  /** Whether this turn's messages are held for one write at the turn's end (see send). */
+  private corked = false;
   /** Last `ready` of the current process; null until it arrives. */
   ready: ReadyMessage | null = null;
   /** When the last pong arrived (ms since epoch). */
@@ -135,10 +137,23 @@ export class EngineClient {
     this.child?.kill("SIGKILL");
   }
 
-  /** Send a message; returns false (and drops it) when no engine is connected. */
+  /**
+   * Send a message; returns false (and drops it) when no engine is connected. Messages are written once per
+   * event-loop turn: requests that arrived together (a burst of clients, read in one poll) reach the engine in one
+   * write, so its next step boundary admits them all instead of starting a prefill with the first alone.
+   */
   send(msg: GatewayMessage): boolean {
-    if (!this.channel || this.channel.destroyed || !this.ready) return false;
-    this.channel.write(encodeFrame(msg));
+    const channel = this.channel;
+    if (!channel || channel.destroyed || !this.ready) return false;
+    if (!this.corked) {
+      this.corked = true;
+      channel.cork();
+      setImmediate(() => {
+        this.corked = false;
+        channel.uncork();
+      });
+    }
+    channel.write(encodeFrame(msg));
     return true;
   }
 

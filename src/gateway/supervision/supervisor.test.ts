@@ -16,7 +16,7 @@ describe("EngineSupervisor with a fake engine (test/support/fake-engine.mjs)", (
     stop = null;
   });
 
-  function start() {
+  function start(env: Record<string, string> = {}) {
     const metrics = new Metrics({ counts: () => ({ waiting: 0, running: 0 }), activeSequences: () => 0, cachedSequences: () => 0, lastStepAgeSeconds: () => 0 });
     const steps = new StepObserver(metrics);
     const resumed: [string, number][] = [];
@@ -36,7 +36,7 @@ describe("EngineSupervisor with a fake engine (test/support/fake-engine.mjs)", (
     const sup: EngineSupervisor = new EngineSupervisor(
       {
         engine: config,
-        engineCommand: { command: process.execPath, args: [FAKE], env: { FAKE_ENGINE: "1" } },
+        engineCommand: { command: process.execPath, args: [FAKE], env: { FAKE_ENGINE: "1", ...env } },
         stallMs: 30_000,
         pingIntervalMs: 50,
         readyStalenessMs: 5_000,
@@ -60,6 +60,34 @@ describe("EngineSupervisor with a fake engine (test/support/fake-engine.mjs)", (
     expect(t.sup.isReady).toBe(true);
     expect(t.sup.limits).toEqual({ maxNumSeqs: 3, maxNumBatchedTokens: 32, maxModelLen: 128 });
     expect(t.sup.template).not.toBeNull();
+  });
+
+  it("requests sent in one event-loop turn reach the engine in one read, however long the turn", async () => {
+    // The engine answers each read that carried adds with one step, each request's text = the adds in that read.
+    const t = start({ FAKE_ENGINE_CHUNK_STEPS: "1" });
+    t.sup.start();
+    await t.sup.firstReady;
+    const texts = new Map<string, string>();
+    let outputs = 0;
+    let allOut: () => void = () => undefined;
+    const done = new Promise<void>((resolve) => (allOut = resolve));
+    const sink = (id: string) => ({
+      onAdmitted: () => undefined,
+      onOutput: (_tokens: number[], text: string) => {
+        texts.set(id, text);
+        if (++outputs === 3) allOut();
+      },
+      onFinish: () => undefined,
+    });
+    expect(t.registry.submit("r1", { text: "a" }, params, sink("r1"))).toBe(true);
+    // The gateway still busy with the turn (parsing the burst's next requests): long enough for the engine to read
+    // r1 alone if it had been written at once.
+    const until = performance.now() + 30;
+    while (performance.now() < until);
+    expect(t.registry.submit("r2", { text: "b" }, params, sink("r2"))).toBe(true);
+    expect(t.registry.submit("r3", { text: "c" }, params, sink("r3"))).toBe(true);
+    await done;
+    expect(Object.fromEntries(texts)).toEqual({ r1: "3", r2: "3", r3: "3" });
   });
 
   it("a SIGKILL from outside: restarting (not loading) at once, the request resumed with no death charged", async () => {
