@@ -70,6 +70,15 @@ env "${CUDA_ENV[@]}" "$NODE" scripts/build-native.mjs 2>&1 | tail -n 4
 # compare.mjs's own watchdog (--max-seconds) ends it 10 s before the step's timeout, stopping both servers.
 compare() { local f="$1"; shift; env "${CUDA_ENV[@]}" timeout "$LIM" "$NODE" bench/compare.mjs --gpu --max-seconds $((LIM - 10)) "$@" 2>&1 | stamp "$f"; }
 
+# trace NAME FA (plans i21d and i21e): one traced compare at 8 streams, 2 rounds; the trace files come back as NAME-*.log.
+trace() {
+  rm -rf "$R/$1"
+  COMPARE_TRACE="$R/$1" compare "$1.log" --model "$MODEL" --tokens 256 --rounds 2 --concurrency 8 --flash-attention "$2" \
+    --llama-server "$LS" --other-args "--cache-ram 0" throughput
+  cp "$R/$1/requests.jsonl" "$R/$1-requests.log" 2>/dev/null
+  grep -E '"event":"(engine_step|first_token|prefill_started|queued|finished)"' "$R/$1/keel.log" > "$R/$1-keel.log" 2>/dev/null
+  rm -rf "$R/$1"
+}
 # The 8 B batch-1 steps plans i21b and i21d share: roofline_8b = llama-bench -fa 1, then Keel vs llama-server at one
 # stream and 512 tokens; overlap_8b = Keel with the decode overlap on vs off (step labels as given).
 roofline_8b() {

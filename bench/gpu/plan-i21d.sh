@@ -1,5 +1,5 @@
 # Plan i21d of run-h200.sh (issue #21, fourth session), sourced by plan-i21.sh once the CUDA build is done (no Vulkan
-# build in this plan; uses step, compare, roofline_8b, overlap_8b, MODEL, LS). Device
+# build in this plan; uses step, compare, trace, roofline_8b, overlap_8b, MODEL, LS). Device
 # calls as plan i21's, with `start i21d`. In order of what the issue needs most:
 #   c. the 8 B batch-1 roofline again, now that greedy + logit_bias adds the biases in place (keel-sampling.cpp);
 #   t. the TTFT timeline at 8 streams, flash attention off (the cell where Keel's TTFT p50 was 1.35x llama-server's)
@@ -9,15 +9,6 @@
 
 roofline_8b
 
-# trace NAME FA: one traced compare at 8 streams, 2 rounds; the trace files come back as NAME-*.log.
-trace() {
-  rm -rf "$R/$1"
-  COMPARE_TRACE="$R/$1" compare "$1.log" --model "$MODEL" --tokens 256 --rounds 2 --concurrency 8 --flash-attention "$2" \
-    --llama-server "$LS" --other-args "--cache-ram 0" throughput
-  cp "$R/$1/requests.jsonl" "$R/$1-requests.log" 2>/dev/null
-  grep -E '"event":"(engine_step|first_token|prefill_started|queued|finished)"' "$R/$1/keel.log" > "$R/$1-keel.log" 2>/dev/null
-  rm -rf "$R/$1"
-}
 step "t1. TTFT timeline, 8 streams, flash attention off" 70 150 && trace trace-c8-fa-off off
 step "t2. TTFT timeline, 8 streams, flash attention on" 70 150 && trace trace-c8-fa-on on
 
