@@ -34,13 +34,13 @@ CUDA_PID=$!
 VKP="$W/vkp"
 . "$W/bench/gpu/vulkan-build.sh"
 VK_PID=""
-if [ "$PLAN" != i21d ] && [ "$PLAN" != i21e ] && vulkan_unpack "$W/vk" > "$R/vulkan-unpack.log" 2>&1; then
+if [ "$PLAN" != i21d ] && [ "$PLAN" != i21e ] && [ "$PLAN" != i21f ] && vulkan_unpack "$W/vk" > "$R/vulkan-unpack.log" 2>&1; then
   vulkan_build "$NODE" "$R/build-vulkan.log" &
   VK_PID=$!
 fi
 mkdir -p "$W/models"
-# (plan i21e measures the 1.26 B model only: no 8 B model)
-if [ "$PLAN" = i21e ]; then M8_PID=""; else
+# (plans i21e and i21f measure the 1.26 B model only: no 8 B model)
+if [ "$PLAN" = i21e ] || [ "$PLAN" = i21f ]; then M8_PID=""; else
 ( /usr/bin/time -v "$NODE" bin/keel.mjs make-model --shape llama3-8b --f16 --out "$MODEL8B" > "$R/model8b.log" 2>&1 ) &
 M8_PID=$!
 fi
@@ -100,7 +100,7 @@ overlap_8b() {
 # Plan i21b (the second #21 session) measures other things once both builds are done: bench/gpu/plan-i21b.sh.
 if [ "$PLAN" = i21b ]; then . "$W/bench/gpu/plan-i21b.sh"; kill "$DMON" 2>/dev/null; log "pipeline done"; date -u > "$R/DONE"; return 0; fi
 if [ "$PLAN" = i21d ]; then . "$W/bench/gpu/plan-i21d.sh"; kill "$DMON" 2>/dev/null; log "pipeline done"; date -u > "$R/DONE"; return 0; fi
-if [ "$PLAN" = i21e ]; then . "$W/bench/gpu/plan-i21e.sh"; kill "$DMON" 2>/dev/null; log "pipeline done"; date -u > "$R/DONE"; return 0; fi
+if [ "$PLAN" = i21e ] || [ "$PLAN" = i21f ]; then . "$W/bench/gpu/plan-$PLAN.sh"; kill "$DMON" 2>/dev/null; log "pipeline done"; date -u > "$R/DONE"; return 0; fi
 
 # 2a. [~9–13 min] Keel vs llama-server on CUDA, 1/8/32/64 streams, one round, flash attention off, then on (both).
 for fa in off on; do

@@ -34,6 +34,8 @@ MODE="${1:-start}"
 #        (bench/gpu/plan-i21d.sh).
 # i21e = a short follow-up (about 10 minutes of device time): CUDA only, no 8 B model; sampled requests (temperature
 #        0.8) at 8/64 streams and more rounds of the 1/8-stream TTFT (bench/gpu/plan-i21e.sh).
+# i21f = as i21e, measuring the shared KV buffer (--kv_unified) against llama-server and against Keel without it
+#        (bench/gpu/plan-i21f.sh).
 export PLAN="${PLAN:-${2:-main}}"
 W="${KEEL_GPU_WORK:-/tmp/k}"   # work folder on the device (survives between calls while the machine is warm)
 R=$W/results             # logs, copied to $OUT by every call
@@ -111,7 +113,7 @@ CUDA_ENV=(
   NODE_LLAMA_CPP_CMAKE_OPTION_LLAMA_BUILD_TOOLS=ON
   NODE_LLAMA_CPP_CMAKE_OPTION_LLAMA_BUILD_SERVER=ON
   NODE_LLAMA_CPP_CMAKE_OPTION_LLAMA_USE_PREBUILT_UI=OFF
-  NODE_LLAMA_CPP_CMAKE_OPTION_GGML_CUDA_FA="$( case "$PLAN" in i21|i21b|i21d|i21e) echo ON ;; *) echo OFF ;; esac )"   # i21: flash attention kernels in
+  NODE_LLAMA_CPP_CMAKE_OPTION_GGML_CUDA_FA="$( case "$PLAN" in i21|i21b|i21d|i21e|i21f) echo ON ;; *) echo OFF ;; esac )"   # i21: flash attention kernels in
 )
 LB="$W/node_modules/node-llama-cpp/llama/localBuilds"
 # build_dir GPU: the local build folder of node-llama-cpp for that GPU (cuda, vulkan); lib_path DIR: its library
@@ -119,7 +121,7 @@ LB="$W/node_modules/node-llama-cpp/llama/localBuilds"
 build_dir() { find "$LB" -maxdepth 1 -type d -name "*-$1*" 2>/dev/null | head -1; }
 lib_path() { find "$1" -name '*.so*' -printf '%h\n' | sort -u | tr '\n' ':'; }
 # Plan i21 (issue #21) lives in its own file: both builds in parallel, flash attention, the roofline, Vulkan.
-if [ "$PLAN" = i21 ] || [ "$PLAN" = i21b ] || [ "$PLAN" = i21d ] || [ "$PLAN" = i21e ]; then . "$W/bench/gpu/plan-i21.sh"; exit 0; fi
+if [ "$PLAN" = i21 ] || [ "$PLAN" = i21b ] || [ "$PLAN" = i21d ] || [ "$PLAN" = i21e ] || [ "$PLAN" = i21f ]; then . "$W/bench/gpu/plan-i21.sh"; exit 0; fi
 if [ "$PLAN" = i21c ]; then . "$W/bench/gpu/plan-i21c.sh"; exit 0; fi
 
 if [ "$PLAN" = vulkan ]; then

@@ -17,7 +17,7 @@ import type { EngineCommand, EngineConfig } from "../protocol/engine-config.js";
 import type { EngineFlag, EngineName } from "./flag-table.js";
 import type { ServeOptions } from "./flags.js";
 
-/** `--warmup`'s values → EngineConfig.warmup. */
+/** `--warmup`'s and `--kv_unified`'s values → EngineConfig.warmup / kvUnified. */
 const WARMUP_MODES = { auto: "auto", true: "on", false: "off" } as const;
 
 /** The model as the choice sees it (a ServeModel): a GGUF file, or an IR directory (kind "openvino-ir", and a GGUF next to it or null). */
@@ -91,6 +91,10 @@ export function engineFlagProblems(engine: EngineName, f: ServeOptions, given: R
   if (given.has("warmup") && f.warmup === "true") {
     problems.push("--warmup true is a llama.cpp setting (it decodes every batch shape before ready); the OpenVINO engine compiles its model at load and runs no warm-up decodes, so it is refused with --engine openvino (false is accepted)");
   }
+  // `true` is what the OpenVINO engine's KV is (one block pool shared by every sequence); `false` asks for streams it does not have.
+  if (given.has("kv_unified") && f.kv_unified === "false") {
+    problems.push("--kv_unified false is a llama.cpp setting (one KV stream per sequence); the OpenVINO engine's KV is one block pool shared by every sequence, so it is refused with --engine openvino (true is accepted)");
+  }
   if (f.prompt_lookup) {
     problems.push("--prompt_lookup (or --plugin_config prompt_lookup) is applied by the llama.cpp engine only; the OpenVINO engine is started without prompt-lookup decoding, so it is refused with --engine openvino");
   }
@@ -158,7 +162,7 @@ export function engineBaseConfig(f: ServeOptions, modelPath: string, engine: Eng
     // Split-fuse off (OVMS): a prompt must fit one step.
     ...(f.dynamic_split_fuse === false ? { maxPromptLen: f.max_num_batched_tokens } : {}),
     device: f.target_device,
-    ...(engine === "llama.cpp" ? { warmup: WARMUP_MODES[f.warmup] } : {}),
+    ...(engine === "llama.cpp" ? { warmup: WARMUP_MODES[f.warmup], kvUnified: WARMUP_MODES[f.kv_unified] } : {}),
     ...(f.prompt_lookup && engine === "llama.cpp" ? { promptLookup: true } : {}),
     ...openvinoConfigFields(engine, f),
   };

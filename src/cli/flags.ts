@@ -144,8 +144,11 @@ export function parseServeCommand(argv: string[], host: HostCpus = hostCpus()): 
     if (values.get("enable_prefix_caching") === "true") throw new FlagError("--deterministic true turns prefix reuse off; it contradicts --enable_prefix_caching true");
     if (values.get("flash_attention") === "true") throw new FlagError("--deterministic true needs flash attention off; it contradicts --flash_attention true");
     if (options.kv_cache_precision === "u8") throw new FlagError("--deterministic true needs an f16 KV cache (u8 needs flash attention); it contradicts --kv_cache_precision u8");
+    // A shared KV buffer places a sequence's cells among other sequences', so its attention sums group differently.
+    if (values.get("kv_unified") === "true") throw new FlagError("--deterministic true needs one KV stream per sequence; it contradicts --kv_unified true");
     options.enable_prefix_caching = false;
     options.flash_attention = false;
+    options.kv_unified = "false";
   }
   return { help: false, options };
 }

@@ -59,6 +59,8 @@ std::atomic<uint64_t> fusedSamples{0};
 std::atomic<uint64_t> chainSamples{0};
 /** Whether sampled items try the fused path (keelSamplingOptions({ fused }); off only for A/B measurements and tests). */
 bool fusedEnabled = true;
+/** Whether contexts created from now on share one KV buffer across their sequences (keelContextOptions({ kvUnified })). */
+bool kvUnifiedEnabled = false;
 
 /**
  * The chain's greedy pick over `values`: it compares each candidate with the selected one's logit, so the first strict
@@ -373,10 +375,33 @@ Napi::Value keelSamplingOptions(const Napi::CallbackInfo& info) {
 }  // namespace
 
 /** Called from node-llama-cpp's registerCallback (addon.cpp, via register.patch). */
+/** register.patch: read by AddonContext's constructor, which sets llama_context_params.kv_unified from it. */
+bool keelKvUnified() {
+    return kvUnifiedEnabled;
+}
+
+/**
+ * keelContextOptions({ kvUnified?: boolean }) → the options in force after the call, for contexts created after it.
+ * kvUnified: one KV buffer shared by every sequence (llama.cpp's kv_unified, llama-server's --kv-unified). Without
+ * it llama.cpp keeps one stream per sequence and splits each batch into ubatches of consecutive sequences with equal
+ * token counts, so a step that prefills several prompts of different lengths runs as many small graphs.
+ */
+Napi::Value keelContextOptions(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    if (info.Length() >= 1 && info[0].IsObject()) {
+        Napi::Object options = info[0].As<Napi::Object>();
+        if (options.Has("kvUnified")) kvUnifiedEnabled = options.Get("kvUnified").ToBoolean().Value();
+    }
+    Napi::Object out = Napi::Object::New(env);
+    out.Set("kvUnified", Napi::Boolean::New(env, kvUnifiedEnabled));
+    return out;
+}
+
 void keelRegisterSampling(Napi::Object exports) {
     exports.Set("keelSampleTokens", Napi::Function::New(exports.Env(), keelSampleTokens, "keelSampleTokens"));
     exports.Set("keelDecodeBatch", Napi::Function::New(exports.Env(), keelDecodeBatch, "keelDecodeBatch"));
     exports.Set("keelSynchronize", Napi::Function::New(exports.Env(), keelSynchronize, "keelSynchronize"));
     exports.Set("keelSamplingCounts", Napi::Function::New(exports.Env(), keelSamplingCounts, "keelSamplingCounts"));
     exports.Set("keelSamplingOptions", Napi::Function::New(exports.Env(), keelSamplingOptions, "keelSamplingOptions"));
+    exports.Set("keelContextOptions", Napi::Function::New(exports.Env(), keelContextOptions, "keelContextOptions"));
 }

@@ -37,6 +37,11 @@ export interface EngineConfig {
    */
   warmup?: "auto" | "on" | "off";
   /**
+   * One KV buffer shared by every sequence (`--kv_unified`; llama.cpp engine), so a step's prompts of different
+   * lengths decode as one graph. auto (absent) = on a GPU backend only. An engine that cannot apply `on` exits.
+   */
+  kvUnified?: "auto" | "on" | "off";
+  /**
    * Prompt-lookup speculative decoding for every request that does not set `params.speculation` (`--prompt_lookup`),
    * with OVMS's defaults (5 draft tokens, n-grams up to 3). Absent = off. The OpenVINO engine refuses it.
    */

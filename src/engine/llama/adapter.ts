@@ -29,7 +29,7 @@ import { decodeOverlapSwitch, loadWithKeelAddon, type NativeAddonChoice } from "
 import type { CompiledGrammar, GrammarBackend, GrammarState, ModelBackend, RawLogprobs, SampleRequest, SamplerConfig, SamplerHandle } from "../backend.js";
 import { decodeBatch, DecodePace, type Alongside, type LlamaBatchItem } from "./batch.js";
 import { LlamaGrammars } from "./grammar.js";
-import { internalsOf, NativeCallGuard, type Internals } from "./internals.js";
+import { contextOptionsOf, internalsOf, NativeCallGuard, type Internals } from "./internals.js";
 import { kvElementsPerToken, LlamaKv, supportsPartialTrim } from "./kv.js";
 import { LlamaLogprobs } from "./logprobs.js";
 import { LlamaSamplers } from "./sampler.js";
@@ -64,6 +64,11 @@ export interface LlamaAdapterOptions {
   kvCacheType: "f16" | "f32" | "q8_0" | "q4_0";
   /** "cpu" never touches a GPU; "auto" lets node-llama-cpp pick a prebuilt GPU backend if one works. */
   gpu: "cpu" | "auto" | "gpu";
+  /**
+   * One KV buffer shared by every sequence (llama.cpp's kv_unified; needs Keel's addon): "auto" = on a GPU backend.
+   * Absent = off. "on" without Keel's addon fails the open; "auto" then runs with one stream per sequence.
+   */
+  kvUnified?: "auto" | "on" | "off";
   /** Receives llama.cpp's log lines at warn level and above. */
   log?: (level: string, message: string) => void;
   /** Receives the model's load progress (0..1) while llama.cpp loads its tensors. */
@@ -99,6 +104,8 @@ export class LlamaAdapter implements ModelBackend, GrammarBackend {
     readonly options: LlamaAdapterOptions,
     /** The native addon node-llama-cpp runs on: Keel's build (with {@link sampleMany}) or its own. */
     readonly nativeAddon: NativeAddonChoice,
+    /** Whether the context shares one KV buffer across its sequences (`--kv_unified`; {@link LlamaAdapter.kvUnified}). */
+    readonly kvUnified: boolean,
   ) {
     const meta = model.fileInfo.metadata as unknown as { tokenizer?: { ggml?: { tokens?: unknown[] } } };
     this.vocabSize = meta.tokenizer?.ggml?.tokens?.length ?? 0;
@@ -136,6 +143,7 @@ export class LlamaAdapter implements ModelBackend, GrammarBackend {
     // case is an error here, before the model is read.
     if (opts.gpu === "gpu" && llama.gpu === false) throw new NoGpuBackendError();
     opts.onBackendLoaded?.();
+    const kvUnified = LlamaAdapter.kvUnified(llama, opts.kvUnified ?? "off", addon);
     const model = await llama.loadModel({ modelPath: opts.modelPath, ...(opts.onLoadProgress ? { onLoadProgress: opts.onLoadProgress } : {}) });
     const kv = opts.kvCacheType.toUpperCase() as "F16";
     const context = await model.createContext({
@@ -151,7 +159,23 @@ export class LlamaAdapter implements ModelBackend, GrammarBackend {
     native.ctx.setThreads(opts.threads);
     const nativeAddon: NativeAddonChoice =
       addon.kind === "keel" && !native.sampleTokens ? { kind: "node-llama-cpp", reason: `${addon.path} has no keelSampleTokens` } : addon;
-    return new LlamaAdapter(llama, model, context, native, opts, nativeAddon);
+    return new LlamaAdapter(llama, model, context, native, opts, nativeAddon, kvUnified);
+  }
+
+  /**
+   * Settle whether the context shares one KV buffer across its sequences, and tell Keel's addon before the context is
+   * created. Why: with one stream per sequence llama.cpp splits every batch into ubatches of consecutive sequences
+   * with equal token counts, so a step that prefills five prompts of different lengths beside running decodes runs
+   * as a dozen small graphs (docs/gpu-h200.md). @throws Error when "on" was asked for and Keel's addon is not loaded.
+   */
+  private static kvUnified(llama: Llama, mode: "auto" | "on" | "off", addon: NativeAddonChoice): boolean {
+    const wanted = mode === "on" || (mode === "auto" && llama.gpu !== false);
+    const set = contextOptionsOf(llama);
+    if (set === null) {
+      if (mode === "on") throw new Error(`--kv_unified true needs Keel's native addon, which is not loaded here (${addon.kind === "keel" ? `${addon.path} has no keelContextOptions` : addon.reason}); build it with node scripts/build-native.mjs`);
+      return false;
+    }
+    return set({ kvUnified: wanted }).kvUnified;
   }
 
   /** The backend llama.cpp runs on and its devices, for `ready` and the startup log. */

@@ -97,6 +97,15 @@ export function internalsOf(llama: Llama, model: LlamaModel, context: LlamaConte
 }
 
 /**
+ * Keel's addon's `keelContextOptions` (src/native/keel-sampling.cpp): sets whether contexts created after the call
+ * share one KV buffer across their sequences; null when node-llama-cpp's own addon runs (it has no such option).
+ */
+export function contextOptionsOf(llama: Llama): ((options: { kvUnified?: boolean }) => { kvUnified: boolean }) | null {
+  const b = (llama as unknown as { _bindings?: { keelContextOptions?: unknown } })._bindings;
+  return typeof b?.keelContextOptions === "function" ? (b.keelContextOptions as (options: { kvUnified?: boolean }) => { kvUnified: boolean }) : null;
+}
+
+/**
  * The one-native-call-at-a-time contract: llama.cpp's context must not be called while a decode is pending. Every
  * part of the adapter shares one guard and checks it before touching the context.
  */
