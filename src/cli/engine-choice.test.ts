@@ -107,6 +107,18 @@ describe("engineBaseConfig: one start configuration for the flags path and --con
     expect(() => parse("--warmup", "yes")).toThrow('--warmup must be one of auto, true, false, got "yes"');
   });
 
+  it("--kv_unified reaches the llama.cpp engine as auto / on / off; with OpenVINO (a shared block pool) false is refused", () => {
+    expect(engineBaseConfig(parse(), "/m.gguf", "llama.cpp").kvUnified).toBe("auto");
+    expect(engineBaseConfig(parse("--kv_unified", "true"), "/m.gguf", "llama.cpp").kvUnified).toBe("on");
+    expect(engineBaseConfig(parse("--kv_unified", "false"), "/m.gguf", "llama.cpp").kvUnified).toBe("off");
+    expect(engineBaseConfig(parse("--kv_unified", "true"), "/m.gguf", "openvino").kvUnified).toBeUndefined();
+    expect(problems("openvino", "--kv_unified", "false")).toEqual([expect.stringContaining("--kv_unified false is a llama.cpp setting")]);
+    expect(problems("openvino", "--kv_unified", "true")).toEqual([]);
+    expect(problems("openvino", "--kv_unified", "auto")).toEqual([]);
+    expect(problems("llama.cpp", "--kv_unified", "false")).toEqual([]);
+    expect(() => parse("--kv_unified", "yes")).toThrow('--kv_unified must be one of auto, true, false, got "yes"');
+  });
+
   it("KEEL_DECODE_OVERLAP is checked before any engine starts: not on/off, or on where nothing overlaps, is refused by name", () => {
     const env = (v: string) => ({ KEEL_DECODE_OVERLAP: v });
     const withEnv = (engine: "llama.cpp" | "openvino", v: string, ...args: string[]) => {

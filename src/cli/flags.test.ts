@@ -216,17 +216,19 @@ describe("parseServeFlags", () => {
     expect(() => parseServeFlags(["--model_name", "--rest_port", "1", "--max_num_seqs"])).toThrow("flags --model_name, --max_num_seqs need a value");
   });
 
-  it("--deterministic true turns prefix reuse and flash attention off", () => {
+  it("--deterministic true turns prefix reuse, flash attention and the shared KV buffer off", () => {
     const f = parseServeFlags(["--deterministic", "true"]);
-    expect([f["deterministic"], f["enable_prefix_caching"], f["flash_attention"]]).toEqual([true, false, false]);
+    expect([f["deterministic"], f["enable_prefix_caching"], f["flash_attention"], f["kv_unified"]]).toEqual([true, false, false, "false"]);
     const d = parse();
-    expect([d["deterministic"], d["enable_prefix_caching"]]).toEqual([false, true]);
+    expect([d["deterministic"], d["enable_prefix_caching"], d["kv_unified"]]).toEqual([false, true, "auto"]);
   });
 
   it("--deterministic true refuses flags that contradict it", () => {
     expect(() => parseServeFlags(["--deterministic", "true", "--enable_prefix_caching", "true"])).toThrow(/contradicts --enable_prefix_caching true/);
     expect(() => parseServeFlags(["--deterministic", "true", "--flash_attention", "true"])).toThrow(/contradicts --flash_attention true/);
     expect(() => parseServeFlags(["--deterministic", "true", "--kv_cache_precision", "u8"])).toThrow(/contradicts --kv_cache_precision u8/);
+    expect(() => parseServeFlags(["--deterministic", "true", "--kv_unified", "true"])).toThrow(/contradicts --kv_unified true/);
+    expect(parseServeFlags(["--deterministic", "true", "--kv_unified", "false"])["kv_unified"]).toBe("false");
   });
 });
 

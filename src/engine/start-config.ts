@@ -45,8 +45,8 @@ export function parseEngineConfig(arg: string | undefined): EngineConfig {
   need("warmup", (v) => v === undefined || v === "auto" || v === "on" || v === "off");
   need("kvUnified", (v) => v === undefined || v === "auto" || v === "on" || v === "off");
   need("promptLookup", (v) => v === undefined || typeof v === "boolean");
-  // Fields of another engine are refused, never ignored: llama.cpp has no shared block pool (its KV is one partition
-  // per sequence) and takes no raw OpenVINO properties (the CLI maps the plugin-config keys it understands).
+  // Fields of another engine are refused, never ignored: llama.cpp has no KV block pool (its KV holds maxModelLen
+  // tokens per sequence) and takes no raw OpenVINO properties (the CLI maps the plugin-config keys it understands).
   if (c.kvBlocks !== undefined) throw new Error(`EngineConfig.kvBlocks (--num_kv_blocks ${JSON.stringify(c.kvBlocks)}) is not supported by the llama.cpp engine: it has no shared KV block pool (size its KV with maxModelLen per sequence)`);
   if (c.pluginConfig !== undefined) throw new Error("EngineConfig.pluginConfig (raw OpenVINO properties) is not supported by the llama.cpp engine: the gateway maps the keys llama.cpp understands");
   return c as EngineConfig;

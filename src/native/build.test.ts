@@ -126,21 +126,27 @@ describe("native addon build cache", () => {
     expect(second.path).not.toBe(first.path);
   });
 
-  it("applies register.patch to node-llama-cpp's addon.cpp exactly as patch(1) does, and refuses one that changed", () => {
-    const addonCpp = path.resolve("node_modules/node-llama-cpp/llama/addon/addon.cpp");
+  it("applies register.patch to node-llama-cpp's addon.cpp and AddonContext.cpp exactly as patch(1) does, and refuses one that changed", () => {
+    const addonDir = path.resolve("node_modules/node-llama-cpp/llama/addon");
+    const addonCpp = path.join(addonDir, "addon.cpp");
     const diff = fs.readFileSync(path.join(NATIVE_SOURCE_DIR, "register.patch"), "utf8");
     const ours = path.join(work, "ours");
     const theirs = path.join(work, "theirs");
     for (const d of [ours, theirs]) {
       fs.mkdirSync(d);
-      fs.copyFileSync(addonCpp, path.join(d, "addon.cpp"));
+      for (const f of ["addon.cpp", "AddonContext.cpp"]) fs.copyFileSync(path.join(addonDir, f), path.join(d, f));
     }
     applyPatch(ours, diff);
     execFileSync("patch", ["-p1", "--batch", "--quiet", "-i", path.join(NATIVE_SOURCE_DIR, "register.patch")], { cwd: theirs });
+    for (const f of ["addon.cpp", "AddonContext.cpp"]) {
+      const patchedFile = fs.readFileSync(path.join(ours, f), "utf8");
+      expect(patchedFile).toBe(fs.readFileSync(path.join(theirs, f), "utf8"));
+      expect(patchedFile).not.toBe(fs.readFileSync(path.join(addonDir, f), "utf8"));
+    }
     const patched = fs.readFileSync(path.join(ours, "addon.cpp"), "utf8");
-    expect(patched).toBe(fs.readFileSync(path.join(theirs, "addon.cpp"), "utf8"));
-    expect(patched).not.toBe(fs.readFileSync(addonCpp, "utf8"));
     expect(patched).toMatch(/AddonSampler::init\(exports\);\n\s+keelRegisterSampling\(exports\);/);
+    // The context takes its KV layout from Keel's setting (keelContextOptions) before the caller's options.
+    expect(fs.readFileSync(path.join(ours, "AddonContext.cpp"), "utf8")).toMatch(/swa_full = false;\n\s+context_params\.kv_unified = keelKvUnified\(\);/);
     // An addon.cpp whose registration block moved: a clear refusal, not a silently unpatched build.
     fs.writeFileSync(path.join(ours, "addon.cpp"), fs.readFileSync(addonCpp, "utf8").replace("AddonSampler::init(exports);", "AddonSampler::init(exports, 1);"));
     expect(() => applyPatch(ours, diff)).toThrow(/does not apply to addon.cpp/);

@@ -35,11 +35,12 @@ afterAll(async () => {
   await adapter?.dispose();
 });
 
-const greedy = () => adapter.createSampler({ temperature: 0, topP: 1, topK: 0, minP: 0, seed: 1, bias: new Map(), repetitionPenalty: 1 });
+const greedy = (a: LlamaAdapter = adapter) => a.createSampler({ temperature: 0, topP: 1, topK: 0, minP: 0, seed: 1, bias: new Map(), repetitionPenalty: 1 });
 
-/** Greedy-generate `n` tokens for several prompts at once, one batch per step, sampling sequentially. */
-async function generateTogether(prompts: number[][], n: number, slots: number[] = prompts.map((_, s) => s)): Promise<number[][]> {
-  const samplers: SamplerHandle[] = prompts.map(() => greedy());
+/** Greedy-generate `n` tokens for several prompts at once, one batch per step, sampling sequentially (on `a`). */
+async function generateTogether(prompts: number[][], n: number, slots: number[] = prompts.map((_, s) => s), a: LlamaAdapter = adapter): Promise<number[][]> {
+  const adapter = a;
+  const samplers: SamplerHandle[] = prompts.map(() => greedy(a));
   const out: number[][] = prompts.map(() => []);
   for (let s = 0; s < SEQS; s++) adapter.clearSequence(s);
   // Prefill all prompts in one batch (prompt s on slot slots[s], items in prompt order).
@@ -361,5 +362,44 @@ describe("grammar support (node-llama-cpp 3.21.1 AddonGrammar / AddonSampler sta
     const specials = adapter.specialTokens();
     expect(specials.map((s) => s.text)).toContain("<|im_start|>");
     expect(specials.some((s) => adapter.isEndOfGeneration(s.token))).toBe(false);
+  });
+});
+
+describe("the shared KV buffer (--kv_unified; Keel's addon sets llama.cpp's kv_unified before the context is made)", () => {
+  let unified: LlamaAdapter;
+  beforeAll(async () => {
+    unified = await LlamaAdapter.open({ modelPath, sequences: SEQS, contextSize: 512, batchSize: 128, threads: 1, flashAttention: false, kvCacheType: "f16", gpu: "cpu", kvUnified: "on" });
+  });
+  afterAll(async () => {
+    await unified?.dispose();
+  });
+
+  it("is on when asked for (one sequence may then hold more than its share of the cells), off by default and for auto on a CPU backend", async () => {
+    expect(unified.kvUnified).toBe(true);
+    expect(adapter.kvUnified).toBe(false);
+    // node-llama-cpp sizes the context at contextSize × sequences cells (2,048 here): one stream of all of them when
+    // shared, four of 512 when not. 600 tokens on one slot fit only the shared buffer: llama.cpp got kv_unified.
+    const long = Array.from({ length: 600 }, (_, i) => 65 + (i % 26));
+    for (const a of [unified, adapter]) for (let s = 0; s < SEQS; s++) a.clearSequence(s);
+    const fill = async (a: LlamaAdapter) => {
+      for (let at = 0; at < long.length; at += 100) await a.decode([{ slot: 0, pos: at, tokens: long.slice(at, at + 100), wantsLogits: true }]);
+    };
+    await expect(fill(unified)).resolves.toBeUndefined();
+    await expect(fill(adapter)).rejects.toThrow();
+    for (const a of [unified, adapter]) a.clearSequence(0);
+    const auto = await LlamaAdapter.open({ modelPath, sequences: 2, contextSize: 128, batchSize: 32, threads: 1, flashAttention: false, kvCacheType: "f16", gpu: "cpu", kvUnified: "auto" });
+    expect(auto.kvUnified).toBe(false);
+    await auto.dispose();
+  });
+
+  it("prompts of different lengths prefilled in one batch, on slots out of order, get exactly their solo tokens", async () => {
+    const texts = ["hi", "the river in the morning, and the queue of the servers after it", "queues", "{\"a\": 1, \"b\": [2, 3]}"];
+    const tokenized = texts.map((t) => unified.tokenize(`<|im_start|>user\n${t}<|im_end|>\n<|im_start|>assistant\n`));
+    expect(new Set(tokenized.map((t) => t.length)).size).toBe(texts.length);
+    const solo: number[][] = [];
+    for (const p of tokenized) solo.push((await generateTogether([p], 16, [0], unified))[0]!);
+    expect(await generateTogether(tokenized, 16, [2, 0, 3, 1], unified)).toEqual(solo);
+    // A reused slot (cleared first) gives a fresh run's tokens: no cell of the shared buffer is left to it.
+    expect((await generateTogether([tokenized[1]!], 16, [3], unified))[0]).toEqual(solo[1]);
   });
 });

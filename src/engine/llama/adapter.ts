@@ -172,7 +172,7 @@ export class LlamaAdapter implements ModelBackend, GrammarBackend {
     const wanted = mode === "on" || (mode === "auto" && llama.gpu !== false);
     const set = contextOptionsOf(llama);
     if (set === null) {
-      if (mode === "on") throw new Error(`--kv_unified true needs Keel's native addon, which is not loaded here (${addon.kind === "keel" ? `${addon.path} has no keelContextOptions` : addon.reason}); build it with node scripts/build-native.mjs`);
+      if (mode === "on") throw new Error(`--kv_unified true needs Keel's native addon, which is not loaded here: ${addon.kind === "keel" ? `${addon.path} has no keelContextOptions` : addon.reason}`);
       return false;
     }
     return set({ kvUnified: wanted }).kvUnified;
