@@ -126,16 +126,18 @@ if [ "$PLAN" = i21c ]; then . "$W/bench/gpu/plan-i21c.sh"; exit 0; fi
 
 if [ "$PLAN" = vkkvu ]; then
   # The shared KV buffer (--kv_unified) on the prebuilt Vulkan binary, no build of llama.cpp (about 4 minutes): Keel's
-  # addon for that binary, a 12-layer 0.65 B F16 model (written in half the time of the 1.26 B one), then Keel with it vs without it at 8/32 streams, 128 tokens, one round.
+  # addon for that binary, a 12-layer 0.65 B F16 model (written in half the time of the 1.26 B one), then Keel with it
+  # vs without it at 8/32 streams, 128 tokens, one round.
   for f in /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json; do [ -f "$f" ] && export VK_DRIVER_FILES="$f"; done
   mkdir -p "$W/models"
+  MODEL="$W/models/keel-tiny-gpu-0.65b.gguf"
   ( "$NODE" bench/gpu/write-model.mjs --out "$MODEL" --vocab 32000 --layers 12 --hidden 2048 --ff 5632 --heads 16 --kv-heads 8 --ctx 4096 --f16 || log "model write FAILED" ) &
   log "Keel's native addon for the prebuilt Vulkan binary"
   "$NODE" scripts/build-native.mjs 2>&1 | tail -n 4
   wait
-  OTHER="$NODE bin/keel.mjs serve --model_path {model} --model_name bench --rest_port {port} --rest_bind_address 127.0.0.1 --log_format json --max_num_seqs {slots} --max_model_len {ctx} --max_num_batched_tokens {batch} --engine_threads {threads} --flash_attention false --max_queued_requests 4096 --target_device GPU --kv_unified false"
+  OTHER="$NODE bin/keel.mjs serve --model_path {model} --model_name bench --rest_port {port} --rest_bind_address 127.0.0.1 --log_format json --max_num_seqs {slots} --max_model_len {ctx} --max_num_batched_tokens {batch} --engine_threads {threads} --flash_attention false --max_queued_requests 4096 --target_device GPU"
   log "Keel on Vulkan, shared KV (keel) vs one stream per sequence (keel-kv-split), 8/32 streams"
-  "$NODE" bench/compare.mjs --gpu --model "$MODEL" --tokens 128 --rounds 1 --concurrency 8,32 --threads 2 --other-cmd "$OTHER" --other-name keel-kv-split \
+  "$NODE" bench/compare.mjs --gpu --model "$MODEL" --tokens 128 --rounds 1 --concurrency 8,32 --threads 2 --keel-args "--kv_unified true" --other-cmd "$OTHER" --other-name keel-kv-split \
     --max-seconds 200 throughput 2>&1 | grep -v "^ggml_vulkan: \|^llama_" | while IFS= read -r l; do echo "$(date -u +%T) $l"; done > "$R/compare-vulkan-kvu.log"
   tail -n 40 "$R/compare-vulkan-kvu.log"
   log "pipeline done"

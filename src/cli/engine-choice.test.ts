@@ -107,16 +107,19 @@ describe("engineBaseConfig: one start configuration for the flags path and --con
     expect(() => parse("--warmup", "yes")).toThrow('--warmup must be one of auto, true, false, got "yes"');
   });
 
-  it("--kv_unified reaches the llama.cpp engine as auto / on / off; with OpenVINO (a shared block pool) false is refused", () => {
-    expect(engineBaseConfig(parse(), "/m.gguf", "llama.cpp").kvUnified).toBe("auto");
-    expect(engineBaseConfig(parse("--kv_unified", "true"), "/m.gguf", "llama.cpp").kvUnified).toBe("on");
-    expect(engineBaseConfig(parse("--kv_unified", "false"), "/m.gguf", "llama.cpp").kvUnified).toBe("off");
+  it("--kv_unified true reaches the llama.cpp engine (absent otherwise); OpenVINO (a shared block pool) refuses false; node-llama-cpp's own addon refuses true", () => {
+    expect(engineBaseConfig(parse(), "/m.gguf", "llama.cpp").kvUnified).toBeUndefined();
+    expect(engineBaseConfig(parse("--kv_unified", "true"), "/m.gguf", "llama.cpp").kvUnified).toBe(true);
+    expect(engineBaseConfig(parse("--kv_unified", "false"), "/m.gguf", "llama.cpp").kvUnified).toBeUndefined();
     expect(engineBaseConfig(parse("--kv_unified", "true"), "/m.gguf", "openvino").kvUnified).toBeUndefined();
     expect(problems("openvino", "--kv_unified", "false")).toEqual([expect.stringContaining("--kv_unified false is a llama.cpp setting")]);
     expect(problems("openvino", "--kv_unified", "true")).toEqual([]);
-    expect(problems("openvino", "--kv_unified", "auto")).toEqual([]);
     expect(problems("llama.cpp", "--kv_unified", "false")).toEqual([]);
-    expect(() => parse("--kv_unified", "yes")).toThrow('--kv_unified must be one of auto, true, false, got "yes"');
+    expect(problems("llama.cpp", "--kv_unified", "true")).toEqual([]);
+    const f = parse("--kv_unified", "true");
+    expect(engineFlagProblems("llama.cpp", f, new Set(["kv_unified"]), { KEEL_NATIVE_SAMPLING: "off" })).toEqual([expect.stringContaining("KEEL_NATIVE_SAMPLING=off runs node-llama-cpp's own")]);
+    expect(engineFlagProblems("llama.cpp", parse(), new Set(), { KEEL_NATIVE_SAMPLING: "off" })).toEqual([]);
+    expect(() => parse("--kv_unified", "yes")).toThrow(/--kv_unified/);
   });
 
   it("KEEL_DECODE_OVERLAP is checked before any engine starts: not on/off, or on where nothing overlaps, is refused by name", () => {

@@ -17,7 +17,7 @@ import type { EngineCommand, EngineConfig } from "../protocol/engine-config.js";
 import type { EngineFlag, EngineName } from "./flag-table.js";
 import type { ServeOptions } from "./flags.js";
 
-/** `--warmup`'s and `--kv_unified`'s values → EngineConfig.warmup / kvUnified. */
+/** `--warmup`'s values → EngineConfig.warmup. */
 const WARMUP_MODES = { auto: "auto", true: "on", false: "off" } as const;
 
 /** The model as the choice sees it (a ServeModel): a GGUF file, or an IR directory (kind "openvino-ir", and a GGUF next to it or null). */
@@ -78,6 +78,10 @@ export function engineFlagProblems(engine: EngineName, f: ServeOptions, given: R
     if (f.num_kv_blocks !== undefined) {
       problems.push("--num_kv_blocks sets the OpenVINO engine's shared KV block pool; the llama.cpp engine has none (its KV is one partition per sequence: size it with --cache_size or --max_model_len), so it is refused with the llama.cpp engine (use --engine openvino)");
     }
+    // The shared buffer is set through Keel's addon; the model check could otherwise pass on a cached result.
+    if (f.kv_unified && nativeSamplingSwitch(env["KEEL_NATIVE_SAMPLING"]) === "off") {
+      problems.push(`--kv_unified true is set through Keel's native addon; KEEL_NATIVE_SAMPLING=${env["KEEL_NATIVE_SAMPLING"]} runs node-llama-cpp's own, which has no such option`);
+    }
     if (f.prompt_lookup && f.deterministic) {
       problems.push("--prompt_lookup true verifies draft tokens in multi-token batches whose numerics may differ from one-token steps; it contradicts --deterministic true");
     }
@@ -92,7 +96,7 @@ export function engineFlagProblems(engine: EngineName, f: ServeOptions, given: R
     problems.push("--warmup true is a llama.cpp setting (it decodes every batch shape before ready); the OpenVINO engine compiles its model at load and runs no warm-up decodes, so it is refused with --engine openvino (false is accepted)");
   }
   // `true` is what the OpenVINO engine's KV is (one block pool shared by every sequence); `false` asks for streams it does not have.
-  if (given.has("kv_unified") && f.kv_unified === "false") {
+  if (given.has("kv_unified") && !f.kv_unified) {
     problems.push("--kv_unified false is a llama.cpp setting (one KV stream per sequence); the OpenVINO engine's KV is one block pool shared by every sequence, so it is refused with --engine openvino (true is accepted)");
   }
   if (f.prompt_lookup) {
@@ -162,7 +166,8 @@ export function engineBaseConfig(f: ServeOptions, modelPath: string, engine: Eng
     // Split-fuse off (OVMS): a prompt must fit one step.
     ...(f.dynamic_split_fuse === false ? { maxPromptLen: f.max_num_batched_tokens } : {}),
     device: f.target_device,
-    ...(engine === "llama.cpp" ? { warmup: WARMUP_MODES[f.warmup], kvUnified: WARMUP_MODES[f.kv_unified] } : {}),
+    ...(engine === "llama.cpp" ? { warmup: WARMUP_MODES[f.warmup] } : {}),
+    ...(engine === "llama.cpp" && f.kv_unified ? { kvUnified: true } : {}),
     ...(f.prompt_lookup && engine === "llama.cpp" ? { promptLookup: true } : {}),
     ...openvinoConfigFields(engine, f),
   };

@@ -81,13 +81,13 @@ export const SERVE_FLAGS = [
   flag("max_stream_buffer", "bytes of stream output a client may leave unread before it is treated as disconnected", String(1024 * 1024), int("max_stream_buffer", 1024)),
   flag("max_request_body", "request body limit in bytes", String(8 * 1024 * 1024), int("max_request_body", 1024)),
   flag("flash_attention", "flash attention in llama.cpp (off: the embedded model's greedy output does not depend on batching)", "false", bool("flash_attention")),
-  flag("kv_unified", "llama.cpp engine: one KV buffer shared by every sequence (llama-server's --kv-unified), so a step that prefills several prompts of different lengths decodes as one graph, not one per run of equal-length sequences: auto (on a GPU backend), true (on CPU too), false", "auto", oneOf("kv_unified", ["auto", "true", "false"] as const)),
+  flag("kv_unified", "llama.cpp engine: one KV buffer shared by every sequence (llama-server's --kv-unified), so a step that prefills several prompts of different lengths decodes as one graph, not one per run of equal-length sequences; each token then attends over the buffer's used extent (docs/flags.md)", "false", bool("kv_unified")),
   flag("warmup", "llama.cpp engine: decode one batch of every shape the scheduler produces before ready, so the first requests pay no GPU pipeline compilation: auto (on a GPU backend), true (on CPU too), false", "auto", oneOf("warmup", ["auto", "true", "false"] as const)),
   flag("tool_parser", "tool-call format to parse (and guide): hermes3, qwen3coder, llama3, or auto (from the model's chat template); unset = requests with tools are refused", undefined, oneOf("tool_parser", [...TOOL_PARSERS, "auto"] as const)),
   flag("reasoning_parser", "reasoning format to split into reasoning_content: qwen3 (<think>…</think>); unset = reasoning stays in content", undefined, oneOf("reasoning_parser", REASONING_PARSERS)),
   flag("enable_tool_guided_generation", "constrain tool calls with a grammar under tool_choice auto too (required and a named function are always guided)", "false", bool("enable_tool_guided_generation")),
   flag("prompt_lookup", "prompt-lookup (n-gram) speculative decoding for every request (llama.cpp engine): up to 5 draft tokens copied from the request's own history are verified per step; the tokens plain decoding samples from the same logits (a quantized model's near-tie can flip: docs/speculative.md). Per request: num_assistant_tokens, max_ngram_size", "false", bool("prompt_lookup")),
-  flag("deterministic", "same request + seed → same text on every run: prefix reuse off, flash attention off, f16 KV (see docs/api.md)", "false", bool("deterministic")),
+  flag("deterministic", "same request + seed → same text on every run: prefix reuse off, flash attention off, f16 KV, one KV stream per sequence (see docs/api.md)", "false", bool("deterministic")),
   // OVMS flags with their OVMS meaning (ovms-compat.md §1).
   flag("task", "text_generation (the only task Keel serves)", "text_generation", checked((v) => {
     if (v === "text_generation") return v;

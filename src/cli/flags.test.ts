@@ -218,9 +218,9 @@ describe("parseServeFlags", () => {
 
   it("--deterministic true turns prefix reuse, flash attention and the shared KV buffer off", () => {
     const f = parseServeFlags(["--deterministic", "true"]);
-    expect([f["deterministic"], f["enable_prefix_caching"], f["flash_attention"], f["kv_unified"]]).toEqual([true, false, false, "false"]);
+    expect([f["deterministic"], f["enable_prefix_caching"], f["flash_attention"], f["kv_unified"]]).toEqual([true, false, false, false]);
     const d = parse();
-    expect([d["deterministic"], d["enable_prefix_caching"], d["kv_unified"]]).toEqual([false, true, "auto"]);
+    expect([d["deterministic"], d["enable_prefix_caching"], d["kv_unified"]]).toEqual([false, true, false]);
   });
 
   it("--deterministic true refuses flags that contradict it", () => {
@@ -228,7 +228,7 @@ describe("parseServeFlags", () => {
     expect(() => parseServeFlags(["--deterministic", "true", "--flash_attention", "true"])).toThrow(/contradicts --flash_attention true/);
     expect(() => parseServeFlags(["--deterministic", "true", "--kv_cache_precision", "u8"])).toThrow(/contradicts --kv_cache_precision u8/);
     expect(() => parseServeFlags(["--deterministic", "true", "--kv_unified", "true"])).toThrow(/contradicts --kv_unified true/);
-    expect(parseServeFlags(["--deterministic", "true", "--kv_unified", "false"])["kv_unified"]).toBe("false");
+    expect(parseServeFlags(["--deterministic", "true", "--kv_unified", "false"])["kv_unified"]).toBe(false);
   });
 });
 

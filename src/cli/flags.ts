@@ -148,7 +148,7 @@ export function parseServeCommand(argv: string[], host: HostCpus = hostCpus()): 
     if (values.get("kv_unified") === "true") throw new FlagError("--deterministic true needs one KV stream per sequence; it contradicts --kv_unified true");
     options.enable_prefix_caching = false;
     options.flash_attention = false;
-    options.kv_unified = "false";
+    options.kv_unified = false;
   }
   return { help: false, options };
 }
@@ -230,6 +230,7 @@ const FOREIGN_FLAGS: Readonly<Record<string, string>> = {
   "parallel": "max_num_seqs",
   c: "max_model_len",
   "ctx-size": "max_model_len",
+  kvu: "kv_unified",
 };
 
 /** An unknown flag, with Keel's name for it when it is a vLLM or llama-server spelling (`--max-num-seqs`). */

@@ -187,7 +187,7 @@ function logStart(gw: Gateway, o: ServeOptions, s: Started): void {
   for (const line of [...notes, agentLine(s.agents), ...impliedLines(engine, s.engineConfig, o.flash_attention)]) gw.log[line.level](line.fields, line.msg);
   if (o.deterministic) {
     if (engine === "openvino") gw.log.info({ event: "deterministic", prefixCaching: false }, "deterministic mode: prefix reuse off; the OpenVINO engine's numerics are exact by default on CPU (f32 inference and KV, no dynamic quantisation) unless --plugin_config overrides them");
-    else gw.log.info({ event: "deterministic", prefixCaching: false, flashAttention: false, kvCachePrecision: "f16" }, "deterministic mode: the same request and seed give the same text on every run (prefix reuse off)");
+    else gw.log.info({ event: "deterministic", prefixCaching: false, flashAttention: false, kvCachePrecision: "f16", kvUnified: false }, "deterministic mode: the same request and seed give the same text on every run (prefix reuse off)");
   }
   gw.log[security.level](security.fields, security.msg);
   const { model, modelName } = s;

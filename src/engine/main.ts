@@ -84,7 +84,7 @@ async function main(): Promise<void> {
   // One line when Keel's addon (one native call samples a step) is not in use, saying why.
   if (adapter.nativeAddon.kind !== "keel") logLine("info", `Keel's native addon is not in use (sampling takes one async native call per sequence per step): node-llama-cpp's own addon runs (${adapter.nativeAddon.reason})`, { event: "native_addon_fallback" });
   const backend = await adapter.backend();
-  logLine("debug", adapter.kvUnified ? `KV cache: one buffer shared by the ${config.maxNumSeqs} sequences (--kv_unified)` : "KV cache: one stream per sequence (--kv_unified)", { event: "kv_layout", kvUnified: adapter.kvUnified });
+  if (adapter.kvUnified) logLine("info", `KV cache: one buffer shared by the ${config.maxNumSeqs} sequences (--kv_unified true)`, { event: "kv_layout", kvUnified: true });
   if (config.mode === "validate") {
     const metadata = adapter.metadata();
     await adapter.dispose();

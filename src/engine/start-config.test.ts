@@ -31,9 +31,9 @@ describe("engine start configuration", () => {
       flashAttention: false,
       kvCacheType: "f16",
       gpu: "auto",
-      kvUnified: "auto",
+      kvUnified: false,
     });
-    expect(toAdapterOptions({ ...config, kvUnified: "off" }).kvUnified).toBe("off");
+    expect(toAdapterOptions({ ...config, kvUnified: true }).kvUnified).toBe(true);
   });
 
   it("names what is missing or invalid", () => {
@@ -44,8 +44,8 @@ describe("engine start configuration", () => {
     expect(parseEngineConfig(JSON.stringify({ ...config, device: "gpu" })).device).toBe("gpu");
     expect(() => parseEngineConfig(JSON.stringify({ ...config, maxPromptLen: 0 }))).toThrow("EngineConfig.maxPromptLen is missing or invalid: 0");
     expect(parseEngineConfig(JSON.stringify({ ...config, maxPromptLen: 64 })).maxPromptLen).toBe(64);
-    expect(() => parseEngineConfig(JSON.stringify({ ...config, kvUnified: true }))).toThrow("EngineConfig.kvUnified is missing or invalid: true");
-    expect(parseEngineConfig(JSON.stringify({ ...config, kvUnified: "on" })).kvUnified).toBe("on");
+    expect(() => parseEngineConfig(JSON.stringify({ ...config, kvUnified: "on" }))).toThrow('EngineConfig.kvUnified is missing or invalid: "on"');
+    expect(parseEngineConfig(JSON.stringify({ ...config, kvUnified: true })).kvUnified).toBe(true);
     // The OpenVINO engine's fields are refused (the engine then exits with a fatal), never ignored.
     expect(() => parseEngineConfig(JSON.stringify({ ...config, kvBlocks: 16 }))).toThrow("EngineConfig.kvBlocks (--num_kv_blocks 16) is not supported by the llama.cpp engine: it has no shared KV block pool");
     expect(() => parseEngineConfig(JSON.stringify({ ...config, pluginConfig: { NUM_STREAMS: 2 } }))).toThrow(/EngineConfig.pluginConfig .* is not supported by the llama.cpp engine/);

@@ -19,7 +19,7 @@ export function toAdapterOptions(config: EngineConfig): LlamaAdapterOptions {
     flashAttention: config.flashAttention,
     kvCacheType: config.kvCacheType,
     gpu: config.device,
-    kvUnified: config.kvUnified ?? "auto",
+    kvUnified: config.kvUnified === true,
   };
 }
 
@@ -43,7 +43,7 @@ export function parseEngineConfig(arg: string | undefined): EngineConfig {
   need("maxPromptLen", (v) => v === undefined || posInt(v));
   need("device", (v) => v === "cpu" || v === "auto" || v === "gpu");
   need("warmup", (v) => v === undefined || v === "auto" || v === "on" || v === "off");
-  need("kvUnified", (v) => v === undefined || v === "auto" || v === "on" || v === "off");
+  need("kvUnified", (v) => v === undefined || typeof v === "boolean");
   need("promptLookup", (v) => v === undefined || typeof v === "boolean");
   // Fields of another engine are refused, never ignored: llama.cpp has no KV block pool (its KV holds maxModelLen
   // tokens per sequence) and takes no raw OpenVINO properties (the CLI maps the plugin-config keys it understands).

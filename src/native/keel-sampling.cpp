@@ -372,14 +372,6 @@ Napi::Value keelSamplingOptions(const Napi::CallbackInfo& info) {
     return out;
 }
 
-}  // namespace
-
-/** Called from node-llama-cpp's registerCallback (addon.cpp, via register.patch). */
-/** register.patch: read by AddonContext's constructor, which sets llama_context_params.kv_unified from it. */
-bool keelKvUnified() {
-    return kvUnifiedEnabled;
-}
-
 /**
  * keelContextOptions({ kvUnified?: boolean }) → the options in force after the call, for contexts created after it.
  * kvUnified: one KV buffer shared by every sequence (llama.cpp's kv_unified, llama-server's --kv-unified). Without
@@ -397,6 +389,14 @@ Napi::Value keelContextOptions(const Napi::CallbackInfo& info) {
     return out;
 }
 
+}  // namespace
+
+/** register.patch: read by AddonContext's constructor, which sets llama_context_params.kv_unified from it. */
+bool keelKvUnified() {
+    return kvUnifiedEnabled;
+}
+
+/** Called from node-llama-cpp's registerCallback (addon.cpp, via register.patch). */
 void keelRegisterSampling(Napi::Object exports) {
     exports.Set("keelSampleTokens", Napi::Function::New(exports.Env(), keelSampleTokens, "keelSampleTokens"));
     exports.Set("keelDecodeBatch", Napi::Function::New(exports.Env(), keelDecodeBatch, "keelDecodeBatch"));

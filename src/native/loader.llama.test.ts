@@ -68,6 +68,10 @@ describe("Keel's addon loader (node-llama-cpp 3.21.1)", () => {
     try {
       expect(adapter.nativeAddon).toEqual({ kind: "node-llama-cpp", reason: "KEEL_NATIVE_SAMPLING=off" });
       expect(adapter.sampleMany).toBeUndefined();
+      // The shared KV buffer is set through Keel's addon only: asked for on node-llama-cpp's own, the open fails by name.
+      await expect(LlamaAdapter.open({ modelPath, sequences: 2, contextSize: 128, batchSize: 64, threads: 1, flashAttention: false, kvCacheType: "f16", gpu: "cpu", kvUnified: true })).rejects.toThrow(
+        "--kv_unified true needs Keel's native addon, which is not loaded here: KEEL_NATIVE_SAMPLING=off",
+      );
     } finally {
       await adapter.dispose();
     }

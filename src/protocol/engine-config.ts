@@ -37,10 +37,10 @@ export interface EngineConfig {
    */
   warmup?: "auto" | "on" | "off";
   /**
-   * One KV buffer shared by every sequence (`--kv_unified`; llama.cpp engine), so a step's prompts of different
-   * lengths decode as one graph. auto (absent) = on a GPU backend only. An engine that cannot apply `on` exits.
+   * One KV buffer shared by every sequence (`--kv_unified true`; llama.cpp engine), so a step's prompts of different
+   * lengths decode as one graph. Absent = one stream per sequence. An engine that cannot apply it exits (fatal).
    */
-  kvUnified?: "auto" | "on" | "off";
+  kvUnified?: boolean;
   /**
    * Prompt-lookup speculative decoding for every request that does not set `params.speculation` (`--prompt_lookup`),
    * with OVMS's defaults (5 draft tokens, n-grams up to 3). Absent = off. The OpenVINO engine refuses it.

@@ -65,10 +65,10 @@ export interface LlamaAdapterOptions {
   /** "cpu" never touches a GPU; "auto" lets node-llama-cpp pick a prebuilt GPU backend if one works. */
   gpu: "cpu" | "auto" | "gpu";
   /**
-   * One KV buffer shared by every sequence (llama.cpp's kv_unified; needs Keel's addon): "auto" = on a GPU backend.
-   * Absent = off. "on" without Keel's addon fails the open; "auto" then runs with one stream per sequence.
+   * One KV buffer shared by every sequence (llama.cpp's kv_unified). Absent = one stream per sequence. Needs Keel's
+   * addon; refused for LongRoPE models ({@link LlamaAdapter.sharedKvRefusal}).
    */
-  kvUnified?: "auto" | "on" | "off";
+  kvUnified?: boolean;
   /** Receives llama.cpp's log lines at warn level and above. */
   log?: (level: string, message: string) => void;
   /** Receives the model's load progress (0..1) while llama.cpp loads its tensors. */
@@ -104,7 +104,7 @@ export class LlamaAdapter implements ModelBackend, GrammarBackend {
     readonly options: LlamaAdapterOptions,
     /** The native addon node-llama-cpp runs on: Keel's build (with {@link sampleMany}) or its own. */
     readonly nativeAddon: NativeAddonChoice,
-    /** Whether the context shares one KV buffer across its sequences (`--kv_unified`; {@link LlamaAdapter.kvUnified}). */
+    /** Whether the context shares one KV buffer across its sequences (`--kv_unified`). */
     readonly kvUnified: boolean,
   ) {
     const meta = model.fileInfo.metadata as unknown as { tokenizer?: { ggml?: { tokens?: unknown[] } } };
@@ -143,18 +143,31 @@ export class LlamaAdapter implements ModelBackend, GrammarBackend {
     // case is an error here, before the model is read.
     if (opts.gpu === "gpu" && llama.gpu === false) throw new NoGpuBackendError();
     opts.onBackendLoaded?.();
-    const kvUnified = LlamaAdapter.kvUnified(llama, opts.kvUnified ?? "off", addon);
     const model = await llama.loadModel({ modelPath: opts.modelPath, ...(opts.onLoadProgress ? { onLoadProgress: opts.onLoadProgress } : {}) });
+    const kvUnified = opts.kvUnified === true;
+    const layout = contextOptionsOf(llama);
+    const refusal = kvUnified ? LlamaAdapter.sharedKvRefusal(model, layout !== null, addon) : null;
+    if (refusal !== null) {
+      await model.dispose();
+      throw new Error(refusal);
+    }
     const kv = opts.kvCacheType.toUpperCase() as "F16";
-    const context = await model.createContext({
-      contextSize: opts.contextSize,
-      sequences: opts.sequences,
-      batchSize: opts.batchSize,
-      threads: opts.threads,
-      flashAttention: opts.flashAttention,
-      experimentalKvCacheKeyType: kv,
-      experimentalKvCacheValueType: kv,
-    });
+    // The addon's layout switch is process-wide: set for this context's creation only, then back to the default.
+    layout?.({ kvUnified });
+    let context: LlamaContext;
+    try {
+      context = await model.createContext({
+        contextSize: opts.contextSize,
+        sequences: opts.sequences,
+        batchSize: opts.batchSize,
+        threads: opts.threads,
+        flashAttention: opts.flashAttention,
+        experimentalKvCacheKeyType: kv,
+        experimentalKvCacheValueType: kv,
+      });
+    } finally {
+      layout?.({ kvUnified: false });
+    }
     const native = internalsOf(llama, model, context);
     native.ctx.setThreads(opts.threads);
     const nativeAddon: NativeAddonChoice =
@@ -163,19 +176,17 @@ export class LlamaAdapter implements ModelBackend, GrammarBackend {
   }
 
   /**
-   * Settle whether the context shares one KV buffer across its sequences, and tell Keel's addon before the context is
-   * created. Why: with one stream per sequence llama.cpp splits every batch into ubatches of consecutive sequences
-   * with equal token counts, so a step that prefills five prompts of different lengths beside running decodes runs
-   * as a dozen small graphs (docs/gpu-h200.md). @throws Error when "on" was asked for and Keel's addon is not loaded.
+   * Why a shared KV buffer (`--kv_unified true`) cannot be given to this model here, or null when it can. Shared,
+   * llama.cpp takes the whole buffer as each sequence's context: a LongRoPE model (Phi-3 class: `rope_factors_long`)
+   * would then switch to its long-context RoPE factors at any length, and its text would change. Setting it needs
+   * Keel's native addon (node-llama-cpp's own has no such option).
    */
-  private static kvUnified(llama: Llama, mode: "auto" | "on" | "off", addon: NativeAddonChoice): boolean {
-    const wanted = mode === "on" || (mode === "auto" && llama.gpu !== false);
-    const set = contextOptionsOf(llama);
-    if (set === null) {
-      if (mode === "on") throw new Error(`--kv_unified true needs Keel's native addon, which is not loaded here: ${addon.kind === "keel" ? `${addon.path} has no keelContextOptions` : addon.reason}`);
-      return false;
+  private static sharedKvRefusal(model: LlamaModel, addonHasSwitch: boolean, addon: NativeAddonChoice): string | null {
+    if (!addonHasSwitch) return `--kv_unified true needs Keel's native addon, which is not loaded here: ${addon.kind === "keel" ? `${addon.path} has no keelContextOptions` : addon.reason}`;
+    if (model.fileInfo.tensorInfo?.some((t) => t.name.startsWith("rope_factors_long"))) {
+      return "--kv_unified true is refused for this model: it has LongRoPE factors (rope_factors_long), and with one shared KV buffer llama.cpp would apply its long-context factors to every sequence, changing its output";
     }
-    return set({ kvUnified: wanted }).kvUnified;
+    return null;
   }
 
   /** The backend llama.cpp runs on and its devices, for `ready` and the startup log. */
