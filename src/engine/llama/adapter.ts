@@ -48,6 +48,20 @@ export class NoGpuBackendError extends Error {
   }
 }
 
+/**
+ * Why a shared KV buffer (`--kv_unified true`) cannot be given to a model with these tensors here, or null when it
+ * can. Shared, llama.cpp takes the whole buffer as each sequence's context (`n_ctx_seq = n_ctx`): a LongRoPE model
+ * (Phi-3 class: `rope_factors_long`) would then switch to its long-context RoPE factors at any length, and its text
+ * would change. Setting it needs Keel's native addon (node-llama-cpp's own has no such option).
+ */
+export function sharedKvRefusal(tensorNames: readonly string[], addonHasSwitch: boolean, addon: NativeAddonChoice): string | null {
+  if (!addonHasSwitch) return `--kv_unified true needs Keel's native addon, which is not loaded here: ${addon.kind === "keel" ? `${addon.path} has no keelContextOptions` : addon.reason}`;
+  if (tensorNames.some((name) => name.startsWith("rope_factors_long"))) {
+    return "--kv_unified true is refused for this model: it has LongRoPE factors (rope_factors_long), and with one shared KV buffer llama.cpp would apply its long-context factors to every sequence, changing its output";
+  }
+  return null;
+}
+
 export interface LlamaAdapterOptions {
   modelPath: string;
   /** KV slots (llama.cpp sequences). */
@@ -66,7 +80,7 @@ export interface LlamaAdapterOptions {
   gpu: "cpu" | "auto" | "gpu";
   /**
    * One KV buffer shared by every sequence (llama.cpp's kv_unified). Absent = one stream per sequence. Needs Keel's
-   * addon; refused for LongRoPE models ({@link LlamaAdapter.sharedKvRefusal}).
+   * addon; refused for LongRoPE models ({@link sharedKvRefusal}).
    */
   kvUnified?: boolean;
   /** Receives llama.cpp's log lines at warn level and above. */
@@ -146,7 +160,7 @@ export class LlamaAdapter implements ModelBackend, GrammarBackend {
     const model = await llama.loadModel({ modelPath: opts.modelPath, ...(opts.onLoadProgress ? { onLoadProgress: opts.onLoadProgress } : {}) });
     const kvUnified = opts.kvUnified === true;
     const layout = contextOptionsOf(llama);
-    const refusal = kvUnified ? LlamaAdapter.sharedKvRefusal(model, layout !== null, addon) : null;
+    const refusal = kvUnified ? sharedKvRefusal(model.fileInfo.tensorInfo?.map((t) => t.name) ?? [], layout !== null, addon) : null;
     if (refusal !== null) {
       await model.dispose();
       throw new Error(refusal);
@@ -173,20 +187,6 @@ export class LlamaAdapter implements ModelBackend, GrammarBackend {
     const nativeAddon: NativeAddonChoice =
       addon.kind === "keel" && !native.sampleTokens ? { kind: "node-llama-cpp", reason: `${addon.path} has no keelSampleTokens` } : addon;
     return new LlamaAdapter(llama, model, context, native, opts, nativeAddon, kvUnified);
-  }
-
-  /**
-   * Why a shared KV buffer (`--kv_unified true`) cannot be given to this model here, or null when it can. Shared,
-   * llama.cpp takes the whole buffer as each sequence's context: a LongRoPE model (Phi-3 class: `rope_factors_long`)
-   * would then switch to its long-context RoPE factors at any length, and its text would change. Setting it needs
-   * Keel's native addon (node-llama-cpp's own has no such option).
-   */
-  private static sharedKvRefusal(model: LlamaModel, addonHasSwitch: boolean, addon: NativeAddonChoice): string | null {
-    if (!addonHasSwitch) return `--kv_unified true needs Keel's native addon, which is not loaded here: ${addon.kind === "keel" ? `${addon.path} has no keelContextOptions` : addon.reason}`;
-    if (model.fileInfo.tensorInfo?.some((t) => t.name.startsWith("rope_factors_long"))) {
-      return "--kv_unified true is refused for this model: it has LongRoPE factors (rope_factors_long), and with one shared KV buffer llama.cpp would apply its long-context factors to every sequence, changing its output";
-    }
-    return null;
   }
 
   /** The backend llama.cpp runs on and its devices, for `ready` and the startup log. */
