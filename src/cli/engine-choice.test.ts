@@ -119,6 +119,10 @@ describe("engineBaseConfig: one start configuration for the flags path and --con
     const f = parse("--kv_unified", "true");
     expect(engineFlagProblems("llama.cpp", f, new Set(["kv_unified"]), { KEEL_NATIVE_SAMPLING: "off" })).toEqual([expect.stringContaining("KEEL_NATIVE_SAMPLING=off runs node-llama-cpp's own")]);
     expect(engineFlagProblems("llama.cpp", parse(), new Set(), { KEEL_NATIVE_SAMPLING: "off" })).toEqual([]);
+    // --deterministic true refuses it on llama.cpp only: OpenVINO's KV is always one shared pool.
+    const det = parse("--deterministic", "true", "--kv_unified", "true");
+    expect(engineFlagProblems("llama.cpp", det, new Set(["deterministic", "kv_unified"]), {})).toEqual([expect.stringContaining("it contradicts --kv_unified true")]);
+    expect(engineFlagProblems("openvino", det, new Set(["deterministic", "kv_unified"]), {})).toEqual([]);
     expect(() => parse("--kv_unified", "yes")).toThrow(/--kv_unified/);
   });
 

@@ -82,6 +82,9 @@ export function engineFlagProblems(engine: EngineName, f: ServeOptions, given: R
     if (f.kv_unified && nativeSamplingSwitch(env["KEEL_NATIVE_SAMPLING"]) === "off") {
       problems.push(`--kv_unified true is set through Keel's native addon; KEEL_NATIVE_SAMPLING=${env["KEEL_NATIVE_SAMPLING"]} runs node-llama-cpp's own, which has no such option`);
     }
+    if (f.kv_unified && f.deterministic) {
+      problems.push("--deterministic true needs one KV stream per sequence on the llama.cpp engine (a shared buffer groups a sequence's attention sums differently); it contradicts --kv_unified true");
+    }
     if (f.prompt_lookup && f.deterministic) {
       problems.push("--prompt_lookup true verifies draft tokens in multi-token batches whose numerics may differ from one-token steps; it contradicts --deterministic true");
     }

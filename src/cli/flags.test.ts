@@ -196,6 +196,9 @@ describe("parseServeFlags", () => {
     expect(() => parseServeFlags(["--served-model-name", "foo"])).toThrow(/unknown flag --served-model-name \(Keel's: --model_name\)/);
     expect(() => parseServeFlags(["--max-num-seqs=4", "--host", "::"])).toThrow(/--max-num-seqs \(Keel's: --max_num_seqs\), --host \(Keel's: --rest_bind_address\)/);
     expect(() => parseServeFlags(["--bogus-flag", "1"])).toThrow(/unknown flag --bogus-flag;|unknown flag --bogus-flag$/);
+    // llama-server's multi-letter single-dash flags are named as typed, not as clusters of one-letter flags.
+    expect(() => parseServeFlags(["-np", "4", "-kvu"])).toThrow(/unknown flags -np \(Keel's: --max_num_seqs\), -kvu \(Keel's: --kv_unified\)/);
+    expect(() => parseServeFlags(["-xyz"])).toThrow(/unknown flags -x, -y, -z/);
   });
 
   it("reports every unknown flag in one message", () => {
@@ -227,7 +230,8 @@ describe("parseServeFlags", () => {
     expect(() => parseServeFlags(["--deterministic", "true", "--enable_prefix_caching", "true"])).toThrow(/contradicts --enable_prefix_caching true/);
     expect(() => parseServeFlags(["--deterministic", "true", "--flash_attention", "true"])).toThrow(/contradicts --flash_attention true/);
     expect(() => parseServeFlags(["--deterministic", "true", "--kv_cache_precision", "u8"])).toThrow(/contradicts --kv_cache_precision u8/);
-    expect(() => parseServeFlags(["--deterministic", "true", "--kv_unified", "true"])).toThrow(/contradicts --kv_unified true/);
+    // --kv_unified true is refused with the llama.cpp engine only (engine-choice.ts): OpenVINO's KV is always shared.
+    expect(parseServeFlags(["--deterministic", "true", "--kv_unified", "true"])["kv_unified"]).toBe(true);
     expect(parseServeFlags(["--deterministic", "true", "--kv_unified", "false"])["kv_unified"]).toBe(false);
   });
 });

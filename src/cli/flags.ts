@@ -50,9 +50,17 @@ function readCommandLine(argv: string[]): { help: boolean; values: Map<string, s
     ["help", { type: "boolean" as const, short: "h" }],
   ]);
   const bare = new Set<string>(SERVE_FLAGS.filter((f) => "bare" in f).map((f) => f.name));
+  // llama-server's multi-letter single-dash flags (`-np`, `-kvu`) would read as clusters of one-letter flags: they are
+  // parsed as `--np` so that the report names them, as typed, with Keel's flag.
+  const typed = new Map<string, string>();
+  const args = argv.map((a) => {
+    if (!/^-[A-Za-z]{2,}$/.test(a) || FOREIGN_FLAGS[a.slice(1)] === undefined) return a;
+    typed.set(`-${a}`, a);
+    return `-${a}`;
+  });
   // Non-strict parsing with tokens, so that every unknown flag and every flag missing its value is reported in one
   // run instead of the first one only.
-  const parsed = parseArgs({ args: argv, options, strict: false, allowPositionals: true, tokens: true });
+  const parsed = parseArgs({ args, options, strict: false, allowPositionals: true, tokens: true });
   const known = new Set(Object.keys(options));
   const unknown: string[] = [];
   const valueless: string[] = [];
@@ -60,7 +68,7 @@ function readCommandLine(argv: string[]): { help: boolean; values: Map<string, s
   const tokens = parsed.tokens ?? [];
   for (const t of tokens) {
     if (t.kind !== "option") continue;
-    if (!known.has(t.name)) unknown.push(t.rawName);
+    if (!known.has(t.name)) unknown.push(typed.get(t.rawName) ?? t.rawName);
     else if (bare.has(t.name)) values.set(t.name, t.value ?? "true");
     // A value that is itself a flag (`--rest_port --max_num_seqs 4`) means the value was forgotten; that flag is
     // checked too (`--log_level --bogus` names both).
@@ -144,11 +152,11 @@ export function parseServeCommand(argv: string[], host: HostCpus = hostCpus()): 
     if (values.get("enable_prefix_caching") === "true") throw new FlagError("--deterministic true turns prefix reuse off; it contradicts --enable_prefix_caching true");
     if (values.get("flash_attention") === "true") throw new FlagError("--deterministic true needs flash attention off; it contradicts --flash_attention true");
     if (options.kv_cache_precision === "u8") throw new FlagError("--deterministic true needs an f16 KV cache (u8 needs flash attention); it contradicts --kv_cache_precision u8");
-    // A shared KV buffer places a sequence's cells among other sequences', so its attention sums group differently.
-    if (values.get("kv_unified") === "true") throw new FlagError("--deterministic true needs one KV stream per sequence; it contradicts --kv_unified true");
     options.enable_prefix_caching = false;
     options.flash_attention = false;
-    options.kv_unified = false;
+    // On llama.cpp a shared KV buffer places a sequence's cells among others', so its attention sums group differently
+    // (an explicit `--kv_unified true` is refused there: cli/engine-choice.ts; it is what OpenVINO's KV always is).
+    if (values.get("kv_unified") !== "true") options.kv_unified = false;
   }
   return { help: false, options };
 }
