@@ -152,7 +152,13 @@ for (const target of TARGETS) describe(target.name, () => {
       results.forEach((r, i) => expectBystander(r, PROMPTS[i]!));
       await expectHealthyAndIdle();
       const after = await metrics(server.baseUrl);
-      expect(after.get('keel_client_disconnects_total{phase="queued"}')).toBe(before.get('keel_client_disconnects_total{phase="queued"}')! + 1);
+      const grew = (phase: string) => after.get(`keel_client_disconnects_total{phase="${phase}"}`)! - before.get(`keel_client_disconnects_total{phase="${phase}"}`)!;
+      if (!target.preempts) expect(grew("queued")).toBe(1);
+      else {
+        // On the 16-block pool the worker preempts: a running stream can go back to waiting and give its slot to the
+        // queued one in the step before the close is applied, so the engine may have admitted it (never a chunk sent).
+        expect(grew("queued") + grew("prefill")).toBe(1);
+      }
     });
 
     it("a unary client that leaves mid-generation is aborted and the streams around it are identical", async () => {
