@@ -24,6 +24,7 @@
 #include <cmath>
 #include <exception>
 #include <functional>
+#include <initializer_list>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -358,18 +359,27 @@ Napi::Value keelSamplingCounts(const Napi::CallbackInfo& info) {
 }
 
 /**
+ * The JS side of process-wide switches: each boolean of the options object (the call's first argument) named in
+ * `switches` sets that switch; returns every switch's value after the call (what `keelSamplingOptions` and
+ * `keelContextOptions` answer).
+ */
+Napi::Value switchOptions(const Napi::CallbackInfo& info, std::initializer_list<std::pair<const char*, bool*>> switches) {
+    Napi::Env env = info.Env();
+    const bool given = info.Length() >= 1 && info[0].IsObject();
+    Napi::Object out = Napi::Object::New(env);
+    for (const auto& [name, value] : switches) {
+        if (given && info[0].As<Napi::Object>().Has(name)) *value = info[0].As<Napi::Object>().Get(name).ToBoolean().Value();
+        out.Set(name, Napi::Boolean::New(env, *value));
+    }
+    return out;
+}
+
+/**
  * keelSamplingOptions({ fused?: boolean }) → the options in force after the call. `fused: false` sends sampled items
  * through node-llama-cpp's chain (what the fused path replays): for A/B benchmarks and the equality tests.
  */
 Napi::Value keelSamplingOptions(const Napi::CallbackInfo& info) {
-    Napi::Env env = info.Env();
-    if (info.Length() >= 1 && info[0].IsObject()) {
-        Napi::Object options = info[0].As<Napi::Object>();
-        if (options.Has("fused")) fusedEnabled = options.Get("fused").ToBoolean().Value();
-    }
-    Napi::Object out = Napi::Object::New(env);
-    out.Set("fused", Napi::Boolean::New(env, fusedEnabled));
-    return out;
+    return switchOptions(info, {{"fused", &fusedEnabled}});
 }
 
 /**
@@ -379,14 +389,7 @@ Napi::Value keelSamplingOptions(const Napi::CallbackInfo& info) {
  * token counts, so a step that prefills several prompts of different lengths runs as many small graphs.
  */
 Napi::Value keelContextOptions(const Napi::CallbackInfo& info) {
-    Napi::Env env = info.Env();
-    if (info.Length() >= 1 && info[0].IsObject()) {
-        Napi::Object options = info[0].As<Napi::Object>();
-        if (options.Has("kvUnified")) kvUnifiedEnabled = options.Get("kvUnified").ToBoolean().Value();
-    }
-    Napi::Object out = Napi::Object::New(env);
-    out.Set("kvUnified", Napi::Boolean::New(env, kvUnifiedEnabled));
-    return out;
+    return switchOptions(info, {{"kvUnified", &kvUnifiedEnabled}});
 }
 
 }  // namespace
