@@ -78,7 +78,7 @@ export function engineFlagProblems(engine: EngineName, f: ServeOptions, given: R
     if (f.num_kv_blocks !== undefined) {
       problems.push("--num_kv_blocks sets the OpenVINO engine's shared KV block pool; the llama.cpp engine has none (its KV is one partition per sequence: size it with --cache_size or --max_model_len), so it is refused with the llama.cpp engine (use --engine openvino)");
     }
-    // The shared buffer is set through Keel's addon; the model check could otherwise pass on a cached result.
+    // The shared buffer is set through Keel's addon: a switch to node-llama-cpp's contradicts the flag.
     if (f.kv_unified && nativeSamplingSwitch(env["KEEL_NATIVE_SAMPLING"]) === "off") {
       problems.push(`--kv_unified true is set through Keel's native addon; KEEL_NATIVE_SAMPLING=${env["KEEL_NATIVE_SAMPLING"]} runs node-llama-cpp's own, which has no such option`);
     }

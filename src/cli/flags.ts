@@ -154,9 +154,8 @@ export function parseServeCommand(argv: string[], host: HostCpus = hostCpus()): 
     if (options.kv_cache_precision === "u8") throw new FlagError("--deterministic true needs an f16 KV cache (u8 needs flash attention); it contradicts --kv_cache_precision u8");
     options.enable_prefix_caching = false;
     options.flash_attention = false;
-    // On llama.cpp a shared KV buffer places a sequence's cells among others', so its attention sums group differently
-    // (an explicit `--kv_unified true` is refused there: cli/engine-choice.ts; it is what OpenVINO's KV always is).
-    if (values.get("kv_unified") !== "true") options.kv_unified = false;
+    // The shared KV buffer is off unless asked for; `--kv_unified true` contradicts this mode on llama.cpp only (it is
+    // what OpenVINO's KV always is), so that refusal is the engine's (cli/engine-choice.ts).
   }
   return { help: false, options };
 }

@@ -25,6 +25,9 @@ describe("the model check's memory", () => {
     expect(checkKey(config(), command, on)).toBe(key);
     expect(checkKey(config({ maxNumSeqs: 5 }), command, on)).not.toBe(key);
     expect(checkKey(config(), { ...command, args: ["other.js"] }, on)).not.toBe(key);
+    // Which addon runs: node-llama-cpp's own cannot apply what Keel's can (a shared KV buffer); unset is Keel's.
+    expect(checkKey(config(), command, { ...on, KEEL_NATIVE_SAMPLING: "off" })).not.toBe(key);
+    expect(checkKey(config(), command, { ...on, KEEL_NATIVE_SAMPLING: "on" })).toBe(key);
     fs.writeFileSync(model, "GGUF other model bytes"); // a new file in its place: size and time change
     expect(checkKey(config(), command, on)).not.toBe(key);
   });

@@ -3,7 +3,7 @@
  * throwaway load was half of a warm `npm run serve`). A record is keyed by everything the verdict depends on: the
  * model file (real path, size, modification time, inode), the check's engine configuration and command, and the
  * native install it ran on (binDirsKey: node-llama-cpp's install and version, its prebuilt packages, Node's ABI, the
- * GPU device nodes). Any change there checks again. Only a passed check of a model file is remembered: a failure is
+ * GPU device nodes) and the addon it ran (KEEL_NATIVE_SAMPLING). Any change there checks again. Only a passed check of a model file is remembered: a failure is
  * never cached, and an OpenVINO model folder is always checked.
  *
  * `KEEL_MODEL_CHECK_CACHE=off` (or 0, false, no) checks every time (the test suites set it; docs/flags.md); a value
@@ -41,7 +41,9 @@ export function checkKey(config: Omit<EngineConfig, "mode">, command: EngineComm
   } catch {
     return null;
   }
-  const parts = [file, stat.size, stat.mtimeMs, stat.ino, JSON.stringify(config), JSON.stringify(command), native];
+  // Which addon the engine runs (KEEL_NATIVE_SAMPLING) decides what it can apply, e.g. a shared KV buffer.
+  const addon = nativeSamplingSwitch(env["KEEL_NATIVE_SAMPLING"]);
+  const parts = [file, stat.size, stat.mtimeMs, stat.ino, JSON.stringify(config), JSON.stringify(command), native, addon];
   return createHash("sha256").update(parts.join("\n")).digest("hex").slice(0, 32);
 }
 
