@@ -37,18 +37,17 @@ afterAll(async () => {
 
 const greedy = (a: LlamaAdapter = adapter) => a.createSampler({ temperature: 0, topP: 1, topK: 0, minP: 0, seed: 1, bias: new Map(), repetitionPenalty: 1 });
 
-/** Greedy-generate `n` tokens for several prompts at once, one batch per step, sampling sequentially (on `a`). */
-async function generateTogether(prompts: number[][], n: number, slots: number[] = prompts.map((_, s) => s), a: LlamaAdapter = adapter): Promise<number[][]> {
-  const adapter = a;
-  const samplers: SamplerHandle[] = prompts.map(() => greedy(a));
+/** Greedy-generate `n` tokens for several prompts at once, one batch per step, sampling sequentially (on `on`). */
+async function generateTogether(prompts: number[][], n: number, slots: number[] = prompts.map((_, s) => s), on: LlamaAdapter = adapter): Promise<number[][]> {
+  const samplers: SamplerHandle[] = prompts.map(() => greedy(on));
   const out: number[][] = prompts.map(() => []);
-  for (let s = 0; s < SEQS; s++) adapter.clearSequence(s);
+  for (let s = 0; s < SEQS; s++) on.clearSequence(s);
   // Prefill all prompts in one batch (prompt s on slot slots[s], items in prompt order).
-  let idx = await adapter.decode(prompts.map((p, s) => ({ slot: slots[s]!, pos: 0, tokens: p, wantsLogits: true })));
+  let idx = await on.decode(prompts.map((p, s) => ({ slot: slots[s]!, pos: 0, tokens: p, wantsLogits: true })));
   for (let step = 0; step < n; step++) {
-    for (let s = 0; s < prompts.length; s++) out[s]!.push(await adapter.sample(idx[s]!, samplers[s]!));
+    for (let s = 0; s < prompts.length; s++) out[s]!.push(await on.sample(idx[s]!, samplers[s]!));
     if (step === n - 1) break;
-    idx = await adapter.decode(prompts.map((p, s) => ({ slot: slots[s]!, pos: p.length + step, tokens: [out[s]!.at(-1)!], wantsLogits: true })));
+    idx = await on.decode(prompts.map((p, s) => ({ slot: slots[s]!, pos: p.length + step, tokens: [out[s]!.at(-1)!], wantsLogits: true })));
   }
   samplers.forEach((x) => x.dispose());
   return out;
