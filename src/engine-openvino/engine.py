@@ -19,6 +19,7 @@ from hybrid_guard import HybridGuard, hybrid_prefix_caching, hybrid_settings
 from model_meta import is_hybrid, model_metadata, token_bytes_table
 from ov_settings import block_size, compile_properties, kv_element_bytes, resolve_device
 from request_state import Request
+from utf8_guard import Utf8Guard, resample_seed
 
 V = PROTOCOL_VERSION
 ENGINE_NAME = "openvino-genai"
@@ -235,7 +236,7 @@ class Engine:
             c.top_p = float(p["topP"])
             if p["topK"] > 0:
                 c.top_k = int(p["topK"])
-            c.rng_seed = int(p["seed"])
+            c.rng_seed = resample_seed(int(p["seed"]), req.utf8_resamples)
             if "minP" in p:
                 c.min_p = float(p["minP"])
         c.ignore_eos = bool(p["ignoreEos"])
@@ -335,6 +336,8 @@ class Engine:
         silent = lambda t: t in self.eog  # noqa: E731
         primed = [t for t in resumed if not silent(t)]
         req.detok = ByteDetokenizer(self.token_bytes, primed) if self.token_bytes else Detokenizer(self.decode, primed)
+        if p.get("guide") is not None and self.token_bytes:
+            req.utf8 = Utf8Guard(self.token_bytes, primed)
         self.requests[rid] = req
         self.queued.append(req)
 

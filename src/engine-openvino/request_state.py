@@ -45,11 +45,19 @@ class Request:
     requeues: int = 0
     #: Times the hybrid-model guard preempted the request whole (hybrid_guard.py) and the loop re-queued it.
     guard_preemptions: int = 0
+    #: Guided requests on a byte-level vocabulary: the strict UTF-8 check of their text, holding an incomplete character.
+    utf8: Any = None
+    #: Times a sampled token was not valid UTF-8 and the loop re-added the request to sample it again (utf8_guard.py).
+    utf8_resamples: int = 0
+    #: Where (generated tokens) the last resample happened, and how many happened there in a row.
+    utf8_at: int = -1
+    utf8_in_a_row: int = 0
 
     @property
     def reentered(self) -> bool:
-        """Re-queued after it first entered OpenVINO (IGNORED or preempted whole): it continues what it generated."""
-        return self.requeues + self.guard_preemptions > 0
+        """Re-queued after it first entered OpenVINO (IGNORED, preempted whole or resampled): it continues what it
+        generated."""
+        return self.requeues + self.guard_preemptions + self.utf8_resamples > 0
 
     @property
     def input_len(self) -> int:

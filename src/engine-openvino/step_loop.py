@@ -18,6 +18,7 @@ from typing import Any, Optional
 
 from engine import Engine
 from logline import log
+from utf8_guard import MAX_RESAMPLES
 
 #: Times a request OpenVINO drops (IGNORED) is re-added before the worker treats it as an engine fault.
 MAX_REQUEUES = 3
@@ -130,11 +131,35 @@ def apply_aborts(e: Engine, outputs: dict) -> None:
         e.finish(req, "abort", e.output_for(outputs, rid))
 
 
-def requeue_first(e: Engine, req) -> None:
+def requeue_first(e: Engine, req, preempted: bool = True) -> None:
     """Put a running request back first in line; it re-enters with its prompt and what it generated (prefilled)."""
     req.handle, req.phase = None, "queued"
+    if req.utf8 is not None:
+        req.utf8.drop_held()  # it re-enters with the emitted tokens only
     e.queued.insert(0, req)
-    e.preemptions += 1
+    if preempted:
+        e.preemptions += 1
+
+
+def resample(e: Engine, ov_id: int, req, outputs: dict, status: str) -> None:
+    """A guided request sampled a token that is not valid UTF-8 (dropped by read_handles): re-add it first in line
+    with what it generated before, to sample that position again with another seed; greedy would pick the same token,
+    and a request that keeps doing it fails (it alone) with the reason."""
+    if status == "RUNNING":
+        req.handle.stop()
+        e.releasing.append(req)
+    del e.running[ov_id]
+    req.utf8_resamples += 1
+    req.utf8_in_a_row = req.utf8_in_a_row + 1 if req.utf8_at == len(req.produced) else 1
+    req.utf8_at = len(req.produced)
+    log("warn", "a guided request sampled a token that is not valid UTF-8 (XGrammar accepts overlong forms): dropped", event="utf8_resample", request=req.id, generated=len(req.produced), rejected=req.utf8.rejected.hex(" "), inARow=req.utf8_in_a_row)
+    greedy = req.params["temperature"] == 0
+    if greedy or req.utf8_in_a_row > MAX_RESAMPLES:
+        why = "greedy decoding picks it again" if greedy else f"{req.utf8_in_a_row} samples in a row were not"
+        message = f"the OpenVINO engine cannot continue this guided request: its next token under the guide is not valid UTF-8 ({why}; OpenVINO's grammar engine accepts overlong byte forms and OpenVINO GenAI has no logit bias to ban them)"
+        e.finish(req, "error", e.output_for(outputs, req.id), {"code": "engine_error", "message": message})
+        return
+    requeue_first(e, req, preempted=False)
 
 
 def guard_pool(e: Engine) -> None:
@@ -236,14 +261,28 @@ def read_handles(e: Engine, outputs: dict) -> int:
             # ends it itself (OpenVINO bans stop ids before min_new_tokens, so a stop token here is past minTokens)
             # and drops what OpenVINO generated after it.
             got, logprobs = got[:cut], logprobs[:cut]
+        sampled = len(got)
+        invalid = False
+        if req.utf8 is not None:
+            # Guided: a token that is not valid UTF-8 is never accepted, and an incomplete character is held until it
+            # completes, so that the request can sample that character again (utf8_guard.py).
+            n = len(got) - (1 if cut is not None else 0)  # the stop token adds no text
+            kept, kept_lp, invalid = req.utf8.settle(got[:n], logprobs[:n], lambda t: t in e.eog, cut is not None or status == "FINISHED")
+            if invalid:
+                cut = None
+                got, logprobs = kept, kept_lp
+            else:
+                got, logprobs = kept + got[n:], kept_lp + logprobs[n:]
+        if cut is not None:
             h.stop()
             e.releasing.append(req)
             status, req.last_reason = "FINISHED", "STOP"
-        if got:
-            decoded += len(got)
-            req.produced.extend(got)
+        if sampled:
+            decoded += sampled
             req.phase = "decode"
             req.prefill_left = 0
+        if got:
+            req.produced.extend(got)
             out = e.output_for(outputs, req.id)
             out["tokens"].extend(got)
             # End-of-generation tokens and the stop token that ended the request add no text (§6.1).
@@ -251,7 +290,7 @@ def read_handles(e: Engine, outputs: dict) -> int:
             out["text"] += req.detok.push([t for t in speaking if t not in e.eog])
             if req.params.get("logprobs") is not None:
                 out["logprobs"] = [e.position_logprob(t, lp) for t, lp in zip(got, logprobs)]
-        elif req.phase == "decode" and status == "RUNNING":
+        elif not sampled and req.phase == "decode" and status == "RUNNING":
             # A request that was decoding got no token: OpenVINO preempted it (its KV went to others; it is
             # recomputed: back in prefill).
             req.phase = "prefill"
@@ -259,7 +298,9 @@ def read_handles(e: Engine, outputs: dict) -> int:
             if e.guard:
                 # The guard's count was short of what OpenVINO allocates: the hazard it exists for (hybrid_guard.py).
                 log("warn", "OpenVINO preempted a request of a hybrid model itself (the worker's pool count was short)", event="hybrid_ov_preempted", request=req.id)
-        if status == "FINISHED":
+        if invalid:
+            resample(e, ov_id, req, outputs, status)
+        elif status == "FINISHED":
             out = e.output_for(outputs, req.id)
             reason = "length" if req.last_reason == "LENGTH" else "stop"
             out["text"] += req.detok.push([], final=True)

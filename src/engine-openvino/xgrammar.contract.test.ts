@@ -13,7 +13,7 @@ import { openvinoPython } from "../../test/support/openvino.js";
 const run = promisify(execFile);
 const SCRIPT = path.join(path.dirname(new URL(import.meta.url).pathname), "xgrammar_contract.py");
 
-type Result = { texts: [string, string]; tokens: number[]; stepErrors: string[] };
+type Result = { texts: [string, string]; tokens: number[]; stepErrors: string[]; invalid?: string[] };
 
 async function check(name: string): Promise<Result> {
   const model = await ensureDefaultModel({ model: { ...DEFAULT_MODEL_OPTIONS, f16: true } });
@@ -62,5 +62,12 @@ describe("XGrammar in OpenVINO GenAI 2026.4.1 (worked around by the guide mappin
   it("min_new_tokens past a complete grammar samples masked NUL tokens (worker: a guide with minTokens is refused)", async () => {
     const r = await check("min_new_tokens_masked");
     expect(r.texts[0]).toMatch(/^ab\u0000+/);
+  });
+
+  it("a character class takes an overlong form (C1 92 for \"R\") as one character: output bytes that are not UTF-8 (worker: utf8_guard.py samples again)", async () => {
+    const r = await check("overlong_forms_accepted");
+    expect(r.invalid!.length).toBeGreaterThan(0);
+    // Each is the rule's "<" … ">" with a two-byte overlong form (C0/C1 and a continuation byte) among its characters.
+    for (const hex of r.invalid!) expect(hex).toMatch(/^3c .* ?c[01] [89ab][0-9a-f] .*3e$/);
   });
 });

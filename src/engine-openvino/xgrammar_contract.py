@@ -96,7 +96,33 @@ def min_new_tokens_masked(model: str) -> dict:
     return run(model, grammar('root ::= "ab"'), 10, min_new_tokens=6)
 
 
-CHECKS = {f.__name__: f for f in (bad_grammar_wedges, hex_escape_greedy, escaped_caret_negates, empty_language_unconstrained, union_mixed_raises, nested_triggers_raise, ignore_eos_after_grammar, min_new_tokens_masked)}
+def overlong_forms_accepted(model: str) -> dict:
+    """A character class takes an overlong form (`C1 92` for "R") as one character: 48 sampled runs of a bounded
+    class on random weights, whose byte tokens come up often; the runs whose bytes are not valid UTF-8, in hex."""
+    from upstream_contract import drain
+    from model_meta import model_metadata, token_bytes_table
+
+    model_metadata(model)
+    table = token_bytes_table(model)
+    p = pipeline(model, 64)
+    t, _ = ids_tensor(p, "write")
+    eog = {p.get_tokenizer().get_eos_token_id()}
+    handles = []
+    for i in range(48):
+        c = config(30, do_sample=True, temperature=1.5, rng_seed=700 + i)
+        c.structured_output_config = grammar('root ::= "<" [^<>\\u0000-\\u001F]{1,6} ">"')
+        handles.append(p.add_request(i, t, c))
+    invalid = []
+    for ids in drain(p, handles).values():
+        raw = b"".join(table[x] for x in ids if x not in eog)
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError:
+            invalid.append(raw.hex(" "))
+    return {"texts": ["", ""], "tokens": [], "stepErrors": [], "invalid": invalid}
+
+
+CHECKS = {f.__name__: f for f in (bad_grammar_wedges, hex_escape_greedy, escaped_caret_negates, empty_language_unconstrained, union_mixed_raises, nested_triggers_raise, ignore_eos_after_grammar, min_new_tokens_masked, overlong_forms_accepted)}
 
 if __name__ == "__main__":
     print(json.dumps(CHECKS[sys.argv[2]](sys.argv[1])))

@@ -83,7 +83,7 @@ describe("OpenVINO engine: guides", () => {
       const id = nextId(`auto-${parser}`);
       add(id, "weather?", { guide, seed, maxTokens: 60 });
       const outs = await engine.finished(id);
-      expect(outs.at(-1)!.finish!.reason).toBe("length");
+      expect(outs.at(-1)!.finish!.reason, JSON.stringify(outs.at(-1)!.finish)).toBe("length");
       const text = textOf(outs).trimStart();
       if (parser === "hermes3" && text.startsWith("{")) expect(text).toMatch(/^\{\s*"name"\s*:\s*"get_weather"/);
     }
@@ -156,6 +156,33 @@ describe("OpenVINO engine: guides", () => {
       expect(refusal.code).toBe("invalid_params");
       expect(refusal.message).toContain("OpenVINO engine");
     }
+  });
+
+  it("output under a rule is valid UTF-8 of the length the rule bounds: a token XGrammar takes but no UTF-8 decoder does is sampled again", async () => {
+    // XGrammar reads an overlong form (C0 B3) as one character; random weights pick byte tokens often, so 48 sampled
+    // runs of 1–6 free characters meet such tokens. The worker drops one and re-adds the request (utf8_guard.py).
+    const guide: GuideSpec = { grammar: 'root ::= "<" [^<>\\x00-\\x1F]{1,6} ">"', start: { kind: "rule", rule: "root", then: "end" } };
+    const resamples = () => engine.stderr.filter((l) => l.includes('"event":"utf8_resample"')).length;
+    const before = resamples();
+    const texts: string[] = [];
+    for (let from = 0; from < 48; from += 3) {
+      const ids = [0, 1, 2].map((k) => {
+        const id = nextId("utf8");
+        add(id, "write", { guide, temperature: 1.5, seed: 700 + from + k, maxTokens: 30 });
+        return id;
+      });
+      for (const id of ids) {
+        const outs = await engine.finished(id);
+        expect(outs.at(-1)!.finish!.reason, JSON.stringify(outs.at(-1)!.finish)).toBe("stop");
+        texts.push(textOf(outs));
+      }
+    }
+    for (const text of texts) {
+      expect(text).not.toContain("\uFFFD");
+      expect(text).toMatch(/^<[^<>\x00-\x1F]{1,6}>$/u);
+    }
+    expect(texts.some((t) => /[^\x00-\x7F]/.test(t))).toBe(true);
+    expect(resamples()).toBeGreaterThan(before);
   });
 
   it("grammars that would wedge OpenVINO's step() or leave it unconstrained are refused at add; a request beside them finishes untouched", async () => {

@@ -550,20 +550,21 @@ describe("registry bookkeeping (mutation-testing gaps)", () => {
     expect(t.events).toContain("cancel live queued shutdown");
   });
 
-  it("abort latency: the engine's stepsAfterAbort when reported, else the gateway's step count since the cancel", () => {
+  it("abort latency: the engine's stepsAfterAbort when reported, 0 when the engine ended it before the abort arrived, else the gateway's step count since the cancel", () => {
     let current = 5;
     const latencies: (number | undefined)[] = [];
     const reg = new SinkTable(() => true, { onFinished: (_id, _r, _u, info) => latencies.push(info.abortLatencySteps) }, () => current);
-    reg.submit("a", { text: "a" }, params, sink());
-    reg.submit("b", { text: "b" }, params, sink());
-    reg.submit("c", { text: "c" }, params, sink());
+    for (const id of ["a", "b", "c", "d"]) reg.submit(id, { text: id }, params, sink());
     reg.cancel("a", "client_disconnect");
     reg.cancel("b", "client_disconnect");
-    current = 8;
+    reg.cancel("d", "client_disconnect");
+    // The gateway reads the engine's steps late (messages in flight): its own count since the cancel includes them.
+    current = 13;
     reg.handleStep(step(out("a", { finish: fin("abort") })));
     reg.handleStep(step(out("b", { finish: { ...fin("abort"), stepsAfterAbort: 1 } })));
     reg.handleStep(step(out("c", { finish: fin("stop") })));
-    expect(latencies).toEqual([3, 1, undefined]);
+    reg.handleStep(step(out("d", { finish: fin("length") })));
+    expect(latencies).toEqual([8, 1, undefined, 0]);
   });
 
   it("usage falls back to the engine's prompt count for a request that finished without an admission output", () => {

@@ -229,7 +229,9 @@ export class RequestRegistry {
     if (o.finish) {
       const usage = finishUsage(e, o.finish);
       const error = o.finish.error ? { ...o.finish.error, httpError: engineErrorToHttp(o.finish.error.code, o.finish.error.message) } : undefined;
-      this.end(e, o.finish.reason, usage, error, o.finish.stepsAfterAbort);
+      // A cancelled request the engine ended on its own was released before the abort reached it: 0 steps.
+      const stepsAfterAbort = o.finish.stepsAfterAbort ?? (e.lifecycle.state === "cancelling" && o.finish.reason !== "abort" ? 0 : undefined);
+      this.end(e, o.finish.reason, usage, error, stepsAfterAbort);
     }
   }
 
@@ -428,8 +430,9 @@ export class RequestRegistry {
     // A suspect that ended is cleared; a test group that ended without killing the engine holds no culprit: the
     // next test is released once the current operation is over.
     if (this.tests.ended(e.id)) this.releaseNextTest = true;
-    // Abort latency in engine steps: measured by the engine from the abort's arrival when it reports it, else
-    // from the gateway's view of the step counter (which lags by the messages in flight).
+    // Abort latency in engine steps: measured by the engine from the abort's arrival when it reports it (0 when it
+    // ended the request before the abort arrived), else from the gateway's view of the step counter (which lags by
+    // the messages in flight).
     const latency = stepsAfterAbort !== undefined ? { abortLatencySteps: stepsAfterAbort } : e.cancelledAtStep === null ? {} : { abortLatencySteps: this.currentStep() - e.cancelledAtStep };
     this.events.push({ type: "finished", id: e.id, reason: next.reason, usage, phase, e2eMs: Date.now() - e.acceptedAt, ...latency, ...(error ? { error } : {}), released, refused });
   }

@@ -1,0 +1,67 @@
+"""Guided output stays valid UTF-8 on OpenVINO (docs/upstream.md "XGrammar in OpenVINO GenAI").
+
+XGrammar, which runs a guide inside OpenVINO's sampler, takes overlong forms (`C0 B3`, `E0 80 …`) as characters, so a
+byte-level vocabulary's byte tokens can spell a character the grammar counts once and every UTF-8 decoder turns into
+two or three U+FFFD: a `maxLength: 8` string came back with 9 characters. OpenVINO GenAI has no logit bias or logits
+processor to mask such a token before it is sampled (the llama.cpp engine does, keel-grammar-utf8.cpp), so the step
+loop checks each sampled token of a guided request with a strict decoder and never accepts one that breaks the text:
+the request is re-added with what it generated before that character and samples it again (step_loop.py). The tokens
+of a character still incomplete are held here, not emitted, so that a re-add never has to take back an emitted token
+(and a resumed guided request always starts at a character boundary, which guides.py needs).
+"""
+from __future__ import annotations
+
+import codecs
+from typing import Any, Callable
+
+#: Re-adds at one position before the request fails: each one samples that character with another seed (random
+#: weights favour byte tokens: two in a row were seen); greedy would pick the same token again and fails at once.
+MAX_RESAMPLES = 8
+
+
+class Utf8Guard:
+    """One guided request's strict UTF-8 check over its text (byte-level vocabularies only)."""
+
+    def __init__(self, table: list, primed: list[int]) -> None:
+        #: Bytes of every token id.
+        self.table = table
+        #: Strict incremental decoder over the accepted text (emitted and held tokens).
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="strict")
+        self.decoder.decode(b"".join(table[t] for t in primed))
+        #: Sampled tokens of a character not yet complete, and their log probabilities: not emitted yet.
+        self.held: list[int] = []
+        self.held_logprobs: list[float] = []
+        #: The bytes of the last character no strict decoder accepted (for the log line).
+        self.rejected = b""
+
+    def settle(self, tokens: list[int], logprobs: list[float], silent: Callable[[int], bool], ending: bool) -> tuple[list[int], list[float], bool]:
+        """This step's `tokens` (end-of-generation ones add no bytes: `silent`) after the held ones: what to emit now
+        and whether a token was not valid UTF-8. Valid: emits up to the last complete character and holds the rest
+        (all of it when `ending`). Invalid: emits up to the last complete character before it, drops the rest."""
+        all_tokens, all_logprobs = self.held + tokens, self.held_logprobs + logprobs
+        boundary = 0  # tokens before it end on a character boundary
+        for k in range(len(self.held), len(all_tokens)):
+            t = all_tokens[k]
+            if not silent(t):
+                try:
+                    self.decoder.decode(self.table[t])
+                except UnicodeDecodeError:
+                    self.rejected = b"".join(self.table[x] for x in all_tokens[boundary:k + 1] if not silent(x))
+                    self.drop_held()
+                    return all_tokens[:boundary], all_logprobs[:boundary], True
+            if self.decoder.getstate()[0] == b"":
+                boundary = k + 1
+        if ending:
+            boundary = len(all_tokens)
+        self.held, self.held_logprobs = all_tokens[boundary:], all_logprobs[boundary:]
+        return all_tokens[:boundary], all_logprobs[:boundary], False
+
+    def drop_held(self) -> None:
+        """Forget the held tokens (the request re-enters OpenVINO with the emitted ones): back at the boundary."""
+        self.held, self.held_logprobs = [], []
+        self.decoder.reset()
+
+
+def resample_seed(seed: int, resamples: int) -> int:
+    """The seed a re-added request samples with: another per resample (the same seed would draw the same token)."""
+    return (seed + 0x9E3779B1 * resamples) % (1 << 63)
