@@ -14,7 +14,7 @@ import { HubError } from "../model/hub-download.js";
 import { progressSink } from "../model/download-progress.js";
 import { kvBlockTokens, llamaKvCacheBytes, openvinoKvElementBytes } from "../model/kv-bytes.js";
 import { HOW_TO_PASS_A_MODEL, modelSourceFlagProblem, resolveHubModel, resolveServeModel, type ServeModel } from "../model/serve-model.js";
-import type { EngineCommand } from "../protocol/engine-config.js";
+import type { EngineCommand, EngineConfig } from "../protocol/engine-config.js";
 import type { EngineBackend, ModelMetadata } from "../protocol/messages.js";
 import { CliError } from "./cli-error.js";
 import { chooseEngine, engineBaseConfig, engineCommandFor, engineFlagProblems, type EngineChoice } from "./engine-choice.js";
@@ -164,7 +164,7 @@ interface Started {
   /** `--tool_parser`, `--reasoning_parser`, `--enable_tool_guided_generation`. */
   agents: AgentFlags;
   /** The engine's start configuration (what the flags imply for it is logged). */
-  engineConfig: Parameters<typeof impliedLines>[1];
+  engineConfig: Parameters<typeof impliedLines>[1] & Partial<Pick<EngineConfig, "kvUnified">>;
 }
 
 /** The start lines: capacity, engine, device, flag notes, parsers and guides, implied settings, modes, security, the model. */
@@ -174,11 +174,13 @@ function logStart(gw: Gateway, o: ServeOptions, s: Started): void {
   const engine = s.choice.engine;
   // llama.cpp: a partition per sequence; OpenVINO: one pool shared by all, in the engine's own KV precision.
   const kvBytes = engine === "openvino" ? null : llamaKvCacheBytes(s.meta.kvElementsPerToken, o.kv_cache_precision === "u8" ? "q8_0" : "f16", maxModelLen, maxNumSeqs);
+  // --kv_unified true on llama.cpp: the same bytes, one buffer that every sequence's cells come from.
+  const shared = engine === "llama.cpp" && s.engineConfig.kvUnified === true;
   gw.log.info(
-    { event: "capacity", tokensPerSequence: maxModelLen, sequences: maxNumSeqs, kvBytes, limitedBy: capacityNote, kvCachePrecision: o.kv_cache_precision, prefixCaching: s.prefixCaching, ...(engine === "openvino" ? { poolTokens: poolTokens ?? null } : {}) },
+    { event: "capacity", tokensPerSequence: maxModelLen, sequences: maxNumSeqs, kvBytes, limitedBy: capacityNote, kvCachePrecision: o.kv_cache_precision, prefixCaching: s.prefixCaching, ...(engine === "openvino" ? { poolTokens: poolTokens ?? null } : { kvUnified: shared }) },
     engine === "openvino"
       ? `KV capacity: up to ${maxModelLen} tokens per sequence, ${maxNumSeqs} sequences sharing ${poolTokens !== undefined ? `a pool of ${poolTokens} tokens` : `a pool of max_model_len x max_num_seqs = ${maxModelLen * maxNumSeqs} tokens plus one block of headroom`}, limited by ${capacityNote}`
-      : `KV capacity: ${maxModelLen} tokens per sequence x ${maxNumSeqs} sequences${kvBytes !== null ? ` = ${(kvBytes / 1e9).toFixed(2)} GB` : ""}, limited by ${capacityNote}`,
+      : `KV capacity: ${maxModelLen} tokens per sequence x ${maxNumSeqs} sequences${kvBytes !== null ? ` = ${(kvBytes / 1e9).toFixed(2)} GB` : ""}${shared ? " in one buffer shared by the sequences (--kv_unified true)" : ""}, limited by ${capacityNote}`,
   );
   gw.log.info({ event: "engine", engine, why: s.choice.why, command: s.engineCommand.command }, `engine ${engine}: ${s.choice.why}`);
   const backend = s.meta.backend;

@@ -293,12 +293,21 @@ describe("errors are OpenAI-shaped 4xx", () => {
     expect(JSON.parse(r.body).error.param).toBe("temperature");
   });
 
-  it("a prompt longer than the context → 400 context_length_exceeded, stream or not", async () => {
+  it("a prompt longer than the context → 400 context_length_exceeded naming each API's prompt field, stream or not", async () => {
     const content = "word ".repeat(6000);
-    for (const stream of [false, true]) {
-      const r = await post("/v3/chat/completions", JSON.stringify({ model: "keel-tiny", messages: [{ role: "user", content }], stream }));
-      expect(r.status).toBe(400);
-      expect(JSON.parse(r.body).error.code).toBe("context_length_exceeded");
+    const routes = [
+      ["/v3/chat/completions", { messages: [{ role: "user", content }] }, "messages"],
+      ["/v3/completions", { prompt: content }, "prompt"],
+      ["/v3/responses", { input: content }, "input"],
+    ] as const;
+    for (const [route, fields, param] of routes) {
+      for (const stream of [false, true]) {
+        const r = await post(route, JSON.stringify({ model: "keel-tiny", ...fields, stream }));
+        expect(r.status, route).toBe(400);
+        const error = (JSON.parse(r.body) as { error: { code: string; param: string; message: string } }).error;
+        expect([error.code, error.param], route).toEqual(["context_length_exceeded", param]);
+        expect(error.message).toMatch(new RegExp(`your ${param} resulted in (at least )?\\d+ tokens`));
+      }
     }
   });
 

@@ -78,6 +78,20 @@ describe("KV capacity and precision", () => {
     expect(usage.prompt_tokens + usage.completion_tokens).toBe(173);
   });
 
+  it("--kv_unified true: the start summary and the engine say one buffer is shared; without it the summary says not", async () => {
+    server = await startServer(["--max_num_seqs", "2", "--kv_unified", "true"]);
+    const events = () => server.jsonLines().map((l) => JSON.parse(l) as { event?: string; kvUnified?: boolean; msg?: string });
+    const capLine = events().find((j) => j.event === "capacity");
+    expect(capLine).toMatchObject({ kvUnified: true, msg: expect.stringContaining("in one buffer shared by the sequences (--kv_unified true)") });
+    expect(server.logs.filter((l) => l.includes('"event":"kv_layout"') && l.includes("one buffer shared by the 2 sequences"))).toHaveLength(1);
+    expect((await chat(server.baseUrl, req("hi", { max_tokens: 4 }))).status).toBe(200);
+    await server.stop();
+    server = await startServer(["--max_num_seqs", "2"]);
+    const split = events().find((j) => j.event === "capacity");
+    expect(split).toMatchObject({ kvUnified: false });
+    expect(split!.msg).not.toContain("shared");
+  });
+
   it("--kv_cache_precision u8 serves and is deterministic", async () => {
     // q8_0 needs a head dimension divisible by 32 (keel-tiny's is 30; llama.cpp refuses it at startup), so this
     // test serves a tiny model with head dimension 64.

@@ -203,6 +203,7 @@ export async function handleCompletion(ctx: RouteContext, req: FastifyRequest, r
       id,
       prompts: body.prompts,
       ...withGuide(generationOptions(body, body.maxTokens), guide),
+      promptField: "prompt",
     },
     completionEncoder(body, id, ctx.model.name, Math.floor(Date.now() / 1000)),
   );

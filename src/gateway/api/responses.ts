@@ -172,6 +172,7 @@ export async function handleResponses(ctx: RouteContext, req: FastifyRequest, re
       params: { maxTokens: body.maxOutputTokens, temperature: body.temperature, topP: body.topP, topK: -1, ignoreEos: false, ...(guide ? { guide } : {}) },
       stop: [],
       includeStopStr: false,
+      promptField: "input",
       ...(parser ? { parser } : {}),
     },
     responsesEncoder(body, id, ctx.model.name, Math.floor(Date.now() / 1000), parsed),

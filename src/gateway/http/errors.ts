@@ -210,6 +210,17 @@ export function contextLengthExceeded(contextLength: number, promptTokens: numbe
   });
 }
 
+/**
+ * A `context_length_exceeded` answer (the gateway's or an engine's, which speak of messages) for an API whose prompt
+ * field is not `messages`: `/v1/completions` takes `prompt`, the Responses API `input`. Other errors are unchanged.
+ */
+export function contextLengthFor(error: KeelHttpError, field: "prompt" | "input"): KeelHttpError {
+  if (error.code !== "context_length_exceeded" || error.param !== "messages") return error;
+  const word = field === "prompt" ? "prompt" : "input";
+  const message = error.message.replace(/your messages resulted in/g, `your ${word} resulted in`).replace(/in the messages/g, `in the ${word}`).replace(/the length of the messages/g, `the length of the ${word}`);
+  return new KeelHttpError({ status: error.status, type: error.type, code: error.code, message, param: field });
+}
+
 /** 404 `model_not_found` (OpenAI code), param `model`; `served` (when given) are named in the message. */
 export function modelNotFound(model: string, served?: readonly string[]): KeelHttpError {
   return new KeelHttpError({

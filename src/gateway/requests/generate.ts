@@ -13,7 +13,7 @@ import { randomInt } from "node:crypto";
 import type { FastifyReply, FastifyRequest } from "fastify";
 import type { SamplingParams } from "../../protocol/messages.js";
 import { childSeed } from "../api/sampling.js";
-import { engineFault, invalidValue, queueFull, type KeelHttpError } from "../http/errors.js";
+import { contextLengthFor, engineFault, invalidValue, queueFull, type KeelHttpError } from "../http/errors.js";
 import { toErrorBody } from "../http/error-envelope.js";
 import type { GenerationFields } from "../api/chat-request.js";
 import type { RouteContext } from "../http/route-context.js";
@@ -38,6 +38,8 @@ export interface GenerationPlan {
   includeStopStr: boolean;
   /** Per-choice output parser (chat with reasoning / tool parsing); absent = the text is the content. */
   parser?: () => OutputParser;
+  /** The request field that holds the prompt when it is not `messages`: a too-long prompt's 400 names it. */
+  promptField?: "prompt" | "input";
 }
 
 /** The part of a plan that chat and completions build alike from their shared request fields. */
@@ -150,10 +152,11 @@ export function runGeneration(ctx: RouteContext, req: FastifyRequest, reply: Fas
 
   const emit = (ev: SessionEvent): void => {
     if (ev.type === "failed") {
+      const error = plan.promptField ? contextLengthFor(ev.error, plan.promptField) : ev.error;
       if (writer.streaming) {
-        encoder.streamError(ev.error, writer);
+        encoder.streamError(error, writer);
         writer.endStream(encoder.doneAfterError ?? false);
-      } else writer.json(ev.error.status, encoder.errorBody ? encoder.errorBody(ev.error) : toErrorBody(ev.error));
+      } else writer.json(error.status, encoder.errorBody ? encoder.errorBody(error) : toErrorBody(error));
       return;
     }
     if (plan.stream) {
