@@ -363,13 +363,13 @@ class Engine:
 
     def held_blocks(self) -> int:
         """KV blocks the admitted requests hold by the worker's count (their tokens so far, the released included)."""
-        return sum(self.blocks_for(r.input_len + len(r.produced)) for r in [*self.running.values(), *self.releasing])
+        return sum(self.blocks_for(r.context_len) for r in [*self.running.values(), *self.releasing])
 
     def fits(self, req: Request) -> bool:
         """Whether the pool holds every admitted request's current tokens and `req`'s prompt (admission rule)."""
         if self.guard:
             return self.guard.admits(self.running.values(), self.releasing, req)
-        return self.held_blocks() + self.blocks_for(req.input_len) <= self.kv_blocks
+        return self.held_blocks() + self.blocks_for(req.context_len) <= self.kv_blocks
 
     def position_logprob(self, token: int, logprob: float) -> dict:
         """The sampled token's log-probability (OpenVINO reports no alternatives), with its bytes where known."""

@@ -62,3 +62,9 @@ class Request:
     @property
     def input_len(self) -> int:
         return len(self.prompt) + len(self.resumed)
+
+    @property
+    def context_len(self) -> int:
+        """Tokens in OpenVINO's sequence: the input, what was emitted, and the held bytes of an incomplete character
+        (a re-added request prefills all but the held ones)."""
+        return self.input_len + len(self.produced) + (len(self.utf8.held) if self.utf8 is not None else 0)

@@ -17,6 +17,7 @@ import time
 from typing import Any, Optional
 
 from engine import Engine
+from guides import GuideRefused, plan_for
 from logline import log
 from utf8_guard import MAX_RESAMPLES
 
@@ -141,6 +142,17 @@ def requeue_first(e: Engine, req, preempted: bool = True) -> None:
         e.preemptions += 1
 
 
+def resumable(e: Engine, req, more: list[int]) -> bool:
+    """Whether a re-add could continue the guide after the request's text and `more` tokens (guides.py refuses a text
+    that ends inside a trigger's text or a reasoning marker, or that is not valid UTF-8)."""
+    ids = [t for t in req.resumed + req.produced + more if t not in e.eog]
+    try:
+        plan_for(req.params["guide"], b"".join(e.token_bytes[t] for t in ids).decode("utf-8"))
+    except (GuideRefused, UnicodeDecodeError):
+        return False
+    return True
+
+
 def resample(e: Engine, ov_id: int, req, outputs: dict, status: str) -> None:
     """A guided request sampled a token that is not valid UTF-8 (dropped by read_handles): re-add it first in line
     with what it generated before, to sample that position again with another seed; greedy would pick the same token,
@@ -153,7 +165,7 @@ def resample(e: Engine, ov_id: int, req, outputs: dict, status: str) -> None:
     req.utf8_in_a_row = req.utf8_in_a_row + 1 if req.utf8_at == len(req.produced) else 1
     req.utf8_at = len(req.produced)
     log("warn", "a guided request sampled a token that is not valid UTF-8 (XGrammar accepts overlong forms): dropped", event="utf8_resample", request=req.id, generated=len(req.produced), rejected=req.utf8.rejected.hex(" "), inARow=req.utf8_in_a_row)
-    greedy = req.params["temperature"] == 0
+    greedy = req.params["temperature"] == 0 or req.params.get("topK") == 1
     if greedy or req.utf8_in_a_row > MAX_RESAMPLES:
         why = "greedy decoding picks it again" if greedy else f"{req.utf8_in_a_row} samples in a row were not"
         message = f"the OpenVINO engine cannot continue this guided request: its next token under the guide is not valid UTF-8 ({why}; OpenVINO's grammar engine accepts overlong byte forms and OpenVINO GenAI has no logit bias to ban them)"
@@ -267,10 +279,12 @@ def read_handles(e: Engine, outputs: dict) -> int:
             # Guided: a token that is not valid UTF-8 is never accepted, and an incomplete character is held until it
             # completes, so that the request can sample that character again (utf8_guard.py).
             n = len(got) - (1 if cut is not None else 0)  # the stop token adds no text
-            kept, kept_lp, invalid = req.utf8.settle(got[:n], logprobs[:n], lambda t: t in e.eog, cut is not None or status == "FINISHED")
+            kept, kept_lp, invalid = req.utf8.settle(got[:n], logprobs[:n], lambda t: t in e.eog, cut is not None or status == "FINISHED", lambda more: resumable(e, req, more))
             if invalid:
                 cut = None
                 got, logprobs = kept, kept_lp
+                if status == "FINISHED" and req.last_reason == "LENGTH":
+                    invalid = False  # the last tokens allowed were the invalid ones: it ends at its length without them
             else:
                 got, logprobs = kept + got[n:], kept_lp + logprobs[n:]
         if cut is not None:

@@ -10,7 +10,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from channel import FrameDecoder, encode_frame  # noqa: E402
 from messages import parse_message, sampling_error  # noqa: E402
 from detokenize import ByteDetokenizer, Detokenizer  # noqa: E402
-from utf8_guard import Utf8Guard, resample_seed  # noqa: E402
 from model_meta import is_hybrid  # noqa: E402
 from faults import Faults  # noqa: E402
 from ov_settings import ONEDNN_CACHE_CPU, compile_properties, onednn_cache_capacity, onednn_exec_profiling, user_onednn_cache  # noqa: E402
@@ -93,48 +92,6 @@ class Text(unittest.TestCase):
         d = Detokenizer(decode, [])
         out = "".join(d.push([t]) for t in [1, 2, 3, 4]) + d.push([], final=True)
         self.assertEqual(out, "hello world")
-
-
-class GuidedUtf8(unittest.TestCase):
-    # Byte tokens of a byte-level vocabulary: ASCII, an overlong lead (C1: "C1 92" is "R" to XGrammar), the lead and
-    # continuations of "é" (C3 A9) and "日" (E6 97 A5), and an end-of-generation token.
-    TABLE = [b"a", b"\xc1", b"\x92", b"\xc3", b"\xa9", b"\xe6", b"\x97", b"\xa5", b"<|end|>"]
-    SILENT = staticmethod(lambda t: t == 8)
-
-    def test_valid_text_is_emitted_up_to_the_last_complete_character_and_the_rest_held(self):
-        g = Utf8Guard(self.TABLE, [])
-        self.assertEqual(g.settle([0, 5, 6], [-1.0, -2.0, -3.0], self.SILENT, False), ([0], [-1.0], False))
-        self.assertEqual(g.held, [5, 6])
-        self.assertEqual(g.settle([7, 3], [-4.0, -5.0], self.SILENT, False), ([5, 6, 7], [-2.0, -3.0, -4.0], False))
-        self.assertEqual(g.settle([4, 8], [-6.0, -7.0], self.SILENT, False), ([3, 4, 8], [-5.0, -6.0, -7.0], False))
-        self.assertEqual(g.held, [])
-
-    def test_an_ending_request_emits_what_it_holds(self):
-        g = Utf8Guard(self.TABLE, [])
-        self.assertEqual(g.settle([0, 5], [0.0, 0.0], self.SILENT, True), ([0, 5], [0.0, 0.0], False))
-
-    def test_an_overlong_lead_is_never_accepted_and_drops_the_incomplete_character_before_it(self):
-        g = Utf8Guard(self.TABLE, [])
-        self.assertEqual(g.settle([0, 1, 2, 0], [0.0] * 4, self.SILENT, False), ([0], [0.0], True))
-        self.assertEqual(g.rejected, b"\xc1")
-        # Held bytes of "日" from an earlier step, then a byte that cannot continue it: nothing of the character stays.
-        g = Utf8Guard(self.TABLE, [])
-        g.settle([0, 5, 6], [0.0] * 3, self.SILENT, False)
-        self.assertEqual(g.settle([3], [0.0], self.SILENT, False), ([], [], True))
-        self.assertEqual(g.rejected, b"\xe6\x97\xc3")
-        self.assertEqual((g.held, g.decoder.getstate()[0]), ([], b""))
-        # After the drop the decoder is at a boundary: the request continues with valid text.
-        self.assertEqual(g.settle([3, 4], [0.0] * 2, self.SILENT, False), ([3, 4], [0.0] * 2, False))
-
-    def test_primed_with_resumed_tokens(self):
-        g = Utf8Guard(self.TABLE, [0, 3, 4])
-        self.assertEqual(g.settle([2], [0.0], self.SILENT, False), ([], [], True))
-
-    def test_each_resample_draws_with_another_seed(self):
-        seeds = {resample_seed(7, n) for n in range(10)}
-        self.assertEqual(len(seeds), 10)
-        self.assertEqual(resample_seed(7, 0), 7)
-        self.assertTrue(all(0 <= s < 1 << 63 for s in seeds | {resample_seed((1 << 63) - 1, 3)}))
 
 
 class Settings(unittest.TestCase):
