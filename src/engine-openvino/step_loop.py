@@ -150,6 +150,9 @@ def resumable(e: Engine, req, more: list[int]) -> bool:
         plan_for(req.params["guide"], b"".join(e.token_bytes[t] for t in ids).decode("utf-8"))
     except (GuideRefused, UnicodeDecodeError):
         return False
+    except Exception as err:  # noqa: BLE001 - a planner bug must not take the worker (and every request) down
+        log("error", f"could not re-derive a guide after an invalid UTF-8 token: {err}", event="utf8_resample_plan", request=req.id)
+        return False
     return True
 
 

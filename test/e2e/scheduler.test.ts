@@ -80,7 +80,7 @@ describe("KV capacity and precision", () => {
 
   it("--kv_unified true: the start summary and the engine say one buffer is shared; without it the summary says not", async () => {
     server = await startServer(["--max_num_seqs", "2", "--kv_unified", "true"]);
-    const events = () => server.jsonLines().map((l) => JSON.parse(l) as { event?: string; kvUnified?: boolean; msg?: string });
+    const events = () => server!.jsonLines().map((l) => JSON.parse(l) as { event?: string; kvUnified?: boolean; msg?: string });
     const capLine = events().find((j) => j.event === "capacity");
     expect(capLine).toMatchObject({ kvUnified: true, msg: expect.stringContaining("in one buffer shared by the sequences (--kv_unified true)") });
     expect(server.logs.filter((l) => l.includes('"event":"kv_layout"') && l.includes("one buffer shared by the 2 sequences"))).toHaveLength(1);

@@ -216,8 +216,7 @@ export function contextLengthExceeded(contextLength: number, promptTokens: numbe
  */
 export function contextLengthFor(error: KeelHttpError, field: "prompt" | "input"): KeelHttpError {
   if (error.code !== "context_length_exceeded" || error.param !== "messages") return error;
-  const word = field === "prompt" ? "prompt" : "input";
-  const message = error.message.replace(/your messages resulted in/g, `your ${word} resulted in`).replace(/in the messages/g, `in the ${word}`).replace(/the length of the messages/g, `the length of the ${word}`);
+  const message = error.message.replace(/your messages resulted in/g, `your ${field} resulted in`).replace(/in the messages/g, `in the ${field}`).replace(/the length of the messages/g, `the length of the ${field}`);
   return new KeelHttpError({ status: error.status, type: error.type, code: error.code, message, param: field });
 }
 
