@@ -220,7 +220,7 @@ export async function startGateway(opts: GatewayOptions): Promise<Gateway> {
       stopping = true;
       web.startDraining();
       for (const u of models.all()) u.supervisor.stopWatchdog();
-      log.info({ event: "drain_started", inFlight: models.inFlight, timeoutMs }, "draining: new requests get 503 (a second SIGINT/SIGTERM, e.g. Ctrl-C again, stops now)");
+      log.info({ event: "drain_started", inFlight: models.inFlight, timeoutMs }, "draining: new generation requests get 503 (a second SIGINT/SIGTERM, e.g. Ctrl-C again, stops now)");
       drainDeadline = Date.now() + timeoutMs;
       // 1. Let in-flight requests finish (observed through the registries; bounded by the timeout).
       while (models.inFlight > 0 && Date.now() < drainDeadline) await new Promise((r) => setTimeout(r, 50));

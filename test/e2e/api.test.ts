@@ -306,7 +306,7 @@ describe("errors are OpenAI-shaped 4xx", () => {
         expect(r.status, route).toBe(400);
         const error = (JSON.parse(r.body) as { error: { code: string; param: string; message: string } }).error;
         expect([error.code, error.param], route).toEqual(["context_length_exceeded", param]);
-        expect(error.message).toMatch(new RegExp(`your ${param} resulted in (at least )?\\d+ tokens`));
+        expect(error.message).toMatch(new RegExp(`your ${param} resulted in (at least )?\\d+ tokens\\. Please reduce the length of the ${param} or completion\\.$`));
       }
     }
   });

@@ -20,7 +20,7 @@ describe("checkCapabilities and samplingFields", () => {
     expect(refused?.message).toContain("The current engine does not apply this sampling parameter.");
     // With the engine's name from its ready message, the 400 names it.
     expect(checkCapabilities({ logitBias: [[5, 10]] }, null, openvino, VOCAB, "openvino-genai@2026.4.1")?.message).toContain("The current engine (openvino-genai@2026.4.1) does not apply this sampling parameter.");
-    expect(checkCapabilities({}, { param: "top_logprobs", n: 2 }, openvino, VOCAB, "openvino-genai@2026.4.1")?.message).toBe("Invalid value for 'top_logprobs': the current engine (openvino-genai@2026.4.1) serves at most 0 alternatives per token (got 2).");
+    expect(checkCapabilities({}, { param: "top_logprobs", n: 2 }, openvino, VOCAB, "openvino-genai@2026.4.1")?.message).toBe("Invalid value for 'top_logprobs': the current engine (openvino-genai@2026.4.1) returns only the sampled token's log probability, no alternatives (got 2); use 0, or serve with --engine llama.cpp for alternatives.");
   });
 
   it("without extendedSampling and without a list, every extended field is refused (the first one named)", () => {

@@ -154,6 +154,8 @@ export function checkCapabilities(
   if (logprobs && logprobs.n > caps.maxTopLogprobs) {
     return caps.maxTopLogprobs < 0
       ? unsupportedField(logprobs.param, `${engine} does not compute log probabilities.`)
+      : caps.maxTopLogprobs === 0
+      ? invalidValue(logprobs.param, `Invalid value for '${logprobs.param}': ${engine.charAt(0).toLowerCase()}${engine.slice(1)} returns only the sampled token's log probability, no alternatives (got ${logprobs.n}); use 0, or serve with --engine llama.cpp for alternatives.`)
       : invalidValue(logprobs.param, `Invalid value for '${logprobs.param}': ${engine.charAt(0).toLowerCase()}${engine.slice(1)} serves at most ${caps.maxTopLogprobs} alternatives per token (got ${logprobs.n}).`);
   }
   let banned = 0;

@@ -15,7 +15,10 @@ export function engineRefusal(code: string, message: string, param?: string): Ke
   // `guide` and `logprobs` come from different request fields per API: those stay unnamed.
   const field = param === undefined ? undefined : apiFieldOf(param);
   if (field) return invalidValue(field, message);
-  return new KeelHttpError({ status: 400, type: "invalid_request_error", code, message, param: code === "context_length_exceeded" ? "messages" : null });
+  if (code !== "context_length_exceeded") return new KeelHttpError({ status: 400, type: "invalid_request_error", code, message, param: null });
+  // The engines state the numbers; what to do is said as the gateway's own check says it (OpenAI's and vLLM's words).
+  const advice = message.startsWith("This model's maximum context length") && !message.includes("Please reduce") ? " Please reduce the length of the messages or completion." : "";
+  return new KeelHttpError({ status: 400, type: "invalid_request_error", code, message: message + advice, param: "messages" });
 }
 
 /**
