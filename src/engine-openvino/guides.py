@@ -78,6 +78,17 @@ def plan_for(guide: dict, text: str = "") -> tuple:
     return plan
 
 
+def phase_at(guide: dict, text: str) -> str:
+    """Where the request's generated `text` leaves the phase machine: "rule" when a rule constrains what follows,
+    else "free" or "reasoning" (anything may follow). Raises GuideRefused where plan_for would."""
+    try:
+        planner = _Planner(guide, parsed(guide["grammar"]))
+        planner.start(text)
+    except GrammarError as err:
+        raise GuideRefused(f"{ENGINE} cannot apply this guide: {err}") from None
+    return planner.phase
+
+
 class _Planner:
     def __init__(self, guide: dict, g: Grammar) -> None:
         self.guide = guide
@@ -94,6 +105,8 @@ class _Planner:
         #: Triggers that fire anywhere, and those only at the start of the free text (after whitespace).
         self.anywhere = [t for t in self.triggers if not t.get("atStart")]
         self.start_only = [t for t in self.triggers if t.get("atStart")]
+        #: Where start()'s text left the machine: "rule" (a rule constrains what follows), "free" or "reasoning".
+        self.phase = "free"
 
     def start(self, text: str) -> tuple:
         start = self.guide["start"]
@@ -126,7 +139,8 @@ class _Planner:
         if then == "free":
             body = ("concat", [body, self.free_plan(limited=limited or gated)])
         if gated and text == "" and self.g.derive(ref(name), self.reasoning["open"]):
-            return ("union", [self.reasoning_first(with_ws=False), body])
+            body = ("union", [self.reasoning_first(with_ws=False), body])
+        self.phase = "rule"
         return body
 
     def in_reasoning(self, text: str) -> tuple:
@@ -137,7 +151,9 @@ class _Planner:
             return self.after(text[at + len(close):])
         if _partial_tail(text, [close]):
             raise self.stopped_inside("the reasoning close marker")
-        return ("concat", [("tag", "", ("any",), close), self.after("")])
+        plan = ("concat", [("tag", "", ("any",), close), self.after("")])
+        self.phase = "reasoning"
+        return plan
 
     def after(self, text: str, limited: bool = False) -> tuple:
         phase = self.reasoning["after"]
@@ -155,7 +171,9 @@ class _Planner:
             if s and opener.startswith(s):
                 raise self.stopped_inside("the reasoning marker")
             if not s:
-                return ("union", [self.reasoning_first(with_ws=True), self.free_plan(True, [opener], limited=True)])
+                plan = ("union", [self.reasoning_first(with_ws=True), self.free_plan(True, [opener], limited=True)])
+                self.phase = "free"
+                return plan
         started = next((t for t in self.start_only if s.startswith(t["text"])), None)
         if started is not None:
             return self.rule(started["rule"], started.get("then", "free"), s, False, limited)
@@ -167,6 +185,7 @@ class _Planner:
             return self.rule(trigger["rule"], trigger.get("then", "free"), text[at:], False, limited)
         if _partial_tail(text, [t["text"] for t in self.anywhere]):
             raise self.stopped_inside("a trigger text")
+        self.phase = "free"
         return self.free_plan(not s, limited=limited)
 
     # -- pieces -------------------------------------------------------------------------------------------------

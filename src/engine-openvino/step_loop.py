@@ -17,7 +17,7 @@ import time
 from typing import Any, Optional
 
 from engine import Engine
-from guides import GuideRefused, plan_for
+from guides import GuideRefused, phase_at
 from logline import log
 from utf8_guard import MAX_RESAMPLES
 
@@ -142,24 +142,33 @@ def requeue_first(e: Engine, req, preempted: bool = True) -> None:
         e.preemptions += 1
 
 
-def resumable(e: Engine, req, more: list[int]) -> bool:
-    """Whether a re-add could continue the guide after the request's text and `more` tokens (guides.py refuses a text
-    that ends inside a trigger's text or a reasoning marker, or that is not valid UTF-8)."""
+def may_resample(e: Engine, req, more: list[int]) -> bool:
+    """Whether a token that is not valid UTF-8, after the request's text and `more` tokens, is sampled again: only
+    inside a rule (in free text or reasoning the bytes stay, as without a guide and as the llama.cpp engine's lazy
+    grammar leaves them), by a sampled request (greedy would pick it again), fewer than MAX_RESAMPLES times in a row
+    there. Otherwise the bytes stay as the model wrote them."""
     ids = [t for t in req.resumed + req.produced + more if t not in e.eog]
     try:
-        plan_for(req.params["guide"], b"".join(e.token_bytes[t] for t in ids).decode("utf-8"))
+        phase = phase_at(req.params["guide"], b"".join(e.token_bytes[t] for t in ids).decode("utf-8"))
     except (GuideRefused, UnicodeDecodeError):
-        return False
+        return False  # inside a trigger's text or a marker (free text), or after bytes kept earlier: no re-add
     except Exception as err:  # noqa: BLE001 - a planner bug must not take the worker (and every request) down
         log("error", f"could not re-derive a guide after an invalid UTF-8 token: {err}", event="utf8_resample_plan", request=req.id)
+        return False
+    if phase != "rule":
+        return False
+    greedy = req.params["temperature"] == 0 or req.params.get("topK") == 1
+    exhausted = req.utf8_at == len(req.produced) + len(more) and req.utf8_in_a_row >= MAX_RESAMPLES
+    if greedy or exhausted:
+        why = "greedy decoding would pick it again" if greedy else f"{req.utf8_in_a_row} samples in a row were not valid"
+        log("warn", f"a guided request's token inside a rule is not valid UTF-8 and stays as sampled ({why}; OpenVINO GenAI cannot ban it)", event="utf8_kept", request=req.id, generated=len(req.produced) + len(more))
         return False
     return True
 
 
-def resample(e: Engine, ov_id: int, req, outputs: dict, status: str) -> None:
-    """A guided request sampled a token that is not valid UTF-8 (dropped by read_handles): re-add it first in line
-    with what it generated before, to sample that position again with another seed; greedy would pick the same token,
-    and a request that keeps doing it fails (it alone) with the reason."""
+def resample(e: Engine, ov_id: int, req, status: str) -> None:
+    """A sampled guided request drew a token that is not valid UTF-8 inside a rule (dropped by read_handles): re-add it
+    first in line with what it emitted, to sample that character again with another seed."""
     if status == "RUNNING":
         req.handle.stop()
         e.releasing.append(req)
@@ -167,13 +176,7 @@ def resample(e: Engine, ov_id: int, req, outputs: dict, status: str) -> None:
     req.utf8_resamples += 1
     req.utf8_in_a_row = req.utf8_in_a_row + 1 if req.utf8_at == len(req.produced) else 1
     req.utf8_at = len(req.produced)
-    log("warn", "a guided request sampled a token that is not valid UTF-8 (XGrammar accepts overlong forms): dropped", event="utf8_resample", request=req.id, generated=len(req.produced), rejected=req.utf8.rejected.hex(" "), inARow=req.utf8_in_a_row)
-    greedy = req.params["temperature"] == 0 or req.params.get("topK") == 1
-    if greedy or req.utf8_in_a_row > MAX_RESAMPLES:
-        why = "greedy decoding picks it again" if greedy else f"{req.utf8_in_a_row} samples in a row were not"
-        message = f"the OpenVINO engine cannot continue this guided request: its next token under the guide is not valid UTF-8 ({why}; OpenVINO's grammar engine accepts overlong byte forms and OpenVINO GenAI has no logit bias to ban them)"
-        e.finish(req, "error", e.output_for(outputs, req.id), {"code": "engine_error", "message": message})
-        return
+    log("info", "a guided request sampled a token that is not valid UTF-8 inside a rule (XGrammar takes it): sampled again", event="utf8_resample", request=req.id, generated=len(req.produced), rejected=req.utf8.rejected.hex(" "), inARow=req.utf8_in_a_row)
     requeue_first(e, req, preempted=False)
 
 
@@ -282,7 +285,7 @@ def read_handles(e: Engine, outputs: dict) -> int:
             # Guided: a token that is not valid UTF-8 is never accepted, and an incomplete character is held until it
             # completes, so that the request can sample that character again (utf8_guard.py).
             n = len(got) - (1 if cut is not None else 0)  # the stop token adds no text
-            kept, kept_lp, invalid = req.utf8.settle(got[:n], logprobs[:n], lambda t: t in e.eog, cut is not None or status == "FINISHED", lambda more: resumable(e, req, more))
+            kept, kept_lp, invalid = req.utf8.settle(got[:n], logprobs[:n], lambda t: t in e.eog, cut is not None or status == "FINISHED", lambda more: may_resample(e, req, more))
             if invalid:
                 cut = None
                 got, logprobs = kept, kept_lp
@@ -316,7 +319,7 @@ def read_handles(e: Engine, outputs: dict) -> int:
                 # The guard's count was short of what OpenVINO allocates: the hazard it exists for (hybrid_guard.py).
                 log("warn", "OpenVINO preempted a request of a hybrid model itself (the worker's pool count was short)", event="hybrid_ov_preempted", request=req.id)
         if invalid:
-            resample(e, ov_id, req, outputs, status)
+            resample(e, ov_id, req, status)
         elif status == "FINISHED":
             out = e.output_for(outputs, req.id)
             reason = "length" if req.last_reason == "LENGTH" else "stop"

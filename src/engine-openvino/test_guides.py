@@ -6,7 +6,7 @@ import unittest
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gbnf import Grammar, ref  # noqa: E402
 from gbnf_parse import GrammarError  # noqa: E402
-from guides import GuideRefused, plan_for, to_structured_config  # noqa: E402
+from guides import GuideRefused, phase_at, plan_for, to_structured_config  # noqa: E402
 
 CALL = 'call ::= "<tool_call>\\n{" [a-z]{1,4} "}\\n</tool_call>"\n'
 
@@ -149,6 +149,17 @@ class FreeTextAutomaton(unittest.TestCase):
         self.assertEqual(in_language(ebnf, "a {b} c {d} e"), "yes")
         self.assertEqual(in_language(ebnf, "a <tool_call>\n{b}\n</tool_call>"), "yes")
         self.assertEqual(in_language(ebnf, "a <tool_call>\n{b}\n</tool_call> more"), "no")
+
+
+class PhaseAt(unittest.TestCase):
+    def test_where_the_text_leaves_the_phase_machine(self):
+        triggered = {"grammar": CALL, "start": {"kind": "free"}, "triggers": [{"text": "<tool_call>", "rule": "call", "then": "end"}]}
+        self.assertEqual([phase_at(triggered, t) for t in ("", "hi ", "hi <tool_call>\n{ab")], ["free", "free", "rule"])
+        with self.assertRaises(GuideRefused):
+            phase_at(triggered, "hi <tool")  # inside the trigger's text: no re-add can continue there
+        gated = {"grammar": 'ans ::= "yes" | "no"\n', "start": {"kind": "free"}, "reasoning": {"open": "<think>", "close": "</think>", "after": {"kind": "rule", "rule": "ans", "then": "end"}}}
+        self.assertEqual([phase_at(gated, t) for t in ("", "<think>hm", "<think>hm</think>", "<think>hm</think>y")], ["free", "reasoning", "rule", "rule"])
+        self.assertEqual([phase_at(rule_guide("root ::= [a-z]+\n"), t) for t in ("", "ab")], ["rule", "rule"])
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from utf8_guard import MAX_RESAMPLES, Utf8Guard, resample_seed  # noqa: E402
 TABLE = [b"a", b"\xc1", b"\x92", b"\xc3", b"\xa9", b"<", b"\xe6", b"\x97", b"\xa5", b"<|end|>"]
 EOG = 9
 SILENT = lambda t: t == EOG  # noqa: E731
-ANY = lambda _: True  # noqa: E731 - a re-add can always continue
+ANY = lambda _: True  # noqa: E731 - every invalid token is to be sampled again
 RULE = {"grammar": "root ::= [a-z]+", "start": {"kind": "rule", "rule": "root", "then": "end"}}
 #: Free text with a trigger: a text ending in "<" stops inside the trigger's text, where a re-add cannot continue.
 TRIGGERED = {"grammar": 'call ::= "<t>" [a-z]{1,3}', "start": {"kind": "free"}, "triggers": [{"text": "<t>", "rule": "call", "then": "end"}]}
@@ -123,22 +123,29 @@ class InvalidTokenUnderAGuide(unittest.TestCase):
         self.assertEqual((req.utf8_resamples, req.utf8.held, e.preemptions, req.utf8.rejected), (1, [], 0, b"\xc3\xc1"))
         self.assertEqual((e.releasing, req.handle), ([req], None))  # stopped in OpenVINO; blocks freed by its next step
 
-    def test_a_greedy_request_fails_with_the_reason(self):
+    def test_a_greedy_request_keeps_the_bytes_it_would_pick_again(self):
         for params in ({"temperature": 0}, {"topK": 1}):
             e = engine()
             req = guided(e, **params)
-            out, _ = step(e, req, [0, 1])
-            self.assertEqual((out["tokens"], out["finish"]["reason"], out["finish"]["error"]["code"]), ([0], "error", "engine_error"))
-            self.assertIn("greedy decoding picks it again", out["finish"]["error"]["message"])
-            self.assertEqual((e.queued, "r" in e.requests), ([], False))
+            out, _ = step(e, req, [0, 1, 2])
+            self.assertEqual((out["tokens"], out["text"], "finish" in out), ([0, 1, 2], "a\ufffd\ufffd", False))
+            self.assertEqual((e.queued, req.utf8_resamples, req.utf8.kept_invalid), ([], 0, 2))  # C1, then 92 alone
 
-    def test_a_sampled_request_fails_after_too_many_invalid_draws_at_one_position(self):
+    def test_a_sampled_request_keeps_the_bytes_after_too_many_invalid_draws_at_one_position(self):
         e = engine()
         req = guided(e)
         for _ in range(MAX_RESAMPLES):
-            self.assertNotIn("finish", step(e, req, [1])[0])
+            self.assertEqual(step(e, req, [1])[0]["tokens"], [])
+            self.assertEqual(e.queued, [req])
             e.queued.clear()
-        self.assertIn(f"{MAX_RESAMPLES + 1} samples in a row", step(e, req, [1])[0]["finish"]["error"]["message"])
+        out, _ = step(e, req, [1])
+        self.assertEqual((out["tokens"], e.queued, req.utf8_resamples), ([1], [], MAX_RESAMPLES))
+
+    def test_free_text_keeps_the_bytes_as_without_a_guide(self):
+        e = engine()
+        req = guided(e, TRIGGERED)
+        out, _ = step(e, req, [0, 1, 2, 0])
+        self.assertEqual((out["tokens"], out["text"], e.queued, req.utf8.kept_invalid), ([0, 1, 2, 0], "a\ufffd\ufffda", [], 2))
 
     def test_an_incomplete_character_at_the_end_is_dropped(self):
         e = engine()

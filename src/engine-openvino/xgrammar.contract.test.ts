@@ -64,7 +64,7 @@ describe("XGrammar in OpenVINO GenAI 2026.4.1 (worked around by the guide mappin
     expect(r.texts[0]).toMatch(/^ab\u0000+/);
   });
 
-  it("a character class takes an overlong form (C1 92 for \"R\") as one character: output bytes that are not UTF-8 (worker: utf8_guard.py samples again)", async () => {
+  it("a character class takes bytes that are not UTF-8 as characters (here overlong forms, C1 81 for \"A\"): guided output that no decoder reads (worker: utf8_guard.py samples again inside rules)", async () => {
     const r = await check("overlong_forms_accepted");
     expect(r.invalid!.length).toBeGreaterThan(0);
     // Each is the rule's "<" … ">" with a two-byte overlong form (C0/C1 and a continuation byte) among its characters.
