@@ -281,6 +281,20 @@ describe("errors are OpenAI-shaped 4xx", () => {
     expect(r.status).toBe(400);
   });
 
+  it("a lone UTF-16 surrogate anywhere in the body → 400 naming the field, in each API's envelope; a pair is a character", async () => {
+    // JSON.stringify writes a lone surrogate as the escape "\ud800" (well-formed JSON, not a Unicode character).
+    const chat = await post("/v3/chat/completions", JSON.stringify({ model: "keel-tiny", messages: [{ role: "user", content: "a\ud800b" }], max_tokens: 2 }));
+    expect(chat.status).toBe(400);
+    expect(JSON.parse(chat.body).error).toMatchObject({ code: "invalid_value", param: "messages[0].content" });
+    const stop = await post("/v3/completions", JSON.stringify({ model: "keel-tiny", prompt: "x", stop: ["ok", "\udc00"], max_tokens: 2 }));
+    expect(JSON.parse(stop.body).error).toMatchObject({ code: "invalid_value", param: "stop[1]" });
+    const anthropic = await post("/v1/messages", JSON.stringify({ model: "keel-tiny", max_tokens: 2, messages: [{ role: "user", content: "\ud83d" }] }));
+    expect(anthropic.status).toBe(400);
+    expect(JSON.parse(anthropic.body)).toMatchObject({ type: "error", error: { type: "invalid_request_error" } });
+    const pair = await post("/v3/chat/completions", JSON.stringify({ model: "keel-tiny", messages: [{ role: "user", content: "\ud83d\ude00" }], max_tokens: 2 }));
+    expect(pair.status).toBe(200);
+  });
+
   it("unknown model → 404 model_not_found", async () => {
     const r = await post("/v3/chat/completions", JSON.stringify({ model: "gpt-9", messages: [{ role: "user", content: "x" }] }));
     expect(r.status).toBe(404);

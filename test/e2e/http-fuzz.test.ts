@@ -60,12 +60,15 @@ const obj = (fields: Record<string, J | undefined>): Obj => new Obj(Object.entri
 
 // ------------------------------------------------------------------------------------------------ arbitraries
 
-/** One "character": printable ASCII mostly, any code point, a lone surrogate, or a marker the stack treats specially. */
+/**
+ * One "character": printable ASCII mostly, any code point, a lone surrogate (rare: a body holding one is a 400 at the
+ * door, and the run must still reach the deeper checks), or a marker the stack treats specially.
+ */
 const unit = fc.oneof(
-  { weight: 6, arbitrary: fc.string({ unit: "grapheme-ascii", minLength: 1, maxLength: 1 }) },
-  { weight: 3, arbitrary: fc.string({ unit: "binary", minLength: 1, maxLength: 1 }) },
-  { weight: 2, arbitrary: fc.integer({ min: 0xd800, max: 0xdfff }).map((c) => String.fromCharCode(c)) },
-  { weight: 1, arbitrary: fc.constantFrom("<|im_start|>", "<|im_end|>", "<s>", "</s>", "\u0000", "\ufffd", "\ufeff", "{{ x }}", "{% if %}", "\\", '"', "\r\n", "🦊", "\u200d", "e\u0301") },
+  { weight: 30, arbitrary: fc.string({ unit: "grapheme-ascii", minLength: 1, maxLength: 1 }) },
+  { weight: 15, arbitrary: fc.string({ unit: "binary", minLength: 1, maxLength: 1 }) },
+  { weight: 1, arbitrary: fc.integer({ min: 0xd800, max: 0xdfff }).map((c) => String.fromCharCode(c)) },
+  { weight: 5, arbitrary: fc.constantFrom("<|im_start|>", "<|im_end|>", "<s>", "</s>", "\u0000", "\ufffd", "\ufeff", "{{ x }}", "{% if %}", "\\", '"', "\r\n", "🦊", "\u200d", "e\u0301") },
 );
 const text = fc.string({ unit, maxLength: 24 });
 

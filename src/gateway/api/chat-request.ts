@@ -13,9 +13,9 @@
  * - The first problem found (in field order) is reported as a 400
  *   {@link KeelHttpError} whose `param` is the field path, e.g.
  *   `messages[0].content[1].type`.
- * - Lone UTF-16 surrogates (legal in JSON as `"\ud800"`) in `model`, message
- *   content and stop strings are replaced with U+FFFD, so everything
- *   downstream (tokenizer, logs, JSON responses) sees well-formed text.
+ * - Lone UTF-16 surrogates (legal in JSON as `"\ud800"`): the HTTP door refuses a body holding one (400 naming the
+ *   field, http/lone-surrogate.ts); a request parsed another way gets U+FFFD for them in `model`, message content and
+ *   stop strings, so everything downstream (tokenizer, logs, JSON responses) sees well-formed text.
  *
  * @module
  */

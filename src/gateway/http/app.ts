@@ -9,10 +9,11 @@ import Fastify, { type FastifyInstance, type FastifyReply } from "fastify";
 import type { Logger } from "pino";
 import { allowedMethods, isAnthropicRoute, registerRoutes } from "./routes.js";
 import { MAX_JSON_NESTING, withinNesting } from "./json-depth.js";
+import { loneSurrogateMessage, loneSurrogatePath } from "./lone-surrogate.js";
 import { registerConfigRoutes } from "../api/config.js";
 import { apiKeyChecker, needsApiKey } from "./auth.js";
 import { corsHeaders, OPEN_CORS } from "./cors.js";
-import { clientConnectionError, invalidApiKey, invalidUrl, expectationFailed, invalidJson, methodNotAllowed, routeNotFound, unsupportedContentEncoding } from "./errors.js";
+import { clientConnectionError, invalidApiKey, invalidUrl, expectationFailed, invalidJson, invalidValue, methodNotAllowed, routeNotFound, unsupportedContentEncoding } from "./errors.js";
 import { toAnthropicErrorBody, toErrorBody, toHttpError } from "./error-envelope.js";
 import type { Metrics } from "../metrics/metrics.js";
 import type { ModelSet, ModelSpec } from "../models/model-set.js";
@@ -162,11 +163,15 @@ export function buildHttpApp(deps: HttpAppDeps): HttpApp {
     }
     // Before parsing: recursive code downstream would overflow the stack on a deeply nested body (a 500).
     if (!withinNesting(text)) return done(invalidJson(`(The body nests deeper than ${MAX_JSON_NESTING} levels.)`), undefined);
+    let body: unknown;
     try {
-      done(null, JSON.parse(text));
+      body = JSON.parse(text);
     } catch (err) {
-      done(invalidJson(`(${(err as Error).message})`), undefined);
+      return done(invalidJson(`(${(err as Error).message})`), undefined);
     }
+    const surrogate = loneSurrogatePath(body);
+    if (surrogate !== null) return done(invalidValue(surrogate === "" ? null : surrogate, loneSurrogateMessage(surrogate)), undefined);
+    done(null, body);
   });
   app.setErrorHandler((err, req, reply) => {
     if (req.raw.aborted || (err as { code?: string }).code === "ECONNRESET") {
