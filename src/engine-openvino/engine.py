@@ -3,6 +3,7 @@ the live requests, and how an `add` becomes one (or is refused). The step loop t
 """
 from __future__ import annotations
 
+import codecs
 import os
 import sys
 import time
@@ -257,17 +258,20 @@ class Engine:
             c.structured_output_config = to_structured_config(plan_for(p["guide"], self.generated_text(req)), self.ov)
         return c
 
-    def generated_text(self, req: Request) -> str:
-        """The text of what the request generated so far (resumed and produced tokens; end-of-generation adds none)."""
-        ids = [t for t in req.resumed + req.produced if t not in self.eog]
+    def generated_text(self, req: Request, more: tuple = ()) -> str:
+        """The text of what the request generated so far (resumed, produced and `more` tokens; end-of-generation adds
+        none), as its client got it: bytes that are not UTF-8 read as U+FFFD (free text may hold them). Raises
+        GuideRefused when it stops inside a character (a guide cannot continue from half a character)."""
+        ids = [t for t in (*req.resumed, *req.produced, *more) if t not in self.eog]
         if not ids:
             return ""
         if not self.token_bytes:
             return self.decode(ids)
-        try:
-            return b"".join(self.token_bytes[t] for t in ids).decode("utf-8")
-        except UnicodeDecodeError:
-            raise GuideRefused("the OpenVINO engine cannot resume a guided request whose generated text stops inside a character") from None
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        text = decoder.decode(b"".join(self.token_bytes[t] for t in ids))
+        if decoder.getstate()[0]:
+            raise GuideRefused("the OpenVINO engine cannot resume a guided request whose generated text stops inside a character")
+        return text
 
     def apply_add(self, m: dict) -> None:
         rid = m["id"]
@@ -337,7 +341,7 @@ class Engine:
         primed = [t for t in resumed if not silent(t)]
         req.detok = ByteDetokenizer(self.token_bytes, primed) if self.token_bytes else Detokenizer(self.decode, primed)
         if p.get("guide") is not None and self.token_bytes:
-            req.utf8 = Utf8Guard(self.token_bytes, primed)
+            req.utf8 = Utf8Guard(self.token_bytes)  # a guided resume starts at a character boundary (generated_text)
         self.requests[rid] = req
         self.queued.append(req)
 

@@ -143,7 +143,7 @@ def _seq_text(seq: tuple) -> str:
 def _item_text(item: tuple) -> str:
     kind = item[0]
     if kind == "lit":
-        return '"' + "".join(_char(ord(ch), '"') for ch in item[1]) + '"'
+        return _literal_text(item[1])
     if kind == "cls":
         return _class_text(item[2])
     if kind == "ref":
@@ -171,6 +171,20 @@ def _class_text(ranges: tuple) -> str:
             rs.insert(0, (lo + 1, hi))
         rs.append((lo, lo))
     return "[" + "".join(_char(lo, "]") if lo == hi else f"{_char(lo, ']')}-{_char(hi, ']')}" for lo, hi in rs) + "]"
+
+
+def _literal_text(text: str) -> str:
+    """A string literal. XGrammar misreads U+0080–U+00FF followed by a hex digit inside one (`"°C"` matches U+0B0C,
+    `"éa"` U+0E9A, however written: it re-reads them as a greedy hex escape; docs/upstream.md), so the literal ends
+    after such a character and the rest is a second literal, the pair grouped."""
+    parts, cur = [], ""
+    for k, ch in enumerate(text):
+        cur += _char(ord(ch), '"')
+        if 0x80 <= ord(ch) <= 0xFF and k + 1 < len(text) and text[k + 1] in "0123456789abcdefABCDEF":
+            parts.append(cur)
+            cur = ""
+    parts.append(cur)
+    return f'"{parts[0]}"' if len(parts) == 1 else "(" + " ".join(f'"{p}"' for p in parts) + ")"
 
 
 def _char(c: int, quote: str) -> str:

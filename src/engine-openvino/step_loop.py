@@ -147,11 +147,10 @@ def may_resample(e: Engine, req, more: list[int]) -> bool:
     inside a rule (in free text or reasoning the bytes stay, as without a guide and as the llama.cpp engine's lazy
     grammar leaves them), by a sampled request (greedy would pick it again), fewer than MAX_RESAMPLES times in a row
     there. Otherwise the bytes stay as the model wrote them."""
-    ids = [t for t in req.resumed + req.produced + more if t not in e.eog]
     try:
-        phase = phase_at(req.params["guide"], b"".join(e.token_bytes[t] for t in ids).decode("utf-8"))
-    except (GuideRefused, UnicodeDecodeError):
-        return False  # inside a trigger's text or a marker (free text), or after bytes kept earlier: no re-add
+        phase = phase_at(req.params["guide"], e.generated_text(req, tuple(more)))
+    except GuideRefused:
+        return False  # inside a trigger's text or a marker (free text): no re-add can continue there
     except Exception as err:  # noqa: BLE001 - a planner bug must not take the worker (and every request) down
         log("error", f"could not re-derive a guide after an invalid UTF-8 token: {err}", event="utf8_resample_plan", request=req.id)
         return False
@@ -282,8 +281,8 @@ def read_handles(e: Engine, outputs: dict) -> int:
         sampled = len(got)
         invalid = False
         if req.utf8 is not None:
-            # Guided: a token that is not valid UTF-8 is never accepted, and an incomplete character is held until it
-            # completes, so that the request can sample that character again (utf8_guard.py).
+            # Guided: an incomplete character is held until it completes, and a token that is not valid UTF-8 inside
+            # a rule is dropped, so that the request can sample that character again (utf8_guard.py, may_resample).
             n = len(got) - (1 if cut is not None else 0)  # the stop token adds no text
             kept, kept_lp, invalid = req.utf8.settle(got[:n], logprobs[:n], lambda t: t in e.eog, cut is not None or status == "FINISHED", lambda more: may_resample(e, req, more))
             if invalid:

@@ -151,6 +151,12 @@ class FreeTextAutomaton(unittest.TestCase):
         self.assertEqual(in_language(ebnf, "a <tool_call>\n{b}\n</tool_call> more"), "no")
 
 
+class Literals(unittest.TestCase):
+    def test_latin1_before_a_hex_digit_ends_the_literal(self):
+        # XGrammar reads "°C" as U+0B0C (xgrammar_contract.latin1_before_hex_digit); U+0100 and a non-hex letter are fine.
+        self.assertIn('k-root ::= ("°" "C") "éz" "Āa" ("x°" "F1")', Grammar('root ::= "°C" "éz" "Āa" "x°F1"\n').ebnf(ref("root")))
+
+
 class PhaseAt(unittest.TestCase):
     def test_where_the_text_leaves_the_phase_machine(self):
         triggered = {"grammar": CALL, "start": {"kind": "free"}, "triggers": [{"text": "<tool_call>", "rule": "call", "then": "end"}]}

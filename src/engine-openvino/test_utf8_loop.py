@@ -9,13 +9,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from detokenize import ByteDetokenizer  # noqa: E402
 from engine import Engine  # noqa: E402
 from faults import Faults  # noqa: E402
+from guides import GuideRefused  # noqa: E402
 from request_state import Request  # noqa: E402
 from step_loop import read_handles  # noqa: E402
 from utf8_guard import MAX_RESAMPLES, Utf8Guard, resample_seed  # noqa: E402
 
 #: Byte tokens: "a", an overlong lead (C1: "C1 92" is "R" to XGrammar), a continuation byte, the lead and continuation
-#: of "é" (C3 A9), "<", the lead and continuations of "日" (E6 97 A5), and an end-of-generation token.
-TABLE = [b"a", b"\xc1", b"\x92", b"\xc3", b"\xa9", b"<", b"\xe6", b"\x97", b"\xa5", b"<|end|>"]
+#: of "é" (C3 A9), "<", the lead and continuations of "日" (E6 97 A5), an end-of-generation token, "t" and ">".
+TABLE = [b"a", b"\xc1", b"\x92", b"\xc3", b"\xa9", b"<", b"\xe6", b"\x97", b"\xa5", b"<|end|>", b"t", b">"]
 EOG = 9
 SILENT = lambda t: t == EOG  # noqa: E731
 ANY = lambda _: True  # noqa: E731 - every invalid token is to be sampled again
@@ -26,7 +27,7 @@ TRIGGERED = {"grammar": 'call ::= "<t>" [a-z]{1,3}', "start": {"kind": "free"}, 
 
 class Guard(unittest.TestCase):
     def test_valid_text_is_emitted_up_to_the_last_complete_character_and_the_rest_held(self):
-        g = Utf8Guard(TABLE, [])
+        g = Utf8Guard(TABLE)
         self.assertEqual(g.settle([0, 6, 7], [-1.0, -2.0, -3.0], SILENT, False, ANY), ([0], [-1.0], False))
         self.assertEqual(g.held, [6, 7])
         self.assertEqual(g.settle([8, 3], [-4.0, -5.0], SILENT, False, ANY), ([6, 7, 8], [-2.0, -3.0, -4.0], False))
@@ -34,15 +35,15 @@ class Guard(unittest.TestCase):
         self.assertEqual(g.held, [])
 
     def test_an_incomplete_character_at_the_end_is_dropped(self):
-        g = Utf8Guard(TABLE, [])
+        g = Utf8Guard(TABLE)
         self.assertEqual(g.settle([0, 6, EOG], [0.0] * 3, SILENT, True, ANY), ([0], [0.0], False))
         self.assertEqual(g.held, [])
 
     def test_an_overlong_lead_is_dropped_with_the_incomplete_character_before_it(self):
-        g = Utf8Guard(TABLE, [])
+        g = Utf8Guard(TABLE)
         self.assertEqual(g.settle([0, 1, 2, 0], [0.0] * 4, SILENT, False, ANY), ([0], [0.0], True))
         self.assertEqual(g.rejected, b"\xc1")
-        g = Utf8Guard(TABLE, [])
+        g = Utf8Guard(TABLE)
         g.settle([0, 6, 7], [0.0] * 3, SILENT, False, ANY)
         self.assertEqual(g.settle([3], [0.0], SILENT, False, ANY), ([], [], True))
         self.assertEqual((g.rejected, g.held, g.decoder.getstate()[0]), (b"\xe6\x97\xc3", [], b""))
@@ -50,13 +51,13 @@ class Guard(unittest.TestCase):
         self.assertEqual(g.settle([3, 4], [0.0] * 2, SILENT, False, ANY), ([3, 4], [0.0] * 2, False))
 
     def test_where_no_re_add_can_continue_the_bytes_stay_and_the_check_restarts_after_them(self):
-        g = Utf8Guard(TABLE, [])
+        g = Utf8Guard(TABLE)
         asked = []
         kept = g.settle([5, 1, 0, 3], [0.0] * 4, SILENT, False, lambda more: asked.append(more) or False)
         self.assertEqual((kept, asked, g.kept_invalid, g.held), (([5, 1, 0], [0.0] * 3, False), [[5]], 1, [3]))
 
-    def test_primed_with_resumed_tokens(self):
-        self.assertEqual(Utf8Guard(TABLE, [0, 3, 4]).settle([2], [0.0], SILENT, False, ANY), ([], [], True))
+    def test_a_lone_continuation_byte_is_invalid_at_a_boundary(self):
+        self.assertEqual(Utf8Guard(TABLE).settle([2], [0.0], SILENT, False, ANY), ([], [], True))
 
     def test_each_resample_draws_with_another_seed(self):
         seeds = {resample_seed(7, n) for n in range(10)}
@@ -97,7 +98,7 @@ def engine() -> Engine:
 def guided(e: Engine, guide: dict = RULE, **params) -> Request:
     p = {"temperature": 1.0, "topP": 1.0, "topK": -1, "seed": 3, "ignoreEos": False, "guide": guide, **params}
     req = Request(id="r", prompt=[0], resumed=[], params=p, arrived=0.0, phase="decode")
-    req.detok, req.utf8 = ByteDetokenizer(TABLE, []), Utf8Guard(TABLE, [])
+    req.detok, req.utf8 = ByteDetokenizer(TABLE, []), Utf8Guard(TABLE)
     e.requests["r"] = req
     return req
 
@@ -164,6 +165,23 @@ class InvalidTokenUnderAGuide(unittest.TestCase):
         req = guided(e, TRIGGERED)
         out, _ = step(e, req, [0, 5, 2, 0])
         self.assertEqual((out["tokens"], out["text"], e.queued, req.utf8.kept_invalid), ([0, 5, 2, 0], "a<\ufffda", [], 1))
+
+    def test_bytes_kept_in_free_text_do_not_stop_a_rule_after_them_from_resampling(self):
+        e = engine()
+        req = guided(e, TRIGGERED)
+        self.assertEqual(step(e, req, [0, 1])[0]["tokens"], [0, 1])  # free text: C1 stays
+        self.assertEqual(step(e, req, [5, 10, 11])[0]["text"], "<t>")  # the trigger: its rule constrains what follows
+        out, _ = step(e, req, [1])
+        self.assertEqual((out["tokens"], e.queued, req.utf8_resamples), ([], [req], 1))
+        # The re-add derives the guide from the text as the client got it (U+FFFD for the kept byte).
+        self.assertEqual(e.generated_text(req), "a\ufffd<t>")
+
+    def test_a_guide_cannot_resume_from_half_a_character(self):
+        e = engine()
+        req = guided(e)
+        req.resumed = [0, 6]
+        with self.assertRaises(GuideRefused):
+            e.generated_text(req)
 
     def test_a_request_openvino_drops_re_enters_without_its_held_tokens(self):
         e = engine()

@@ -23,12 +23,11 @@ MAX_RESAMPLES = 8
 class Utf8Guard:
     """One guided request's strict UTF-8 check over its text (byte-level vocabularies only)."""
 
-    def __init__(self, table: list, primed: list[int]) -> None:
+    def __init__(self, table: list) -> None:
         #: Bytes of every token id.
         self.table = table
-        #: Strict incremental decoder over the accepted text (emitted and held tokens).
+        #: Strict incremental decoder over the text since the last character boundary (held tokens).
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="strict")
-        self.decoder.decode(b"".join(table[t] for t in primed))
         #: Sampled tokens of a character not yet complete, and their log probabilities: not emitted yet.
         self.held: list[int] = []
         self.held_logprobs: list[float] = []

@@ -64,6 +64,11 @@ describe("XGrammar in OpenVINO GenAI 2026.4.1 (worked around by the guide mappin
     expect(r.texts[0]).toMatch(/^ab\u0000+/);
   });
 
+  it("inside a string literal, U+0080–U+00FF before a hex digit is misread (\"°C\" matches U+0B0C; gbnf.py splits the literal there)", async () => {
+    const r = await check("latin1_before_hex_digit");
+    expect(r.texts).toEqual(["\u0b0c<|im_end|>", "°C<|im_end|>"]);
+  });
+
   it("a character class takes bytes that are not UTF-8 as characters (here overlong forms, C1 81 for \"A\"): guided output that no decoder reads (worker: utf8_guard.py samples again inside rules)", async () => {
     const r = await check("overlong_forms_accepted");
     expect(r.invalid!.length).toBeGreaterThan(0);

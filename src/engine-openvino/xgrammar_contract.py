@@ -122,7 +122,13 @@ def overlong_forms_accepted(model: str) -> dict:
     return {"texts": ["", ""], "tokens": [], "stepErrors": [], "invalid": invalid}
 
 
-CHECKS = {f.__name__: f for f in (bad_grammar_wedges, hex_escape_greedy, escaped_caret_negates, empty_language_unconstrained, union_mixed_raises, nested_triggers_raise, ignore_eos_after_grammar, min_new_tokens_masked, overlong_forms_accepted)}
+def latin1_before_hex_digit(model: str) -> dict:
+    """Inside a string literal, a character U+0080–U+00FF followed by a hex digit is read as one greedy hex escape:
+    `"°C"` matches U+0B0C (greedy, the only text the grammar allows). Split into `"°" "C"` it matches "°C"."""
+    return {"texts": [run(model, grammar('root ::= "°C"'), 4)["texts"][0], run(model, grammar('root ::= ("°" "C")'), 4)["texts"][0]], "tokens": [], "stepErrors": []}
+
+
+CHECKS = {f.__name__: f for f in (latin1_before_hex_digit, bad_grammar_wedges, hex_escape_greedy, escaped_caret_negates, empty_language_unconstrained, union_mixed_raises, nested_triggers_raise, ignore_eos_after_grammar, min_new_tokens_masked, overlong_forms_accepted)}
 
 if __name__ == "__main__":
     print(json.dumps(CHECKS[sys.argv[2]](sys.argv[1])))

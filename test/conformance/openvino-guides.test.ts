@@ -158,6 +158,20 @@ describe("OpenVINO engine: guides", () => {
     }
   });
 
+  it("enum and const values with U+0080–U+00FF before a hex digit come out exactly (°C, °F, éa1: XGrammar misreads them inside one literal)", async () => {
+    const schema = { type: "object", properties: { u: { enum: ["°C", "°F"] }, v: { const: "éa1" } }, required: ["u", "v"], additionalProperties: false };
+    const request: GuideRequest = { tools: [], toolChoice: { kind: "auto" }, responseFormat: { kind: "json_schema", name: "t", schema, strict: true }, toolParser: null, reasoning: null, guideAuto: false, parallelToolCalls: true };
+    const guide = buildGuide(request)!;
+    const validate = new Ajv2020({ strict: false }).compile(schema);
+    for (const p of [{ temperature: 0 }, { seed: 1 }, { seed: 2 }]) {
+      const id = nextId("latin1");
+      add(id, "units", { guide, maxTokens: 80, ...p });
+      const outs = await engine.finished(id);
+      expect(outs.at(-1)!.finish!.reason).toBe("stop");
+      expect(validate(JSON.parse(textOf(outs))), textOf(outs)).toBe(true);
+    }
+  });
+
   it("output under a rule is valid UTF-8 of the length the rule bounds: a token XGrammar takes but no UTF-8 decoder does is sampled again", async () => {
     // XGrammar reads an overlong form (C0 B3) as one character; random weights pick byte tokens often, so 48 sampled
     // runs of 1–6 free characters meet such tokens. The worker drops one and re-adds the request (utf8_guard.py).
