@@ -20,6 +20,7 @@ from hybrid_guard import HybridGuard, hybrid_prefix_caching, hybrid_settings
 from model_meta import is_hybrid, model_metadata, token_bytes_table
 from ov_settings import block_size, compile_properties, kv_element_bytes, resolve_device
 from request_state import Request
+from tokenizer_limit import PromptCut, tokenizer_cap
 from utf8_guard import Utf8Guard, resample_seed
 
 V = PROTOCOL_VERSION
@@ -116,6 +117,8 @@ class Engine:
         #: End-of-generation ids: the model's EOS and its default stop tokens.
         self.eog = set(defaults.stop_token_ids or []) | {self.tok.get_eos_token_id()}
         self.eog.discard(-1)
+        #: Where OpenVINO's tokenizer cuts a text silently (tokenizer_limit.py), or None.
+        self.tokenizer_cap = tokenizer_cap(lambda t: len(self.tok.encode(t, add_special_tokens=False).input_ids.data[0]))
         bos = self.tok.get_bos_token_id()
         probe_plain = list(self.tok.encode("a", add_special_tokens=False).input_ids.data[0])
         probe_special = list(self.tok.encode("a", add_special_tokens=True).input_ids.data[0])
@@ -125,6 +128,8 @@ class Engine:
         #: Bytes of every token (byte-level GGUF vocabularies), else None: text then comes from OpenVINO's detokenizer.
         self.token_bytes = token_bytes_table(cfg["modelPath"])
         self.max_len = int(cfg["maxModelLen"])
+        if self.tokenizer_cap is not None and self.tokenizer_cap <= self.max_len:
+            log("warn", f"OpenVINO's tokenizer cuts a text at {self.tokenizer_cap} tokens: prompts that long are refused although max_model_len is {self.max_len}", event="tokenizer_cap", tokenizerCap=self.tokenizer_cap)
 
         # Loop state.
         #: Live requests by gateway id (queued and running).
@@ -191,6 +196,8 @@ class Engine:
 
     def tokenize(self, text: str, special: bool) -> list[int]:
         ids = [int(t) for t in self.tok.encode(text, add_special_tokens=False).input_ids.data[0]]
+        if self.tokenizer_cap is not None and len(ids) >= self.tokenizer_cap:
+            raise PromptCut(len(ids), f"This prompt reaches the {self.tokenizer_cap} tokens where OpenVINO's tokenizer cuts a text (the rest would be lost without a word); shorten it, or serve with --engine llama.cpp for longer prompts.")
         if special and self.bos is not None and (not ids or ids[0] != self.bos):
             ids.insert(0, self.bos)
         return ids
@@ -293,6 +300,10 @@ class Engine:
             return self.refuse(rid, "invalid_params", f"stopTokenIds token {bad} is outside the vocabulary ({self.vocab})", "stopTokenIds")
         try:
             prompt = self.tokenize(m["prompt"]["text"], True) if "text" in m["prompt"] else list(m["prompt"]["tokens"])
+        except PromptCut as cut:
+            if cut.tokens > self.max_len:
+                return self.refuse(rid, "context_length_exceeded", f"This model's maximum context length is {self.max_len} tokens. However, your messages resulted in at least {cut.tokens} tokens.")
+            return self.refuse(rid, "context_length_exceeded", str(cut))
         except Exception as err:  # noqa: BLE001 - a tokenizer failure refuses this request only
             return self.refuse(rid, "invalid_prompt", f"could not tokenize the prompt: {err}")
         resumed = list(m.get("generated") or [])

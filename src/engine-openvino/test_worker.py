@@ -10,6 +10,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from channel import FrameDecoder, encode_frame  # noqa: E402
 from messages import parse_message, sampling_error  # noqa: E402
 from detokenize import ByteDetokenizer, Detokenizer  # noqa: E402
+from tokenizer_limit import tokenizer_cap  # noqa: E402
 from model_meta import is_hybrid  # noqa: E402
 from faults import Faults  # noqa: E402
 from ov_settings import ONEDNN_CACHE_CPU, compile_properties, onednn_cache_capacity, onednn_exec_profiling, user_onednn_cache  # noqa: E402
@@ -92,6 +93,12 @@ class Text(unittest.TestCase):
         d = Detokenizer(decode, [])
         out = "".join(d.push([t]) for t in [1, 2, 3, 4]) + d.push([], final=True)
         self.assertEqual(out, "hello world")
+
+
+class TokenizerCut(unittest.TestCase):
+    def test_a_cut_is_where_twice_the_text_counts_the_same(self):
+        self.assertEqual(tokenizer_cap(lambda t: min(len(t.split()), 8192)), 8192)
+        self.assertIsNone(tokenizer_cap(lambda t: len(t.split())))
 
 
 class Settings(unittest.TestCase):

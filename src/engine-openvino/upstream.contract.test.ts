@@ -49,6 +49,10 @@ describe("OpenVINO GenAI upstream contracts (worked around in worker.py)", { tim
   it("get_vocab_vector() raises on byte tokens that are not UTF-8 (worker: vocabulary read from the GGUF)", async () => {
     expect((await check("vocab_vector_fails")).raised).toBe("UnicodeDecodeError");
   });
+
+  it("encode() cuts a text of 10,000 words at 8,192 tokens without a word, whatever max_length or truncation ask (worker: tokenizer_limit.py refuses such a prompt)", async () => {
+    expect(await check("tokenizer_cuts_long_text")).toEqual({ plain: 8192, maxLength: 8192, noTruncation: 8192, words: 10000 });
+  });
 });
 
 interface SeedRun {

@@ -342,8 +342,16 @@ def hybrid_vs_stateful(model: str) -> dict:
     return gaps
 
 
+def tokenizer_cuts_long_text(model: str) -> dict:
+    """encode() cuts a long text at a fixed count without a word, whatever max_length or truncation ask (worker:
+    tokenizer_limit.py finds the cut and refuses a prompt that reaches it)."""
+    tok = pipeline(model, 64).get_tokenizer()
+    count = lambda **kw: len(tok.encode("hello world " * 5000, add_special_tokens=False, **kw).input_ids.data[0])  # noqa: E731
+    return {"plain": count(), "maxLength": count(max_length=100000), "noTruncation": count(truncation=False), "words": 10000}
+
+
 CHECKS = {f.__name__: f for f in (
-    reused_id, outgrow_pool, ignore_eos_stop_ids, detok_drops_invalid_utf8, vocab_vector_fails,
+    tokenizer_cuts_long_text, reused_id, outgrow_pool, ignore_eos_stop_ids, detok_drops_invalid_utf8, vocab_vector_fails,
     hybrid_seed_assert, batch_variance, resume_variance, hybrid_vs_stateful, la_blocks_on_attention_model, prefix_hits, hybrid_positions, prefix_checkpoint_leak,
 )}
 

@@ -79,6 +79,16 @@ describe("OpenVINO engine: serving", () => {
     }
   });
 
+  // OpenVINO's tokenizer cuts a text at 8,192 tokens without a word (tokenizer_limit.py; upstream.contract.test.ts):
+  // the worker finds the cut at start. Found by a breaker as a false count ("resulted in 8192 tokens" for ~18,000).
+  it("a prompt reaching the tokenizer's cut is refused with its count as a lower bound, never served truncated", async () => {
+    const r = await fetch(`${ov.baseUrl}/v3/completions`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ model: "keel-tiny", prompt: "hello world ".repeat(5000), max_tokens: 2 }) });
+    expect(r.status).toBe(400);
+    const error = ((await r.json()) as { error: { code: string; param: string; message: string } }).error;
+    expect([error.code, error.param]).toEqual(["context_length_exceeded", "prompt"]);
+    expect(error.message).toMatch(/your prompt resulted in at least 8192 tokens\./);
+  });
+
   it("penalties, min_tokens and stop_token_ids are applied; the sampled token's logprob is served", async () => {
     const plain = await chat(ov.baseUrl, body(PROMPTS[0]!));
     const penalised = await chat(ov.baseUrl, body(PROMPTS[0]!, { presence_penalty: 2, frequency_penalty: 2, repetition_penalty: 1.5 }));

@@ -140,6 +140,14 @@ describe("ChatTemplate with tools (hermes-style template)", () => {
     expect(JSON.parse(call).arguments).toBe("not json");
   });
 
+  it("arguments whose JSON escapes a lone surrogate stay the string (parsed, they would hold no character: a tokenizer refuses them)", () => {
+    const args = '{"a":"\\ud800"}';
+    const out = t.render([{ role: "assistant", content: "", toolCalls: [{ id: "c", name: "f", arguments: args }] }], { addGenerationPrompt: false });
+    const call = /<tool_call>(.*?)<\/tool_call>/.exec(out)![1]!;
+    expect(JSON.parse(call).arguments).toBe(args);
+    expect((out as unknown as { isWellFormed(): boolean }).isWellFormed()).toBe(true);
+  });
+
   it("arguments nested thousands deep stay the string (the template's tojson would overflow the stack on them)", () => {
     const deep = "{\"a\":".repeat(5000) + "1" + "}".repeat(5000);
     const out = t.render([{ role: "assistant", content: "", toolCalls: [{ id: "c", name: "f", arguments: deep }] }], { addGenerationPrompt: false });

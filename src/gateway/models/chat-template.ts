@@ -9,6 +9,7 @@ import type { ToolCall, ToolParserName, ToolSpec } from "../tools.js";
 import { sanitizeForJson } from "../requests/utf8-stream.js";
 import { injectTools, probeToolSupport, type TemplateToolSupport } from "./tool-prompt.js";
 import { withinNesting } from "../http/json-depth.js";
+import { loneSurrogatePath } from "../http/lone-surrogate.js";
 
 /**
  * One chat message as the template sees it: `content` is already flattened
@@ -189,7 +190,8 @@ function argumentsValue(text: string): unknown {
   if (!withinNesting(text)) return text;
   try {
     const v: unknown = JSON.parse(text);
-    return typeof v === "object" && v !== null && !Array.isArray(v) ? v : text;
+    // A lone surrogate escaped inside the text (`"\\ud800"`) is no character once parsed: the text stays as sent.
+    return typeof v === "object" && v !== null && !Array.isArray(v) && loneSurrogatePath(v) === null ? v : text;
   } catch {
     return text;
   }

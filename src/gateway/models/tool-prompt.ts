@@ -10,6 +10,7 @@
  */
 import type { ToolCall, ToolParserName, ToolSpec } from "../tools.js";
 import { withinNesting } from "../http/json-depth.js";
+import { loneSurrogatePath } from "../http/lone-surrogate.js";
 
 /** A chat message as this module needs it (chat-template.ts's ChatMessage, structurally). */
 export interface PromptMessage {
@@ -105,7 +106,8 @@ function argumentsObject(text: string): Record<string, unknown> | null {
   if (!withinNesting(text)) return null;
   try {
     const v: unknown = JSON.parse(text);
-    return typeof v === "object" && v !== null && !Array.isArray(v) ? (v as Record<string, unknown>) : null;
+    // A lone surrogate escaped inside the text is no character once parsed: not an object to show.
+    return typeof v === "object" && v !== null && !Array.isArray(v) && loneSurrogatePath(v) === null ? (v as Record<string, unknown>) : null;
   } catch {
     return null;
   }
