@@ -293,6 +293,8 @@ describe("errors are OpenAI-shaped 4xx", () => {
     expect(JSON.parse(anthropic.body)).toMatchObject({ type: "error", error: { type: "invalid_request_error" } });
     const pair = await post("/v3/chat/completions", JSON.stringify({ model: "keel-tiny", messages: [{ role: "user", content: "\ud83d\ude00" }], max_tokens: 2 }));
     expect(pair.status).toBe(200);
+    // A route that does not exist is a 404 whatever the body holds (a bad body included).
+    for (const bad of [JSON.stringify({ a: "\ud800" }), "{not json"]) expect(JSON.parse((await post("/v3/nonexistent", bad)).body).error.code).toBe("route_not_found");
   });
 
   it("unknown model → 404 model_not_found", async () => {

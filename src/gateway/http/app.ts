@@ -154,7 +154,8 @@ export function buildHttpApp(deps: HttpAppDeps): HttpApp {
     // A compressed body is refused, not parsed as if it were plain (Keel decodes no Content-Encoding).
     const encoding = one(req.headers["content-encoding"]);
     if (encoding && encoding.split(",").some((c) => c.trim().toLowerCase() !== "identity")) return done(unsupportedContentEncoding(encoding), undefined);
-    if (raw.length === 0) return done(null, undefined);
+    // No route here: the answer is the 404 / 405, whatever the body holds.
+    if (raw.length === 0 || req.routeOptions.url === undefined) return done(null, undefined);
     let text: string;
     try {
       text = utf8.decode(raw);
