@@ -128,7 +128,7 @@ class Engine:
         #: Bytes of every token (byte-level GGUF vocabularies), else None: text then comes from OpenVINO's detokenizer.
         self.token_bytes = token_bytes_table(cfg["modelPath"])
         self.max_len = int(cfg["maxModelLen"])
-        if self.tokenizer_cap is not None and self.tokenizer_cap <= self.max_len:
+        if self.tokenizer_cap is not None and self.tokenizer_cap <= self.max_len and cfg.get("mode", "serve") == "serve":
             log("warn", f"OpenVINO's tokenizer cuts a text at {self.tokenizer_cap} tokens: prompts that long are refused although max_model_len is {self.max_len}", event="tokenizer_cap", tokenizerCap=self.tokenizer_cap)
 
         # Loop state.
