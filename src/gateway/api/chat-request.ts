@@ -13,16 +13,14 @@
  * - The first problem found (in field order) is reported as a 400
  *   {@link KeelHttpError} whose `param` is the field path, e.g.
  *   `messages[0].content[1].type`.
- * - Lone UTF-16 surrogates (legal in JSON as `"\ud800"`): the HTTP door refuses a body holding one (400 naming the
- *   field, http/lone-surrogate.ts); a request parsed another way gets U+FFFD for them in `model`, message content and
- *   stop strings, so everything downstream (tokenizer, logs, JSON responses) sees well-formed text.
+ * - Lone UTF-16 surrogates (legal in JSON as `"\ud800"`) never reach here: the HTTP door refuses a body holding one
+ *   (400 naming the field, http/lone-surrogate.ts), so every string downstream is well-formed.
  *
  * @module
  */
 import { z } from "zod";
 import type { ChatMessage } from "../models/chat-template.js";
 import { KeelHttpError, invalidValue, show, unsupportedField } from "../http/errors.js";
-import { sanitizeForJson } from "../requests/utf8-stream.js";
 import { parseMessageExtras, responseFormatSchema, toolChoiceSchema, toolsSchema } from "./tool-fields.js";
 import type { ResponseFormat, ToolChoice, ToolSpec } from "../tools.js";
 import { describe, issueToError, RANGES, report, UINT32_MAX, type IssueCtx } from "./request-issues.js";
@@ -118,7 +116,7 @@ function flattenContent(role: string, content: unknown, ctx: IssueCtx): string {
     else report(ctx, "invalid_value", `null content is only allowed in assistant messages; expected a string or an array of content parts.`, ["content"], null);
     return "";
   }
-  if (typeof content === "string") return sanitizeForJson(content);
+  if (typeof content === "string") return content;
   if (!Array.isArray(content)) {
     report(ctx, "invalid_type", `expected a string or an array of content parts, but got ${describe(content)} instead.`, ["content"], content);
     return "";
@@ -158,7 +156,7 @@ function flattenContent(role: string, content: unknown, ctx: IssueCtx): string {
       report(ctx, "invalid_type", `expected a string, but got ${describe(part.text)} instead.`, ["content", j, "text"], part.text);
       return "";
     }
-    texts.push(sanitizeForJson(part.text));
+    texts.push(part.text);
   }
   return texts.join("\n");
 }
@@ -210,7 +208,7 @@ export const stopSchema = z
         report(ctx, "invalid_value", `stop strings must be at most ${MAX_STOP_STRING_LENGTH} characters (got ${s.length}).`, path, s);
         return [];
       }
-      out.push(sanitizeForJson(s));
+      out.push(s);
     }
     return out;
   });
@@ -365,7 +363,7 @@ export function parseChatRequest(body: unknown): ChatRequest {
     throw invalidValue("stream_options", "Invalid value for 'stream_options': only allowed when 'stream' is true.");
   }
   const request: ChatRequest = {
-    model: sanitizeForJson(b.model),
+    model: b.model,
     messages: b.messages,
     stream,
     includeUsage: b.stream_options?.include_usage ?? false,

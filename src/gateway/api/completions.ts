@@ -22,7 +22,6 @@ import type { ResponseFormat } from "../tools.js";
 import { checkKnownFields, fieldsOf } from "./known-fields.js";
 import { outputConstraint, structuredOutputFields } from "./structured-outputs.js";
 import { responseFormatSchema } from "./tool-fields.js";
-import { sanitizeForJson } from "../requests/utf8-stream.js";
 import { chunkBuilder, usageBody, withGuide } from "./chat.js";
 import { completionLogprobs, TextOffsets } from "./logprobs.js";
 import { checkCapabilities, checkMinTokens, checkSpeculation, extendedSampling, MAX_TOP_LOGPROBS, samplingFields, type ExtendedSampling } from "./sampling.js";
@@ -45,8 +44,8 @@ export interface CompletionRequest extends GenerationFields {
 }
 
 const promptSchema = z.unknown().transform((v, ctx): string[] => {
-  if (typeof v === "string") return [sanitizeForJson(v)];
-  if (Array.isArray(v) && v.length > 0 && v.length <= MAX_PROMPTS && v.every((p) => typeof p === "string")) return v.map((p: string) => sanitizeForJson(p));
+  if (typeof v === "string") return [v];
+  if (Array.isArray(v) && v.length > 0 && v.length <= MAX_PROMPTS && v.every((p) => typeof p === "string")) return [...(v as string[])];
   if (Array.isArray(v) && v.length > 0 && v.every((p) => typeof p === "number" || Array.isArray(p))) {
     report(ctx, "unsupported_field", "Token-id prompts are not supported; send the prompt as text.", [], v);
     return [];
@@ -107,7 +106,7 @@ export function parseCompletionRequest(body: unknown): CompletionRequest {
   if (b.best_of != null && b.best_of !== n) throw unsupportedField("best_of", "Only best_of equal to n is supported (every generated choice is returned).");
   if (b.echo && b.logprobs != null) throw unsupportedField("logprobs", "Log probabilities of the echoed prompt are not computed; use logprobs without echo.");
   const request: CompletionRequest = {
-    model: sanitizeForJson(b.model),
+    model: b.model,
     prompts: b.prompt,
     stream,
     includeUsage: b.stream_options?.include_usage ?? false,

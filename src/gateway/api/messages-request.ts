@@ -12,7 +12,6 @@ import { z } from "zod";
 import type { ChatMessage } from "../models/chat-template.js";
 import { invalidValue, show } from "../http/errors.js";
 import { checkKnownFields, fieldsOf } from "./known-fields.js";
-import { sanitizeForJson } from "../requests/utf8-stream.js";
 import type { ToolCall, ToolChoice, ToolSpec } from "../tools.js";
 import { isPlainObject, resolveToolChoice, stopSchema, unsupported } from "./chat-request.js";
 import { describe, issueToError, report, UINT32_MAX, type IssueCtx } from "./request-issues.js";
@@ -78,7 +77,7 @@ function needString(ctx: IssueCtx, obj: Record<string, unknown>, key: string, pa
   const v = obj[key];
   if (v === undefined || v === null) fail(ctx, "missing_field", "", [...path, key]);
   if (typeof v !== "string") fail(ctx, "invalid_type", `expected a string, but got ${describe(v)} instead.`, [...path, key], v);
-  return sanitizeForJson(v);
+  return v;
 }
 
 /** A `cache_control` mark: `{type: "ephemeral", ttl?}` (accepted; prefix caching is automatic). */
@@ -122,7 +121,7 @@ function toolResult(ctx: IssueCtx, b: Record<string, unknown>, path: Path): Chat
   const id = needString(ctx, b, "tool_use_id", path);
   const c = b.content;
   let text = "";
-  if (typeof c === "string") text = sanitizeForJson(c);
+  if (typeof c === "string") text = c;
   else if (Array.isArray(c)) {
     text = c.map((part, k) => {
       const p = needObject(ctx, part, [...path, "content", k]);
@@ -157,7 +156,7 @@ function messageOf(ctx: IssueCtx, raw: unknown, i: number): ChatMessage[] {
   const role = m.role;
   if (role !== "user" && role !== "assistant" && role !== "system") fail(ctx, "invalid_value", `expected one of 'user', 'assistant', 'system' (got ${show(role)}).`, [...path, "role"], role);
   const c = m.content;
-  if (typeof c === "string") return [{ role, content: sanitizeForJson(c) }];
+  if (typeof c === "string") return [{ role, content: c }];
   if (c === undefined || c === null) fail(ctx, "missing_field", "", [...path, "content"]);
   if (!Array.isArray(c) || c.length === 0) fail(ctx, "invalid_value", `expected a string or a non-empty array of content blocks, but got ${describe(c)}.`, [...path, "content"], c);
   const blocks = c.map((b, j) => needObject(ctx, b, [...path, "content", j]));
@@ -224,7 +223,7 @@ const messagesSchema = z.unknown().transform((v, ctx): ChatMessage[] =>
 const systemSchema = z.unknown().optional().transform((v, ctx): string | null =>
   walk(ctx, null, () => {
     if (v === undefined || v === null) return null;
-    if (typeof v === "string") return sanitizeForJson(v);
+    if (typeof v === "string") return v;
     if (!Array.isArray(v)) fail(ctx, "invalid_type", `expected a string or an array of text blocks, but got ${describe(v)} instead.`, [], v);
     if (v.length === 0) return null;
     return v.map((b, j) => {
@@ -381,7 +380,7 @@ function promptOf(b: z.infer<typeof countSchema>): MessagesPromptRequest {
   const choice = b.tool_choice.choice;
   if (choice?.kind === "required" && b.tools.length === 0) throw invalidValue("tool_choice", "Invalid value for 'tool_choice': 'any' needs at least one tool in 'tools'.");
   return {
-    model: sanitizeForJson(b.model),
+    model: b.model,
     messages: system !== null ? [{ role: "system", content: system }, ...b.messages] : b.messages,
     tools: b.tools,
     toolChoice: resolveToolChoice(b.tools, choice),

@@ -10,7 +10,6 @@ import { z } from "zod";
 import type { ChatMessage } from "../models/chat-template.js";
 import { describe, isPlainObject, report } from "./chat-request.js";
 import type { IssueCtx } from "./request-issues.js";
-import { sanitizeForJson } from "../requests/utf8-stream.js";
 
 const INPUT_ROLES = ["user", "assistant", "system", "developer"] as const;
 /** Content part types OpenAI defines that Keel (text only) refuses as unsupported rather than invalid. */
@@ -21,7 +20,7 @@ const UNSUPPORTED_PARTS = new Set(["input_image", "input_file", "input_audio", "
  * @param at - Path of the list (e.g. `[2, "content"]`).
  */
 function partsText(parts: unknown, types: readonly string[], at: PropertyKey[], ctx: IssueCtx): string | null {
-  if (typeof parts === "string") return sanitizeForJson(parts);
+  if (typeof parts === "string") return parts;
   if (!Array.isArray(parts) || parts.length === 0) {
     report(ctx, "invalid_value", `expected a string or a non-empty array of ${types.join(" / ")} parts, but got ${describe(parts)}.`, at, parts);
     return null;
@@ -35,7 +34,7 @@ function partsText(parts: unknown, types: readonly string[], at: PropertyKey[], 
       } else report(ctx, "invalid_value", `expected a {"type": "${types[0]}", "text": string} part.`, [...at, j], part);
       return null;
     }
-    texts.push(sanitizeForJson(part.text));
+    texts.push(part.text);
   }
   return texts.join("\n");
 }
@@ -51,7 +50,7 @@ function itemString(item: Record<string, unknown>, key: string, i: number, requi
     report(ctx, "invalid_type", `expected a string, but got ${describe(v)} instead.`, [i, key], v);
     return null;
   }
-  return sanitizeForJson(v);
+  return v;
 }
 
 /** The reasoning text of a `reasoning` item given back: its content, else its summary; null after a problem. */
@@ -138,7 +137,7 @@ function addItem(out: ChatMessage[], item: Record<string, unknown>, i: number, c
 
 /** `input`: a string (one user message) or a non-empty list of items. */
 export const inputSchema = z.unknown().transform((v, ctx): ChatMessage[] => {
-  if (typeof v === "string") return [{ role: "user", content: sanitizeForJson(v) }];
+  if (typeof v === "string") return [{ role: "user", content: v }];
   if (v === undefined || v === null) {
     report(ctx, "missing_field", "", [], v);
     return [];

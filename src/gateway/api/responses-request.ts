@@ -15,7 +15,6 @@ import { toolChoiceSchema, toolsSchema } from "./tool-fields.js";
 import type { ResponseFormat, ToolChoice, ToolSpec } from "../tools.js";
 import { inputSchema } from "./responses-input.js";
 import { checkKnownFields } from "./known-fields.js";
-import { sanitizeForJson } from "../requests/utf8-stream.js";
 
 import { REASONING_EFFORTS, type ReasoningEffort } from "./chat-request.js";
 
@@ -184,9 +183,9 @@ export function parseResponsesRequest(body: unknown): ResponsesRequest {
   const parsed = responsesBodySchema.safeParse(body, { reportInput: true });
   if (!parsed.success) throw issueToError(parsed.error.issues[0]!);
   const b = parsed.data;
-  const instructions = b.instructions != null ? sanitizeForJson(b.instructions) : null;
+  const instructions = b.instructions != null ? b.instructions : null;
   return {
-    model: sanitizeForJson(b.model),
+    model: b.model,
     messages: instructions !== null ? [{ role: "system", content: instructions }, ...b.input] : b.input,
     instructions,
     stream: b.stream ?? false,

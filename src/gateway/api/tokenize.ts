@@ -10,7 +10,6 @@ import { z } from "zod";
 import { issueToError, report, unsupported } from "./chat-request.js";
 import { engineError, invalidValue } from "../http/errors.js";
 import { checkModelName, readyEngine, type RouteContext } from "../http/route-context.js";
-import { sanitizeForJson } from "../requests/utf8-stream.js";
 
 /** Most texts per request. */
 export const MAX_TOKENIZE_TEXTS = 64;
@@ -22,8 +21,8 @@ export const MAX_TOKENIZE_TEXTS = 64;
 export const TOKENIZE_CHARS_PER_CONTEXT_TOKEN = 16;
 
 const textSchema = z.unknown().transform((v, ctx): string[] | string => {
-  if (typeof v === "string") return sanitizeForJson(v);
-  if (Array.isArray(v) && v.length > 0 && v.length <= MAX_TOKENIZE_TEXTS && v.every((t) => typeof t === "string")) return v.map((t: string) => sanitizeForJson(t));
+  if (typeof v === "string") return v;
+  if (Array.isArray(v) && v.length > 0 && v.length <= MAX_TOKENIZE_TEXTS && v.every((t) => typeof t === "string")) return [...(v as string[])];
   if (v === undefined) report(ctx, "missing_field", "", [], v);
   else report(ctx, "invalid_value", `expected a string or an array of 1 to ${MAX_TOKENIZE_TEXTS} strings.`, [], v);
   return "";

@@ -3,16 +3,14 @@
  * holding one would reach the tokenizer as U+FFFD, a stop string could never match, a tool argument could never be
  * echoed. Such a body is a 400 naming the field, as a body that is not UTF-8 is (recipe M1).
  */
-
-/** Node 20 has String.prototype.isWellFormed; TypeScript's ES2022 lib does not declare it. */
-const wellFormed = (s: string): boolean => (s as unknown as { isWellFormed(): boolean }).isWellFormed();
+import { isWellFormed } from "../requests/utf8-stream.js";
 
 /**
  * The path (`messages[0].content`, `stop[1]`) of the first string or key in a parsed JSON body that holds a lone
  * surrogate: `""` for the body itself, null when there is none. The body's nesting is bounded before it is parsed.
  */
 export function loneSurrogatePath(value: unknown, path = ""): string | null {
-  if (typeof value === "string") return wellFormed(value) ? null : path;
+  if (typeof value === "string") return isWellFormed(value) ? null : path;
   if (Array.isArray(value)) {
     for (let i = 0; i < value.length; i++) {
       const hit = loneSurrogatePath(value[i], `${path}[${i}]`);
@@ -23,7 +21,7 @@ export function loneSurrogatePath(value: unknown, path = ""): string | null {
   if (value !== null && typeof value === "object") {
     for (const [key, v] of Object.entries(value)) {
       const at = path === "" ? key : `${path}.${key}`;
-      if (!wellFormed(key)) return at;
+      if (!isWellFormed(key)) return at;
       const hit = loneSurrogatePath(v, at);
       if (hit !== null) return hit;
     }

@@ -1,5 +1,6 @@
 import { describe, expect, it } from "vitest";
 import { ChatTemplate } from "./chat-template.js";
+import { isWellFormed } from "../requests/utf8-stream.js";
 import { KeelHttpError } from "../http/errors.js";
 
 const CHATML =
@@ -145,7 +146,7 @@ describe("ChatTemplate with tools (hermes-style template)", () => {
     const out = t.render([{ role: "assistant", content: "", toolCalls: [{ id: "c", name: "f", arguments: args }] }], { addGenerationPrompt: false });
     const call = /<tool_call>(.*?)<\/tool_call>/.exec(out)![1]!;
     expect(JSON.parse(call).arguments).toBe(args);
-    expect((out as unknown as { isWellFormed(): boolean }).isWellFormed()).toBe(true);
+    expect(isWellFormed(out)).toBe(true);
   });
 
   it("arguments nested thousands deep stay the string (the template's tojson would overflow the stack on them)", () => {

@@ -61,6 +61,11 @@ export class Utf8StreamDecoder {
 
 const LONE_SURROGATE = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/g;
 
+/** Whether `s` holds no lone UTF-16 surrogate (Node 20's String.prototype.isWellFormed; TypeScript's ES2022 lib lacks it). */
+export function isWellFormed(s: string): boolean {
+  return (s as unknown as { isWellFormed(): boolean }).isWellFormed();
+}
+
 /**
  * Replaces every lone (unpaired) UTF-16 surrogate in `s` with U+FFFD, so the
  * string can be encoded as UTF-8 / serialised with `JSON.stringify` without
